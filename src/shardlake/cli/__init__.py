@@ -1,0 +1,1 @@
+"""The ``shardlake`` command line; one module per command group."""

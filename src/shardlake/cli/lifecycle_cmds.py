@@ -1,0 +1,10 @@
+"""Commands: remove, prune-version, gc, scrub, export, verify, verify-offsets."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(sub: "argparse._SubParsersAction[Any]") -> None:
+    """Add this group's subcommands to the ``shardlake`` parser."""

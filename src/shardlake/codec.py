@@ -1,0 +1,189 @@
+"""Sample codec: a dict of numpy arrays <-> one zstd-compressed safetensors payload.
+
+Numeric and bool arrays are stored as safetensors tensors. Arrays safetensors cannot hold
+(unicode/bytes strings, complex, big-endian) are stored as raw ``U8`` bytes with their numpy
+dtype and shape in the metadata, so every array round-trips bit-exactly. The original array
+order is kept in the metadata too. See ``docs/format.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import zlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import zstandard
+
+from .errors import IntegrityError, SourceError
+
+CODEC_NAME = "safetensors+zstd"
+DEFAULT_LEVEL = 3
+META_ORDER = "shardlake.order"
+META_RAW = "shardlake.raw"  # JSON {name: [dtype.str, shape]} for raw-stored arrays
+
+# numpy dtype kind+itemsize -> safetensors dtype name
+_SAFETENSORS_DTYPES = {
+    ("b", 1): "BOOL",
+    ("u", 1): "U8",
+    ("i", 1): "I8",
+    ("u", 2): "U16",
+    ("i", 2): "I16",
+    ("u", 4): "U32",
+    ("i", 4): "I32",
+    ("u", 8): "U64",
+    ("i", 8): "I64",
+    ("f", 2): "F16",
+    ("f", 4): "F32",
+    ("f", 8): "F64",
+}
+_NUMPY_OF = {
+    "BOOL": np.dtype(np.bool_),
+    "U8": np.dtype(np.uint8),
+    "I8": np.dtype(np.int8),
+    "U16": np.dtype("<u2"),
+    "I16": np.dtype("<i2"),
+    "U32": np.dtype("<u4"),
+    "I32": np.dtype("<i4"),
+    "U64": np.dtype("<u8"),
+    "I64": np.dtype("<i8"),
+    "F16": np.dtype("<f2"),
+    "F32": np.dtype("<f4"),
+    "F64": np.dtype("<f8"),
+}
+# Raw-stored kinds: strings, bytes, complex. Object, void, datetime arrays are refused.
+_RAW_KINDS = {"U", "S", "c"}
+
+
+def _is_native_le(dtype: np.dtype[Any]) -> bool:
+    return dtype.byteorder in ("<", "|", "=") and (dtype.byteorder != "=" or np.little_endian)
+
+
+def check_array(name: str, array: np.ndarray[Any, Any], where: str) -> None:
+    """Raise :class:`SourceError` naming ``where`` for an array shardlake cannot store."""
+    kind = array.dtype.kind
+    if kind == "O":
+        raise SourceError(f"{where}: array {name!r} has dtype object; object arrays are refused")
+    if (kind, array.dtype.itemsize) in _SAFETENSORS_DTYPES or kind in _RAW_KINDS:
+        return
+    raise SourceError(f"{where}: array {name!r} has unsupported dtype {array.dtype.str}")
+
+
+def encode_safetensors(arrays: Mapping[str, np.ndarray[Any, Any]], where: str = "sample") -> bytes:
+    """Serialise ``arrays`` to safetensors bytes (deterministic: sorted header, fixed layout)."""
+    header: dict[str, Any] = {}
+    raw: dict[str, list[Any]] = {}
+    blobs: list[bytes] = []
+    offset = 0
+    # Deterministic layout: tensors in name order; the original order lives in metadata.
+    for name in sorted(arrays):
+        array = np.asarray(arrays[name])
+        check_array(name, array, where)
+        kind, size = array.dtype.kind, array.dtype.itemsize
+        st_dtype = _SAFETENSORS_DTYPES.get((kind, size))
+        if st_dtype is not None and _is_native_le(array.dtype):
+            blob = np.ascontiguousarray(array).tobytes()
+            shape = list(array.shape)
+        else:
+            blob = np.ascontiguousarray(array).tobytes()
+            raw[name] = [array.dtype.str, list(array.shape)]
+            st_dtype, shape = "U8", [len(blob)]
+        header[name] = {"dtype": st_dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    metadata = {META_ORDER: json.dumps(list(arrays), separators=(",", ":"))}
+    if raw:
+        metadata[META_RAW] = json.dumps(raw, separators=(",", ":"), sort_keys=True)
+    header["__metadata__"] = metadata
+    header_bytes = json.dumps(header, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    header_bytes += b" " * (-len(header_bytes) % 8)  # safetensors aligns the data start to 8
+    return struct.pack("<Q", len(header_bytes)) + header_bytes + b"".join(blobs)
+
+
+def decode_safetensors(data: bytes | memoryview, where: str = "sample") -> dict[str, Any]:
+    """Parse safetensors bytes into ``{name: ndarray}`` in the original order (zero-copy views).
+
+    0-d unicode string arrays are returned as arrays; :func:`to_python_strings` converts them.
+    """
+    view = memoryview(data)
+    try:
+        (header_len,) = struct.unpack_from("<Q", view, 0)
+        header = json.loads(bytes(view[8 : 8 + header_len]))
+    except (struct.error, ValueError, UnicodeDecodeError) as exc:
+        raise IntegrityError(f"{where}: invalid safetensors header ({exc})") from exc
+    metadata = header.pop("__metadata__", {}) or {}
+    raw = json.loads(metadata.get(META_RAW, "{}"))
+    order = json.loads(metadata.get(META_ORDER, "null")) or sorted(header)
+    body = view[8 + header_len :]
+    out: dict[str, Any] = {}
+    for name in order:
+        spec = header[name]
+        start, end = spec["data_offsets"]
+        buf = body[start:end]
+        if name in raw:
+            dtype_str, shape = raw[name]
+            out[name] = np.frombuffer(buf, dtype=np.dtype(dtype_str)).reshape(shape)
+        else:
+            out[name] = np.frombuffer(buf, dtype=_NUMPY_OF[spec["dtype"]]).reshape(spec["shape"])
+    return out
+
+
+class Encoder:
+    """Reusable zstd compressor (level, frame checksum on, content size in the frame header)."""
+
+    def __init__(self, level: int = DEFAULT_LEVEL) -> None:
+        self.level = level
+        self._cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+
+    def encode(self, arrays: Mapping[str, np.ndarray[Any, Any]], where: str = "sample") -> tuple[bytes, bytes]:
+        """Return ``(safetensors_bytes, payload)`` where payload is the zstd frame."""
+        st = encode_safetensors(arrays, where)
+        return st, self._cctx.compress(st)
+
+
+class Decoder:
+    """Reusable zstd decompressor that checks the frame checksum."""
+
+    def __init__(self) -> None:
+        self._dctx = zstandard.ZstdDecompressor()
+
+    def decompress(self, payload: bytes | memoryview, where: str = "sample") -> bytes:
+        try:
+            return self._dctx.decompress(payload)
+        except zstandard.ZstdError as exc:
+            raise IntegrityError(f"{where}: zstd frame is corrupt ({exc})") from exc
+
+    def decode(self, payload: bytes | memoryview, where: str = "sample") -> dict[str, Any]:
+        return decode_safetensors(self.decompress(payload, where), where)
+
+
+def payload_checksum(payload: bytes | memoryview) -> int:
+    """The manifest's per-read checksum: CRC-32 (zlib) of the compressed payload, as uint32."""
+    return zlib.crc32(payload) & 0xFFFFFFFF
+
+
+def check_payload(payload: bytes | memoryview, expected_crc32: int, where: str) -> None:
+    """Raise :class:`IntegrityError` naming ``where`` if the payload's CRC-32 is not the manifest's."""
+    actual = payload_checksum(payload)
+    if actual != expected_crc32:
+        raise IntegrityError(
+            f"{where}: payload checksum mismatch (crc32 {actual:08x}, manifest says {expected_crc32:08x})"
+        )
+
+
+def to_python_strings(sample: dict[str, Any]) -> dict[str, Any]:
+    """Replace 0-d unicode/bytes arrays by Python ``str``/``bytes`` (how samples are yielded)."""
+    out = {}
+    for name, value in sample.items():
+        if isinstance(value, np.ndarray) and value.ndim == 0 and value.dtype.kind in "US":
+            out[name] = value.item()
+        else:
+            out[name] = value
+    return out
+
+
+def arrays_equal_exact(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> bool:
+    """Bit-exact equality: same dtype, shape and bytes (NaN payloads included)."""
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()

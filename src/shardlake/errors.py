@@ -1,0 +1,101 @@
+"""The shardlake error hierarchy.
+
+Every error shardlake raises on purpose derives from :class:`ShardlakeError`. Where a built-in
+exception means the same thing, the shardlake error also inherits it, so callers can catch
+``FileNotFoundError`` or ``ValueError`` without knowing shardlake.
+"""
+
+from __future__ import annotations
+
+
+class ShardlakeError(Exception):
+    """Root of every error shardlake raises on purpose."""
+
+
+# --- usage and input -------------------------------------------------------------------------
+
+
+class UsageError(ShardlakeError, ValueError):
+    """Invalid arguments or a combination of options that cannot work together."""
+
+
+class InvalidURLError(UsageError):
+    """A store URL that cannot be opened (unknown protocol, relative path, missing bucket)."""
+
+
+class InvalidKeyError(UsageError):
+    """A store key that is empty, absolute, or climbs out of the root with ``..``."""
+
+
+class SourceError(ShardlakeError, ValueError):
+    """A source file (npz or sidecar) that cannot be packed; the message names the file."""
+
+
+class SelectionError(ShardlakeError, ValueError):
+    """A ``WHERE`` expression or key list that cannot select samples."""
+
+
+class PlanError(ShardlakeError, ValueError):
+    """A loader plan that cannot be built within the given limits."""
+
+
+class FormatError(ShardlakeError, ValueError):
+    """An object in a root that does not follow the on-disk format (corrupt manifest, bad JSON)."""
+
+
+# --- store -----------------------------------------------------------------------------------
+
+
+class StoreError(ShardlakeError, OSError):
+    """A storage operation failed."""
+
+
+class KeyNotFoundError(StoreError, FileNotFoundError):
+    """The key does not exist in the store."""
+
+
+class AlreadyExistsError(StoreError, FileExistsError):
+    """A create-if-absent write lost: the key already exists."""
+
+
+class StorePermissionError(StoreError, PermissionError):
+    """The store refused access (missing or insufficient credentials)."""
+
+
+class TransientStoreError(StoreError):
+    """A failure that may succeed when retried (5xx, throttling, reset connection, ESTALE)."""
+
+
+class RetriesExhaustedError(StoreError):
+    """A transient failure persisted through every allowed retry."""
+
+
+class CapabilityError(StoreError):
+    """The store does not keep a promise shardlake needs (e.g. it ignores If-None-Match)."""
+
+
+# --- datasets --------------------------------------------------------------------------------
+
+
+class NotFoundError(ShardlakeError, LookupError):
+    """A named thing (version tag, keyset, partition, sample key) does not exist."""
+
+
+class VersionNotFoundError(NotFoundError):
+    """The version tag is unknown in this root."""
+
+
+class ConflictError(ShardlakeError, FileExistsError):
+    """Another writer published first (tag taken, commit sequence advanced); re-run to retry."""
+
+
+class IntegrityError(ShardlakeError, OSError):
+    """Stored bytes do not match their checksum; the message names store, shard, key and offset."""
+
+
+class PackWorkerError(ShardlakeError, RuntimeError):
+    """One or more partition builds failed or their worker died; nothing was published."""
+
+
+class VerificationError(ShardlakeError, ValueError):
+    """A dataset does not match its source, its manifests or its version documents."""

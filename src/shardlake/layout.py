@@ -1,0 +1,103 @@
+"""Where each object lives in a dataset root (format version 1). See ``docs/format.md``.
+
+::
+
+    shardlake.json                                   root marker (format, dataset_id)
+    data/<pid>/<data_rev>/shard-000000.tar           shards of one partition revision
+    data/<pid>/<data_rev>/manifest-<manifest_rev>.parquet
+    versions/<tag>/<version_hash>.json               version documents (immutable)
+    commits/<seq:012d>.json                          commit log; the highest seq is "latest"
+    keysets/<name>.parquet                           keysets (immutable, create-if-absent)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from .errors import UsageError
+
+FORMAT_VERSION = 1
+ROOT_MARKER = "shardlake.json"
+DATA_DIR = "data"
+VERSIONS_DIR = "versions"
+COMMITS_DIR = "commits"
+KEYSETS_DIR = "keysets"
+PROBE_DIR = "_shardlake"
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_COMMIT_RE = re.compile(r"^commits/(\d{12})\.json$")
+
+
+def check_name(kind: str, name: str) -> str:
+    """Validate a tag or keyset name: letters, digits, ``.``, ``_``, ``-``; at most 128."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or name in ("latest",):
+        raise UsageError(
+            f"invalid {kind} {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (and not 'latest')"
+        )
+    return name
+
+
+def short_hash(*parts: str | bytes, length: int = 16) -> str:
+    """Hex SHA-256 prefix over ``parts`` (each length-prefixed, so concatenations can't collide)."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode("utf-8") if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:length]
+
+
+def partition_id(relpath: str) -> str:
+    """Stable 12-hex-digit id of a partition from its path relative to the source."""
+    return short_hash("partition", relpath, length=12)
+
+
+def revision_dir(pid: str, data_rev: str) -> str:
+    return f"{DATA_DIR}/{pid}/{data_rev}"
+
+
+def shard_key(pid: str, data_rev: str, index: int) -> str:
+    return f"{revision_dir(pid, data_rev)}/shard-{index:06d}.tar"
+
+
+def manifest_key(pid: str, data_rev: str, manifest_rev: str) -> str:
+    return f"{revision_dir(pid, data_rev)}/manifest-{manifest_rev}.parquet"
+
+
+def version_key(tag: str, version_hash: str) -> str:
+    return f"{VERSIONS_DIR}/{tag}/{version_hash}.json"
+
+
+def commit_key(seq: int) -> str:
+    return f"{COMMITS_DIR}/{seq:012d}.json"
+
+
+def commit_seq(key: str) -> int | None:
+    """The sequence number of a commit-log key, or None for anything else."""
+    match = _COMMIT_RE.match(key)
+    return int(match.group(1)) if match else None
+
+
+def keyset_key(name: str) -> str:
+    return f"{KEYSETS_DIR}/{name}.parquet"
+
+
+def escape_member_key(key: str) -> str:
+    """Reversibly escape a sample key for a tar member name (webdataset splits at the first dot).
+
+    ``%`` becomes ``%25`` and ``.`` becomes ``%2E``; ``/`` stays (webdataset keeps directories).
+    """
+    return key.replace("%", "%25").replace(".", "%2E")
+
+
+def unescape_member_key(escaped: str) -> str:
+    return escaped.replace("%2E", ".").replace("%25", "%")
+
+
+MEMBER_SUFFIX = ".safetensors.zst"
+
+
+def member_name(key: str) -> str:
+    return escape_member_key(key) + MEMBER_SUFFIX

@@ -1,0 +1,33 @@
+"""Validation of store keys: ``/``-separated paths relative to a store's root."""
+
+from __future__ import annotations
+
+from ..errors import InvalidKeyError
+
+
+def check_key(key: str) -> str:
+    """Return ``key`` if it is a valid relative key, else raise :class:`InvalidKeyError`."""
+    if not isinstance(key, str) or not key:
+        raise InvalidKeyError(f"invalid key {key!r}: keys are non-empty strings")
+    if key.startswith("/"):
+        raise InvalidKeyError(f"invalid key {key!r}: keys are relative (no leading '/')")
+    if "\\" in key or "\x00" in key:
+        raise InvalidKeyError(f"invalid key {key!r}: no backslashes or NUL bytes")
+    parts = key.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        raise InvalidKeyError(f"invalid key {key!r}: no empty, '.' or '..' path segments")
+    return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Normalise a listing prefix to ``""`` (everything) or a directory ending in ``/``."""
+    if prefix in ("", "/"):
+        return ""
+    stripped = prefix.rstrip("/")
+    check_key(stripped)
+    return stripped + "/"
+
+
+def join_key(*parts: str) -> str:
+    """Join key segments with ``/`` and validate the result."""
+    return check_key("/".join(p.strip("/") for p in parts if p))

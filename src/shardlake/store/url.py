@@ -1,0 +1,68 @@
+"""Parsing and redaction of store URLs."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from ..errors import InvalidURLError
+
+_SECRET_QUERY = re.compile(r"(?i)(secret|token|key|password|signature|credential)[^=&]*=[^&]*")
+_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+
+# Protocols with a bucket as the first path component.
+BUCKET_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
+
+
+def redact(url: str) -> str:
+    """Drop userinfo and secret-looking query parameters from a URL for messages and reprs."""
+    url = _USERINFO.sub(r"\1***@", url)
+    return _SECRET_QUERY.sub(lambda m: m.group(0).split("=", 1)[0] + "=***", url)
+
+
+@dataclass(frozen=True)
+class ParsedURL:
+    """A store URL split into fsspec protocol and root path (no trailing slash)."""
+
+    protocol: str
+    root: str
+    url: str  # normalised, redacted form for messages
+
+    @property
+    def bucket(self) -> str | None:
+        if self.protocol in BUCKET_PROTOCOLS:
+            return self.root.split("/", 1)[0]
+        return None
+
+
+def parse_url(url: str) -> ParsedURL:
+    """Parse ``/abs/path``, ``file://``, ``memory://``, ``s3://bucket/prefix``, ``gs://...``."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidURLError("store URL is empty: give an absolute path or a URL like s3://bucket")
+    url = url.strip()
+    if "://" not in url:
+        if not os.path.isabs(url):
+            raise InvalidURLError(
+                f"store path {url!r} is relative: give an absolute path (e.g. {os.path.abspath(url)})"
+            )
+        return ParsedURL("file", os.path.normpath(url), os.path.normpath(url))
+    parts = urlsplit(url)
+    protocol = parts.scheme.lower()
+    if not protocol:
+        raise InvalidURLError(f"store URL {redact(url)!r} has no protocol")
+    rest = url.split("://", 1)[1]
+    if protocol == "file":
+        path = rest if rest.startswith("/") else "/" + rest
+        path = os.path.normpath(path)
+        return ParsedURL("file", path, f"file://{path}")
+    if protocol == "memory":
+        path = "/" + rest.strip("/")
+        return ParsedURL("memory", path.rstrip("/") or "/", f"memory://{rest.strip('/')}")
+    if "@" in rest.split("/", 1)[0]:
+        rest = rest.split("@", 1)[1]
+    root = rest.split("?", 1)[0].strip("/")
+    if protocol in BUCKET_PROTOCOLS and not root:
+        raise InvalidURLError(f"store URL {redact(url)!r} names no bucket: use {protocol}://BUCKET/PREFIX")
+    return ParsedURL(protocol, root, f"{protocol}://{root}")

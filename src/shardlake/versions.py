@@ -1,0 +1,288 @@
+"""Version documents and the commit log that publishes them.
+
+A version document (``versions/<tag>/<hash>.json``) names every partition revision of one
+dataset version; its hash is the SHA-256 of its bytes. A version is *published* when a commit
+record naming it is created at ``commits/<seq>.json`` with create-if-absent. Each commit record
+carries the whole root state (live tags, retired tags, latest), so reading the highest commit is
+enough, and two racing writers can never both take the same sequence number. See
+``docs/format.md`` for the schema and ``docs/storage.md`` for why this is safe on every backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from .errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FormatError,
+    KeyNotFoundError,
+    UsageError,
+    VersionNotFoundError,
+)
+from .layout import (
+    COMMITS_DIR,
+    FORMAT_VERSION,
+    ROOT_MARKER,
+    check_name,
+    commit_key,
+    commit_seq,
+    version_key,
+)
+from .store import Store
+
+VERSION_SCHEMA = "shardlake.version/1"
+COMMIT_SCHEMA = "shardlake.commit/1"
+ROOT_SCHEMA = "shardlake.root/1"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def canonical_json(doc: Mapping[str, Any]) -> bytes:
+    """The one byte form shardlake writes JSON documents in (sorted keys, compact, UTF-8)."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def hash_bytes(data: bytes) -> str:
+    """A document's hash: the first 32 hex digits of the SHA-256 of its bytes."""
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+def parse_json(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{what}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict):
+        raise FormatError(f"{what}: expected a JSON object")
+    return doc
+
+
+@dataclass(frozen=True)
+class RootState:
+    """The state recorded in the highest commit (seq 0: an empty root)."""
+
+    seq: int = 0
+    versions: dict[str, str] = field(default_factory=dict)  # live tag -> hash, publish order
+    retired: tuple[str, ...] = ()
+    latest: str | None = None  # tag
+
+    def to_json(self) -> dict[str, Any]:
+        # Versions as [tag, hash] pairs in publish order (canonical JSON would sort an object).
+        return {
+            "versions": [[t, h] for t, h in self.versions.items()],
+            "retired": list(self.retired),
+            "latest": self.latest,
+        }
+
+
+@dataclass(frozen=True)
+class Version:
+    """A published version: its tag, hash and parsed document."""
+
+    tag: str
+    hash: str
+    doc: dict[str, Any]
+
+    @property
+    def partitions(self) -> list[dict[str, Any]]:
+        return list(self.doc["partitions"])
+
+    @property
+    def samples(self) -> int:
+        return int(self.doc.get("samples", sum(p["samples"] for p in self.partitions)))
+
+
+def read_root_marker(store: Store) -> dict[str, Any] | None:
+    try:
+        data = store.read(ROOT_MARKER)
+    except KeyNotFoundError:
+        return None
+    doc = parse_json(data, store.key_url(ROOT_MARKER))
+    if doc.get("format") != ROOT_SCHEMA:
+        raise FormatError(f"{store.key_url(ROOT_MARKER)}: not a shardlake root (format {doc.get('format')!r})")
+    return doc
+
+
+def ensure_root(store: Store, dataset_id: str | None = None) -> dict[str, Any]:
+    """Create the root marker if absent (create-if-absent); return the marker in force.
+
+    ``dataset_id`` (export) asks for a specific id; an existing root with another id is refused.
+    """
+    store.ensure_create_enforced()
+    marker = read_root_marker(store)
+    if marker is None:
+        candidate = {
+            "format": ROOT_SCHEMA,
+            "format_version": FORMAT_VERSION,
+            "dataset_id": dataset_id or uuid.uuid4().hex,
+            "created_at": utc_now(),
+        }
+        try:
+            store.create(ROOT_MARKER, canonical_json(candidate))
+            marker = candidate
+        except AlreadyExistsError:
+            marker = read_root_marker(store)
+    if marker is None:
+        raise FormatError(f"{store.key_url(ROOT_MARKER)}: root marker vanished")
+    if dataset_id is not None and marker["dataset_id"] != dataset_id:
+        raise ConflictError(
+            f"{store.url} already holds a different dataset (id {marker['dataset_id']}, expected {dataset_id})"
+        )
+    return marker
+
+
+def read_state(store: Store) -> RootState:
+    """The state of the root as of its highest commit."""
+    seqs = [s for s in (commit_seq(k) for k in store.list(COMMITS_DIR)) if s is not None]
+    if not seqs:
+        return RootState()
+    return read_commit(store, max(seqs))
+
+
+def read_commit(store: Store, seq: int) -> RootState:
+    if seq == 0:
+        return RootState()
+    key = commit_key(seq)
+    doc = parse_json(store.read(key), store.key_url(key))
+    if doc.get("format") != COMMIT_SCHEMA or doc.get("seq") != seq:
+        raise FormatError(f"{store.key_url(key)}: not a shardlake commit record for seq {seq}")
+    state = doc["state"]
+    return RootState(
+        seq=seq,
+        versions=dict(state["versions"]),
+        retired=tuple(state.get("retired", ())),
+        latest=state.get("latest"),
+    )
+
+
+def _commit(store: Store, base: RootState, new: RootState, op: str, detail: dict[str, Any]) -> RootState:
+    record = {
+        "format": COMMIT_SCHEMA,
+        "seq": base.seq + 1,
+        "parent": base.seq,
+        "op": op,
+        "created_at": utc_now(),
+        "state": new.to_json(),
+        **detail,
+    }
+    try:
+        store.create(commit_key(base.seq + 1), canonical_json(record))
+    except AlreadyExistsError as exc:
+        raise ConflictError(
+            f"{store.url}: another writer committed (commit {base.seq + 1}) while this {op} ran; "
+            "nothing was published by this run - re-run it"
+        ) from exc
+    return new
+
+
+def build_version_doc(tag: str, body: Mapping[str, Any]) -> bytes:
+    """Serialise a version document (``body`` plus the schema fields) to its canonical bytes."""
+    doc = dict(body)
+    doc.update({"format": VERSION_SCHEMA, "format_version": FORMAT_VERSION, "tag": tag})
+    doc["partitions"] = sorted(doc.get("partitions", []), key=lambda p: p["id"])
+    doc["samples"] = sum(int(p["samples"]) for p in doc["partitions"])
+    doc.setdefault("created_at", utc_now())
+    return canonical_json(doc)
+
+
+def check_new_tag(state: RootState, tag: str, store: Store) -> None:
+    check_name("tag", tag)
+    if tag in state.versions or tag in state.retired:
+        raise ConflictError(f"{store.url}: version tag {tag!r} already exists; tags are never reused")
+
+
+def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootState) -> Version:
+    """Publish a version made from ``base`` (the state read before the work began).
+
+    Order: version document (create-if-absent), then the commit record (create-if-absent). If any
+    other commit landed since ``base`` the publish is refused with :class:`ConflictError` and the
+    new document stays unreferenced (garbage for ``gc``).
+    """
+    ensure_root(store)
+    check_new_tag(base, tag, store)
+    data = build_version_doc(tag, body)
+    version_hash = hash_bytes(data)
+    current = read_state(store)
+    if current.seq != base.seq:
+        raise ConflictError(
+            f"{store.url}: another writer committed (now at commit {current.seq}, this run started "
+            f"at {base.seq}); nothing was published by this run - re-run it"
+        )
+    key = version_key(tag, version_hash)
+    try:
+        store.create(key, data)
+    except AlreadyExistsError:
+        if store.read(key) != data:
+            raise FormatError(f"{store.key_url(key)}: holds different bytes than its hash") from None
+    versions = dict(base.versions)
+    versions[tag] = version_hash
+    new = RootState(base.seq + 1, versions, base.retired, tag)
+    _commit(store, base, new, "publish", {"tag": tag, "version": version_hash})
+    return Version(tag, version_hash, parse_json(data, store.key_url(key)))
+
+
+def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> RootState:
+    """Retire ``tags`` (prune-version). Retiring the tag ``latest`` names needs ``force``;
+    ``latest`` then moves to the newest remaining version (or none)."""
+    base = read_state(store)
+    for tag in tags:
+        if tag not in base.versions:
+            raise VersionNotFoundError(f"{store.url}: no live version {tag!r}")
+    if base.latest in tags and not force:
+        raise UsageError(
+            f"{store.url}: version {base.latest!r} is what 'latest' points to; pass --force to retire it"
+        )
+    versions = {t: h for t, h in base.versions.items() if t not in tags}
+    latest = base.latest
+    if latest in tags:
+        latest = next(reversed(versions), None)
+    new = RootState(base.seq + 1, versions, tuple(base.retired) + tuple(tags), latest)
+    return _commit(store, base, new, "retire", {"tags": list(tags)})
+
+
+def resolve_tag(store: Store, tag: str = "latest", state: RootState | None = None) -> tuple[str, str]:
+    """``(tag, version_hash)`` for ``tag`` (``latest`` follows the commit log)."""
+    state = state or read_state(store)
+    if tag == "latest":
+        if state.latest is None:
+            raise VersionNotFoundError(f"{store.url}: no published version (is this a shardlake root?)")
+        tag = state.latest
+    if tag not in state.versions:
+        retired = " (it was retired)" if tag in state.retired else ""
+        raise VersionNotFoundError(f"{store.url}: unknown version {tag!r}{retired}")
+    return tag, state.versions[tag]
+
+
+def load_version(store: Store, tag: str = "latest", state: RootState | None = None) -> Version:
+    """Read and check the version document for ``tag``."""
+    tag, version_hash = resolve_tag(store, tag, state)
+    return load_version_by_hash(store, tag, version_hash)
+
+
+def load_version_by_hash(store: Store, tag: str, version_hash: str) -> Version:
+    key = version_key(tag, version_hash)
+    try:
+        data = store.read(key)
+    except KeyNotFoundError as exc:
+        raise FormatError(f"{store.key_url(key)}: version document missing") from exc
+    if hash_bytes(data) != version_hash:
+        raise FormatError(f"{store.key_url(key)}: version document does not match its hash")
+    doc = parse_json(data, store.key_url(key))
+    if doc.get("format") != VERSION_SCHEMA:
+        raise FormatError(f"{store.key_url(key)}: unknown version format {doc.get('format')!r}")
+    return Version(tag, version_hash, doc)
+
+
+def list_versions(store: Store) -> list[tuple[str, str, bool]]:
+    """``(tag, hash, is_latest)`` for every live version, in publish order."""
+    state = read_state(store)
+    return [(t, h, t == state.latest) for t, h in state.versions.items()]
