@@ -90,7 +90,11 @@ def encode_safetensors(arrays: Mapping[str, np.ndarray[Any, Any]], where: str = 
             blob = np.ascontiguousarray(array).tobytes()
             raw[name] = [array.dtype.str, list(array.shape)]
             st_dtype, shape = "U8", [len(blob)]
-        header[name] = {"dtype": st_dtype, "shape": shape, "data_offsets": [offset, offset + len(blob)]}
+        header[name] = {
+            "dtype": st_dtype,
+            "shape": shape,
+            "data_offsets": [offset, offset + len(blob)],
+        }
         blobs.append(blob)
         offset += len(blob)
     metadata = {META_ORDER: json.dumps(list(arrays), separators=(",", ":"))}
@@ -135,9 +139,13 @@ class Encoder:
 
     def __init__(self, level: int = DEFAULT_LEVEL) -> None:
         self.level = level
-        self._cctx = zstandard.ZstdCompressor(level=level, write_checksum=True, write_content_size=True)
+        self._cctx = zstandard.ZstdCompressor(
+            level=level, write_checksum=True, write_content_size=True
+        )
 
-    def encode(self, arrays: Mapping[str, np.ndarray[Any, Any]], where: str = "sample") -> tuple[bytes, bytes]:
+    def encode(
+        self, arrays: Mapping[str, np.ndarray[Any, Any]], where: str = "sample"
+    ) -> tuple[bytes, bytes]:
         """Return ``(safetensors_bytes, payload)`` where payload is the zstd frame."""
         st = encode_safetensors(arrays, where)
         return st, self._cctx.compress(st)

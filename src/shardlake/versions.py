@@ -108,7 +108,9 @@ def read_root_marker(store: Store) -> dict[str, Any] | None:
         return None
     doc = parse_json(data, store.key_url(ROOT_MARKER))
     if doc.get("format") != ROOT_SCHEMA:
-        raise FormatError(f"{store.key_url(ROOT_MARKER)}: not a shardlake root (format {doc.get('format')!r})")
+        raise FormatError(
+            f"{store.key_url(ROOT_MARKER)}: not a shardlake root (format {doc.get('format')!r})"
+        )
     return doc
 
 
@@ -164,7 +166,9 @@ def read_commit(store: Store, seq: int) -> RootState:
     )
 
 
-def _commit(store: Store, base: RootState, new: RootState, op: str, detail: dict[str, Any]) -> RootState:
+def _commit(
+    store: Store, base: RootState, new: RootState, op: str, detail: dict[str, Any]
+) -> RootState:
     record = {
         "format": COMMIT_SCHEMA,
         "seq": base.seq + 1,
@@ -197,7 +201,9 @@ def build_version_doc(tag: str, body: Mapping[str, Any]) -> bytes:
 def check_new_tag(state: RootState, tag: str, store: Store) -> None:
     check_name("tag", tag)
     if tag in state.versions or tag in state.retired:
-        raise ConflictError(f"{store.url}: version tag {tag!r} already exists; tags are never reused")
+        raise ConflictError(
+            f"{store.url}: version tag {tag!r} already exists; tags are never reused"
+        )
 
 
 def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootState) -> Version:
@@ -222,7 +228,9 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
         store.create(key, data)
     except AlreadyExistsError:
         if store.read(key) != data:
-            raise FormatError(f"{store.key_url(key)}: holds different bytes than its hash") from None
+            raise FormatError(
+                f"{store.key_url(key)}: holds different bytes than its hash"
+            ) from None
     versions = dict(base.versions)
     versions[tag] = version_hash
     new = RootState(base.seq + 1, versions, base.retired, tag)
@@ -249,12 +257,16 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
     return _commit(store, base, new, "retire", {"tags": list(tags)})
 
 
-def resolve_tag(store: Store, tag: str = "latest", state: RootState | None = None) -> tuple[str, str]:
+def resolve_tag(
+    store: Store, tag: str = "latest", state: RootState | None = None
+) -> tuple[str, str]:
     """``(tag, version_hash)`` for ``tag`` (``latest`` follows the commit log)."""
     state = state or read_state(store)
     if tag == "latest":
         if state.latest is None:
-            raise VersionNotFoundError(f"{store.url}: no published version (is this a shardlake root?)")
+            raise VersionNotFoundError(
+                f"{store.url}: no published version (is this a shardlake root?)"
+            )
         tag = state.latest
     if tag not in state.versions:
         retired = " (it was retired)" if tag in state.retired else ""

@@ -1,0 +1,146 @@
+"""Read side of a dataset root: one version, its manifests, and single-sample random access."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .codec import Decoder, check_payload
+from .errors import FormatError, NotFoundError
+from .manifest import read_manifest
+from .store import Store, open_store
+from .versions import Version, load_version
+
+_MANIFEST_READERS = 16
+
+
+class Dataset:
+    """One version of a dataset root, opened for reading."""
+
+    def __init__(self, store: Store, version: Version) -> None:
+        self.store = store
+        self.version = version
+        self.partitions: list[dict[str, Any]] = version.partitions
+        self._by_id = {p["id"]: p for p in self.partitions}
+        self._manifests: dict[str, pa.Table] = {}
+        self._key_index: dict[str, tuple[str, int]] | None = None
+        self._lock = threading.Lock()
+        self._decoder = Decoder()
+
+    def __repr__(self) -> str:
+        return f"Dataset({self.store.url!r}, version={self.version.tag!r}, samples={self.version.samples})"
+
+    # --- partitions and manifests --------------------------------------------------------------
+
+    def partition(self, pid: str) -> dict[str, Any]:
+        try:
+            return self._by_id[pid]
+        except KeyError:
+            raise NotFoundError(
+                f"{self.store.url}: version {self.version.tag!r} has no partition {pid!r}"
+            ) from None
+
+    def shard_key(self, pid: str, shard_index: int) -> str:
+        return str(self.partition(pid)["shards"][shard_index]["key"])
+
+    def manifest(self, pid: str) -> pa.Table:
+        """The manifest of partition ``pid``, checked against the version entry naming it."""
+        with self._lock:
+            cached = self._manifests.get(pid)
+        if cached is not None:
+            return cached
+        entry = self.partition(pid)
+        table, meta = read_manifest(self.store, entry["manifest"])
+        where = self.store.key_url(entry["manifest"])
+        if (
+            meta.partition_id != pid
+            or meta.manifest_rev != entry["manifest_rev"]
+            or meta.data_rev != entry["data_rev"]
+        ):
+            raise FormatError(
+                f"{where}: manifest belongs to partition {meta.partition_id} revision "
+                f"{meta.data_rev}/{meta.manifest_rev}, but version {self.version.tag!r} expects "
+                f"{pid} {entry['data_rev']}/{entry['manifest_rev']}"
+            )
+        if table.num_rows != int(entry["samples"]):
+            raise FormatError(
+                f"{where}: {table.num_rows} rows, version says {entry['samples']} samples"
+            )
+        with self._lock:
+            self._manifests[pid] = table
+        return table
+
+    def manifests(
+        self, columns: Sequence[str] | None = None, pids: Iterable[str] | None = None
+    ) -> pa.Table:
+        """All (or the given) partitions' manifests as one table, read concurrently."""
+        wanted = list(pids) if pids is not None else [p["id"] for p in self.partitions]
+        with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
+            tables = list(pool.map(self.manifest, wanted))
+        if columns is not None:
+            cols = list(columns)
+            tables = [t.select([c for c in cols if c in t.column_names]) for t in tables]
+        if not tables:
+            return pa.table({})
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    # --- samples -----------------------------------------------------------------------------
+
+    def _index(self) -> dict[str, tuple[str, int]]:
+        if self._key_index is None:
+            index: dict[str, tuple[str, int]] = {}
+            for entry in self.partitions:
+                keys = self.manifest(entry["id"]).column("key").to_pylist()
+                for row, key in enumerate(keys):
+                    index[key] = (entry["id"], row)
+            self._key_index = index
+        return self._key_index
+
+    def locate(self, key: str) -> dict[str, Any]:
+        """The manifest row of ``key`` as a dict (core and sidecar columns)."""
+        try:
+            pid, row = self._index()[key]
+        except KeyError:
+            raise NotFoundError(
+                f"{self.store.url}: version {self.version.tag!r} has no sample {key!r}"
+            ) from None
+        table = self.manifest(pid)
+        return {name: table.column(name)[row].as_py() for name in table.column_names}
+
+    def read_payload(self, row: dict[str, Any]) -> bytes:
+        """One sample's compressed payload by a single ranged read, checked against its CRC-32."""
+        shard = self.shard_key(row["partition"], row["shard"])
+        offset, size = int(row["offset"]), int(row["size"])
+        payload = self.store.read_range(shard, offset, offset + size)
+        check_payload(
+            payload,
+            int(row["crc32"]),
+            f"{self.store.key_url(shard)} key {row['key']!r} offset {offset}",
+        )
+        return payload
+
+    def get(self, key: str) -> dict[str, np.ndarray[Any, Any]]:
+        """The arrays of sample ``key`` (bit-exact: dtype, shape and bytes as packed)."""
+        row = self.locate(key)
+        return self._decoder.decode(self.read_payload(row), f"{self.store.url} key {key!r}")
+
+    def iter_samples(
+        self, keys: Iterable[str]
+    ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
+        for key in keys:
+            yield key, self.get(key)
+
+
+def open_dataset(
+    url: str | Store,
+    version: str = "latest",
+    storage_options: dict[str, Any] | None = None,
+) -> Dataset:
+    """Open ``version`` (a tag or ``latest``) of the dataset root at ``url``."""
+    store = open_store(url, storage_options)
+    return Dataset(store, load_version(store, version))

@@ -1,0 +1,71 @@
+import numpy as np
+import pytest
+
+from shardlake.codec import (
+    Decoder,
+    Encoder,
+    arrays_equal_exact,
+    check_payload,
+    payload_checksum,
+    to_python_strings,
+)
+from shardlake.errors import IntegrityError, SourceError
+
+ARRAYS = {
+    "version": np.array([2], dtype=np.uint32),
+    "flag": np.array([[True, False]]),
+    "half": np.linspace(0, 1, 7, dtype=np.float16),
+    "i64": np.arange(-3, 3, dtype=np.int64),
+    "u16": np.arange(5, dtype=np.uint16),
+    "f64": np.array([np.nan, -0.0, np.inf]),
+    "empty": np.zeros((0, 31, 11), dtype=np.float32),
+    "scalar": np.array(3.5, dtype=np.float32),
+    "map_name": np.array("us-nv-las-vegas"),
+    "token": np.array("abc", dtype="<U10"),
+    "raw_bytes": np.array(b"\x00\x01"),
+    "big_endian": np.arange(4, dtype=">i4"),
+    "complex": np.array([1 + 2j], dtype=np.complex64),
+    "fortran": np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3)),
+}
+
+
+def test_every_dtype_round_trips_bit_exact_in_order():
+    _, payload = Encoder().encode(ARRAYS)
+    out = Decoder().decode(payload)
+    assert list(out) == list(ARRAYS)
+    for name, array in ARRAYS.items():
+        assert arrays_equal_exact(array, out[name]), name
+
+
+def test_encoding_is_deterministic():
+    assert Encoder().encode(ARRAYS) == Encoder().encode(dict(ARRAYS))
+
+
+def test_strings_become_python_str():
+    out = to_python_strings(Decoder().decode(Encoder().encode(ARRAYS)[1]))
+    assert out["map_name"] == "us-nv-las-vegas"
+    assert out["token"] == "abc"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        np.array([object()], dtype=object),
+        np.zeros(2, dtype="V4"),
+        np.array(["2020"], dtype="M8[D]"),
+    ],
+)
+def test_unstorable_arrays_are_refused_naming_the_array(bad):
+    with pytest.raises(SourceError, match="'x'") as info:
+        Encoder().encode({"x": bad}, where="log/a.npz")
+    assert "log/a.npz" in str(info.value)
+
+
+def test_corrupt_frame_and_checksum_are_integrity_errors():
+    _, payload = Encoder().encode(ARRAYS)
+    flipped = bytearray(payload)
+    flipped[len(flipped) // 2] ^= 0xFF
+    with pytest.raises(IntegrityError, match="shard-1"):
+        check_payload(bytes(flipped), payload_checksum(payload), "shard-1")
+    with pytest.raises(IntegrityError):
+        Decoder().decode(bytes(flipped))

@@ -1,0 +1,80 @@
+import threading
+
+import pytest
+
+from shardlake.errors import ConflictError, UsageError, VersionNotFoundError
+from shardlake.store import open_store
+from shardlake.versions import (
+    list_versions,
+    load_version,
+    publish_version,
+    read_state,
+    resolve_tag,
+    retire_versions,
+)
+
+
+def _body(n):
+    return {"base": None, "partitions": [{"id": f"p{n}", "samples": n, "shards": []}]}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(str(tmp_path / "root"))
+
+
+def test_publish_and_latest(store):
+    publish_version(store, "v1", _body(1), read_state(store))
+    v2 = publish_version(store, "v2", _body(2), read_state(store))
+    assert resolve_tag(store) == ("v2", v2.hash)
+    assert load_version(store, "v1").samples == 1
+    assert [t for t, _, _ in list_versions(store)] == ["v1", "v2"]
+
+
+def test_tag_never_reused_and_stale_base_conflicts(store):
+    base = read_state(store)
+    publish_version(store, "v1", _body(1), base)
+    with pytest.raises(ConflictError, match="v1"):
+        publish_version(store, "v1", _body(9), read_state(store))
+    with pytest.raises(ConflictError, match="re-run"):
+        publish_version(store, "v2", _body(2), base)
+    assert read_state(store).latest == "v1"
+
+
+def test_racing_publishers_exactly_one_wins(store):
+    base = read_state(store)
+    results: list[str] = []
+
+    def run(tag):
+        try:
+            publish_version(store, tag, _body(len(tag)), base)
+            results.append(f"won:{tag}")
+        except ConflictError:
+            results.append("lost")
+
+    threads = [threading.Thread(target=run, args=(f"t{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.startswith("won") for r in results) == 1
+    state = read_state(store)
+    assert state.seq == 1 and len(state.versions) == 1
+
+
+def test_retire_requires_force_for_latest(store):
+    publish_version(store, "v1", _body(1), read_state(store))
+    publish_version(store, "v2", _body(2), read_state(store))
+    with pytest.raises(UsageError, match="--force"):
+        retire_versions(store, ["v2"])
+    retire_versions(store, ["v2"], force=True)
+    assert read_state(store).latest == "v1"
+    with pytest.raises(VersionNotFoundError, match="retired"):
+        load_version(store, "v2")
+    with pytest.raises(ConflictError):
+        publish_version(store, "v2", _body(3), read_state(store))
+
+
+def test_empty_root_has_no_latest(store):
+    with pytest.raises(VersionNotFoundError):
+        load_version(store)
