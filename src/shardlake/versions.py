@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from .errors import (
 )
 from .layout import (
     COMMITS_DIR,
+    DATA_DIR,
     FORMAT_VERSION,
     ROOT_MARKER,
     check_name,
@@ -74,14 +76,26 @@ class RootState:
     versions: dict[str, str] = field(default_factory=dict)  # live tag -> hash, publish order
     retired: tuple[str, ...] = ()
     latest: str | None = None  # tag
+    # Set while gc deletes objects ({"id", "expires_at"}): publishing is refused meanwhile, so
+    # no version can reference a revision gc is deleting (see shardlake.lifecycle.gc).
+    gc_lock: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Versions as [tag, hash] pairs in publish order (canonical JSON would sort an object).
-        return {
+        out: dict[str, Any] = {
             "versions": [[t, h] for t, h in self.versions.items()],
             "retired": list(self.retired),
             "latest": self.latest,
         }
+        if self.gc_lock is not None:
+            out["gc_lock"] = self.gc_lock
+        return out
+
+    def gc_locked(self, now: float | None = None) -> bool:
+        """Whether a gc holds the root (an expired lock of a crashed gc does not count)."""
+        if not self.gc_lock:
+            return False
+        return float(self.gc_lock.get("expires_at", 0)) > (time.time() if now is None else now)
 
 
 @dataclass(frozen=True)
@@ -163,6 +177,7 @@ def read_commit(store: Store, seq: int) -> RootState:
         versions=dict(state["versions"]),
         retired=tuple(state.get("retired", ())),
         latest=state.get("latest"),
+        gc_lock=state.get("gc_lock"),
     )
 
 
@@ -175,6 +190,9 @@ def _commit(
         "parent": base.seq,
         "op": op,
         "created_at": utc_now(),
+        # Unique per writer: Store.create accepts a same-bytes re-create (a retried request whose
+        # reply was lost), so two writers must never produce identical commit records.
+        "writer": uuid.uuid4().hex,
         "state": new.to_json(),
         **detail,
     }
@@ -206,6 +224,18 @@ def check_new_tag(state: RootState, tag: str, store: Store) -> None:
         )
 
 
+def _missing_objects(store: Store, body: Mapping[str, Any]) -> list[str]:
+    """Manifests and shards ``body`` references that are not in the store (one listing)."""
+    wanted: set[str] = set()
+    for entry in body.get("partitions", []):
+        if entry.get("manifest"):
+            wanted.add(entry["manifest"])
+        wanted.update(shard["key"] for shard in entry.get("shards", []) if "key" in shard)
+    if not wanted:
+        return []
+    return sorted(wanted - set(store.list(DATA_DIR)))
+
+
 def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootState) -> Version:
     """Publish a version made from ``base`` (the state read before the work began).
 
@@ -222,6 +252,19 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
         raise ConflictError(
             f"{store.url}: another writer committed (now at commit {current.seq}, this run started "
             f"at {base.seq}); nothing was published by this run - re-run it"
+        )
+    if current.gc_locked():
+        raise ConflictError(
+            f"{store.url}: gc is deleting unreferenced objects (commit {current.seq}); nothing "
+            "was published by this run - re-run it when gc has finished"
+        )
+    missing = _missing_objects(store, body)
+    if missing:
+        # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
+        # publish a version with holes (gc deletes only while it holds the lock checked above).
+        raise ConflictError(
+            f"{store.url}: {len(missing)} object(s) this version references are gone (e.g. "
+            f"{missing[0]}; deleted by gc?); nothing was published by this run - re-run it"
         )
     key = version_key(tag, version_hash)
     try:
@@ -253,7 +296,7 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
     latest = base.latest
     if latest in tags:
         latest = next(reversed(versions), None)
-    new = RootState(base.seq + 1, versions, tuple(base.retired) + tuple(tags), latest)
+    new = RootState(base.seq + 1, versions, tuple(base.retired) + tuple(tags), latest, base.gc_lock)
     return _commit(store, base, new, "retire", {"tags": list(tags)})
 
 

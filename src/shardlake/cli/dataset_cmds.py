@@ -3,8 +3,261 @@
 from __future__ import annotations
 
 import argparse
+import io
+import json
+import os
+import sys
 from typing import Any
 
+from .common import add_json_flag, print_json
 
-def register(sub: "argparse._SubParsersAction[Any]") -> None:
+SHOW_MAX = 20
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    p = sub.add_parser(
+        "query",
+        help="run a sandboxed SQL WHERE over a version's manifests",
+        description="Print the manifest rows matching one SQL boolean expression (DuckDB, "
+        "sandboxed: no file or network access). Columns with dots need double quotes, "
+        "e.g. --where '\"skipping_info.label\" = 3'.",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--where", metavar="SQL", help="boolean expression over the manifest columns")
+    p.add_argument("--columns", metavar="COL", nargs="+", help="columns to output (default: all)")
+    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="JSON lines, one object per row")
+    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    fmt.add_argument("--count", action="store_true", help="print only the number of rows")
+    p.set_defaults(func=cmd_query)
+
+    p = sub.add_parser(
+        "get",
+        help="fetch samples by key (one ranged read each) and show or save their arrays",
+        description="Fetch samples by key. With --out a single sample is written as a "
+        "bit-exact .npz; --out-dir writes <key>.npz for each key (and <key>.json sidecars).",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("keys", metavar="KEY", nargs="*")
+    p.add_argument(
+        "--keys", dest="keys_file", metavar="FILE", help="also fetch the keys listed here"
+    )
+    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument("--out", metavar="FILE.npz", help="write the (single) sample to this npz file")
+    p.add_argument("--out-dir", metavar="DIR", help="write <key>.npz (+ .json) for every key")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_get)
+
+    p = sub.add_parser(
+        "keyset",
+        help="named, immutable sample selections bound to one version",
+        description="keyset ROOT create NAME (--where SQL | --keys FILE) [--version T]; "
+        "keyset ROOT list; keyset ROOT show NAME; keyset ROOT check A B",
+    )
+    p.add_argument("root", metavar="ROOT")
+    ks = p.add_subparsers(dest="action", metavar="ACTION")
+    ks.required = True
+    c = ks.add_parser("create", help="select samples and publish a keyset (create-if-absent)")
+    c.add_argument("name", metavar="NAME")
+    how = c.add_mutually_exclusive_group(required=True)
+    how.add_argument("--where", metavar="SQL", help="boolean expression over the manifest columns")
+    how.add_argument(
+        "--keys",
+        dest="keys_file",
+        metavar="FILE",
+        help="text file of keys, or a JSON list of keys / absolute .npz paths ('-': stdin)",
+    )
+    c.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
+    c.add_argument(
+        "--allow-unmatched",
+        type=int,
+        metavar="N",
+        help="accept exactly N entries that match no key (default 0)",
+    )
+    c.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    add_json_flag(c)
+    c.set_defaults(func=cmd_keyset_create)
+    c = ks.add_parser("list", help="list the keysets of the root")
+    add_json_flag(c)
+    c.set_defaults(func=cmd_keyset_list)
+    c = ks.add_parser("show", help="describe one keyset")
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("--keys", dest="show_keys", action="store_true", help="print every key")
+    add_json_flag(c)
+    c.set_defaults(func=cmd_keyset_show)
+    c = ks.add_parser("check", help="prove two keysets disjoint (exit 1 if they overlap)")
+    c.add_argument("a", metavar="A")
+    c.add_argument("b", metavar="B")
+    add_json_flag(c)
+    c.set_defaults(func=cmd_keyset_check)
+
+
+# --- query / get -------------------------------------------------------------------------------
+
+
+def cmd_query(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pacsv
+
+    from ..access import query
+    from ..dataset import open_dataset
+    from ..errors import UsageError
+
+    if args.limit is not None and args.limit < 0:
+        raise UsageError("--limit must be >= 0")
+    table = query(open_dataset(args.root, args.tag), args.where, args.columns)
+    if args.count:
+        print(table.num_rows)
+        return 0
+    if args.limit is not None:
+        table = table.slice(0, args.limit)
+    if args.json:
+        for row in table.to_pylist():
+            sys.stdout.write(json.dumps(row, default=str, sort_keys=False) + "\n")
+    elif args.csv:
+        buf = io.BytesIO()
+        pacsv.write_csv(table, buf)
+        sys.stdout.write(buf.getvalue().decode())
+    else:
+        names = table.column_names
+        print("\t".join(names))
+        for row in table.to_pylist():
+            print("\t".join("" if row[n] is None else str(row[n]) for n in names))
+        print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})", file=sys.stderr)
+    return 0
+
+
+def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: {"dtype": a.dtype.str, "shape": list(a.shape), "nbytes": int(a.nbytes)}
+        for name, a in arrays.items()
+    }
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    from ..access import iter_samples, locate, npz_bytes, sidecar_json
+    from ..dataset import open_dataset
+    from ..errors import UsageError
+    from ..keysets import read_key_file
+
+    keys = list(args.keys)
+    if args.keys_file:
+        listed, _unmapped = read_key_file(args.keys_file)
+        keys.extend(listed)
+    if not keys:
+        raise UsageError("give at least one KEY (or --keys FILE)")
+    if args.out and len(keys) != 1:
+        raise UsageError("--out writes one sample; use --out-dir for several keys")
+    ds = open_dataset(args.root, args.tag)
+    rows = {key: locate(ds, key) for key in keys}  # every key checked before anything is written
+    described: list[dict[str, Any]] = []
+    for key, arrays in iter_samples(ds, keys):
+        if args.out:
+            _write_file(args.out, npz_bytes(arrays))
+        if args.out_dir:
+            path = os.path.join(args.out_dir, *key.split("/"))
+            _write_file(path + ".npz", npz_bytes(arrays))
+            side = sidecar_json(rows[key])
+            if side is not None:
+                _write_file(path + ".json", side)
+        described.append({"key": key, "arrays": _describe(arrays)})
+    if args.json:
+        print_json(described if len(described) != 1 else described[0])
+    else:
+        for item in described:
+            print(item["key"])
+            for name, info in item["arrays"].items():
+                print(f"  {name}: {info['dtype']} {tuple(info['shape'])}")
+    return 0
+
+
+def _write_file(path: str, data: bytes) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)  # never a half-written npz at the final name
+
+
+# --- keysets -----------------------------------------------------------------------------------
+
+
+def cmd_keyset_create(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..keysets import create_keyset, read_key_file
+
+    if args.allow_unmatched is not None and args.allow_unmatched < 0:
+        raise UsageError("--allow-unmatched must be >= 0")
+    if args.where is not None and (args.strip_prefix or args.allow_unmatched is not None):
+        raise UsageError("--strip-prefix and --allow-unmatched go with --keys")
+    keys = unmapped = None
+    if args.keys_file is not None:
+        keys, unmapped = read_key_file(args.keys_file, strip_prefix=args.strip_prefix)
+    keyset = create_keyset(
+        args.root,
+        args.name,
+        version=args.tag,
+        where=args.where,
+        keys=keys,
+        unmapped=unmapped or (),
+        allow_unmatched=args.allow_unmatched,
+    )
+    if args.json:
+        print_json(keyset.info())
+    else:
+        print(
+            f"keyset {keyset.name}: {len(keyset)} samples in {len(set(keyset.partitions))} "
+            f"partition(s), bound to version {keyset.version_tag} ({keyset.version_hash})"
+        )
+    return 0
+
+
+def cmd_keyset_list(args: argparse.Namespace) -> int:
+    from ..keysets import list_keysets
+
+    keysets = list_keysets(args.root)
+    if args.json:
+        print_json([k.info() for k in keysets])
+    else:
+        for k in keysets:
+            print(f"{k.name}\t{len(k)} samples\tversion {k.version_tag} ({k.version_hash})")
+    return 0
+
+
+def cmd_keyset_show(args: argparse.Namespace) -> int:
+    from ..keysets import load_keyset
+
+    keyset = load_keyset(args.root, args.name)
+    info = keyset.info()
+    keys = keyset.keys if args.show_keys else keyset.keys[:SHOW_MAX]
+    if args.json:
+        info["keys"] = keys
+        print_json(info)
+    else:
+        for name in ("name", "version", "version_hash", "samples", "partitions", "created_at"):
+            print(f"{name}: {info[name]}")
+        print(f"recipe: {json.dumps(info['recipe'], sort_keys=True)}")
+        more = "" if args.show_keys or len(keyset) <= SHOW_MAX else f" (first {SHOW_MAX})"
+        print(f"keys{more}:")
+        for key in keys:
+            print(f"  {key}")
+    return 0
+
+
+def cmd_keyset_check(args: argparse.Namespace) -> int:
+    from ..keysets import check_disjoint
+
+    report = check_disjoint(args.root, args.a, args.b)
+    if args.json:
+        print_json(report.to_json())
+    elif report.disjoint:
+        print(f"keysets {args.a} and {args.b} are disjoint")
+    else:
+        print(f"keysets {args.a} and {args.b} share {report.overlap} key(s):")
+        for key in report.examples:
+            print(f"  {key}")
+    if not report.same_version and not args.json:
+        print("note: the two keysets are bound to different versions", file=sys.stderr)
+    return 0 if report.disjoint else 1

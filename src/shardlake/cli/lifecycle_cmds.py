@@ -3,8 +3,290 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from .common import add_json_flag, print_json
 
-def register(sub: "argparse._SubParsersAction[Any]") -> None:
+SHOW_MAX = 20
+
+
+def _progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+
+
+def _workers_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers", type=int, default=4, metavar="N", help="shards checked at once (default 4)"
+    )
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    p = sub.add_parser(
+        "remove",
+        help="publish a new version without some partitions or samples",
+        description="Publish TAG: the base version without the given partitions or samples. "
+        "Removing samples writes a new manifest revision, never new shards.",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--tag", required=True, metavar="NEW")
+    p.add_argument("--base", default="latest", metavar="TAG")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--partition", nargs="+", metavar="PID", help="partition ids to drop")
+    what.add_argument("--keys", dest="keys_file", metavar="FILE", help="file of keys to drop")
+    what.add_argument("--where", metavar="SQL", help="drop the samples matching this expression")
+    p.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_remove)
+
+    p = sub.add_parser("prune-version", help="retire version tags (gc reclaims their bytes)")
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("tags", metavar="TAG", nargs="+")
+    p.add_argument("--force", action="store_true", help="also retire the version 'latest' names")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_prune)
+
+    p = sub.add_parser(
+        "gc",
+        help="delete objects no live version or keyset references",
+        description="Delete unreferenced shards, manifests, version documents and staging "
+        "leftovers older than the grace period. Writers that started before gc must re-run "
+        "their publish (they get a clear conflict error).",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    p.add_argument("--grace", default="6h", metavar="DURATION", help="keep younger objects (6h)")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser("scrub", help="re-read every payload and check its checksums")
+    p.add_argument("root", metavar="ROOT")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--version", dest="tag", default=None, metavar="TAG")
+    which.add_argument("--all", action="store_true", help="every live version")
+    _progress_flag(p)
+    _workers_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_scrub)
+
+    p = sub.add_parser(
+        "export",
+        help="copy a version to another store (or write it out as npz + json)",
+        description="Copy a version's closure to DEST (any store URL), verifying checksums; "
+        "DEST becomes a self-contained root whose latest is that version. Re-running resumes. "
+        "With --format npz, DEST is a directory that receives <key>.npz and <key>.json.",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("dest", metavar="DEST")
+    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument(
+        "--keyset", action="append", metavar="NAME", help="keyset(s) to carry (npz: to select)"
+    )
+    p.add_argument("--format", choices=("root", "npz"), default="root")
+    _progress_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser(
+        "verify",
+        help="prove a version equals its source tree, bit for bit",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--source", required=True, metavar="SOURCE")
+    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument("--allow-missing", type=int, default=None, metavar="N", help="exactly N missing")
+    p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
+    _progress_flag(p)
+    _workers_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
+        "verify-offsets",
+        help="check manifest offsets against tar headers and manifests against the version",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    _progress_flag(p)
+    add_json_flag(p)
+    p.set_defaults(func=cmd_verify_offsets)
+
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    return False if getattr(args, "quiet", False) or getattr(args, "json", False) else None
+
+
+def cmd_remove(args: argparse.Namespace) -> int:
+    from ..errors import NotFoundError
+    from ..keysets import read_key_file
+    from ..lifecycle import remove
+
+    keys = None
+    if args.keys_file:
+        keys, unmapped = read_key_file(args.keys_file, strip_prefix=args.strip_prefix)
+        if unmapped:
+            raise NotFoundError(
+                f"{len(unmapped)} entr{'y' if len(unmapped) == 1 else 'ies'} of {args.keys_file} "
+                f"do not start with {args.strip_prefix}: "
+                + ", ".join(repr(e) for e in unmapped[:SHOW_MAX])
+            )
+    version, counts = remove(
+        args.root, args.tag, base=args.base, partitions=args.partition, keys=keys, where=args.where
+    )
+    if args.json:
+        print_json(
+            {"tag": version.tag, "version": version.hash, "samples": version.samples, **counts}
+        )
+    else:
+        print(
+            f"published {version.tag} ({version.hash}): {version.samples} samples; removed "
+            f"{counts['samples_removed']} sample(s), {counts['partitions_removed']} partition(s); "
+            f"{counts['manifests_written']} new manifest revision(s), no new shards"
+        )
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    from ..lifecycle import prune_versions
+
+    state = prune_versions(args.root, args.tags, force=args.force)
+    if args.json:
+        print_json({"retired": args.tags, "latest": state.latest, "live": list(state.versions)})
+    else:
+        print(f"retired {', '.join(args.tags)}; latest is now {state.latest or '(none)'}")
+        print("run 'shardlake gc' to reclaim their storage")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from ..lifecycle import collect_garbage
+    from ..lifecycle.common import human_bytes
+    from ..lifecycle.gc import parse_duration
+
+    report = collect_garbage(args.root, grace_s=parse_duration(args.grace), dry_run=args.dry_run)
+    if args.json:
+        print_json(report.to_json())
+        return 0
+    verb = "would delete" if args.dry_run else "deleted"
+    for info in report.garbage:
+        print(f"{verb} {info.key} ({info.size} bytes)")
+    for path in report.temp_files:
+        print(f"{verb} staging leftover {path}")
+    print(
+        f"{verb} {len(report.garbage)} object(s), {human_bytes(report.garbage_bytes)}"
+        f" ({report.garbage_bytes} bytes); kept {len(report.young)} unreferenced object(s) "
+        f"younger than {args.grace}; {report.referenced} referenced by "
+        f"{len(report.live_versions)} version(s)"
+    )
+    return 0
+
+
+def cmd_scrub(args: argparse.Namespace) -> int:
+    from ..lifecycle import scrub
+    from ..lifecycle.common import human_bytes
+
+    report = scrub(
+        args.root, args.tag, all_versions=args.all, progress=_progress(args), workers=args.workers
+    )
+    if args.json:
+        print_json(report.to_json())
+    else:
+        for part in report.partitions:
+            status = "ok" if not part.problems else f"{part.problems} PROBLEM(S)"
+            print(f"{part.partition}\t{part.samples} samples\t{human_bytes(part.bytes)}\t{status}")
+        for problem in report.problems:
+            print(f"corrupt: {problem}", file=sys.stderr)
+        print(
+            f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
+            f"{', '.join(report.versions)}: "
+            + ("ok" if report.ok else f"{len(report.problems)} problem(s)")
+        )
+    return 0 if report.ok else 1
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..lifecycle import export_npz, export_version
+
+    if args.format == "npz":
+        if args.keyset and len(args.keyset) > 1:
+            raise UsageError("--format npz takes at most one --keyset")
+        npz = export_npz(
+            args.root,
+            args.dest,
+            version=args.tag,
+            keyset=args.keyset[0] if args.keyset else None,
+            progress=_progress(args),
+        )
+        if args.json:
+            print_json(npz.to_json())
+        else:
+            print(f"wrote {npz.samples} npz file(s) and {npz.sidecars} sidecar(s) to {npz.dest}")
+        return 0
+    report = export_version(
+        args.root, args.dest, version=args.tag, keysets=args.keyset, progress=_progress(args)
+    )
+    if args.json:
+        print_json(report.to_json())
+    else:
+        print(
+            f"exported {report.version} ({report.version_hash}) to {report.dest}: copied "
+            f"{len(report.copied)} object(s) ({report.bytes_copied} bytes), skipped "
+            f"{len(report.skipped)} already present and verified"
+            + (f"; keysets {', '.join(report.keysets)}" if report.keysets else "")
+        )
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..lifecycle import verify_source
+
+    if args.allow_missing is not None and args.allow_missing < 0:
+        raise UsageError("--allow-missing must be >= 0")
+    report = verify_source(
+        args.root,
+        args.source,
+        version=args.tag,
+        allow_missing=args.allow_missing,
+        expected_partitions=args.expected_partitions,
+        progress=_progress(args),
+        workers=args.workers,
+    )
+    if args.json:
+        print_json(report.to_json())
+        return 0 if report.ok else 1
+    out = sys.stdout if report.ok else sys.stderr
+    for label, keys in (("missing", report.missing), ("extra", report.extra)):
+        for key in keys[:SHOW_MAX]:
+            print(f"{label}: {key}", file=out)
+    for problem in report.problems[:SHOW_MAX]:
+        print(f"differs: {problem}", file=out)
+    summary = (
+        f"version {report.version}: {report.partitions} partition(s), {report.compared} of "
+        f"{report.source_samples} source sample(s) compared bit-exactly, {len(report.missing)} "
+        f"missing, {len(report.extra)} extra"
+    )
+    if report.ok:
+        print(f"verify OK - {summary}")
+        return 0
+    print(f"verify FAILED ({'; '.join(report.failures())}) - {summary}")
+    return 1
+
+
+def cmd_verify_offsets(args: argparse.Namespace) -> int:
+    from ..lifecycle import verify_offsets
+
+    report = verify_offsets(args.root, args.tag, progress=_progress(args))
+    if args.json:
+        print_json(report.to_json())
+        return 0 if report.ok else 1
+    for problem in report.problems:
+        print(f"mismatch: {problem}", file=sys.stderr)
+    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
+    print(
+        f"verify-offsets {status} - version {report.version}: {report.partitions} partition(s), "
+        f"{report.shards} shard(s), {report.rows} manifest row(s)"
+    )
+    return 0 if report.ok else 1

@@ -3,8 +3,284 @@
 from __future__ import annotations
 
 import argparse
+import csv
+import re
+import sys
 from typing import Any
 
+from ..errors import UsageError
+from .common import add_json_flag, print_json
 
-def register(sub: "argparse._SubParsersAction[Any]") -> None:
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+
+
+def parse_size(text: str) -> int:
+    """``1GiB``, ``512MB``, ``64k`` or plain bytes -> bytes."""
+    match = _SIZE_RE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r} (e.g. 1GiB, 256MB, 65536)")
+    number, unit = float(match.group(1)), (match.group(2) or "").lower()
+    binary = "i" in unit
+    letter = unit[:1] if unit[:1] in "kmgt" else ""
+    factor = 1024 ** "kmgt".index(letter) * 1024 if binary and letter else _UNITS[letter]
+    value = int(number * factor)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be at least 1 byte")
+    return value
+
+
+def _add_rule_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--partition-depth",
+        type=int,
+        help="the first N directory levels are one partition (default 1)",
+    )
+    parser.add_argument(
+        "--partition-regex",
+        help="regex searched in each relative npz path; its named group 'partition' is the partition",
+    )
+    parser.add_argument(
+        "--path-list", metavar="FILE", help="only these npz paths (one relative path a line)"
+    )
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    p = sub.add_parser("inspect", help="report the partitions of a source tree (read-only)")
+    p.add_argument("source", metavar="SOURCE")
+    _add_rule_options(p)
+    p.add_argument("--out", metavar="TSV", help="also write the per-partition table as TSV")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_inspect)
+
+    p = sub.add_parser("synth", help="write a synthetic driving-frame corpus")
+    p.add_argument("source", metavar="SOURCE")
+    p.add_argument("--partitions", type=int, required=True)
+    p.add_argument("--samples", type=int, required=True, help="frames per partition")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--format", choices=("v2", "nuplan"), default="v2")
+    p.add_argument("--neighbors", type=int, default=320, help="neighbour slots N (real: 320)")
+    p.add_argument("--lanes", type=int, help="lane rows (v2: 140, nuplan: 70); small for tests")
+    p.add_argument("--skip-fraction", type=float, default=0.0)
+    p.add_argument("--no-sidecars", action="store_true", help="write npz files only")
+    p.set_defaults(func=cmd_synth)
+
+    p = sub.add_parser("pack", help="pack a source tree into a new version of a dataset root")
+    p.add_argument("source", metavar="SOURCE")
+    p.add_argument("root", metavar="ROOT", help="dataset root URL (path, s3://, gs://, memory://)")
+    p.add_argument("--tag", required=True, help="the new version's tag (never reused)")
+    p.add_argument("--base", metavar="TAG", help="reuse unchanged partitions of this version")
+    _add_rule_options(p)
+    p.add_argument(
+        "--partition",
+        action="append",
+        metavar="ID_OR_PATH",
+        help="pack only this partition (repeatable); the base's others are carried over",
+    )
+    p.add_argument("--workers", type=int, help="parallel partition builds (default: CPU count)")
+    p.add_argument(
+        "--executor",
+        default="process",
+        help="process (default), thread, inline, or dask://HOST:PORT",
+    )
+    p.add_argument("--shard-size", type=parse_size, help="target shard size (default 1GiB)")
+    p.add_argument("--level", type=int, help="zstd level (default 3)")
+    p.add_argument("--seed", type=int, help="sample-order shuffle seed (default 0)")
+    p.add_argument("--keep-skipped", action="store_true", help="keep is_skipped frames")
+    p.add_argument("--require-sidecars", action="store_true")
+    p.add_argument("--replace-all", action="store_true", help="rebuild every partition")
+    p.add_argument("--source-namespace", metavar="NS", help="source identity (default: its path)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--heartbeat", type=float, default=60.0, help="seconds without progress before a heartbeat"
+    )
+    add_json_flag(p)
+    p.set_defaults(func=cmd_pack)
+
+    p = sub.add_parser("versions", help="list the versions of a dataset root")
+    p.add_argument("root", metavar="ROOT")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_versions)
+
+    p = sub.add_parser("show", help="describe one version (default: latest)")
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("tag", metavar="TAG", nargs="?", default="latest")
+    add_json_flag(p)
+    p.set_defaults(func=cmd_show)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from ..pack import inspect_source
+
+    report = inspect_source(
+        args.source,
+        partition_depth=args.partition_depth,
+        partition_regex=args.partition_regex,
+        path_list=args.path_list,
+    )
+    columns = ["id", "path", "samples", "skipped", "missing_sidecars", "npz_bytes", "sidecar_bytes"]
+    if args.out:
+        with open(args.out, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.writer(fh, delimiter="\t", lineterminator="\n")
+            writer.writerow(columns)
+            for row in report["partitions"]:
+                writer.writerow([row[c] for c in columns])
+    if args.json:
+        print_json(report)
+    else:
+        print("\t".join(columns))
+        for row in report["partitions"]:
+            print("\t".join(str(row[c]) for c in columns))
+        print(
+            f"# {len(report['partitions'])} partitions, {report['samples']} samples, "
+            f"{report['skipped']} skipped, {report['missing_sidecars']} without sidecar, "
+            f"{report['npz_bytes']} npz bytes"
+        )
+        for kind in (
+            "collisions",
+            "unreadable",
+            "orphan_sidecars",
+            "outside_partitions",
+            "bad_sidecars",
+        ):
+            for item in report[kind]:
+                print(f"# {kind.replace('_', ' ')}: {item}")
+    problems = sum(
+        len(report[k]) for k in ("collisions", "unreadable", "orphan_sidecars", "bad_sidecars")
+    )
+    return 1 if problems else 0
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from ..synth import synth_corpus
+
+    try:
+        result = synth_corpus(
+            args.source,
+            args.partitions,
+            args.samples,
+            seed=args.seed,
+            format=args.format,
+            neighbors=args.neighbors,
+            lanes=args.lanes,
+            skip_fraction=args.skip_fraction,
+            sidecars=not args.no_sidecars,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
+    print(
+        f"wrote {result.samples} frames ({result.skipped} skipped) in "
+        f"{len(result.partitions)} partitions under {result.root}"
+    )
+    return 0
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from ..pack import pack_with_report
+
+    report = pack_with_report(
+        args.source,
+        args.root,
+        tag=args.tag,
+        base=args.base,
+        workers=args.workers,
+        executor=args.executor,
+        partition_depth=args.partition_depth,
+        partition_regex=args.partition_regex,
+        path_list=args.path_list,
+        partitions=args.partition,
+        shard_size=args.shard_size,
+        level=args.level,
+        seed=args.seed,
+        keep_skipped=args.keep_skipped,
+        require_sidecars=args.require_sidecars,
+        replace_all=args.replace_all,
+        source_namespace=args.source_namespace,
+        quiet=args.quiet,
+        heartbeat_s=args.heartbeat,
+    )
+    if args.json:
+        print_json(
+            {
+                "tag": report.version.tag,
+                "hash": report.version.hash,
+                "samples": report.version.samples,
+                "partitions": len(report.version.partitions),
+                "built": report.built,
+                "manifest_only": report.manifest_only,
+                "resumed": report.resumed,
+                "reused": report.reused,
+                "carried": report.carried,
+                "dropped": report.dropped,
+                "skipped_samples": report.skipped_samples,
+                "seconds": round(report.seconds, 3),
+            }
+        )
+    else:
+        print(report.summary())
+    return 0
+
+
+def cmd_versions(args: argparse.Namespace) -> int:
+    from ..store import open_store
+    from ..versions import list_versions, load_version_by_hash
+
+    store = open_store(args.root)
+    rows = []
+    for tag, version_hash, is_latest in list_versions(store):
+        doc = load_version_by_hash(store, tag, version_hash).doc
+        rows.append(
+            {
+                "tag": tag,
+                "hash": version_hash,
+                "latest": is_latest,
+                "created_at": doc.get("created_at"),
+                "base": doc.get("base"),
+                "partitions": len(doc["partitions"]),
+                "samples": doc["samples"],
+            }
+        )
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        print(f"no versions in {store.url}", file=sys.stderr)
+    for row in rows:
+        mark = "*" if row["latest"] else " "
+        print(
+            f"{mark} {row['tag']}\t{row['hash']}\t{row['created_at']}\t"
+            f"{row['partitions']} partitions\t{row['samples']} samples\tbase={row['base']}"
+        )
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from ..store import open_store
+    from ..versions import load_version
+
+    store = open_store(args.root)
+    version = load_version(store, args.tag)
+    doc = version.doc
+    if args.json:
+        print_json({"tag": version.tag, "hash": version.hash, **doc})
+        return 0
+    parts = doc["partitions"]
+    shards = sum(len(p["shards"]) for p in parts)
+    payload = sum(int(p.get("payload_bytes", 0)) for p in parts)
+    print(f"version {version.tag} ({version.hash})")
+    print(f"created_at      {doc.get('created_at')}")
+    print(f"base            {doc.get('base')}")
+    print(f"format_version  {doc.get('format_version')}")
+    print(f"recipe          {doc.get('recipe')}")
+    print(f"partition_rule  {doc.get('partition_rule')}")
+    print(f"source          {doc.get('source_namespace')}")
+    print(
+        f"samples         {doc['samples']} in {len(parts)} partitions, {shards} shards, {payload} payload bytes"
+    )
+    print("id\tpath\tsamples\tshards\tdata_rev\tmeta_rev")
+    for p in parts:
+        print(
+            f"{p['id']}\t{p['path']}\t{p['samples']}\t{len(p['shards'])}\t{p['data_rev']}\t{p['meta_rev']}"
+        )
+    return 0

@@ -1,10 +1,216 @@
-"""Commands: demo, compare-runs, bench, mixing."""
+"""Commands: demo, compare-runs, mixing, bench."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
+from .common import add_json_flag, print_json
 
-def register(sub: "argparse._SubParsersAction[Any]") -> None:
+
+def _compare_runs(args: argparse.Namespace) -> int:
+    from ..compare_runs import LOSS_SHIFTING_ARGS, compare_runs
+
+    keys = [k for k in LOSS_SHIFTING_ARGS if k not in set(args.ignore_arg or ())]
+    keys += [k for k in (args.check_arg or ()) if k not in keys]
+    result = compare_runs(
+        args.baseline,
+        args.candidate,
+        plateau=args.plateau,
+        k=args.k,
+        metrics=args.metric,
+        check_keys=keys,
+    )
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print(result.report())
+    return 0 if result.passed else 1
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from ..demo import DemoConfig, run_demo
+
+    cfg = DemoConfig(
+        store=args.store,
+        workdir=args.workdir,
+        partitions=args.partitions,
+        samples=args.samples,
+        extra_partitions=args.extra_partitions,
+        steps=args.steps,
+        nproc=args.nproc,
+        batch_size=args.batch_size,
+        num_workers=args.num_workers,
+        small_frames=args.small_frames,
+        keep=args.keep,
+        # With --json the progress lines go to stderr and stdout holds only the JSON.
+        out=sys.stderr if args.json else sys.stdout,
+    )
+    summary = run_demo(cfg)
+    if args.json:
+        print_json(summary)
+    return 0
+
+
+def _mixing(args: argparse.Namespace) -> int:
+    from ..bench.mixing import mixing_summary
+    from ..torch import ShardDataset
+    from ..torch.plan import DEFAULT_MAX_PAD_FRACTION
+
+    ds = ShardDataset(
+        args.root,
+        args.version,
+        keyset=args.keyset,
+        where=args.where,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        shuffle=not args.no_shuffle,
+        num_workers=args.num_workers,
+        world_size=args.world_size,
+        rank=0,
+        max_pad_fraction=(
+            DEFAULT_MAX_PAD_FRACTION if args.max_pad_fraction is None else args.max_pad_fraction
+        ),
+    )
+    doc = mixing_summary(
+        ds,
+        num_workers=args.num_workers,
+        rank=None if args.rank is None else args.rank,
+        epoch=args.epoch,
+    )
+    doc.update(version=ds.version_tag, version_hash=ds.version_hash, selection=ds.selection_desc)
+    if args.json:
+        print_json(doc)
+    else:
+        base = doc["global_shuffle_baseline"]
+        print(
+            f"{doc['batches']} batches over {doc['partitions']} partitions (epoch {doc['epoch']}): "
+            f"JS distance to the selection mean {doc['js_mean']}, p95 {doc['js_p95']}, "
+            f"max {doc['js_max']}; a perfect global shuffle: mean {base['js_mean']}, "
+            f"p95 {base['js_p95']} (0 = batches look like the selection, 1 = no overlap)"
+        )
+    return 0
+
+
+def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    p = sub.add_parser(
+        "demo",
+        help="end-to-end demo: synth -> pack -> keysets -> incremental version -> DDP training",
+        description=(
+            "Create a small synthetic driving-frame corpus, pack it into a root, create disjoint "
+            "train/valid keysets, add a second batch incrementally as a second version (--base), "
+            "train a small model for a few steps with 2 DDP ranks (gloo) reading the shards, and "
+            "print versions, samples and throughput. --store s3 runs the same against a loopback "
+            "S3 endpoint (moto) that the demo starts and stops itself."
+        ),
+    )
+    p.add_argument("--store", choices=("local", "s3"), default="local", help="where the root lives")
+    p.add_argument(
+        "--workdir",
+        help="directory for the corpus and the local root (default: a temporary directory, removed "
+        "at the end unless --keep)",
+    )
+    p.add_argument("--partitions", type=int, default=6, help="partitions in the first batch")
+    p.add_argument("--samples", type=int, default=24, help="samples per partition")
+    p.add_argument(
+        "--extra-partitions", type=int, default=2, help="logs in the incremental second batch"
+    )
+    p.add_argument(
+        "--small-frames",
+        action="store_true",
+        help="tiny arrays instead of full-size driving frames (CI; same array names)",
+    )
+    p.add_argument("--steps", type=int, default=20, help="training steps per rank")
+    p.add_argument("--num-workers", type=int, default=1, help="loader workers per rank")
+    p.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo, CPU)")
+    p.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
+    p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
+    add_json_flag(p)
+    p.set_defaults(func=_demo)
+
+    p = sub.add_parser(
+        "compare-runs",
+        help="does a candidate run's loss plateau lie inside the baseline's own noise band?",
+        description=(
+            "Read args.json and train_log.tsv from both run directories. Per metric, the band is "
+            "the baseline's mean ± k·sd over its last N epochs; the candidate passes when its own "
+            "mean over the same epochs lies inside every band (exit 0), else fails (exit 1). "
+            "Refuses (exit 1, says why) when epoch coverage differs, a cell in range is empty or "
+            "not a finite number, --k <= 0, or the runs' args.json disagree on settings that shift "
+            "the losses (validation worker count, batch sizes, world size, model, optimizer ...)."
+        ),
+    )
+    p.add_argument("baseline", metavar="BASELINE_DIR", help="the reference run (e.g. npz path)")
+    p.add_argument("candidate", metavar="CANDIDATE_DIR", help="the run to check (e.g. shard path)")
+    p.add_argument(
+        "--plateau", type=int, default=5, metavar="N", help="epochs at the end forming the plateau"
+    )
+    p.add_argument("--k", type=float, default=2.0, help="band half-width in baseline sds (> 0)")
+    p.add_argument(
+        "--metric",
+        action="append",
+        metavar="COLUMN",
+        help="train_log.tsv column to compare (repeatable; default: every column named *loss*)",
+    )
+    p.add_argument(
+        "--check-arg",
+        action="append",
+        metavar="KEY",
+        help="also require this args.json key to be equal in both runs (repeatable)",
+    )
+    p.add_argument(
+        "--ignore-arg",
+        action="append",
+        metavar="KEY",
+        help="do not require this default loss-shifting key to match (repeatable; be sure)",
+    )
+    add_json_flag(p)
+    p.set_defaults(func=_compare_runs)
+
+    p = sub.add_parser(
+        "mixing",
+        help="how well the loader's batches mix partitions (from the plan; reads no shards)",
+        description=(
+            "Plan an epoch exactly as the training loader would and report the Jensen-Shannon "
+            "distance between each batch's partition histogram and the selection's (mean, p95, "
+            "max), next to what a perfect global shuffle of the same selection scores."
+        ),
+    )
+    p.add_argument("root", metavar="ROOT", help="dataset root URL")
+    p.add_argument("--version", default="latest", help="version tag")
+    sel = p.add_mutually_exclusive_group()
+    sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
+    sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")
+    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
+    p.add_argument("--num-workers", type=int, default=2, help="loader workers per rank")
+    p.add_argument("--world-size", type=int, default=1, help="ranks")
+    p.add_argument("--rank", type=int, help="only this rank's batches (default: all ranks)")
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-shuffle", action="store_true", help="the unshuffled (validation) order")
+    p.add_argument(
+        "--max-pad-fraction",
+        type=float,
+        default=None,
+        help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
+    )
+    add_json_flag(p)
+    p.set_defaults(func=_mixing)
+
+    p = sub.add_parser(
+        "bench",
+        help="pack and load benchmarks with JSON output, against any root URL",
+        description=(
+            "Benchmarks with JSON output. 'bench pack' measures packing throughput on a few "
+            "partitions and extrapolates a per-partition cost model for sizing a conversion; "
+            "'bench load' measures the training loader (samples/s, MB/s, RSS, time to first "
+            "batch, bytes fetched, mixing JSD) against a root URL."
+        ),
+    )
+    bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
+    bsub.required = True
+    from ..bench.cli import register_bench
+
+    register_bench(bsub)

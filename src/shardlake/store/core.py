@@ -7,6 +7,8 @@ when complete) differ per backend; :mod:`shardlake.store.backends` implements th
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -15,14 +17,17 @@ from typing import Any, BinaryIO, TypeVar
 
 import fsspec
 
-from ..errors import CapabilityError, StoreError
-from .backends import Backend, backend_for
+from ..errors import CapabilityError, StoreError, UsageError
+from .backends import Backend, is_already_exists, make_backend
 from .errors import translate_error
 from .keys import check_key, check_prefix
 from .retry import RetryPolicy, call_with_retry
 from .url import ParsedURL, parse_url, redact
 
 T = TypeVar("T")
+
+# Environment variable naming a fault plan (JSON) for tests; see shardlake.testing.faults.
+FAULTS_ENV = "SHARDLAKE_TEST_FAULTS"
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,10 @@ class ObjectInfo:
 class Store:
     """A root URL on local disk, NFS, S3, GCS or memory, addressed by relative keys.
 
-    Stores are picklable (the filesystem is re-created from the URL and storage options in the
-    receiving process), so DataLoader workers and pack worker processes can use them.
+    Stores are picklable: the filesystem is re-created from the URL and storage options in the
+    receiving process, and a store inherited through ``fork`` rebuilds its filesystem on first use
+    in the child (an fsspec async filesystem must not cross a fork).  Storage options travel with
+    the pickle (they may hold credentials), but never appear in ``repr`` or error messages.
     """
 
     def __init__(
@@ -50,8 +57,9 @@ class Store:
     ) -> None:
         self._parsed: ParsedURL = parse_url(url)
         self._storage_options = dict(storage_options or {})
-        self.retry = retry or RetryPolicy()
+        self.retry = retry or RetryPolicy.from_env()
         self._backend: Backend | None = None
+        self._backend_pid = -1
         self._create_checked = False
         self._lock = threading.Lock()
 
@@ -76,30 +84,34 @@ class Store:
         return dict(self._storage_options)
 
     def __repr__(self) -> str:
-        return f"Store({self.url!r})"
+        return f"{type(self).__name__}({self.url!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         return {
-            "url": self._parsed.url if self.protocol != "file" else self.root,
-            "raw_root": self._parsed,
+            "parsed": self._parsed,
             "storage_options": self._storage_options,
             "retry": self.retry,
             "create_checked": self._create_checked,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self._parsed = state["raw_root"]
+        self._parsed = state["parsed"]
         self._storage_options = state["storage_options"]
         self.retry = state["retry"]
-        self._backend = None
         self._create_checked = state["create_checked"]
+        self._backend = None
+        self._backend_pid = -1
         self._lock = threading.Lock()
 
     @property
     def backend(self) -> Backend:
-        if self._backend is None:
-            fs = fsspec.filesystem(self.protocol, **self._storage_options)
-            self._backend = backend_for(self.protocol, fs, self.root)
+        pid = os.getpid()
+        if self._backend is None or self._backend_pid != pid:
+            if self._backend_pid not in (-1, pid):
+                self._lock = threading.Lock()  # forked: the parent's lock may be held forever
+            backend = make_backend(self.protocol, self.root, self._storage_options)
+            self._backend, self._backend_pid = backend, pid
+            return backend
         return self._backend
 
     @property
@@ -108,18 +120,27 @@ class Store:
 
     def path(self, key: str) -> str:
         """The filesystem path of ``key`` (for fsspec calls and messages)."""
-        return f"{self.root}/{check_key(key)}" if self.root not in ("", "/") else "/" + key
+        key = check_key(key)
+        return f"{self.root}/{key}" if self.root not in ("", "/") else "/" + key
+
+    def _dir_path(self, prefix: str) -> str:
+        """The filesystem path of the directory ``prefix`` (normalised, ends in ``/``)."""
+        root = self.root.rstrip("/")
+        return f"{root}/{prefix}" if prefix else f"{root}/"
 
     def key_url(self, key: str) -> str:
         """A redacted URL naming ``key`` in this store, for messages."""
         return f"{self.url.rstrip('/')}/{key}"
 
     def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
+        """Run one backend request with retries and error translation (the fault-injection hook)."""
         return call_with_retry(
             fn,
             self.retry,
             describe=lambda: f"{op} {redact(self.key_url(key))}",
-            translate=lambda exc: translate_error(exc, op, self.key_url(key)),
+            translate=lambda exc: translate_error(
+                exc, op, self.key_url(key), self._parsed.bucket, self.protocol
+            ),
         )
 
     # --- reads -------------------------------------------------------------------------------
@@ -130,29 +151,37 @@ class Store:
         return self._call("read", key, lambda: self.backend.read(path))
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``[start, end)`` of ``key``, clipped at the object's end."""
-        if start < 0 or end < start:
-            raise ValueError(f"invalid range [{start}, {end}) for {self.key_url(key)}")
+        """Bytes ``[start, end)`` of ``key``, clipped at the object's end (past the end: ``b""``)."""
+        _check_range(key, start, end)
         if end == start:
-            self.size(key)  # a zero-length range of a missing key is still an error
+            self.stat(key)  # a zero-length range of a missing key is still an error
             return b""
         path = self.path(key)
         return self._call("read_range", key, lambda: self.backend.read_range(path, start, end))
 
     def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        """Many ``(key, start, end)`` ranges in one call (fsspec ``cat_ranges``), in order."""
-        if not ranges:
-            return []
+        """Many ``(key, start, end)`` ranges in one call (fsspec ``cat_ranges``), in order.
+
+        Each range is clipped like :meth:`read_range`; zero-length ranges cost no request (but a
+        missing key is still an error).
+        """
         for key, start, end in ranges:
-            if start < 0 or end < start:
-                raise ValueError(f"invalid range [{start}, {end}) for {self.key_url(key)}")
-        paths = [self.path(k) for k, _, _ in ranges]
-        starts = [s for _, s, _ in ranges]
-        ends = [e for _, _, e in ranges]
-        first = ranges[0][0]
-        return self._call(
-            "read_ranges", first, lambda: self.backend.read_ranges(paths, starts, ends)
-        )
+            _check_range(key, start, end)
+        wanted = [(i, k, s, e) for i, (k, s, e) in enumerate(ranges) if e > s]
+        # Object stores answer an empty HTTP range with the whole object, so never send one.
+        for key in sorted({k for k, s, e in ranges if e == s} - {k for _, k, _, _ in wanted}):
+            self.stat(key)
+        out = [b""] * len(ranges)
+        if wanted:
+            paths = [self.path(k) for _, k, _, _ in wanted]
+            starts = [s for _, _, s, _ in wanted]
+            ends = [e for _, _, _, e in wanted]
+            found = self._call(
+                "read_ranges", wanted[0][1], lambda: self.backend.read_ranges(paths, starts, ends)
+            )
+            for (i, _, _, _), data in zip(wanted, found, strict=True):
+                out[i] = data
+        return out
 
     def stat(self, key: str) -> ObjectInfo:
         path = self.path(key)
@@ -169,9 +198,9 @@ class Store:
     def list_info(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under the directory ``prefix`` (``a/`` never lists ``ab/``), sorted."""
         prefix = check_prefix(prefix)
-        base = self.path(prefix.rstrip("/")) if prefix else self.root
-        entries = self._call("list", prefix or ".", lambda: self.backend.list(base))
-        root_len = len(self.root.rstrip("/")) + 1 if self.root not in ("", "/") else 1
+        base = self._dir_path(prefix)
+        entries = self._call("list", prefix, lambda: self.backend.list(base))
+        root_len = len(self._dir_path(""))
         out = [ObjectInfo(path[root_len:], size, mtime) for path, size, mtime in entries]
         out.sort(key=lambda info: info.key)
         return out
@@ -184,34 +213,76 @@ class Store:
     def write(self, key: str, data: bytes) -> None:
         """Atomic overwrite: readers see the old bytes or the new ones, never a mix."""
         path = self.path(key)
-        self._call("write", key, lambda: self.backend.write(path, bytes(data)))
+        payload = bytes(data)
+        self._call("write", key, lambda: self.backend.write(path, payload))
 
     def create(self, key: str, data: bytes) -> None:
         """Create-if-absent: :class:`AlreadyExistsError` if ``key`` exists, atomic on every backend.
 
-        The winner's bytes are complete the first moment anyone can see the key.
+        The winner's bytes are complete the first moment anyone can see the key.  Creating a key
+        that already holds exactly ``data`` succeeds: a create whose reply was lost and that was
+        re-sent (by us, the HTTP client or the NFS client) must not report a loss it did not have.
         """
         path = self.path(key)
-        self._call("create", key, lambda: self.backend.create(path, bytes(data)))
+        payload = bytes(data)
+        backend_create = self.backend.create
+
+        def create_once() -> None:
+            try:
+                backend_create(path, payload)
+            except Exception as exc:
+                if not is_already_exists(exc) or self._holds(path, payload) is not True:
+                    raise
+
+        self._call("create", key, create_once)
+
+    def _holds(self, path: str, payload: bytes) -> bool | None:
+        """Whether ``path`` holds exactly ``payload`` (None: it could not be read)."""
+        try:
+            # Size first: a conflicting large object is not read just to learn it differs.
+            if self.backend.stat(path)[0] != len(payload):
+                return False
+            return self.backend.read(path) == payload
+        except FileNotFoundError:
+            return False
+        except Exception:  # noqa: BLE001 - the caller reports the original refusal
+            return None
 
     @contextmanager
     def open_writer(self, key: str) -> Iterator[BinaryIO]:
         """Stream a large object; it becomes visible at ``key`` only when the block exits cleanly.
 
         On an exception the partial object is discarded (temp file removed, multipart upload
-        aborted) and nothing appears at ``key``.
+        aborted, resumable session cancelled) and nothing appears at ``key``.  A streaming write
+        is not retried: on failure the caller writes the object again.
         """
         path = self.path(key)
+        writer = self.backend.open_writer(path)
         try:
-            with self.backend.open_writer(path) as handle:
-                yield handle
-        except StoreError:
-            raise
+            handle = writer.__enter__()
         except Exception as exc:
-            translated = translate_error(exc, "write", self.key_url(key))
-            if translated is exc or not isinstance(translated, StoreError):
+            translated = self._translated(exc, "write", key)
+            if translated is exc:
                 raise
             raise translated from exc
+        try:
+            yield handle
+        except BaseException:
+            # The caller's block failed: discard the upload and let its exception through as is.
+            if not writer.__exit__(*sys.exc_info()):
+                raise
+        else:
+            try:
+                writer.__exit__(None, None, None)
+            except Exception as exc:
+                translated = self._translated(exc, "write", key)
+                if translated is exc:
+                    raise
+                raise translated from exc
+
+    def _translated(self, exc: Exception, op: str, key: str) -> BaseException:
+        translated = translate_error(exc, op, self.key_url(key), self._parsed.bucket, self.protocol)
+        return translated if isinstance(translated, StoreError) else exc
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
@@ -254,6 +325,13 @@ class Store:
             self._create_checked = True
 
 
+def _check_range(key: str, start: int, end: int) -> None:
+    if not isinstance(start, int) or not isinstance(end, int) or start < 0 or end < start:
+        raise UsageError(
+            f"invalid byte range [{start}, {end}) for key {key!r}: need 0 <= start <= end"
+        )
+
+
 def open_store(
     url: str | Store,
     storage_options: dict[str, Any] | None = None,
@@ -264,9 +342,18 @@ def open_store(
 
     Other fsspec protocols work as far as their implementation provides the operations; their
     create-if-absent is checked by :meth:`Store.ensure_create_enforced` before any publish.
+    Opening makes no request: a missing bucket or bad credentials surface on first use.
     """
     if isinstance(url, Store):
         return url
-    store = Store(url, storage_options, retry=retry)
-    store.backend  # noqa: B018 - fail now on unknown protocols or missing packages
+    faults = os.environ.get(FAULTS_ENV)
+    if faults:  # test-only: every store this process opens injects faults
+        from ..testing.faults import FaultPlan, FaultyStore
+
+        store: Store = FaultyStore(
+            url, storage_options, plan=FaultPlan.from_json(faults), retry=retry
+        )
+    else:
+        store = Store(url, storage_options, retry=retry)
+    store.backend  # noqa: B018 - fail now on unknown protocols, missing packages, bad options
     return store

@@ -1,4 +1,8 @@
-"""Translation of backend exceptions (OSError, botocore, gcsfs HTTP errors) to shardlake errors."""
+"""Translation of backend exceptions (OSError, botocore, gcsfs HTTP errors) to shardlake errors.
+
+Messages name the operation and the (redacted) URL; raw exception text is redacted too, and
+storage options are never part of a message.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,17 @@ from ..errors import (
     StoreError,
     StorePermissionError,
 )
+from .backends import is_already_exists
 from .url import redact
+
+_NO_CREDENTIALS = (
+    "unable to locate credentials",
+    "nocredentialserror",
+    "partial credentials",
+    "could not find default credentials",
+    "defaultcredentialserror",
+)
+_BAD_CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken", "invalidtoken")
 
 
 def _status(exc: BaseException) -> int | None:
@@ -20,21 +34,57 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
-def translate_error(exc: BaseException, op: str, url: str) -> BaseException:
+def _is_missing_bucket(exc: BaseException, text: str) -> bool:
+    lowered = text.lower()
+    return (
+        "nosuchbucket" in lowered
+        or "bucket does not exist" in lowered
+        or ("bucket" in lowered and "not found" in lowered)
+    )
+
+
+_CREDENTIAL_HINTS = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass key/secret "
+    "in storage_options",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS (or run gcloud auth application-default login), or "
+    "pass token in storage_options",
+}
+
+
+def translate_error(
+    exc: BaseException,
+    op: str,
+    url: str,
+    bucket: str | None = None,
+    protocol: str | None = None,
+) -> BaseException:
     """Map ``exc`` raised by ``op`` on ``url`` to the matching shardlake error."""
     if isinstance(exc, ShardlakeError):
         return exc
     where = f"{op} {redact(url)}"
-    text = str(exc)
+    text = f"{type(exc).__name__} {exc}"
+    lowered = text.lower()
     status = _status(exc)
-    if isinstance(exc, FileExistsError) or status == 412 or "PreconditionFailed" in text:
+    if any(marker in lowered for marker in _NO_CREDENTIALS):
+        family = {"s3a": "s3", "gcs": "gs"}.get(protocol or "", protocol or "")
+        hint = _CREDENTIAL_HINTS.get(family, "configure the backend's credentials")
+        return StorePermissionError(f"{where}: no credentials found - {hint}")
+    if any(marker in lowered for marker in _BAD_CREDENTIALS):
+        return StorePermissionError(f"{where}: credentials rejected - check the key and secret")
+    if is_already_exists(exc):
         return AlreadyExistsError(f"{where}: already exists")
-    if isinstance(exc, FileNotFoundError) or status == 404 or "NoSuchKey" in text:
-        if "NoSuchBucket" in text or "bucket" in text.lower() and "not" in text.lower():
-            return KeyNotFoundError(f"{where}: bucket does not exist")
+    if bucket is not None and _is_missing_bucket(exc, text):
+        return KeyNotFoundError(
+            f"{where}: bucket {bucket!r} does not exist - create it or fix the store URL"
+        )
+    if isinstance(exc, FileNotFoundError) or status == 404 or "nosuchkey" in lowered:
         return KeyNotFoundError(f"{where}: no such key")
     if isinstance(exc, PermissionError) or status in (401, 403):
-        return StorePermissionError(f"{where}: access denied (check credentials)")
+        return StorePermissionError(
+            f"{where}: access denied - check the credentials and their permissions"
+        )
+    if isinstance(exc, NotADirectoryError):
+        return StoreError(f"{where}: a parent of this key is an object, not a directory")
     if isinstance(exc, (ValueError, TypeError)):
         return exc
-    return StoreError(f"{where}: {type(exc).__name__}: {redact(text)}")
+    return StoreError(f"{where}: {type(exc).__name__}: {redact(str(exc))}")

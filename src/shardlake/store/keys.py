@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from ..errors import InvalidKeyError
 
+# Temp files of in-flight local writes carry this prefix; keys may not, so listings skip them.
+TEMP_PREFIX = ".shardlake-tmp-"
+
 
 def check_key(key: str) -> str:
     """Return ``key`` if it is a valid relative key, else raise :class:`InvalidKeyError`."""
@@ -16,6 +19,10 @@ def check_key(key: str) -> str:
     parts = key.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise InvalidKeyError(f"invalid key {key!r}: no empty, '.' or '..' path segments")
+    if any(p.startswith(TEMP_PREFIX) for p in parts):
+        raise InvalidKeyError(
+            f"invalid key {key!r}: segments starting {TEMP_PREFIX!r} are reserved"
+        )
     return key
 
 

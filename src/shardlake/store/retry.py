@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import errno
+import logging
+import os
 import random
 import time
 from collections.abc import Callable
@@ -13,11 +15,16 @@ from ..errors import (
     AlreadyExistsError,
     KeyNotFoundError,
     RetriesExhaustedError,
+    ShardlakeError,
     StorePermissionError,
     TransientStoreError,
+    UsageError,
 )
+from .url import redact
 
 T = TypeVar("T")
+
+log = logging.getLogger("shardlake.store")
 
 _TRANSIENT_ERRNOS = {
     errno.ESTALE,
@@ -65,9 +72,23 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
-            raise ValueError("RetryPolicy.attempts must be >= 1")
+            raise UsageError("RetryPolicy.attempts must be >= 1")
         if self.base_delay < 0 or self.max_delay < 0:
-            raise ValueError("RetryPolicy delays must be >= 0")
+            raise UsageError("RetryPolicy delays must be >= 0")
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The default policy, overridable by ``SHARDLAKE_RETRY_ATTEMPTS``,
+        ``SHARDLAKE_RETRY_BASE_DELAY`` and ``SHARDLAKE_RETRY_MAX_DELAY`` (seconds)."""
+        defaults = cls()
+        try:
+            return cls(
+                attempts=int(os.environ.get("SHARDLAKE_RETRY_ATTEMPTS", defaults.attempts)),
+                base_delay=float(os.environ.get("SHARDLAKE_RETRY_BASE_DELAY", defaults.base_delay)),
+                max_delay=float(os.environ.get("SHARDLAKE_RETRY_MAX_DELAY", defaults.max_delay)),
+            )
+        except ValueError as exc:
+            raise UsageError(f"invalid SHARDLAKE_RETRY_* setting: {exc}") from None
 
     def delay(self, retry_number: int) -> float:
         cap = min(self.max_delay, self.base_delay * (2 ** (retry_number - 1)))
@@ -95,7 +116,11 @@ def is_transient(exc: BaseException) -> bool:
     """True for failures worth retrying: 5xx/429, throttling, resets, timeouts, ``ESTALE``."""
     if isinstance(exc, TransientStoreError):
         return True
-    if isinstance(exc, (KeyNotFoundError, AlreadyExistsError, StorePermissionError)):
+    if isinstance(
+        exc, (ShardlakeError, KeyNotFoundError, AlreadyExistsError, StorePermissionError)
+    ):
+        return False
+    if isinstance(exc, (ValueError, TypeError, NotADirectoryError)):
         return False
     if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError)):
         return False
@@ -133,6 +158,16 @@ def call_with_retry(
                 raise translate(exc) from exc
             if attempt >= policy.attempts:
                 raise RetriesExhaustedError(
-                    f"{describe()} failed after {attempt} attempt(s): {type(exc).__name__}: {exc}"
+                    f"{describe()} failed after {attempt} attempt(s) (transient errors); "
+                    f"last: {type(exc).__name__}: {redact(str(exc))}"
                 ) from exc
-            sleep(policy.delay(attempt))
+            pause = policy.delay(attempt)
+            log.info(
+                "%s: transient %s (attempt %d of %d), retrying in %.2fs",
+                describe(),
+                type(exc).__name__,
+                attempt,
+                policy.attempts,
+                pause,
+            )
+            sleep(pause)

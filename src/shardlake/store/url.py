@@ -53,16 +53,30 @@ def parse_url(url: str) -> ParsedURL:
     if not protocol:
         raise InvalidURLError(f"store URL {redact(url)!r} has no protocol")
     rest = url.split("://", 1)[1]
+    if "@" in rest.split("/", 1)[0]:
+        raise InvalidURLError(
+            f"store URL {redact(url)!r} carries credentials: remove them from the URL and pass "
+            "them via storage_options or the backend's environment variables"
+        )
+    if "?" in rest or "#" in rest:
+        raise InvalidURLError(
+            f"store URL {redact(url)!r} has a query or fragment: pass options via storage_options"
+        )
     if protocol == "file":
-        path = rest if rest.startswith("/") else "/" + rest
-        path = os.path.normpath(path)
+        if not rest.startswith("/"):
+            raise InvalidURLError(
+                f"store URL {redact(url)!r} is not absolute: write file:///absolute/path"
+            )
+        path = os.path.normpath(rest)
         return ParsedURL("file", path, f"file://{path}")
     if protocol == "memory":
         path = "/" + rest.strip("/")
         return ParsedURL("memory", path.rstrip("/") or "/", f"memory://{rest.strip('/')}")
-    if "@" in rest.split("/", 1)[0]:
-        rest = rest.split("@", 1)[1]
-    root = rest.split("?", 1)[0].strip("/")
+    root = rest.strip("/")
     if protocol in BUCKET_PROTOCOLS and not root:
-        raise InvalidURLError(f"store URL {redact(url)!r} names no bucket: use {protocol}://BUCKET/PREFIX")
+        raise InvalidURLError(
+            f"store URL {redact(url)!r} names no bucket: use {protocol}://BUCKET/PREFIX"
+        )
+    if ".." in root.split("/"):
+        raise InvalidURLError(f"store URL {redact(url)!r} contains a '..' segment")
     return ParsedURL(protocol, root, f"{protocol}://{root}")

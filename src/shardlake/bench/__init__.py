@@ -1,0 +1,1 @@
+"""Benchmarks as library code: pack throughput + cost model, loader throughput (``shardlake bench``)."""

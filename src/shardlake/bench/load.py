@@ -1,0 +1,148 @@
+"""``shardlake bench load``: the training loader against any root URL, as a training box sees it.
+
+Measures, for one rank's share of a selection (``--world-size``/``--rank`` simulate a bigger
+job): samples/s and MB/s (decoded tensors and compressed payload), time to first batch (from
+opening the version to holding a batch: manifests, plan, worker start, first reads), peak RSS of
+the process tree (the DataLoader workers included), bytes fetched from the store and requests
+made (every store request is logged, across worker processes), and how well batches mix
+partitions (mean/p95 Jensen-Shannon distance of each batch's partition histogram to the
+selection's, from the plan).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from typing import Any
+
+from ..errors import UsageError
+from .measure import MB, MemorySampler, machine_info, rate
+
+
+def bench_load(
+    url: str,
+    *,
+    version: str = "latest",
+    keyset: str | None = None,
+    where: str | None = None,
+    batch_size: int = 32,
+    num_workers: int = 2,
+    max_batches: int | None = None,
+    epochs: int = 1,
+    seed: int = 0,
+    world_size: int = 1,
+    rank: int = 0,
+    max_pad_fraction: float | None = None,
+    count_bytes: bool = True,
+    storage_options: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Iterate the loader and measure it; returns the JSON document ``bench load`` prints."""
+    import torch
+
+    from ..store import open_store
+    from ..torch import ShardDataset
+    from ..torch.plan import DEFAULT_MAX_PAD_FRACTION
+    from .mixing import mixing_summary
+
+    if batch_size < 1 or num_workers < 0 or epochs < 1:
+        raise UsageError("--batch-size and --epochs must be >= 1, --num-workers >= 0")
+    if max_batches is not None and max_batches < 1:
+        raise UsageError("--max-batches must be >= 1")
+    mem = MemorySampler().start()
+    log_fd, log_path = tempfile.mkstemp(prefix="shardlake-bench-requests-", suffix=".jsonl")
+    os.close(log_fd)
+    try:
+        store: Any = open_store(url, storage_options)
+        if count_bytes:
+            # Every request of every process (DataLoader workers too) appends one JSON line.
+            from ..testing.faults import FaultPlan, FaultyStore
+
+            store = FaultyStore.wrap(store, FaultPlan(log_path=log_path))
+        t_open = time.perf_counter()
+        ds = ShardDataset(
+            store,
+            version,
+            keyset=keyset,
+            where=where,
+            batch_size=batch_size,
+            seed=seed,
+            num_workers=num_workers,
+            world_size=world_size,
+            rank=rank,
+            max_pad_fraction=DEFAULT_MAX_PAD_FRACTION
+            if max_pad_fraction is None
+            else max_pad_fraction,
+        )
+        t_opened = time.perf_counter()
+        mixing = mixing_summary(ds, num_workers=num_workers, rank=rank)
+        selection_payload = int(ds.table.size.sum())
+        loader = ds.loader()
+        samples = batches = decoded = 0
+        # Rates exclude the first batch: its cost is startup, reported as time to first batch.
+        first_samples = first_decoded = 0
+        first_batch_s: float | None = None
+        t_first = t_opened
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                if first_batch_s is None:
+                    t_first = time.perf_counter()
+                    first_batch_s = t_first - t_open
+                batches += 1
+                for value in batch.values():
+                    if isinstance(value, torch.Tensor):
+                        decoded += value.nbytes
+                samples += len(next(iter(batch.values())))
+                if batches == 1:
+                    first_samples, first_decoded = samples, decoded
+                if max_batches is not None and batches >= max_batches:
+                    break
+            if max_batches is not None and batches >= max_batches:
+                break
+        seconds = time.perf_counter() - t_first
+        mem.stop()
+        # Payload of the yielded samples, estimated from the selection's mean member size.
+        mean_member = selection_payload / max(1, len(ds.table))
+        payload = mean_member * samples
+        result: dict[str, Any] = {
+            "benchmark": "load",
+            "machine": machine_info(),
+            "url": url,
+            "version": ds.version_tag,
+            "version_hash": ds.version_hash,
+            "selection": ds.selection_desc,
+            "selected_samples": len(ds.table),
+            "selected_payload_mb": round(selection_payload / MB, 3),
+            "world_size": world_size,
+            "rank": rank,
+            "num_workers": num_workers,
+            "batch_size": batch_size,
+            "batches": batches,
+            "samples": samples,
+            "seconds": round(seconds, 3),
+            "open_seconds": round(t_opened - t_open, 3),
+            "time_to_first_batch_s": round(first_batch_s or 0.0, 3),
+            "samples_per_s": rate(samples - first_samples, seconds),
+            "decoded_mb_per_s": rate((decoded - first_decoded) / MB, seconds),
+            "payload_mb_per_s": rate(
+                payload * (samples - first_samples) / max(1, samples) / MB, seconds
+            ),
+            "peak_rss_mb": round(mem.peak_rss / MB, 1),
+            "peak_pss_mb": round(mem.peak_pss / MB, 1),
+            "mixing": mixing,
+        }
+        if count_bytes:
+            from ..testing.faults import summarize_log
+
+            log = summarize_log(log_path)
+            fetched = int(log["bytes_read"])
+            result["bytes_fetched"] = fetched
+            result["requests"] = log["requests"]
+            result["requests_by_op"] = log["by_op"]
+            # > 1: reads beyond the members (tar headers skimmed, manifests); ~1: exact.
+            result["fetched_per_payload"] = round(fetched / payload, 3) if payload else None
+        return result
+    finally:
+        mem.stop()
+        os.unlink(log_path)

@@ -1,0 +1,218 @@
+"""``shardlake bench pack``: packing throughput, per-frame stage costs and a calibrated cost model.
+
+Sizing a conversion of a multi-million-frame corpus means answering "how long, with how many
+workers?" before starting. This benchmark:
+
+1. picks a few *calibration* partitions from the source, spread over its size range;
+2. packs each one alone with one worker into a fresh scratch prefix of the target root (so
+   nothing is reused and a remote root measures its real write path), timing each;
+3. fits ``seconds = overhead + npz_bytes / rate`` (:mod:`shardlake.bench.costmodel`);
+4. optionally packs all calibration partitions together with ``--workers`` to measure parallel
+   efficiency, and extrapolates to the whole corpus (the source itself, or the partition table
+   of a bigger one from ``shardlake inspect --json``/``--out``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from .costmodel import Calibration, CostModel, extrapolate, fit, load_partition_sizes
+from .measure import MB, MemorySampler, machine_info, peak_rss_bytes, rate
+
+
+def stage_costs(source: Path, files: list[Path], level: int = 3) -> dict[str, float]:
+    """Per-frame milliseconds of each pack stage on one thread (read, inflate, encode, verify)."""
+    from ..codec import Decoder, Encoder, encode_safetensors
+    from ..pack.build import load_npz, verify_sample
+
+    encoder, decoder = Encoder(level), Decoder()
+    names = ("read+sha256", "npz_inflate", "safetensors_encode", "zstd", "verify")
+    totals = dict.fromkeys(names, 0.0)
+    for path in files:
+        t0 = time.perf_counter()
+        data = path.read_bytes()
+        hashlib.sha256(data).hexdigest()
+        t1 = time.perf_counter()
+        arrays = load_npz(data, str(path))
+        t2 = time.perf_counter()
+        st = encode_safetensors(arrays)
+        t3 = time.perf_counter()
+        payload = encoder._cctx.compress(st)
+        t4 = time.perf_counter()
+        verify_sample(st, payload, arrays, decoder, str(path))
+        t5 = time.perf_counter()
+        for name, dt in zip(names, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
+            totals[name] += dt
+    n = max(1, len(files))
+    return {name: round(1000 * value / n, 3) for name, value in totals.items()}
+
+
+def pick_calibration(partitions: list[Any], k: int) -> list[Any]:
+    """``k`` partitions spread over the size range (smallest, largest and quantiles between)."""
+    ordered = sorted(partitions, key=lambda p: (p.npz_bytes, p.path))
+    if k >= len(ordered):
+        return ordered
+    if k == 1:
+        return [ordered[len(ordered) // 2]]
+    idx = sorted({round(i * (len(ordered) - 1) / (k - 1)) for i in range(k)})
+    return [ordered[i] for i in idx]
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+def bench_pack(
+    source: str | None,
+    *,
+    root: str | None = None,
+    calibrate: int = 3,
+    workers: int = 2,
+    parallel: bool = True,
+    corpus: str | None = None,
+    predict_workers: list[int] | None = None,
+    synth_partitions: int = 3,
+    synth_samples: int = 16,
+    neighbors: int = 320,
+    stage_frames: int = 10,
+    storage_options: dict[str, Any] | None = None,
+    keep: bool = False,
+) -> dict[str, Any]:
+    """Run the pack benchmark; returns the JSON document ``shardlake bench pack`` prints."""
+    from ..pack import discover, pack_with_report
+    from ..store import open_store
+
+    if calibrate < 1 or workers < 1:
+        raise UsageError("--calibrate and --workers must be >= 1")
+    # Read the corpus table first: a bad file should fail before minutes of calibration.
+    corpus_sizes = load_partition_sizes(corpus) if corpus is not None else None
+    scratch = Path(tempfile.mkdtemp(prefix="shardlake-bench-pack-"))
+    mem = MemorySampler().start()  # the pack worker processes are children: they count
+    try:
+        if source is None:
+            from ..synth import synth_corpus
+
+            # Unequal partition sizes, so the fit can tell per-partition overhead from rate.
+            counts = [
+                max(1, synth_samples * (i + 1) // synth_partitions) for i in range(synth_partitions)
+            ]
+            synth_corpus(scratch / "src", synth_partitions, counts, seed=0, neighbors=neighbors)
+            src = scratch / "src"
+        else:
+            src = Path(source)
+        tree = discover(src)
+        tree.check_packable()
+        parts = list(tree.partitions.values())
+        chosen = pick_calibration(parts, calibrate)
+
+        base = root or str(scratch / "roots")
+        run_prefix = _join(base, f"bench-{uuid.uuid4().hex[:12]}")
+        # Warm-up: the first pack in a process pays for worker start and imports; time none of it.
+        warm = chosen[0]
+        pack_with_report(
+            src,
+            _join(run_prefix, "warmup"),
+            tag="bench",
+            workers=1,
+            path_list=[f.npz for f in warm.files[:1]],
+            storage_options=storage_options,
+        )
+        points: list[Calibration] = []
+        for i, part in enumerate(chosen):
+            paths = [f.npz for f in part.files]
+            t0 = time.perf_counter()
+            pack_with_report(
+                src,
+                _join(run_prefix, f"cal-{i}"),
+                tag="bench",
+                workers=1,
+                path_list=paths,
+                storage_options=storage_options,
+            )
+            points.append(
+                Calibration(part.path, part.samples, part.npz_bytes, time.perf_counter() - t0)
+            )
+        model = fit(points)
+        cal_samples = sum(p.samples for p in points)
+        cal_bytes = sum(p.npz_bytes for p in points)
+        cal_seconds = sum(p.seconds for p in points)
+        result: dict[str, Any] = {
+            "benchmark": "pack",
+            "machine": machine_info(),
+            "source": str(src),
+            "root": run_prefix,
+            "calibration": {
+                "partitions": len(points),
+                "samples": cal_samples,
+                "npz_mb": round(cal_bytes / MB, 3),
+                "seconds": round(cal_seconds, 3),
+                "samples_per_s_1_worker": rate(cal_samples, cal_seconds),
+                "mb_per_s_1_worker": rate(cal_bytes / MB, cal_seconds),
+            },
+        }
+        if parallel and workers > 1 and len(chosen) > 1:
+            paths = [f.npz for part in chosen for f in part.files]
+            t0 = time.perf_counter()
+            report = pack_with_report(
+                src,
+                _join(run_prefix, "parallel"),
+                tag="bench",
+                workers=workers,
+                path_list=paths,
+                storage_options=storage_options,
+            )
+            wall = time.perf_counter() - t0
+            efficiency = min(1.0, cal_seconds / (workers * wall)) if wall > 0 else None
+            model = CostModel(
+                model.overhead_s,
+                model.bytes_per_s,
+                model.calibration,
+                parallel_efficiency=efficiency,
+            )
+            payload = sum(int(p.get("payload_bytes", 0)) for p in report.version.partitions)
+            result["parallel"] = {
+                "workers": workers,
+                "seconds": round(wall, 3),
+                "samples_per_s": rate(cal_samples, wall),
+                "mb_per_s": rate(cal_bytes / MB, wall),
+                "payload_mb_per_s": rate(payload / MB, wall),
+                "speedup": round(cal_seconds / wall, 3) if wall > 0 else None,
+                "efficiency": round(efficiency, 3) if efficiency is not None else None,
+            }
+        result["cost_model"] = model.to_json()
+        files = [src / f.npz for part in chosen for f in part.files][:stage_frames]
+        result["stage_ms_per_frame"] = stage_costs(src, files)
+
+        if corpus_sizes is not None:
+            sizes, corpus_name = corpus_sizes, str(corpus)
+        else:
+            sizes = [{"npz_bytes": p.npz_bytes, "samples": p.samples} for p in parts]
+            corpus_name = str(src)
+        result["prediction"] = {
+            "corpus": corpus_name,
+            "by_workers": [
+                extrapolate(model, sizes, w) for w in sorted(set(predict_workers or [workers]))
+            ],
+        }
+        mem.stop()
+        result["peak_rss_mb"] = round(mem.peak_rss / MB, 1)  # whole process tree, sampled
+        result["peak_pss_mb"] = round(mem.peak_pss / MB, 1)
+        # The kernel's exact peaks: this process, and the largest single finished child.
+        result["peak_rss_self_mb"] = round(peak_rss_bytes() / MB, 1)
+        result["peak_rss_largest_child_mb"] = round(peak_rss_bytes(children=True) / MB, 1)
+        if root is not None and not keep:
+            store = open_store(run_prefix, storage_options)
+            for key in store.list(""):
+                store.delete(key)
+        return result
+    finally:
+        mem.stop()
+        if not keep:
+            shutil.rmtree(scratch, ignore_errors=True)

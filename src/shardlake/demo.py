@@ -1,0 +1,424 @@
+"""``shardlake demo``: the whole life of a dataset in a couple of minutes, on any laptop.
+
+1. synthesise a corpus of driving frames (``shardlake.synth``), one directory per log;
+2. pack it into a root as version ``v1`` (verified shards + manifests, published atomically);
+3. create disjoint ``train``/``valid`` keysets on ``v1`` (one log held out for validation);
+4. record more logs and pack them *incrementally* as ``v2`` with ``--base v1``: the old
+   partitions are reused, not rebuilt;
+5. bind keysets to ``v2`` and train a small model for a few steps with DDP (gloo, CPU), every
+   rank streaming its batches from the shards through ``shardlake.torch.ShardDataset``;
+6. print versions, samples and throughput.
+
+``store="s3"`` puts the root in a loopback S3 endpoint (moto) that the demo starts and stops
+itself, so the same steps run against a real HTTP object store with nothing to set up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, TextIO
+
+from .errors import UsageError
+
+STORES = ("local", "s3")
+
+
+@dataclass
+class DemoConfig:
+    store: str = "local"
+    workdir: str | None = None
+    partitions: int = 6  # logs in the first batch
+    samples: int = 24  # frames per log
+    extra_partitions: int = 2  # logs in the incremental second batch
+    steps: int = 20  # training steps per rank
+    nproc: int = 2  # DDP ranks
+    batch_size: int = 8  # per-rank batch
+    num_workers: int = 1  # DataLoader workers per rank
+    small_frames: bool = False  # tiny arrays (CI); default frames are full-size (~240 KB npz)
+    keep: bool = False
+    seed: int = 0
+    out: TextIO = field(default_factory=lambda: sys.stdout, repr=False)
+
+    def check(self) -> None:
+        if self.store not in STORES:
+            raise UsageError(f"--store must be one of {', '.join(STORES)}")
+        if self.partitions < 2:
+            raise UsageError("--partitions must be >= 2 (one log is held out for validation)")
+        for name in ("samples", "steps", "nproc", "batch_size"):
+            if getattr(self, name) < 1:
+                raise UsageError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.extra_partitions < 1 or self.num_workers < 0:
+            raise UsageError("extra_partitions must be >= 1 and num_workers >= 0")
+
+
+class _Say:
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.t0 = time.perf_counter()
+
+    def __call__(self, line: str) -> None:
+        self.out.write(f"[{time.perf_counter() - self.t0:6.1f}s] {line}\n")
+        self.out.flush()
+
+
+@contextlib.contextmanager
+def _root(cfg: DemoConfig, workdir: Path) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    if cfg.store == "local":
+        yield str((workdir / "root").resolve()), None
+        return
+    from .testing.servers import moto_s3_server
+
+    # set_env: the DDP ranks are spawned processes; they inherit the endpoint settings.
+    with moto_s3_server(set_env=True) as s3:
+        yield s3.url("demo"), dict(s3.storage_options)
+
+
+def _synth(dest: Path, cfg: DemoConfig, partitions: int, seed: int) -> Any:
+    from .synth import synth_corpus
+
+    if cfg.small_frames:
+        return synth_corpus(dest, partitions, cfg.samples, seed=seed, neighbors=4, lanes=8)
+    return synth_corpus(dest, partitions, cfg.samples, seed=seed)
+
+
+def _second_batch(src: Path, cfg: DemoConfig) -> list[str]:
+    """New logs, written beside the existing ones without touching them (so they are reused)."""
+    existing = {p.name for p in src.iterdir()}
+    for attempt in range(100):
+        staging = src.parent / f"batch2-{attempt}"
+        result = _synth(staging, cfg, cfg.extra_partitions, seed=cfg.seed + 1000 + attempt)
+        if not existing & set(result.partitions):
+            for name in result.partitions:
+                (staging / name).rename(src / name)
+            shutil.rmtree(staging)
+            return list(result.partitions)
+        shutil.rmtree(staging)  # a log name collided with batch 1: draw another
+    raise RuntimeError("could not draw distinct log names for the second batch")
+
+
+def _in_list(values: list[str]) -> str:
+    return "(" + ", ".join("'" + v.replace("'", "''") + "'" for v in values) + ")"
+
+
+def _keysets(
+    root: str,
+    so: dict[str, Any] | None,
+    version: str,
+    valid_logs: list[str],
+    say: _Say,
+    step: str,
+) -> dict[str, Any]:
+    from .keysets import check_disjoint, create_keyset
+
+    where_valid = f"log_file_id IN {_in_list(valid_logs)}"
+    train = create_keyset(
+        root, f"train-{version}", version=version, where=f"NOT ({where_valid})", storage_options=so
+    )
+    valid = create_keyset(
+        root, f"valid-{version}", version=version, where=where_valid, storage_options=so
+    )
+    report = check_disjoint(root, train.name, valid.name, storage_options=so)
+    if not report.disjoint:
+        raise RuntimeError(f"keysets overlap: {report.to_json()}")
+    say(
+        f"{step}keysets on {version}: {train.name} = {len(train)} samples, {valid.name} = "
+        f"{len(valid)} samples (WHERE {where_valid}); disjoint: yes"
+    )
+    return {"train": train.info(), "valid": valid.info()}
+
+
+def run_demo(cfg: DemoConfig) -> dict[str, Any]:
+    """Run the demo; returns a summary (also printed, line by line, to ``cfg.out``)."""
+    cfg.check()
+    say = _Say(cfg.out)
+    started = time.perf_counter()
+    temp = cfg.workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix="shardlake-demo-") if temp else str(cfg.workdir))
+    workdir.mkdir(parents=True, exist_ok=True)
+    src = workdir / "source"
+    if src.exists() and any(src.iterdir()):
+        raise UsageError(f"{src} is not empty: give the demo a fresh --workdir")
+    summary: dict[str, Any] = {"store": cfg.store, "workdir": str(workdir)}
+    try:
+        with _root(cfg, workdir) as (root, so):
+            summary["root"] = root
+            say(f"shardlake demo: store {cfg.store}, root {root}")
+            _run(cfg, src, root, so, say, summary)
+    finally:
+        if temp and not cfg.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    say(
+        f"done in {summary['seconds']}s"
+        + (f"; files kept in {workdir}" if not temp or cfg.keep else "")
+    )
+    return summary
+
+
+def _run(
+    cfg: DemoConfig,
+    src: Path,
+    root: str,
+    so: dict[str, Any] | None,
+    say: _Say,
+    summary: dict[str, Any],
+) -> None:
+    from .pack import pack_with_report
+    from .store import open_store
+    from .versions import list_versions
+
+    t = time.perf_counter()
+    first = _synth(src, cfg, cfg.partitions, cfg.seed)
+    mb = sum(f.stat().st_size for f in first.files) / 1e6
+    say(
+        f"1. synthesised {first.samples} frames in {cfg.partitions} logs ({mb:.1f} MB of npz) "
+        f"in {time.perf_counter() - t:.1f}s"
+    )
+    workers = max(1, min(2, os.cpu_count() or 1))
+    packed = {}
+    rep = pack_with_report(src, root, tag="v1", workers=workers, storage_options=so)
+    packed["v1"] = rep
+    say(f"2. pack: {rep.summary()}")
+    say(
+        f"   {rep.version.samples / max(rep.seconds, 1e-9):.0f} samples/s, {mb / max(rep.seconds, 1e-9):.1f} MB/s of npz, every sample verified"
+    )
+
+    valid_logs = [first.partitions[-1]]
+    summary["keysets_v1"] = _keysets(root, so, "v1", valid_logs, say, "3. ")
+
+    new_logs = _second_batch(src, cfg)
+    say(f"4. recorded {len(new_logs)} more logs ({len(new_logs) * cfg.samples} frames)")
+    rep = pack_with_report(src, root, tag="v2", base="v1", workers=workers, storage_options=so)
+    packed["v2"] = rep
+    say(f"   pack --base v1: {rep.summary()}")
+    if len(rep.reused) != cfg.partitions:
+        raise RuntimeError(f"expected {cfg.partitions} partitions reused, got {len(rep.reused)}")
+
+    store = open_store(root, so)
+    versions = []
+    for tag, vhash, latest in list_versions(store):
+        rep_v = packed.get(tag)
+        assert rep_v is not None
+        versions.append(
+            {
+                "tag": tag,
+                "hash": vhash,
+                "latest": latest,
+                "samples": rep_v.version.samples,
+                "partitions": len(rep_v.version.partitions),
+                "built": len(rep_v.built),
+                "reused": len(rep_v.reused),
+                "pack_seconds": round(rep_v.seconds, 2),
+            }
+        )
+        say(
+            f"   version {tag}{' (latest)' if latest else ''}: {vhash}, "
+            f"{rep_v.version.samples} samples in {len(rep_v.version.partitions)} partitions"
+        )
+    summary["versions"] = versions
+
+    # Validation: the held-out log of batch 1 plus the last new log.
+    summary["keysets_v2"] = _keysets(root, so, "v2", [*valid_logs, new_logs[-1]], say, "   ")
+    n_valid = int(summary["keysets_v2"]["valid"]["samples"])
+    summary["train"] = _train(cfg, root, so, n_valid, say)
+
+
+# --- training -----------------------------------------------------------------------------------
+
+
+def _pin_loopback() -> None:
+    """Keep gloo on the loopback interface: all ranks are on this machine, and gloo otherwise
+    binds to whatever address the host name resolves to."""
+    import socket
+
+    names = {name for _, name in socket.if_nameindex()}
+    for lo in ("lo", "lo0"):
+        if lo in names:
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
+            return
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _train(
+    cfg: DemoConfig, root: str, so: dict[str, Any] | None, n_valid: int, say: _Say
+) -> dict[str, Any]:
+    import torch.multiprocessing as mp
+
+    results = Path(tempfile.mkdtemp(prefix="shardlake-demo-train-"))
+    _pin_loopback()
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(_free_port())
+    say(
+        f"5. training: {cfg.nproc} DDP ranks (gloo) × {cfg.steps} steps × batch {cfg.batch_size}, "
+        f"{cfg.num_workers} loader worker(s) per rank, keyset train-v2 of v2"
+    )
+    try:
+        mp.start_processes(
+            _train_rank,
+            args=(cfg.nproc, asdict_light(cfg), root, so, str(results), n_valid),
+            nprocs=cfg.nproc,
+            join=True,
+            start_method="spawn",
+        )
+        ranks = [json.loads((results / f"rank{r}.json").read_text()) for r in range(cfg.nproc)]
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+    r0 = ranks[0]
+    # Throughput over all ranks, first batch to last (the time to first batch is reported apart).
+    wall = max(r["seconds"] for r in ranks)
+    samples = sum(r["samples"] for r in ranks)
+    mbytes = sum(r["bytes"] for r in ranks) / 1e6
+    out = {
+        "ranks": cfg.nproc,
+        "steps_per_rank": r0["steps"],
+        "samples": samples,
+        "epochs_started": r0["epochs"],
+        "seconds": round(wall, 2),
+        "samples_per_s": round(samples / wall, 1) if wall > 0 else None,
+        "decoded_mb_per_s": round(mbytes / wall, 1) if wall > 0 else None,
+        "time_to_first_batch_s": round(max(r["first_batch_s"] for r in ranks), 2),
+        "first_loss": r0["first_loss"],
+        "last_loss": r0["last_loss"],
+        "valid_loss": r0["valid_loss"],
+        "valid_samples": r0["valid_samples"],
+        "version_hash": r0["version_hash"],
+    }
+    say(
+        f"   {samples} samples in {out['seconds']}s over {cfg.nproc} ranks: "
+        f"{out['samples_per_s']} samples/s, {out['decoded_mb_per_s']} MB/s decoded; "
+        f"time to first batch {out['time_to_first_batch_s']}s"
+    )
+    say(
+        f"   train loss (mean of 5 steps) {out['first_loss']:.4f} first -> "
+        f"{out['last_loss']:.4f} last; "
+        f"valid loss {out['valid_loss']:.4f} on {out['valid_samples']} samples (keyset valid-v2)"
+    )
+    return out
+
+
+def asdict_light(cfg: DemoConfig) -> dict[str, Any]:
+    """The config without its output stream (streams do not cross process boundaries)."""
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg) if f.name != "out"}
+
+
+def _train_rank(
+    rank: int,
+    world: int,
+    cfg: dict[str, Any],
+    root: str,
+    so: dict[str, Any] | None,
+    results: str,
+    n_valid: int,
+) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .torch import ShardDataset
+
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(cfg["seed"])
+        model = DistributedDataParallel(
+            nn.Sequential(nn.Linear(31 * 3 + 10, 64), nn.ReLU(), nn.Linear(64, 80 * 3))
+        )
+        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+        t0 = time.perf_counter()
+        train = ShardDataset(
+            root,
+            "v2",
+            keyset="train-v2",
+            batch_size=cfg["batch_size"],
+            seed=cfg["seed"],
+            num_workers=cfg["num_workers"],
+            storage_options=so,
+        )
+        loader = train.loader()
+
+        def step_inputs(batch: dict[str, Any]) -> tuple[Any, Any]:
+            x = torch.cat(
+                [batch["ego_agent_past"].flatten(1), batch["ego_current_state"].flatten(1)], dim=1
+            )
+            return x.float(), batch["ego_agent_future"].flatten(1).float()
+
+        steps = samples = nbytes = epochs = 0
+        first_batch_s = math.nan
+        losses: list[float] = []
+        t_first = t0
+        while steps < cfg["steps"]:
+            epochs += 1
+            for batch in loader:
+                if steps == 0:
+                    t_first = time.perf_counter()
+                    first_batch_s = t_first - t0
+                x, y = step_inputs(batch)
+                loss = nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.item())
+                steps += 1
+                samples += x.shape[0]
+                nbytes += sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
+                if steps >= cfg["steps"]:
+                    break
+        seconds = time.perf_counter() - t_first
+
+        # Validation on the held-out logs: one pass, every rank, losses summed across ranks.
+        # One step per rank: a batch of ceil(n/world) pads at most world-1 replays.
+        valid = ShardDataset(
+            root,
+            "v2",
+            keyset="valid-v2",
+            batch_size=max(1, math.ceil(n_valid / world)),
+            shuffle=False,
+            num_workers=0,
+            storage_options=so,
+        )
+        sq = torch.zeros(2, dtype=torch.float64)
+        with torch.no_grad():
+            for batch in valid.loader():
+                x, y = step_inputs(batch)
+                sq[0] += float(((model(x) - y) ** 2).mean(dim=1).sum())
+                sq[1] += x.shape[0]
+        dist.all_reduce(sq)
+        doc = {
+            "steps": steps,
+            "samples": samples,
+            "bytes": nbytes,
+            "epochs": epochs,
+            "seconds": seconds,
+            "first_batch_s": first_batch_s,
+            # Single batches are noisy: report the mean of the first and the last few steps.
+            "first_loss": sum(losses[:5]) / len(losses[:5]),
+            "last_loss": sum(losses[-5:]) / len(losses[-5:]),
+            "valid_loss": float(sq[0]) / max(float(sq[1]), 1.0),
+            "valid_samples": int(sq[1]),
+            "version_hash": train.version_hash,
+        }
+        (Path(results) / f"rank{rank}.json").write_text(json.dumps(doc))
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+__all__ = ["DemoConfig", "run_demo"]

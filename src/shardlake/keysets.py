@@ -1,0 +1,334 @@
+"""Keysets: named, immutable sample selections bound to one version's hash.
+
+A keyset is ``keysets/<name>.parquet`` with columns ``key`` and ``partition`` (sorted by key) and
+``shardlake.*`` key-value metadata naming the dataset, the version tag and hash it was made
+from, and how it was made. It is published with create-if-absent, so it is never overwritten,
+and using it with any other version is refused (:meth:`Keyset.check_version`).
+
+For the loader: ``load_keyset(store, name)`` returns a :class:`Keyset` with ``version_tag``,
+``version_hash`` and ``keys``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from . import sql
+from .dataset import Dataset, open_dataset
+from .errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError, SelectionError
+from .layout import KEYSETS_DIR, check_name, keyset_key
+from .store import Store, open_store
+from .versions import Version, ensure_root, utc_now
+
+KEYSET_SCHEMA = "shardlake.keyset/1"
+_PREFIX = "shardlake."
+SHOW_MAX = 20
+
+
+@dataclass(frozen=True)
+class Keyset:
+    """A published keyset."""
+
+    name: str
+    version_tag: str
+    version_hash: str
+    keys: list[str]
+    partitions: list[str] = field(default_factory=list)  # per key, same order
+    dataset_id: str = ""
+    recipe: dict[str, Any] = field(default_factory=dict)
+    created_at: str = ""
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def check_version(self, version: Version) -> None:
+        """Refuse to use this keyset with any version but the one it was made from."""
+        if version.hash != self.version_hash:
+            raise SelectionError(
+                f"keyset {self.name!r} is bound to version {self.version_tag!r} "
+                f"({self.version_hash}), not {version.tag!r} ({version.hash}); "
+                "create a new keyset for that version"
+            )
+
+    def info(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version_tag,
+            "version_hash": self.version_hash,
+            "samples": len(self.keys),
+            "partitions": len(set(self.partitions)),
+            "dataset_id": self.dataset_id,
+            "recipe": self.recipe,
+            "created_at": self.created_at,
+        }
+
+
+# --- key lists -------------------------------------------------------------------------------
+
+
+def parse_key_list(
+    data: bytes, where: str, *, strip_prefix: str | None = None
+) -> tuple[list[str], list[str]]:
+    """Keys from a key-list file: ``(keys, unmapped_entries)``, in file order.
+
+    Accepted forms: a text file with one key per line (blank lines and ``#`` lines ignored), or
+    a JSON list of strings such as the training lists of absolute ``.npz`` paths. With
+    ``strip_prefix`` every entry must start with it (``OLD_ROOT``); the prefix and a trailing
+    ``.npz`` are removed. Entries that cannot be mapped are returned as ``unmapped``.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SelectionError(f"{where}: key list is not UTF-8 text ({exc})") from exc
+    stripped = text.lstrip()
+    entries: list[str]
+    if stripped.startswith("["):
+        try:
+            doc = json.loads(text)
+        except ValueError as exc:
+            raise SelectionError(f"{where}: not a valid JSON list ({exc})") from exc
+        if not isinstance(doc, list) or not all(isinstance(e, str) for e in doc):
+            raise SelectionError(f"{where}: the JSON key list must be a list of strings")
+        entries = list(doc)
+    else:
+        entries = [
+            line.strip()
+            for line in text.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")
+        ]
+    keys: list[str] = []
+    unmapped: list[str] = []
+    prefix = strip_prefix.rstrip("/") + "/" if strip_prefix else None
+    for entry in entries:
+        key = entry
+        if prefix is not None:
+            if not entry.startswith(prefix):
+                unmapped.append(entry)
+                continue
+            key = entry[len(prefix) :]
+        if key.endswith(".npz") and (prefix is not None or stripped.startswith("[")):
+            key = key[: -len(".npz")]
+        keys.append(key)
+    return keys, unmapped
+
+
+def read_key_file(path: str, *, strip_prefix: str | None = None) -> tuple[list[str], list[str]]:
+    """:func:`parse_key_list` over a local file (or ``-`` for stdin)."""
+    import sys
+
+    try:
+        if path == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
+    except OSError as exc:
+        raise SelectionError(f"cannot read key list {path}: {exc.strerror or exc}") from exc
+    return parse_key_list(data, path, strip_prefix=strip_prefix)
+
+
+def match_keys(
+    ds: Dataset,
+    keys: Sequence[str],
+    unmapped: Sequence[str] = (),
+    *,
+    allow_unmatched: int | None = None,
+) -> pa.Table:
+    """The manifest rows (``key``, ``partition``) of ``keys`` in ``ds``.
+
+    Every entry that matches no key (plus ``unmapped`` ones) counts as unmatched; unless
+    ``allow_unmatched`` equals that count exactly, :class:`SelectionError` reports the count
+    and the first 20.
+    """
+    table = ds.manifests(columns=["key", "partition"])
+    known = dict(
+        zip(table.column("key").to_pylist(), table.column("partition").to_pylist(), strict=True)
+    )
+    wanted = list(dict.fromkeys(keys))  # duplicates in a training list select once
+    unmatched = list(unmapped) + [k for k in wanted if k not in known]
+    allowed = allow_unmatched or 0
+    if len(unmatched) != allowed:
+        shown = ", ".join(repr(k) for k in unmatched[:SHOW_MAX])
+        what = (
+            f"{len(unmatched)} entr{'y' if len(unmatched) == 1 else 'ies'} match no key in "
+            f"version {ds.version.tag!r}"
+        )
+        if allow_unmatched is not None:
+            what += f" (--allow-unmatched says exactly {allow_unmatched})"
+        raise SelectionError(what + (f": {shown}" if shown else ""))
+    found = [k for k in wanted if k in known]
+    return pa.table({"key": pa.array(found, pa.string()), "partition": [known[k] for k in found]})
+
+
+# --- create / load ---------------------------------------------------------------------------
+
+
+def _encode(
+    name: str, rows: pa.Table, version: Version, dataset_id: str, recipe: dict[str, Any]
+) -> bytes:
+    rows = rows.select(["key", "partition"]).sort_by("key")
+    meta = {
+        "format": KEYSET_SCHEMA,
+        "name": name,
+        "version_tag": version.tag,
+        "version_hash": version.hash,
+        "dataset_id": dataset_id,
+        "recipe": json.dumps(recipe, sort_keys=True),
+        "created_at": utc_now(),
+        "samples": str(rows.num_rows),
+    }
+    kv = {(_PREFIX + k).encode(): str(v).encode() for k, v in meta.items()}
+    sink = io.BytesIO()
+    pq.write_table(rows.replace_schema_metadata(kv), sink, compression="zstd")
+    return sink.getvalue()
+
+
+def create_keyset(
+    url: str | Store,
+    name: str,
+    *,
+    version: str = "latest",
+    where: str | None = None,
+    keys: Sequence[str] | None = None,
+    unmapped: Sequence[str] = (),
+    allow_unmatched: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> Keyset:
+    """Select samples of ``version`` by ``where`` or ``keys`` and publish keyset ``name``.
+
+    Exactly one of ``where`` and ``keys``. Refused with :class:`ConflictError` if the name is
+    taken (keysets are immutable); nothing is written on any error.
+    """
+    check_name("keyset", name)
+    if (where is None) == (keys is None):
+        raise SelectionError("give exactly one of a WHERE expression and a key list")
+    store = open_store(url, storage_options)
+    key = keyset_key(name)
+    if store.exists(key):
+        raise ConflictError(
+            f"{store.key_url(key)}: keyset {name!r} already exists; keysets are immutable"
+        )
+    ds = open_dataset(store, version)
+    if where is not None:
+        manifests = ds.manifests()
+        rows = sql.select(manifests, where, columns=["key", "partition"])
+        recipe: dict[str, Any] = {"where": where}
+    else:
+        assert keys is not None
+        rows = match_keys(ds, keys, unmapped, allow_unmatched=allow_unmatched)
+        recipe = {"keys": len(keys), "unmatched": len(unmapped) + len(keys) - rows.num_rows}
+    if rows.num_rows == 0:
+        raise SelectionError(f"keyset {name!r} would be empty: the selection matches no sample")
+    marker = ensure_root(store)
+    data = _encode(name, rows, ds.version, str(marker["dataset_id"]), recipe)
+    try:
+        store.create(key, data)
+    except AlreadyExistsError as exc:
+        raise ConflictError(
+            f"{store.key_url(key)}: keyset {name!r} was created by another writer meanwhile"
+        ) from exc
+    return decode_keyset(data, name, store.key_url(key))
+
+
+def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
+    try:
+        table = pq.read_table(io.BytesIO(data))
+        kv = {
+            k.decode()[len(_PREFIX) :]: v.decode()
+            for k, v in (table.schema.metadata or {}).items()
+            if k.startswith(_PREFIX.encode())
+        }
+        if kv.get("format") != KEYSET_SCHEMA:
+            raise FormatError(f"{where}: not a shardlake keyset (format {kv.get('format')!r})")
+        keyset = Keyset(
+            name=kv.get("name", name),
+            version_tag=kv["version_tag"],
+            version_hash=kv["version_hash"],
+            keys=table.column("key").to_pylist(),
+            partitions=table.column("partition").to_pylist(),
+            dataset_id=kv.get("dataset_id", ""),
+            recipe=json.loads(kv.get("recipe", "{}")),
+            created_at=kv.get("created_at", ""),
+        )
+    except FormatError:
+        raise
+    except (pa.ArrowException, OSError, KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{where}: keyset is unreadable ({exc})") from exc
+    if int(kv.get("samples", len(keyset.keys))) != len(keyset.keys):
+        raise FormatError(f"{where}: keyset row count does not match its metadata")
+    return keyset
+
+
+def load_keyset(
+    url: str | Store, name: str, storage_options: dict[str, Any] | None = None
+) -> Keyset:
+    """Read keyset ``name``; :class:`NotFoundError` if there is none."""
+    check_name("keyset", name)
+    store = open_store(url, storage_options)
+    key = keyset_key(name)
+    try:
+        data = store.read(key)
+    except FileNotFoundError:
+        available = list_keyset_names(store)
+        hint = f"; keysets here: {', '.join(available[:20])}" if available else "; there are none"
+        raise NotFoundError(f"{store.url}: no keyset {name!r}{hint}") from None
+    return decode_keyset(data, name, store.key_url(key))
+
+
+def list_keyset_names(store: Store) -> list[str]:
+    suffix = ".parquet"
+    return [
+        k[len(KEYSETS_DIR) + 1 : -len(suffix)]
+        for k in store.list(KEYSETS_DIR)
+        if k.endswith(suffix) and "/" not in k[len(KEYSETS_DIR) + 1 :]
+    ]
+
+
+def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None) -> list[Keyset]:
+    store = open_store(url, storage_options)
+    return [load_keyset(store, name) for name in list_keyset_names(store)]
+
+
+@dataclass(frozen=True)
+class DisjointReport:
+    a: str
+    b: str
+    overlap: int
+    examples: list[str]
+    same_version: bool
+
+    @property
+    def disjoint(self) -> bool:
+        return self.overlap == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "a": self.a,
+            "b": self.b,
+            "disjoint": self.disjoint,
+            "overlap": self.overlap,
+            "examples": self.examples,
+            "same_version": self.same_version,
+        }
+
+
+def check_disjoint(
+    url: str | Store, a: str, b: str, storage_options: dict[str, Any] | None = None
+) -> DisjointReport:
+    """Compare two keysets' keys; ``overlap`` counts keys in both (first 20 as examples)."""
+    store = open_store(url, storage_options)
+    ka, kb = load_keyset(store, a), load_keyset(store, b)
+    both = sorted(set(ka.keys).intersection(kb.keys))
+    return DisjointReport(a, b, len(both), both[:SHOW_MAX], ka.version_hash == kb.version_hash)
+
+
+def referenced_versions(keysets: Iterable[Keyset]) -> set[tuple[str, str]]:
+    """``(tag, hash)`` of every version some keyset is bound to (gc keeps them)."""
+    return {(k.version_tag, k.version_hash) for k in keysets}

@@ -1,0 +1,28 @@
+"""Lifecycle operations on a dataset root: remove, prune, gc, scrub, export, verify.
+
+Every writer here publishes through the commit log (:mod:`shardlake.versions`): it reads the
+root state before working and commits with create-if-absent, so two lifecycle writers racing on
+one root end with one winner and a :class:`~shardlake.errors.ConflictError` for the other.
+"""
+
+from .export import ExportReport, export_npz, export_version
+from .gc import GcReport, collect_garbage
+from .prune import prune_versions
+from .remove import remove
+from .scrub import ScrubReport, scrub
+from .verify import VerifyReport, verify_offsets, verify_source
+
+__all__ = [
+    "ExportReport",
+    "GcReport",
+    "ScrubReport",
+    "VerifyReport",
+    "collect_garbage",
+    "export_npz",
+    "export_version",
+    "prune_versions",
+    "remove",
+    "scrub",
+    "verify_offsets",
+    "verify_source",
+]

@@ -1,0 +1,195 @@
+"""Helpers shared by the lifecycle operations: version closures, batched payload checks, progress."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import pyarrow as pa
+
+from ..codec import Decoder, payload_checksum
+from ..errors import IntegrityError, KeyNotFoundError
+from ..layout import version_key
+from ..store import Store
+from ..versions import Version, load_version, load_version_by_hash, read_state
+
+# Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
+BATCH_BYTES = 32 * 2**20
+SHOW_MAX = 20
+# Shards checked at once by scrub/verify (threads; memory bound is workers x BATCH_BYTES).
+DEFAULT_WORKERS = 4
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One integrity finding, naming where it is."""
+
+    partition: str
+    shard: str  # store URL of the shard (or manifest)
+    key: str | None
+    offset: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = self.shard
+        if self.key is not None:
+            where += f" key {self.key!r}"
+        if self.offset is not None:
+            where += f" offset {self.offset}"
+        return f"{where}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "partition": self.partition,
+            "shard": self.shard,
+            "key": self.key,
+            "offset": self.offset,
+            "message": self.message,
+        }
+
+
+def versions_for(store: Store, version: str | None, all_versions: bool) -> list[Version]:
+    """The versions a command works on: ``--all`` live versions, else one tag (``latest``)."""
+    if all_versions:
+        state = read_state(store)
+        return [load_version_by_hash(store, tag, h) for tag, h in state.versions.items()]
+    return [load_version(store, version or "latest")]
+
+
+def version_closure(store: Store, version: Version) -> dict[str, int | None]:
+    """Every object ``version`` needs: key -> expected size (None where unknown)."""
+    out: dict[str, int | None] = {version_key(version.tag, version.hash): None}
+    for entry in version.partitions:
+        out[entry["manifest"]] = None
+        for shard in entry["shards"]:
+            out[shard["key"]] = int(shard["size"]) if shard.get("size") is not None else None
+    return out
+
+
+def unique_revisions(versions: Iterable[Version]) -> list[dict[str, Any]]:
+    """Partition entries of ``versions``, each (partition, manifest) once."""
+    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    for version in versions:
+        for entry in version.partitions:
+            seen.setdefault((entry["id"], entry["manifest"]), entry)
+    return list(seen.values())
+
+
+def rows_by_shard(table: pa.Table) -> dict[int, list[dict[str, Any]]]:
+    """Core manifest rows grouped by shard index, each group sorted by payload offset."""
+    cols = ["key", "shard", "member", "offset", "size", "raw_size", "crc32"]
+    groups: dict[int, list[dict[str, Any]]] = {}
+    for row in table.select(cols).to_pylist():
+        groups.setdefault(int(row["shard"]), []).append(row)
+    for rows in groups.values():
+        rows.sort(key=lambda r: int(r["offset"]))
+    return groups
+
+
+def check_shard_payloads(
+    store: Store,
+    pid: str,
+    shard_key: str,
+    rows: Sequence[dict[str, Any]],
+    *,
+    decode: bool = True,
+    batch_bytes: int = BATCH_BYTES,
+    on_bytes: Any = None,
+) -> Iterator[tuple[dict[str, Any], bytes | None, Problem | None]]:
+    """Read ``rows``' payloads from one shard in bounded batches and check each.
+
+    Yields ``(row, payload, problem)``: the payload when it is intact, else a :class:`Problem`
+    naming shard, key and offset (CRC-32 mismatch, truncation, corrupt zstd frame, size).
+    A missing shard yields one problem per row (the first names the cause).
+    """
+    decoder = Decoder()
+    url = store.key_url(shard_key)
+    try:
+        shard_size = store.size(shard_key)
+    except KeyNotFoundError:
+        for i, row in enumerate(rows):
+            msg = "shard is missing" if i == 0 else "shard is missing (see above)"
+            yield row, None, Problem(pid, url, row["key"], int(row["offset"]), msg)
+        return
+    start = 0
+    while start < len(rows):
+        end, size = start, 0
+        while end < len(rows) and (end == start or size + int(rows[end]["size"]) <= batch_bytes):
+            size += int(rows[end]["size"])
+            end += 1
+        batch = rows[start:end]
+        ranges = [(shard_key, int(r["offset"]), int(r["offset"]) + int(r["size"])) for r in batch]
+        # Ranges past the end of a truncated shard come back short (or empty).
+        payloads = store.read_ranges(ranges)
+        for row, payload in zip(batch, payloads, strict=True):
+            offset, expected = int(row["offset"]), int(row["size"])
+            problem: str | None = None
+            if len(payload) != expected:
+                problem = (
+                    f"payload truncated: {len(payload)} of {expected} bytes "
+                    f"(shard is {shard_size} bytes)"
+                )
+            elif payload_checksum(payload) != int(row["crc32"]) & 0xFFFFFFFF:
+                problem = (
+                    f"payload checksum mismatch (crc32 {payload_checksum(payload):08x}, "
+                    f"manifest says {int(row['crc32']):08x})"
+                )
+            elif decode:
+                try:
+                    raw = decoder.decompress(payload)
+                    if row.get("raw_size") is not None and len(raw) != int(row["raw_size"]):
+                        problem = f"decompressed size {len(raw)}, manifest says {row['raw_size']}"
+                except IntegrityError as exc:
+                    problem = str(exc).split(": ", 1)[-1]
+            if on_bytes is not None:
+                on_bytes(len(payload))
+            if problem is None:
+                yield row, payload, None
+            else:
+                yield row, None, Problem(pid, url, row["key"], offset, problem)
+        start = end
+
+
+class Progress:
+    """A minimal progress line on stderr (only when it is a terminal, or when forced)."""
+
+    def __init__(
+        self, total: int, what: str, *, enabled: bool | None = None, stream: TextIO | None = None
+    ) -> None:
+        self.total = max(total, 0)
+        self.done = 0
+        self.what = what
+        self.stream = stream or sys.stderr
+        self.enabled = self.stream.isatty() if enabled is None else enabled
+        self._last = 0.0
+        self._start = time.monotonic()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.enabled and (now - self._last > 0.5 or self.done >= self.total):
+            self._last = now
+            pct = 100.0 * self.done / self.total if self.total else 100.0
+            rate = self.done / max(now - self._start, 1e-6)
+            eta = (self.total - self.done) / rate if rate > 0 else 0.0
+            self.stream.write(
+                f"\r{self.what}: {self.done}/{self.total} ({pct:5.1f}%) eta {eta:6.0f}s"
+            )
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{n} B"

@@ -1,0 +1,248 @@
+"""``gc``: delete every object that no live version and no keyset references.
+
+Garbage is anything under ``data/`` and ``versions/`` outside the closure of the live versions
+(and of versions a keyset is bound to, retired or not), other unknown objects in the root, and
+abandoned local temp files (``.shardlake-tmp-*``) of killed writers. The root marker, the commit
+log, keysets and the capability-probe area are never touched.
+
+Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock there is):
+
+* Objects modified within the grace period (default 6 h) are kept, so a pack in flight keeps
+  the shards and manifests it is writing.
+* gc brackets its deletions with two commits: a *lock* (``op: gc-lock``, state unchanged plus
+  ``gc_lock``) and an *unlock*. ``publish_version`` refuses to publish while the lock is held,
+  and any writer that read the root state before the unlock fails its publish (the sequence
+  moved). So a writer that reused an old unreferenced revision (pack's "revision already
+  complete" path) can never publish a version referencing what gc deleted: it gets a clear
+  ConflictError and re-runs after gc, when the revision is either gone (rebuilt) or intact.
+  A crashed gc's lock expires after :data:`LOCK_TTL_S`; a gc never deletes after its lock
+  is about to expire (it stops, reports ``incomplete``, and the next run continues).
+* ``publish_version`` also checks that every object the new version references exists, so a
+  writer that reused a revision before gc deleted it is refused, not published with holes.
+* Each object is stat'ed again right before it is deleted and kept if it changed since the
+  listing (a writer re-created the same deterministic key, e.g. rebuilt a revision).
+* Afterwards gc re-reads the commit log and names any version committed meanwhile that
+  references a deleted object (possible only after an expired lock) as an IntegrityError.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConflictError, IntegrityError, KeyNotFoundError, UsageError
+from ..keysets import list_keysets, referenced_versions
+from ..layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
+from ..store import ObjectInfo, Store, open_store
+from ..versions import RootState, _commit, load_version_by_hash, read_state
+from .common import version_closure
+
+DEFAULT_GRACE_S = 6 * 3600.0
+# A crashed gc's lock stops blocking publishes after this long.
+LOCK_TTL_S = 3600.0
+LOCK_MARGIN_S = 120.0
+_KEEP_PREFIXES = (COMMITS_DIR + "/", KEYSETS_DIR + "/", PROBE_DIR + "/")
+_TEMP_PREFIX = ".shardlake-tmp-"
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+FENCE_ATTEMPTS = 5
+
+
+def parse_duration(text: str) -> float:
+    """``90``/``90s``, ``30m``, ``6h``, ``2d`` -> seconds."""
+    match = _DURATION_RE.match(str(text))
+    if not match:
+        raise UsageError(f"invalid duration {text!r}: use e.g. 90s, 30m, 6h or 2d")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass
+class GcReport:
+    dry_run: bool
+    grace_s: float
+    live_versions: list[str] = field(default_factory=list)
+    referenced: int = 0
+    garbage: list[ObjectInfo] = field(default_factory=list)  # deleted (or would be)
+    young: list[ObjectInfo] = field(default_factory=list)  # unreferenced but within grace
+    temp_files: list[str] = field(default_factory=list)  # local staging leftovers removed
+    incomplete: bool = False  # stopped before its lock expired; run gc again
+
+    @property
+    def garbage_bytes(self) -> int:
+        return sum(o.size for o in self.garbage)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "grace_s": self.grace_s,
+            "live_versions": self.live_versions,
+            "referenced": self.referenced,
+            "deleted" if not self.dry_run else "would_delete": [
+                {"key": o.key, "size": o.size} for o in self.garbage
+            ],
+            "count": len(self.garbage),
+            "bytes": self.garbage_bytes,
+            "kept_young": len(self.young),
+            "kept_young_bytes": sum(o.size for o in self.young),
+            "temp_files": self.temp_files,
+            "incomplete": self.incomplete,
+        }
+
+
+def _references(store: Store, state: RootState) -> tuple[set[str], list[str]]:
+    """Keys referenced by live versions and by versions keysets are bound to."""
+    wanted = dict(state.versions)
+    live = [f"{t}@{h}" for t, h in wanted.items()]
+    # Keysets pin their version even after prune-version; an unreadable keyset stops gc.
+    for tag, version_hash in sorted(referenced_versions(list_keysets(store))):
+        if wanted.get(tag) != version_hash:
+            wanted.setdefault(f"{tag}\0{version_hash}", version_hash)
+            live.append(f"{tag}@{version_hash} (keyset)")
+    refs: set[str] = set()
+    for label, version_hash in wanted.items():
+        tag = label.split("\0", 1)[0]
+        refs.update(version_closure(store, load_version_by_hash(store, tag, version_hash)))
+    return refs, live
+
+
+def _is_protected(key: str) -> bool:
+    return key == ROOT_MARKER or key.startswith(_KEEP_PREFIXES)
+
+
+def _delete_order(info: ObjectInfo) -> tuple[int, str]:
+    # Manifests and version documents first: without them nothing reuses the shards.
+    name = info.key.rsplit("/", 1)[-1]
+    first = name.startswith("manifest-") or info.key.startswith("versions/")
+    return (0 if first else 1, info.key)
+
+
+def _local_temp_files(store: Store, cutoff: float) -> list[str]:
+    if store.protocol not in ("file", "local"):
+        return []
+    out = []
+    for dirpath, _dirs, files in os.walk(store.root):
+        for name in files:
+            if name.startswith(_TEMP_PREFIX):
+                path = os.path.join(dirpath, name)
+                try:
+                    if os.stat(path).st_mtime < cutoff:
+                        out.append(path)
+                except FileNotFoundError:
+                    continue
+    return sorted(out)
+
+
+def collect_garbage(
+    url: str | Store,
+    *,
+    grace_s: float = DEFAULT_GRACE_S,
+    dry_run: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> GcReport:
+    """Delete (or with ``dry_run`` only list) unreferenced objects older than ``grace_s``."""
+    if grace_s < 0:
+        raise UsageError("the grace period cannot be negative")
+    store = open_store(url, storage_options)
+    for _attempt in range(FENCE_ATTEMPTS):
+        state = read_state(store)
+        refs, live = _references(store, state)
+        cutoff = time.time() - grace_s
+        report = GcReport(dry_run, grace_s, live, len(refs))
+        for info in store.list_info(""):
+            if _is_protected(info.key) or info.key in refs:
+                continue
+            # Unknown mtime counts as young unless there is no grace at all.
+            if (info.mtime is None and grace_s > 0) or (
+                info.mtime is not None and info.mtime >= cutoff
+            ):
+                report.young.append(info)
+            else:
+                report.garbage.append(info)
+        temp_files = _local_temp_files(store, cutoff)
+        if dry_run:
+            report.temp_files = temp_files
+            return report
+        if not report.garbage and not temp_files:
+            return report
+        if state.gc_locked():
+            raise ConflictError(
+                f"{store.url}: another gc holds the root (lock {state.gc_lock}); re-run later"
+            )
+        store.ensure_create_enforced()
+        lock: dict[str, Any] = {"id": uuid.uuid4().hex, "expires_at": time.time() + LOCK_TTL_S}
+        locked = RootState(state.seq + 1, dict(state.versions), state.retired, state.latest, lock)
+        try:
+            _commit(store, state, locked, "gc-lock", {})
+        except ConflictError:
+            continue  # someone committed while we looked: recompute from the new state
+        break
+    else:
+        raise ConflictError(
+            f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run gc later"
+        )
+    deleted: set[str] = set()
+    try:
+        for info in sorted(report.garbage, key=_delete_order):
+            if time.time() > float(lock["expires_at"]) - LOCK_MARGIN_S:
+                report.incomplete = True  # never delete without a valid lock; re-run gc
+                break
+            # Re-stat right before deleting: a writer may have re-created the same deterministic
+            # key (a revision rebuilt from scratch) since the listing.
+            try:
+                now = store.stat(info.key)
+            except KeyNotFoundError:
+                continue
+            rewritten = now.size != info.size or now.mtime != info.mtime
+            if rewritten or (now.mtime is not None and now.mtime >= cutoff):
+                report.young.append(now)
+                continue
+            store.delete(info.key)
+            deleted.add(info.key)
+        for path in temp_files:
+            try:
+                os.unlink(path)
+                report.temp_files.append(path)
+            except FileNotFoundError:
+                pass
+    finally:
+        _unlock(store, lock)
+    report.garbage = [info for info in report.garbage if info.key in deleted]
+    _check_after(store, locked, deleted)
+    return report
+
+
+def _unlock(store: Store, lock: dict[str, Any]) -> None:
+    """Commit the state without ``lock`` (keeping whatever others committed meanwhile)."""
+    for _attempt in range(FENCE_ATTEMPTS * 4):
+        current = read_state(store)
+        if current.gc_lock != lock:
+            return  # taken over after expiry, or already released
+        new = RootState(current.seq + 1, current.versions, current.retired, current.latest)
+        try:
+            _commit(store, current, new, "gc-unlock", {})
+            return
+        except ConflictError:
+            continue
+    raise ConflictError(f"{store.url}: could not release the gc lock; it expires by itself")
+
+
+def _check_after(store: Store, fence: RootState, deleted: set[str]) -> None:
+    """Name any version committed during gc that references an object gc deleted."""
+    now = read_state(store)
+    if now.seq == fence.seq:
+        return
+    for tag, version_hash in now.versions.items():
+        if fence.versions.get(tag) == version_hash:
+            continue
+        lost = sorted(
+            set(version_closure(store, load_version_by_hash(store, tag, version_hash))) & deleted
+        )
+        if lost:
+            raise IntegrityError(
+                f"{store.url}: version {tag!r} was published while gc ran and references "
+                f"{len(lost)} object(s) gc deleted (e.g. {lost[0]}); retire it and re-run its pack"
+            )

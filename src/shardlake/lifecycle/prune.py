@@ -1,0 +1,26 @@
+"""``prune-version``: retire version tags (their bytes go at the next ``gc``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import UsageError
+from ..store import Store, open_store
+from ..versions import RootState, retire_versions
+
+
+def prune_versions(
+    url: str | Store,
+    tags: Sequence[str],
+    *,
+    force: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> RootState:
+    """Retire ``tags`` in one commit. Retiring the version ``latest`` points to needs ``force``
+    (``latest`` then moves to the newest remaining version). Unknown tags are refused."""
+    if not tags:
+        raise UsageError("name at least one version tag to retire")
+    store = open_store(url, storage_options)
+    store.ensure_create_enforced()
+    return retire_versions(store, list(dict.fromkeys(tags)), force=force)

@@ -1,0 +1,443 @@
+"""``verify`` (the conversion gate) and ``verify-offsets`` (manifests vs tar headers).
+
+``verify`` proves a version equals its source tree: membership both ways (every non-skipped
+source sample present, nothing extra; ``allow_missing`` means exactly that many missing), every
+sample decoded and compared bit-exactly (names, order, dtype, shape, bytes) to its source npz,
+and the partition count.
+
+``verify-offsets`` parses every shard's tar headers independently of the manifest and checks
+each manifest row's member index, name, payload offset and size against them, and each
+manifest's embedded metadata against the version entry naming it (a swapped manifest shows).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..access import load_npz
+from ..codec import Decoder, arrays_equal_exact
+from ..errors import FormatError, IntegrityError, KeyNotFoundError, ShardlakeError, SourceError
+from ..layout import member_name
+from ..manifest import read_manifest
+from ..store import Store, open_store
+from ..tarshard import iter_members
+from ..versions import load_version
+from .common import (
+    DEFAULT_WORKERS,
+    SHOW_MAX,
+    Problem,
+    Progress,
+    check_shard_payloads,
+    rows_by_shard,
+)
+
+NPZ = ".npz"
+SIDECAR = ".json"
+
+
+@dataclass
+class VerifyReport:
+    version: str
+    source: str = ""
+    partitions: int = 0
+    expected_partitions: int | None = None
+    source_samples: int = 0
+    version_samples: int = 0
+    compared: int = 0
+    allow_missing: int = 0
+    missing: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.extra
+            and not self.problems
+            and len(self.missing) == self.allow_missing
+            and (self.expected_partitions is None or self.partitions == self.expected_partitions)
+        )
+
+    def failures(self) -> list[str]:
+        out = []
+        if len(self.missing) != self.allow_missing:
+            out.append(
+                f"{len(self.missing)} source sample(s) missing, expected exactly {self.allow_missing}"
+            )
+        if self.extra:
+            out.append(f"{len(self.extra)} sample(s) not in the source")
+        if self.problems:
+            out.append(f"{len(self.problems)} sample(s) differ or are unreadable")
+        if self.expected_partitions is not None and self.partitions != self.expected_partitions:
+            out.append(f"{self.partitions} partition(s), expected {self.expected_partitions}")
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "version": self.version,
+            "source": self.source,
+            "partitions": self.partitions,
+            "expected_partitions": self.expected_partitions,
+            "source_samples": self.source_samples,
+            "version_samples": self.version_samples,
+            "compared": self.compared,
+            "missing": len(self.missing),
+            "missing_keys": self.missing[:SHOW_MAX],
+            "extra": len(self.extra),
+            "extra_keys": self.extra[:SHOW_MAX],
+            "problems": [p.to_json() for p in self.problems[:SHOW_MAX]],
+            "problem_count": len(self.problems),
+            "failures": self.failures(),
+        }
+
+
+@dataclass
+class _ShardResult:
+    present: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
+    compared: int = 0
+
+
+def _source_samples(source: Store, keep_skipped: bool) -> tuple[set[str], set[str]]:
+    """``(expected, optional)`` keys of the source tree; skipped frames are optional."""
+    keys = source.list("")
+    npz = {k[: -len(NPZ)] for k in keys if k.endswith(NPZ)}
+    sidecars = {k[: -len(SIDECAR)] for k in keys if k.endswith(SIDECAR)}
+    expected: set[str] = set()
+    optional: set[str] = set()
+    for key in npz:
+        skipped = False
+        if key in sidecars and not keep_skipped:
+            try:
+                doc = json.loads(source.read(key + SIDECAR))
+                skipped = isinstance(doc, dict) and doc.get("is_skipped") is True
+            except ValueError:
+                skipped = False  # a malformed sidecar: the sample is expected, compare shows it
+        (optional if skipped else expected).add(key)
+    return expected, optional
+
+
+def verify_source(
+    url: str | Store,
+    source_url: str | Store,
+    *,
+    version: str = "latest",
+    allow_missing: int | None = None,
+    expected_partitions: int | None = None,
+    storage_options: dict[str, Any] | None = None,
+    source_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
+    workers: int = DEFAULT_WORKERS,
+) -> VerifyReport:
+    """Compare ``version`` with the source tree at ``source_url``; see :class:`VerifyReport`."""
+    store = open_store(url, storage_options)
+    source = open_store(source_url, source_options)
+    ver = load_version(store, version)
+    report = VerifyReport(ver.tag, source.url, len(ver.partitions), expected_partitions)
+    report.allow_missing = allow_missing or 0
+    expected, optional = _source_samples(source, bool(ver.doc.get("keep_skipped", False)))
+    if not expected and not optional:
+        raise SourceError(f"{source.url}: no .npz files here; is this the source tree?")
+    report.source_samples = len(expected)
+    present: set[str] = set()
+    bar = Progress(ver.samples, "verify", enabled=progress)
+    tasks: list[tuple[str, str, list[dict[str, Any]]]] = []
+    for entry in ver.partitions:
+        pid = entry["id"]
+        murl = store.key_url(entry["manifest"])
+        try:
+            table, _meta = read_manifest(store, entry["manifest"])
+        except FormatError as exc:
+            report.problems.append(Problem(pid, murl, None, None, str(exc)))
+            continue
+        for index, rows in sorted(rows_by_shard(table).items()):
+            if not 0 <= index < len(entry["shards"]):
+                message = f"shard index {index} is not in the version entry"
+                report.problems.append(Problem(pid, murl, rows[0]["key"], None, message))
+                present.update(r["key"] for r in rows)
+                continue
+            tasks.append((pid, entry["shards"][index]["key"], rows))
+
+    def check(pid: str, shard: str, rows: list[dict[str, Any]]) -> _ShardResult:
+        result = _ShardResult()
+        decoder = Decoder()
+        for row, payload, problem in check_shard_payloads(store, pid, shard, rows, decode=False):
+            key = row["key"]
+            result.present.append(key)
+            if key not in expected and key not in optional:
+                result.extra.append(key)
+                continue
+            if problem is not None:
+                result.problems.append(problem)
+                continue
+            assert payload is not None
+            where = f"{store.key_url(shard)} key {key!r} offset {row['offset']}"
+            try:
+                arrays = decoder.decode(payload, where)
+                original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
+            except (ShardlakeError, KeyNotFoundError) as exc:
+                result.problems.append(
+                    Problem(pid, store.key_url(shard), key, int(row["offset"]), str(exc))
+                )
+                continue
+            diff = _compare(arrays, original)
+            if diff:
+                result.problems.append(
+                    Problem(pid, store.key_url(shard), key, int(row["offset"]), diff)
+                )
+            result.compared += 1
+        return result
+
+    # Shards in parallel threads: npz inflate, zstd and reads release the GIL.
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for result in pool.map(lambda task: check(*task), tasks):
+            present.update(result.present)
+            report.extra.extend(result.extra)
+            report.problems.extend(result.problems)
+            report.compared += result.compared
+            bar.update(len(result.present))
+    bar.close()
+    report.version_samples = len(present)
+    report.missing = sorted(expected - present)
+    report.extra.sort()
+    return report
+
+
+def _compare(got: dict[str, Any], want: dict[str, Any]) -> str | None:
+    if list(got) != list(want):
+        return f"arrays {list(got)} differ from the source's {list(want)}"
+    for name, array in want.items():
+        if not arrays_equal_exact(got[name], array):
+            return (
+                f"array {name!r} differs from the source "
+                f"({got[name].dtype}{list(got[name].shape)} vs {array.dtype}{list(array.shape)})"
+            )
+    return None
+
+
+class _RangeFile(io.RawIOBase):
+    """A seekable read-only file over :meth:`Store.read_range` (tarfile seeks over payloads)."""
+
+    def __init__(self, store: Store, key: str) -> None:
+        self._store, self._key = store, key
+        self._size = store.size(key)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        end = min(self._size, self._pos + len(view))
+        if end <= self._pos:
+            return 0
+        data = self._store.read_range(self._key, self._pos, end)
+        view[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
+@dataclass
+class OffsetsReport:
+    version: str
+    partitions: int = 0
+    shards: int = 0
+    rows: int = 0
+    problems: list[Problem] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "version": self.version,
+            "partitions": self.partitions,
+            "shards": self.shards,
+            "rows": self.rows,
+            "problems": [p.to_json() for p in self.problems],
+        }
+
+
+def verify_offsets(
+    url: str | Store,
+    version: str = "latest",
+    *,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
+) -> OffsetsReport:
+    """Check manifests against tar headers and version entries; see the module docs."""
+    store = open_store(url, storage_options)
+    ver = load_version(store, version)
+    report = OffsetsReport(ver.tag)
+    bar = Progress(
+        sum(len(e["shards"]) for e in ver.partitions), "verify-offsets", enabled=progress
+    )
+    for entry in ver.partitions:
+        pid = entry["id"]
+        report.partitions += 1
+        murl = store.key_url(entry["manifest"])
+        try:
+            table, meta = read_manifest(store, entry["manifest"])
+        except FormatError as exc:
+            report.problems.append(Problem(pid, murl, None, None, str(exc).split(": ", 1)[-1]))
+            continue
+        expect = {
+            "partition_id": (meta.partition_id, pid),
+            "partition_path": (meta.partition_path, entry.get("path", meta.partition_path)),
+            "data_rev": (meta.data_rev, entry["data_rev"]),
+            "meta_rev": (meta.meta_rev, entry.get("meta_rev", meta.meta_rev)),
+            "manifest_rev": (meta.manifest_rev, entry["manifest_rev"]),
+        }
+        wrong = [
+            f"{name} {got!r} (version says {want!r})"
+            for name, (got, want) in expect.items()
+            if got != want
+        ]
+        if wrong:
+            report.problems.append(
+                Problem(
+                    pid,
+                    murl,
+                    None,
+                    None,
+                    "manifest metadata does not match the version entry: " + "; ".join(wrong),
+                )
+            )
+            continue
+        if table.num_rows != int(entry["samples"]):
+            report.problems.append(
+                Problem(
+                    pid,
+                    murl,
+                    None,
+                    None,
+                    f"{table.num_rows} rows, version says {entry['samples']} samples",
+                )
+            )
+        partitions_col = set(table.column("partition").to_pylist())
+        if partitions_col - {pid}:
+            report.problems.append(
+                Problem(
+                    pid,
+                    murl,
+                    None,
+                    None,
+                    f"rows name other partition(s) {sorted(partitions_col - {pid})}",
+                )
+            )
+        groups = rows_by_shard(table)
+        for index in sorted(set(groups) - set(range(len(entry["shards"])))):
+            report.problems.append(
+                Problem(
+                    pid,
+                    murl,
+                    groups[index][0]["key"],
+                    None,
+                    f"shard index {index} is not in the version entry",
+                )
+            )
+        for index, shard in enumerate(entry["shards"]):
+            report.shards += 1
+            bar.update()
+            rows = groups.get(index, [])
+            report.rows += len(rows)
+            report.problems.extend(_check_shard(store, pid, shard, rows))
+    bar.close()
+    return report
+
+
+def _check_shard(
+    store: Store, pid: str, shard: dict[str, Any], rows: list[dict[str, Any]]
+) -> list[Problem]:
+    key = shard["key"]
+    url = store.key_url(key)
+    out: list[Problem] = []
+    try:
+        raw = _RangeFile(store, key)
+    except KeyNotFoundError:
+        return [Problem(pid, url, None, None, "shard is missing")]
+    if shard.get("size") is not None and raw._size != int(shard["size"]):
+        out.append(
+            Problem(
+                pid, url, None, None, f"shard is {raw._size} bytes, version says {shard['size']}"
+            )
+        )
+    members: list[tuple[str, int, int]] = []
+    try:
+        with io.BufferedReader(raw, buffer_size=64 * 1024) as fh:
+            for m in iter_members(fh, url):
+                members.append((m.name, m.offset, m.size))
+    except (FormatError, IntegrityError, OSError, EOFError) as exc:
+        out.append(
+            Problem(
+                pid,
+                url,
+                None,
+                None,
+                f"tar headers unreadable after {len(members)} member(s): {exc}",
+            )
+        )
+    for row in sorted(rows, key=lambda r: int(r["member"])):
+        index, offset, size = int(row["member"]), int(row["offset"]), int(row["size"])
+        if not 0 <= index < len(members):
+            out.append(
+                Problem(
+                    pid,
+                    url,
+                    row["key"],
+                    offset,
+                    f"member {index} is not in the shard ({len(members)} members; truncated?)",
+                )
+            )
+            continue
+        name, t_offset, t_size = members[index]
+        if name != member_name(row["key"]):
+            out.append(
+                Problem(
+                    pid,
+                    url,
+                    row["key"],
+                    offset,
+                    f"member {index} is {name!r}, expected {member_name(row['key'])!r}",
+                )
+            )
+        elif (t_offset, t_size) != (offset, size):
+            out.append(
+                Problem(
+                    pid,
+                    url,
+                    row["key"],
+                    offset,
+                    f"manifest says offset {offset} size {size}, tar header says offset {t_offset} size {t_size}",
+                )
+            )
+        elif offset + size > raw._size:
+            out.append(
+                Problem(
+                    pid,
+                    url,
+                    row["key"],
+                    offset,
+                    f"payload ends past the shard end ({raw._size} bytes; truncated)",
+                )
+            )
+    return out

@@ -1,0 +1,20 @@
+"""Pack npz+sidecar source trees into verified, versioned shard datasets (see ``packer``)."""
+
+from .build import Recipe, build_partition, load_npz, verify_sample
+from .packer import InlineExecutor, PackReport, pack, pack_with_report
+from .source import PartitionRule, discover, inspect_source, read_path_list
+
+__all__ = [
+    "InlineExecutor",
+    "PackReport",
+    "PartitionRule",
+    "Recipe",
+    "build_partition",
+    "discover",
+    "inspect_source",
+    "load_npz",
+    "pack",
+    "pack_with_report",
+    "read_path_list",
+    "verify_sample",
+]

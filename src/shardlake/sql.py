@@ -1,0 +1,199 @@
+"""The sandboxed selection engine: one SQL boolean expression over manifest rows.
+
+``--where`` strings come from users, config files and keyset recipes, so they are evaluated in a
+DuckDB connection that can see nothing but the manifest table handed in:
+
+* ``enable_external_access=false`` - no file, URL, extension or environment access;
+* ``python_enable_replacements=false`` - Python variables in scope are not tables;
+* ``lock_configuration=true`` - the expression cannot switch any of that back on;
+* the expression is tokenised first: ``;`` (a second statement), comments and unbalanced
+  parentheses (which could close the wrapper and append clauses) are refused before DuckDB runs;
+* a timer interrupts runaway expressions (cross joins in subqueries).
+
+Every failure - parser, binder, permission, type or timeout - becomes a one-line
+:class:`~shardlake.errors.SelectionError`. The result keeps the input's Arrow types exactly,
+because DuckDB only computes a boolean mask and pyarrow does the filtering.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import SelectionError
+
+VIEW = "manifest"
+DEFAULT_TIMEOUT_S = 300.0
+_MASK = "__shardlake_selected"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def check_expression_syntax(where: str) -> str:
+    """Tokenise ``where`` and refuse what could escape a single parenthesised expression.
+
+    Returns the stripped expression. Does not check column names (see :func:`check_where`).
+    """
+    if not isinstance(where, str):
+        raise SelectionError(f"selection must be a string, got {type(where).__name__}")
+    expr = where.strip()
+    if not expr:
+        raise SelectionError("empty selection expression")
+    if "\x00" in expr:
+        raise SelectionError("selection expression contains a NUL byte")
+    try:
+        tokens = duckdb.tokenize(expr)
+    except Exception as exc:  # noqa: BLE001 - the tokenizer raises assorted types
+        raise SelectionError(f"selection {where!r} does not parse: {_one_line(exc)}") from exc
+    depth = 0
+    for i, (pos, kind) in enumerate(tokens):
+        end = tokens[i + 1][0] if i + 1 < len(tokens) else len(expr)
+        text = expr[pos:end].strip()
+        if kind == duckdb.token_type.comment:
+            raise SelectionError(f"selection {where!r}: SQL comments are not allowed")
+        if kind != duckdb.token_type.operator:
+            continue
+        # An operator token may run into the next token's leading text; inspect each char.
+        for ch in text:
+            if ch == ";":
+                raise SelectionError(
+                    f"selection {where!r}: ';' is not allowed - give one boolean expression, "
+                    "not statements"
+                )
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if depth < 0:
+                    raise SelectionError(f"selection {where!r}: unbalanced ')'")
+    if depth != 0:
+        raise SelectionError(f"selection {where!r}: unbalanced '('")
+    return expr
+
+
+def _connect(threads: int) -> duckdb.DuckDBPyConnection:
+    return duckdb.connect(
+        ":memory:",
+        config={
+            "enable_external_access": False,
+            "python_enable_replacements": False,
+            "autoload_known_extensions": False,
+            "autoinstall_known_extensions": False,
+            "allow_community_extensions": False,
+            "threads": max(1, threads),
+            "preserve_insertion_order": True,
+            "lock_configuration": True,
+        },
+    )
+
+
+def select_mask(
+    table: pa.Table,
+    where: str,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    threads: int = 2,
+) -> pa.BooleanArray:
+    """A boolean mask (NULL counts as false) of the rows of ``table`` that satisfy ``where``.
+
+    ``table`` is visible to the expression as the view ``manifest`` (for subqueries such as
+    ``key IN (SELECT key FROM manifest WHERE ...)``); its columns are referenced by name, with
+    double quotes for names containing dots (``"skipping_info.label" = 3``).
+    """
+    expr = check_expression_syntax(where)
+    con = _connect(threads)
+    timer: threading.Timer | None = None
+    timed_out = threading.Event()
+    try:
+        con.register(VIEW, table)
+
+        def _interrupt() -> None:
+            timed_out.set()
+            con.interrupt()
+
+        if timeout is not None:
+            timer = threading.Timer(timeout, _interrupt)
+            timer.daemon = True
+            timer.start()
+        query = f'SELECT ({expr}) AS "{_MASK}" FROM "{VIEW}"'
+        try:
+            result = con.sql(query).to_arrow_table()
+        except duckdb.PermissionException as exc:
+            raise SelectionError(
+                f"selection {where!r} tries to reach outside the manifest (file and network "
+                f"access are disabled): {_one_line(exc)}"
+            ) from exc
+        except duckdb.InterruptException as exc:
+            if timed_out.is_set():
+                raise SelectionError(
+                    f"selection {where!r} did not finish within {timeout:g} s"
+                ) from exc
+            raise SelectionError(f"selection {where!r} was interrupted") from exc
+        except duckdb.Error as exc:
+            raise SelectionError(f"invalid selection {where!r}: {_one_line(exc)}") from exc
+    finally:
+        if timer is not None:
+            timer.cancel()
+        con.close()
+    if result.num_columns != 1 or result.num_rows != table.num_rows:
+        raise SelectionError(
+            f"selection {where!r} must be one per-row boolean expression "
+            f"(got {result.num_columns} column(s), {result.num_rows} row(s) for {table.num_rows})"
+        )
+    column = result.column(0)
+    if pa.types.is_null(column.type):
+        return pa.array([False] * table.num_rows, type=pa.bool_())
+    if not pa.types.is_boolean(column.type):
+        raise SelectionError(
+            f"selection {where!r} is not a boolean expression (it yields {column.type})"
+        )
+    mask = pc.fill_null(column.combine_chunks(), False)
+    assert isinstance(mask, pa.BooleanArray)
+    return mask
+
+
+def _check_columns(table: pa.Table, columns: Sequence[str]) -> list[str]:
+    names = list(columns)
+    missing = [c for c in names if c not in table.column_names]
+    if missing:
+        available = ", ".join(table.column_names[:40])
+        raise SelectionError(f"unknown column(s) {', '.join(missing)}; available: {available}")
+    return names
+
+
+def select(
+    table: pa.Table,
+    where: str | None,
+    columns: Sequence[str] | None = None,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT_S,
+    threads: int = 2,
+) -> pa.Table:
+    """The rows of ``table`` that satisfy ``where`` (all rows for ``None``/blank), in input order.
+
+    ``columns`` projects the result (names are checked; no SQL is built from them). The column
+    types of the result are exactly the input's.
+    """
+    if columns is not None:
+        _check_columns(table, columns)
+    if where is not None and where.strip():
+        table = table.filter(select_mask(table, where, timeout=timeout, threads=threads))
+    if columns is not None:
+        table = table.select(list(columns))
+    return table
+
+
+def check_where(where: str, schema: pa.Schema) -> None:
+    """Raise :class:`SelectionError` now if ``where`` cannot be evaluated over ``schema``.
+
+    Evaluates the expression over an empty table, so parser, binder and type errors surface
+    before any data is read (the loader calls this when it is constructed).
+    """
+    select_mask(schema.empty_table(), where)

@@ -1,0 +1,241 @@
+"""Synthetic driving-frame corpora shaped like the real ones (see the reference in ``docs``).
+
+``synth_corpus(dest, partitions, samples, seed=...)`` writes ``<log_dir>/<log_dir>_<token>.npz``
+frames plus a ``.json`` sidecar beside each. Two frame formats:
+
+* ``v2`` - 18 float/bool/int arrays incl. ``version`` (uint32); ``neighbors`` sets N (real: 320).
+* ``nuplan`` - 12 arrays incl. the 0-d unicode strings ``map_name`` and ``token``.
+
+Padding rows are zero and coordinates are quantised like sensor data, so the frames compress
+about as well as real ones (a v2 frame with N=320 is ~1.2 MB raw). Everything is a function of
+``seed``: the same call writes byte-identical files (the npz zip entries carry a fixed date).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMATS = ("v2", "nuplan")
+_ZIP_DATE = (1980, 1, 1, 0, 0, 0)
+_MAPS = ("us-nv-las-vegas-strip", "us-ma-boston", "sg-one-north", "us-pa-pittsburgh-hazelwood")
+_INCOMPLETE = ("lanes", "route_lanes", "neighbors", "static_objects", "ego_future")
+
+Arrays = dict[str, np.ndarray[Any, Any]]
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    """What :func:`synth_corpus` wrote."""
+
+    root: Path
+    partitions: list[str]  # log dir names, in order
+    files: list[Path]  # npz paths
+    skipped: int  # frames whose sidecar says is_skipped
+
+    @property
+    def samples(self) -> int:
+        return len(self.files)
+
+
+def _quantised(rng: np.random.Generator, shape: tuple[int, ...], scale: float, step: float) -> Any:
+    """Smooth-ish values on a grid (like fixed-precision sensor data): compressible, not trivial."""
+    values = np.cumsum(rng.normal(0.0, scale, size=shape), axis=-2 if len(shape) > 1 else -1)
+    return (np.round(values / step) * step).astype(np.float32)
+
+
+def _padded(
+    rng: np.random.Generator, shape: tuple[int, ...], fill: int, scale: float, step: float
+) -> Any:
+    """``shape`` zeros with the first ``fill`` rows holding data (real tensors are zero-padded)."""
+    out = np.zeros(shape, dtype=np.float32)
+    fill = max(0, min(fill, shape[0]))
+    if fill:
+        out[:fill] = _quantised(rng, (fill, *shape[1:]), scale, step)
+    return out
+
+
+def _v2_frame(rng: np.random.Generator, neighbors: int, lanes: int) -> Arrays:
+    n_live = int(rng.integers(0, max(1, neighbors // 2) + 1)) if neighbors else 0
+    n_lanes = int(rng.integers(lanes // 4, lanes * 2 // 3 + 1))
+    routes = min(25, lanes)  # route lanes shrink with --lanes so tiny test frames stay tiny
+    n_route = int(rng.integers(routes // 5, routes * 4 // 5 + 1))
+    speed = np.zeros((lanes, 1), dtype=np.float32)
+    has_speed = np.zeros((lanes, 1), dtype=bool)
+    has_speed[:n_lanes, 0] = rng.random(n_lanes) < 0.7
+    speed[has_speed] = rng.choice(
+        np.array([8.94, 11.18, 13.41, 15.65], dtype=np.float32), has_speed.sum()
+    )
+    r_speed = np.zeros((routes, 1), dtype=np.float32)
+    r_has = np.zeros((routes, 1), dtype=bool)
+    r_has[:n_route, 0] = True
+    r_speed[r_has] = np.float32(13.41)
+    return {
+        "version": np.array([2], dtype=np.uint32),
+        "ego_agent_past": _quantised(rng, (31, 3), 0.3, 1e-3),
+        "ego_current_state": _quantised(rng, (10,), 0.5, 1e-4),
+        "ego_agent_future": _quantised(rng, (80, 3), 0.3, 1e-3),
+        "neighbor_agents_past": _padded(rng, (neighbors, 31, 11), n_live, 0.2, 1e-2),
+        "neighbor_agents_future": _padded(rng, (neighbors, 80, 3), n_live, 0.2, 1e-2),
+        "static_objects": _padded(rng, (5, 10), int(rng.integers(0, 6)), 1.0, 1e-2),
+        "lanes": _padded(rng, (lanes, 20, 33), n_lanes, 0.5, 1e-3),
+        "lanes_speed_limit": speed,
+        "lanes_has_speed_limit": has_speed,
+        "route_lanes": _padded(rng, (routes, 20, 33), n_route, 0.5, 1e-2),
+        "route_lanes_speed_limit": r_speed,
+        "route_lanes_has_speed_limit": r_has,
+        "polygons": _padded(rng, (10, 40, 3), int(rng.integers(0, 11)), 0.5, 1e-2),
+        "line_strings": _padded(rng, (60, 20, 4), int(rng.integers(0, 61)), 0.5, 1e-2),
+        "goal_pose": _quantised(rng, (3,), 10.0, 1e-3),
+        "turn_indicators": rng.integers(0, 3, size=31).astype(np.int32),
+        "ego_shape": np.array([4.6, 1.9, 1.7], dtype=np.float32),
+    }
+
+
+def _nuplan_frame(rng: np.random.Generator, neighbors: int, lanes: int, token: str) -> Arrays:
+    n_live = int(rng.integers(0, max(1, neighbors // 3) + 1)) if neighbors else 0
+    n_lanes = int(rng.integers(lanes // 4, lanes * 5 // 6 + 1))
+    has_speed = np.zeros((lanes, 1), dtype=bool)
+    has_speed[:n_lanes, 0] = rng.random(n_lanes) < 0.6
+    speed = np.where(has_speed, np.float32(11.18), np.float32(0)).astype(np.float32)
+    return {
+        "map_name": np.array(_MAPS[int(rng.integers(len(_MAPS)))]),  # 0-d <U
+        "token": np.array(token),
+        "ego_agent_past": _quantised(rng, (21, 7), 0.3, 1e-3),
+        "ego_current_state": _quantised(rng, (7,), 0.5, 1e-4),
+        "ego_agent_future": _quantised(rng, (80, 3), 0.3, 1e-3),
+        "neighbor_agents_past": _padded(rng, (neighbors, 21, 11), n_live, 0.2, 1e-2),
+        "neighbor_agents_future": _padded(rng, (neighbors, 80, 3), n_live, 0.2, 1e-2),
+        "static_objects": _padded(rng, (5, 10), int(rng.integers(0, 6)), 1.0, 1e-2),
+        "lanes": _padded(rng, (lanes, 20, 12), n_lanes, 0.5, 1e-2),
+        "lanes_speed_limit": speed,
+        "lanes_has_speed_limit": has_speed,
+        "route_lanes": _padded(rng, (25, 20, 12), int(rng.integers(5, 20)), 0.5, 1e-2),
+    }
+
+
+def write_npz(
+    path: str | os.PathLike[str], arrays: dict[str, Any], *, compress: bool = True
+) -> None:
+    """Write a numpy-readable ``.npz`` with fixed zip dates, so equal arrays give equal bytes."""
+    buf = io.BytesIO()
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    with zipfile.ZipFile(buf, "w", compression=method) as zf:
+        for name, value in arrays.items():
+            info = zipfile.ZipInfo(f"{name}.npy", date_time=_ZIP_DATE)
+            info.compress_type = method
+            with zf.open(info, "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
+    Path(path).write_bytes(buf.getvalue())
+
+
+def _sidecar(
+    rng: np.random.Generator, index: int, skipped: bool, neighbors: int, log_dir: str
+) -> dict[str, Any]:
+    label = int(rng.integers(1, 11)) if skipped else 0
+    quat = rng.normal(size=4)
+    quat /= np.linalg.norm(quat)
+    return {
+        "is_skipped": skipped,
+        "timestamp": 1_620_000_000_000_000 + index * 100_000,
+        "x": round(float(rng.normal(0, 500)), 6),
+        "y": round(float(rng.normal(0, 500)), 6),
+        "z": round(float(rng.normal(0, 5)), 6),
+        "qx": float(quat[0]),
+        "qy": float(quat[1]),
+        "qz": float(quat[2]),
+        "qw": float(quat[3]),
+        "skipping_info": {
+            "label": label,
+            "details": "ok" if not skipped else f"skip reason {label}",
+            "incomplete_data_types": (
+                sorted(
+                    rng.choice(_INCOMPLETE, size=int(rng.integers(1, 3)), replace=False).tolist()
+                )
+                if skipped
+                else []
+            ),
+        },
+        "neighbor_ids": sorted(
+            int(v) for v in rng.choice(100_000, size=min(neighbors, 8), replace=False)
+        ),
+        "log_file_id": log_dir,
+        "vehicle_id": f"veh-{int(rng.integers(10, 60))}",
+        "map_version_id": "v1.0",
+        "date": "2021-05-12",
+    }
+
+
+def log_dir_name(seed: int, index: int) -> str:
+    """A nuPlan-like log directory name (contains dots, like the real ones)."""
+    rng = np.random.default_rng([seed, index, 7])
+    veh = int(rng.integers(10, 60))
+    return f"2021.05.{12 + index % 17:02d}.22.{index % 60:02d}.38_veh-{veh}_{index:05d}_{index + 510:05d}"
+
+
+def synth_corpus(
+    dest: str | os.PathLike[str],
+    partitions: int,
+    samples: int | list[int],
+    *,
+    seed: int = 0,
+    format: str = "v2",
+    neighbors: int = 320,
+    lanes: int | None = None,
+    skip_fraction: float = 0.0,
+    sidecars: bool = True,
+    compress: bool = True,
+    progress: Callable[[int], None] | None = None,
+) -> SynthResult:
+    """Write a synthetic corpus of ``partitions`` log dirs with ``samples`` frames each.
+
+    ``samples`` may be a list (one count per partition). ``neighbors`` and ``lanes`` (v2: 140,
+    nuPlan: 70 by default) shrink frames for tests: v2 with ``neighbors=4, lanes=4`` is ~30 KB
+    raw. ``skip_fraction`` of the
+    frames get ``is_skipped: true`` sidecars.
+    """
+    if format not in FORMATS:
+        raise ValueError(f"unknown frame format {format!r}; use one of {', '.join(FORMATS)}")
+    lanes = (140 if format == "v2" else 70) if lanes is None else lanes
+    if partitions < 0 or neighbors < 0 or lanes < 0 or not 0.0 <= skip_fraction <= 1.0:
+        raise ValueError("partitions neighbors and lanes must be >= 0 and skip_fraction in [0, 1]")
+    counts = list(samples) if isinstance(samples, list) else [samples] * partitions
+    if len(counts) != partitions or any(c < 0 for c in counts):
+        raise ValueError("samples must be a count >= 0 or one count per partition")
+    root = Path(dest)
+    root.mkdir(parents=True, exist_ok=True)
+    names: list[str] = []
+    files: list[Path] = []
+    skipped = 0
+    for p in range(partitions):
+        log_dir = log_dir_name(seed, p)
+        names.append(log_dir)
+        (root / log_dir).mkdir(exist_ok=True)
+        for i in range(counts[p]):
+            # One generator per frame: any frame can be regenerated on its own.
+            rng = np.random.default_rng([seed, p, i])
+            token = rng.bytes(8).hex()
+            arrays = (
+                _v2_frame(rng, neighbors, lanes)
+                if format == "v2"
+                else _nuplan_frame(rng, neighbors, lanes, token)
+            )
+            path = root / log_dir / f"{log_dir}_{token}.npz"
+            write_npz(path, arrays, compress=compress)
+            files.append(path)
+            if sidecars:
+                is_skipped = bool(rng.random() < skip_fraction)
+                skipped += is_skipped
+                doc = _sidecar(rng, i, is_skipped, neighbors, log_dir)
+                path.with_suffix(".json").write_text(json.dumps(doc, sort_keys=True))
+            if progress is not None:
+                progress(1)
+    return SynthResult(root, names, files, skipped)

@@ -1,0 +1,160 @@
+"""pytest fixtures that run a test on every store backend; imported by the conftest files.
+
+``tests/conftest.py`` and ``conformance/conftest.py`` import these names, so any test can ask for:
+
+* ``store_kind`` - parametrised over ``local``, ``memory``, ``s3`` (moto), ``gcs`` (fake-gcs-server).
+  Narrow it per test with ``@pytest.mark.parametrize("store_kind", ["local", "s3"])``.
+* ``store_location`` - a :class:`StoreLocation` (url, storage_options, env) for a fresh, empty
+  prefix of that backend; ``store_url`` is its URL and ``store`` the opened :class:`Store`.
+* ``store_factory`` - ``store_factory(kind=None, label="t")`` makes further fresh locations
+  (e.g. an export target), defaulting to the test's ``store_kind``.
+* ``store_servers`` - the session's lazily started loopback servers.
+
+Servers start on first use only (a local-only run starts none) and are shared by every conftest
+in the process; they stop when the interpreter exits.  While they run, their settings are also
+in ``os.environ`` (``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``, ...), so a bare
+``open_store("s3://...")`` or a CLI subprocess reaches them too.
+
+With ``SHARDLAKE_CONFORMANCE_URL`` set, :func:`store_kinds` adds the kind ``env``: a fresh prefix
+under that URL (``SHARDLAKE_CONFORMANCE_STORAGE_OPTIONS`` may hold JSON storage options).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ..store import Store, open_store
+from .servers import StoreServers
+
+LOOPBACK_KINDS = ("local", "memory", "s3", "gcs")
+ENV_URL = "SHARDLAKE_CONFORMANCE_URL"
+ENV_OPTIONS = "SHARDLAKE_CONFORMANCE_STORAGE_OPTIONS"
+
+_shared: StoreServers | None = None
+
+
+def shared_servers() -> StoreServers:
+    """The process-wide lazily started servers (stopped at interpreter exit)."""
+    global _shared
+    if _shared is None:
+        _shared = StoreServers()
+        atexit.register(_shared.close)
+    return _shared
+
+
+def store_kinds(*, include_env: bool = False) -> list[str]:
+    """The loopback kinds, plus ``env`` when ``include_env`` and ``SHARDLAKE_CONFORMANCE_URL`` is set."""
+    kinds = list(LOOPBACK_KINDS)
+    if include_env and os.environ.get(ENV_URL):
+        kinds.append("env")
+    return kinds
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """A fresh empty place to put a store: URL plus what it takes to open it."""
+
+    kind: str
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def open(self, **kwargs: Any) -> Store:
+        return open_store(self.url, self.storage_options, **kwargs)
+
+
+def new_location(kind: str, label: str = "t", servers: StoreServers | None = None) -> StoreLocation:
+    """A fresh, empty prefix on backend ``kind`` (outside pytest too)."""
+    tag = f"{label}-{uuid.uuid4().hex[:12]}"
+    if kind == "local":
+        return StoreLocation(kind, tempfile.mkdtemp(prefix=f"shardlake-{tag}-"))
+    if kind == "memory":
+        return StoreLocation(kind, f"memory://{tag}")
+    if kind in ("s3", "gcs"):
+        server = (servers or shared_servers()).get(kind)
+        return StoreLocation(kind, server.url(tag), dict(server.storage_options), dict(server.env))
+    if kind == "env":
+        base = os.environ.get(ENV_URL, "")
+        if not base:
+            raise ValueError(f"store kind 'env' needs {ENV_URL}")
+        options = json.loads(os.environ.get(ENV_OPTIONS) or "{}")
+        return StoreLocation(kind, f"{base.rstrip('/')}/{tag}", options)
+    raise ValueError(f"unknown store kind {kind!r}: one of {', '.join(LOOPBACK_KINDS)}, env")
+
+
+def _cleanup(location: StoreLocation) -> None:
+    # Loopback servers keep everything in memory and die with the session; a local dir lives in
+    # pytest's tmp area.  Only a real bucket needs tidying.
+    if location.kind != "env":
+        return
+    store = location.open()
+    for key in store.list():
+        store.delete(key)
+
+
+@pytest.fixture(scope="session")
+def store_servers() -> StoreServers:
+    return shared_servers()
+
+
+@pytest.fixture(params=LOOPBACK_KINDS)
+def store_kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def store_factory(
+    store_kind: str, store_servers: StoreServers, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[..., StoreLocation]]:
+    made: list[StoreLocation] = []
+
+    def make(kind: str | None = None, label: str = "t") -> StoreLocation:
+        kind = kind or store_kind
+        if kind == "local":
+            location = StoreLocation("local", str(tmp_path_factory.mktemp(f"store-{label}")))
+        else:
+            location = new_location(kind, label, store_servers)
+        made.append(location)
+        return location
+
+    yield make
+    for location in made:
+        _cleanup(location)
+
+
+@pytest.fixture
+def store_location(store_factory: Callable[..., StoreLocation]) -> StoreLocation:
+    return store_factory()
+
+
+@pytest.fixture
+def store_url(store_location: StoreLocation) -> str:
+    return store_location.url
+
+
+@pytest.fixture
+def store(store_location: StoreLocation) -> Store:
+    return store_location.open()
+
+
+__all__ = [
+    "StoreLocation",
+    "new_location",
+    "shared_servers",
+    "store",
+    "store_factory",
+    "store_kind",
+    "store_kinds",
+    "store_location",
+    "store_servers",
+    "store_url",
+]

@@ -1,0 +1,377 @@
+"""The epoch plan: which sample every (rank, worker) slot yields at every step. Pure: no torch, no I/O.
+
+Design
+------
+A *leg* is a stretch of an epoch run with one layout (world size R, workers per rank W, batch
+size B). Within a leg, rank ``r`` runs ``T = ceil(n / (R * B))`` steps (the same on every rank,
+so DDP never waits on a rank that ran out) and step ``t`` of rank ``r`` comes from worker
+``t % W`` (the order in which a ``DataLoader`` polls its workers). Every slot therefore yields
+whole batches; the ``T * R * B - n`` missing samples are *replays* of randomly chosen selected
+samples, capped by ``max_pad_fraction`` of the epoch.
+
+The order is built for mixing and for sequential reads at once:
+
+1. the selected rows are cut into *chunks*: runs of up to ``chunk_size`` consecutive members of
+   one shard (the cut points move every epoch, so chunks differ between epochs);
+2. the chunk order is shuffled (a different, reproducible permutation per epoch, so every epoch
+   reassigns samples to other ranks and workers) and the concatenation is split into one
+   contiguous segment per slot, sized to the slot's whole batches;
+3. inside a slot, ``interleave`` chunks are read at a time and their samples alternate (each
+   chunk is one coalesced ranged read), and a bounded shuffle (every sample is emitted at most
+   ``shuffle_buffer`` positions away from where it was read) mixes partitions inside batches.
+
+Everything is a function of (version hash, selection digest, seed, epoch, layout, knobs), so a
+rerun is identical and any slot's order is computed without looking at the others' I/O.
+
+Resume: the loader's cursor is ``(epoch, legs)`` where each finished leg records its layout and
+how many global steps were consumed (a global step = one batch on every rank). With the same
+layout, resuming is just starting every slot at the next unconsumed step: exactly the remaining
+batches, in the same order. With another layout (world size, workers or batch size changed), a
+new leg is planned over the samples the earlier legs did not consume — recomputed from their
+plans, which is cheap and independent of how far they got — so the union of all legs is one
+epoch with no duplicates beyond planned replays. (Keeping the old batches under a new layout is
+not possible in general: a batch must hold B samples of one rank.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import PlanError
+
+DEFAULT_MAX_PAD_FRACTION = 0.1
+DEFAULT_CHUNK_SIZE = 16
+DEFAULT_INTERLEAVE = 16
+DEFAULT_SHUFFLE_BUFFER = 512
+
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How many ranks, workers per rank and samples per rank batch a leg runs with."""
+
+    world_size: int
+    num_workers: int  # DataLoader workers per rank; 0 (in-process) plans like 1
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if self.world_size < 1 or self.batch_size < 1 or self.num_workers < 0:
+            raise PlanError(
+                f"invalid layout: world_size={self.world_size}, num_workers={self.num_workers}, "
+                f"batch_size={self.batch_size} (need world_size >= 1, batch_size >= 1, "
+                "num_workers >= 0)"
+            )
+
+    @property
+    def slots_per_rank(self) -> int:
+        return max(1, self.num_workers)
+
+    @property
+    def global_batch(self) -> int:
+        return self.world_size * self.batch_size
+
+
+@dataclass(frozen=True)
+class PlanParams:
+    """Everything besides the layout that decides the order."""
+
+    version_hash: str
+    selection_digest: str
+    seed: int = 0
+    shuffle: bool = True
+    max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION
+    chunk_size: int = DEFAULT_CHUNK_SIZE
+    interleave: int = DEFAULT_INTERLEAVE
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1 or self.interleave < 1 or self.shuffle_buffer < 1:
+            raise PlanError("chunk_size, interleave and shuffle_buffer must be >= 1")
+        if not self.max_pad_fraction >= 0.0:
+            raise PlanError("max_pad_fraction must be >= 0")
+
+
+@dataclass(frozen=True)
+class Leg:
+    """One finished stretch of an epoch: its layout and the global steps it consumed."""
+
+    layout: Layout
+    steps: int
+
+    def to_json(self) -> dict[str, int]:
+        return {**asdict(self.layout), "steps": self.steps}
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Leg:
+        return cls(
+            Layout(int(doc["world_size"]), int(doc["num_workers"]), int(doc["batch_size"])),
+            int(doc["steps"]),
+        )
+
+
+@dataclass(frozen=True)
+class Rows:
+    """The selected manifest rows the plan orders: for row ``i``, its shard and byte offset.
+
+    ``shard`` is any integer naming the shard file (e.g. an index into a list of shard keys);
+    rows of one shard with ascending ``offset`` are read sequentially.
+    """
+
+    shard: IntArray
+    offset: IntArray
+
+    def __post_init__(self) -> None:
+        if self.shard.shape != self.offset.shape or self.shard.ndim != 1:
+            raise PlanError("Rows.shard and Rows.offset must be 1-d arrays of one length")
+
+    def __len__(self) -> int:
+        return int(self.shard.shape[0])
+
+
+@dataclass
+class LegPlan:
+    """The plan of one leg: per slot, its samples (row indices) in emit order, batch by batch."""
+
+    layout: Layout
+    steps: int  # steps per rank
+    samples: int  # distinct rows this leg covers
+    replays: int  # padding samples (rows emitted a second time)
+    # slot (rank * slots_per_rank + worker) -> rows in emit order (len = batches * batch_size)
+    slot_rows: list[IntArray] = field(repr=False)
+    # slot -> rows in read order (the order chunks are fetched; same multiset as slot_rows)
+    slot_read: list[IntArray] = field(repr=False)
+    # slot -> for each emitted sample, its position in slot_read (to bound read-ahead)
+    slot_read_pos: list[IntArray] = field(repr=False)
+    # slot -> its chunks in fetch order (rows of one shard, ascending offsets)
+    slot_chunks: list[list[IntArray]] = field(repr=False)
+    # slot -> for each emitted sample, the index of its chunk in slot_chunks
+    slot_emit_chunk: list[IntArray] = field(repr=False)
+
+    def slot(self, rank: int, worker: int) -> int:
+        return rank * self.layout.slots_per_rank + worker
+
+    def slot_steps(self, worker: int) -> list[int]:
+        """The rank-level steps served by ``worker`` (every rank alike)."""
+        return list(range(worker, self.steps, self.layout.slots_per_rank))
+
+    def batches(self, rank: int, worker: int) -> list[IntArray]:
+        rows = self.slot_rows[self.slot(rank, worker)]
+        b = self.layout.batch_size
+        return [rows[i : i + b] for i in range(0, len(rows), b)]
+
+    def rank_batches(self, rank: int) -> list[IntArray]:
+        """Rank ``rank``'s batches in step order (what its loader yields)."""
+        w = self.layout.slots_per_rank
+        per_worker = [self.batches(rank, k) for k in range(w)]
+        return [per_worker[t % w][t // w] for t in range(self.steps)]
+
+    def step_rows(self, step: int) -> IntArray:
+        """Every row consumed at global step ``step`` (all ranks)."""
+        w = self.layout.slots_per_rank
+        b = self.layout.batch_size
+        j = step // w
+        parts = [
+            self.slot_rows[self.slot(r, step % w)][j * b : (j + 1) * b]
+            for r in range(self.layout.world_size)
+        ]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+    def consumed(self, steps: int) -> IntArray:
+        """Rows consumed by the first ``steps`` global steps (replays included)."""
+        w = self.layout.slots_per_rank
+        b = self.layout.batch_size
+        parts: list[IntArray] = []
+        for r in range(self.layout.world_size):
+            for k in range(w):
+                n = len(range(k, min(steps, self.steps), w))
+                parts.append(self.slot_rows[self.slot(r, k)][: n * b])
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _rng(
+    params: PlanParams, epoch: int, layout: Layout, leg: int, purpose: str
+) -> np.random.Generator:
+    text = "|".join(
+        str(x)
+        for x in (
+            "shardlake.plan/1",
+            params.version_hash,
+            params.selection_digest,
+            params.seed,
+            epoch,
+            layout.world_size,
+            layout.slots_per_rank,
+            layout.batch_size,
+            leg,
+            purpose,
+        )
+    )
+    digest = hashlib.sha256(text.encode()).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+
+
+def _chunks(
+    rows: Rows, ids: IntArray, chunk_size: int, rng: np.random.Generator | None
+) -> list[IntArray]:
+    """Cut ``ids`` into runs of <= chunk_size consecutive members of one shard (shard order)."""
+    if len(ids) == 0:
+        return []
+    order = np.lexsort((rows.offset[ids], rows.shard[ids]))
+    ids = ids[order]
+    shard = rows.shard[ids]
+    starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
+    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(ids)]))
+    pos = np.arange(len(ids)) - starts[group]
+    if rng is not None:
+        # A random phase per shard: the cut points (hence chunk members) move every epoch.
+        phase = rng.integers(0, chunk_size, size=len(starts))
+        pos = pos + phase[group]
+    block = pos // chunk_size
+    cuts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (block[1:] != block[:-1])])
+    return np.split(ids, cuts[1:])
+
+
+def _slot_order(
+    segment: list[IntArray], params: PlanParams, rng: np.random.Generator | None
+) -> tuple[IntArray, IntArray, IntArray, IntArray]:
+    """(emit order, read order, read position and chunk of each emitted sample) for one slot."""
+    if not segment:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    ids = np.concatenate(segment)
+    chunk_no = np.repeat(np.arange(len(segment)), [len(c) for c in segment])
+    if rng is None:  # no shuffle: read order is emit order
+        return ids, ids, np.arange(len(ids)), chunk_no
+    # Interleave: chunks are taken `interleave` at a time and their samples alternate.
+    in_chunk = np.concatenate([np.arange(len(c)) for c in segment])
+    group = chunk_no // params.interleave
+    read_order = np.lexsort((chunk_no, in_chunk, group))
+    read = ids[read_order]
+    # Bounded shuffle: emit by (read position + uniform jitter); a sample moves < buffer places,
+    # so the reader never holds more than `shuffle_buffer` samples it read but has not emitted.
+    key = np.arange(len(read)) + rng.random(len(read)) * params.shuffle_buffer
+    emit_pos = np.argsort(key, kind="stable").astype(np.int64)
+    return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
+
+
+def plan_leg(
+    rows: Rows,
+    params: PlanParams,
+    epoch: int,
+    layout: Layout,
+    *,
+    exclude: IntArray | None = None,
+    leg: int = 0,
+    epoch_samples: int | None = None,
+) -> LegPlan:
+    """Plan one leg of ``epoch`` over ``rows`` minus ``exclude`` (rows earlier legs consumed).
+
+    ``epoch_samples`` (default: all rows) is what ``max_pad_fraction`` is measured against.
+    """
+    n_all = len(rows)
+    ids = np.arange(n_all, dtype=np.int64)
+    if exclude is not None and len(exclude):
+        keep = np.ones(n_all, dtype=bool)
+        keep[exclude] = False
+        ids = ids[keep]
+    n = len(ids)
+    per_step = layout.global_batch
+    steps = math.ceil(n / per_step) if n else 0
+    pad = steps * per_step - n
+    basis = epoch_samples if epoch_samples is not None else n_all
+    if pad and pad > params.max_pad_fraction * basis:
+        raise PlanError(
+            f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
+            f"{layout.batch_size} leave {pad} slots to fill by replaying samples "
+            f"({pad / max(basis, 1):.1%} of the epoch), more than max_pad_fraction="
+            f"{params.max_pad_fraction:g}; use a smaller batch_size (--batch-size) or fewer "
+            "ranks, or raise max_pad_fraction (--max-pad-fraction)"
+        )
+    shuffled = params.shuffle
+    rng = _rng(params, epoch, layout, leg, "order") if shuffled else None
+    if pad:
+        pick_rng = _rng(params, epoch, layout, leg, "replay")
+        replay = ids[pick_rng.choice(n, size=pad, replace=pad > n)]
+    else:
+        replay = np.zeros(0, dtype=np.int64)
+    chunks = _chunks(rows, ids, params.chunk_size, rng) + _chunks(
+        rows, replay, params.chunk_size, rng
+    )
+    if rng is not None:
+        chunks = [chunks[i] for i in rng.permutation(len(chunks))]
+    # Split the chunk sequence into one contiguous segment per slot (rank-major), sized to
+    # each slot's whole batches; a chunk straddling a boundary is split.
+    w = layout.slots_per_rank
+    sizes = [
+        len(range(k, steps, w)) * layout.batch_size
+        for _r in range(layout.world_size)
+        for k in range(w)
+    ]
+    segments: list[list[IntArray]] = []
+    ci, cpos = 0, 0
+    for size in sizes:
+        seg: list[IntArray] = []
+        need = size
+        while need:
+            chunk = chunks[ci]
+            take = min(need, len(chunk) - cpos)
+            seg.append(chunk[cpos : cpos + take])
+            need -= take
+            cpos += take
+            if cpos == len(chunk):
+                ci, cpos = ci + 1, 0
+        segments.append(seg)
+    slot_rows, slot_read, slot_pos, slot_chunk = [], [], [], []
+    for seg in segments:
+        emit, read, pos, chunk_of = _slot_order(seg, params, rng)
+        slot_rows.append(emit)
+        slot_read.append(read)
+        slot_pos.append(pos)
+        slot_chunk.append(chunk_of)
+    return LegPlan(layout, steps, n, pad, slot_rows, slot_read, slot_pos, segments, slot_chunk)
+
+
+def plan_epoch(
+    rows: Rows,
+    params: PlanParams,
+    epoch: int,
+    layout: Layout,
+    legs: Sequence[Leg] = (),
+) -> LegPlan:
+    """The plan of the current leg of ``epoch``, after the finished ``legs`` (resume)."""
+    exclude: list[IntArray] = []
+    for i, done in enumerate(legs):
+        prev = plan_leg(
+            rows,
+            params,
+            epoch,
+            done.layout,
+            exclude=np.concatenate(exclude) if exclude else None,
+            leg=i,
+        )
+        exclude.append(prev.consumed(done.steps))
+    return plan_leg(
+        rows,
+        params,
+        epoch,
+        layout,
+        exclude=np.concatenate(exclude) if exclude else None,
+        leg=len(legs),
+    )
+
+
+def selection_digest(keys: Sequence[str]) -> str:
+    """A digest of a selection (its keys, order-independent)."""
+    h = hashlib.sha256()
+    for key in sorted(keys):
+        data = key.encode()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()[:32]

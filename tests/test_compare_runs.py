@@ -1,0 +1,239 @@
+"""compare-runs: the band is the baseline's plateau mean ± k·sd; refusals say why."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shardlake.cli.main import main
+from shardlake.compare_runs import ComparisonRefusedError, compare_runs
+
+ARGS = {
+    "epochs": 8,
+    "batch_size": 16,
+    "valid_batch_size": 32,
+    "num_workers": 2,
+    "valid_num_workers": None,
+    "world_size": 2,
+    "lr": 0.01,
+    "hidden": 64,
+}
+
+# Baseline plateau over epochs 3..7 of valid_loss: mean 0.5, sample sd 0.0158...
+BASE_VALID = [0.9, 0.7, 0.6, 0.52, 0.48, 0.50, 0.51, 0.49]
+BASE_TRAIN = [1.0, 0.8, 0.65, 0.55, 0.50, 0.49, 0.50, 0.48]
+
+
+def write_run(
+    path: Path,
+    valid: list[str | float],
+    train: list[str | float] | None = None,
+    epochs: list[int] | None = None,
+    args: dict | None = None,
+) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "args.json").write_text(json.dumps(ARGS if args is None else args))
+    train = BASE_TRAIN[: len(valid)] if train is None else train
+    epochs = list(range(len(valid))) if epochs is None else epochs
+    lines = ["epoch\ttrain_loss\tvalid_loss\tseconds"]
+    for e, t, v in zip(epochs, train, valid, strict=True):
+        lines.append(f"{e}\t{t}\t{v}\t1.5")
+    (path / "train_log.tsv").write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def baseline(tmp_path: Path) -> Path:
+    return write_run(tmp_path / "base", BASE_VALID)
+
+
+def test_matching_candidate_passes_and_reports_band(baseline: Path, tmp_path: Path, capsys):
+    cand = write_run(
+        tmp_path / "cand",
+        [0.91, 0.69, 0.61, 0.51, 0.49, 0.505, 0.50, 0.495],
+        train=[1.01, 0.79, 0.66, 0.54, 0.51, 0.49, 0.49, 0.49],
+    )
+    result = compare_runs(baseline, cand, plateau=5, k=2)
+    assert result.passed
+    assert (result.epoch_first, result.epoch_last) == (3, 7)
+    assert result.baseline_rows == [4, 5, 6, 7, 8]
+    # Default metrics are the loss columns, never the timing column.
+    assert [m.metric for m in result.metrics] == ["train_loss", "valid_loss"]
+    valid = result.metrics[1]
+    assert valid.baseline_mean == pytest.approx(0.5)
+    assert valid.baseline_sd == pytest.approx(math.sqrt(0.001 / 4))
+    assert valid.band_low == pytest.approx(0.5 - 2 * valid.baseline_sd)
+
+    assert main(["compare-runs", str(baseline), str(cand), "--plateau", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "epochs 3..7" in out and "rows used" in out and "PASS" in out
+    assert "base sd" in out and "cand sd" in out
+
+
+def test_diverged_mean_fails_naming_metric(baseline: Path, tmp_path: Path, capsys):
+    # Valid loss plateaus 0.1 higher: far outside mean ± 2·0.016.
+    cand = write_run(tmp_path / "cand", [v + 0.1 for v in BASE_VALID])
+    result = compare_runs(baseline, cand, plateau=5, k=2)
+    assert not result.passed
+    verdicts = {m.metric: m.passed for m in result.metrics}
+    assert verdicts == {"train_loss": True, "valid_loss": False}
+    assert main(["compare-runs", str(baseline), str(cand), "--plateau", "5"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: candidate plateau mean outside the baseline band for valid_loss" in out
+
+
+def test_wider_k_turns_a_borderline_fail_into_a_pass(baseline: Path, tmp_path: Path):
+    cand = write_run(tmp_path / "cand", BASE_VALID[:3] + [v + 0.04 for v in BASE_VALID[3:]])
+    assert not compare_runs(baseline, cand, plateau=5, k=2, metrics=["valid_loss"]).passed
+    assert compare_runs(baseline, cand, plateau=5, k=3, metrics=["valid_loss"]).passed
+
+
+def test_missing_plateau_epoch_is_refused(baseline: Path, tmp_path: Path):
+    epochs = [0, 1, 2, 3, 4, 6, 7]
+    vals = [BASE_VALID[e] for e in epochs]
+    cand = write_run(tmp_path / "cand", vals, train=[BASE_TRAIN[e] for e in epochs], epochs=epochs)
+    with pytest.raises(
+        ComparisonRefusedError, match=r"epoch coverage differs: candidate lacks epoch\(s\) \[5\]"
+    ):
+        compare_runs(baseline, cand, plateau=5)
+
+
+def test_candidate_that_ran_longer_is_refused(baseline: Path, tmp_path: Path):
+    cand = write_run(tmp_path / "cand", BASE_VALID + [0.5], train=BASE_TRAIN + [0.5])
+    with pytest.raises(ComparisonRefusedError, match=r"candidate has extra epoch\(s\) \[8\]"):
+        compare_runs(baseline, cand, plateau=5)
+
+
+def test_empty_cell_in_range_is_refused(baseline: Path, tmp_path: Path):
+    vals: list[str | float] = list(BASE_VALID)
+    vals[6] = ""
+    cand = write_run(tmp_path / "cand", vals)
+    with pytest.raises(ComparisonRefusedError, match=r"epoch 6, column 'valid_loss': empty cell"):
+        compare_runs(baseline, cand, plateau=5)
+
+
+def test_truncated_row_counts_as_empty_cell(baseline: Path, tmp_path: Path):
+    cand = write_run(tmp_path / "cand", BASE_VALID)
+    log = cand / "train_log.tsv"
+    lines = log.read_text().splitlines()
+    lines[5] = "4\t0.5"  # epoch 4 lost its valid_loss cell entirely
+    log.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ComparisonRefusedError, match=r"epoch 4, column 'valid_loss': empty cell"):
+        compare_runs(baseline, cand, plateau=5)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "n/a"])
+def test_nan_or_non_numeric_cell_is_refused(baseline: Path, tmp_path: Path, bad: str):
+    vals: list[str | float] = list(BASE_VALID)
+    vals[7] = bad
+    cand = write_run(tmp_path / "cand", vals)
+    with pytest.raises(ComparisonRefusedError, match=r"epoch 7, column 'valid_loss'"):
+        compare_runs(baseline, cand, plateau=5)
+
+
+def test_bad_cell_outside_the_plateau_is_ignored(baseline: Path, tmp_path: Path):
+    vals: list[str | float] = list(BASE_VALID)
+    vals[0] = "nan"  # a diverged first epoch is irrelevant to the plateau
+    cand = write_run(tmp_path / "cand", vals)
+    assert compare_runs(baseline, cand, plateau=5).passed
+
+
+def test_mismatched_validation_workers_refused(baseline: Path, tmp_path: Path, capsys):
+    cand = write_run(tmp_path / "cand", BASE_VALID, args={**ARGS, "valid_num_workers": 4})
+    with pytest.raises(
+        ComparisonRefusedError, match=r"valid_num_workers: baseline 2 != candidate 4"
+    ):
+        compare_runs(baseline, cand, plateau=5)
+    assert main(["compare-runs", str(baseline), str(cand), "--plateau", "5"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("shardlake compare-runs: error: the runs disagree")
+    assert "valid_num_workers: baseline 2 != candidate 4" in err
+
+
+def test_inherited_validation_workers_resolve_before_comparing(baseline: Path, tmp_path: Path):
+    # Baseline inherits 2 train workers; the candidate trains with 4 but validates with 2 → equal.
+    cand_args = {**ARGS, "num_workers": 4, "valid_num_workers": 2}
+    cand = write_run(tmp_path / "cand", BASE_VALID, args=cand_args)
+    result = compare_runs(baseline, cand, plateau=5)
+    assert result.passed and "valid_num_workers" in result.checked_args
+
+
+def test_setting_recorded_by_one_run_only_is_refused(baseline: Path, tmp_path: Path):
+    args = dict(ARGS)
+    del args["valid_batch_size"]
+    cand = write_run(tmp_path / "cand", BASE_VALID, args=args)
+    with pytest.raises(
+        ComparisonRefusedError, match="valid_batch_size: baseline has 32, candidate does not"
+    ):
+        compare_runs(baseline, cand, plateau=5)
+
+
+def test_data_path_settings_may_differ(baseline: Path, tmp_path: Path):
+    cand = write_run(
+        tmp_path / "cand", BASE_VALID, args={**ARGS, "dataset_root": "s3://b/x", "npz_list": None}
+    )
+    assert compare_runs(baseline, cand, plateau=5).passed
+
+
+@pytest.mark.parametrize("k", ["0", "-1", "nan"])
+def test_nonpositive_k_is_refused_exit_1(baseline: Path, k: str):
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "shardlake.cli.main",
+            "compare-runs",
+            str(baseline),
+            str(baseline),
+            "--k",
+            k,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert "--k must be a positive number" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_plateau_longer_than_the_run_is_refused(baseline: Path):
+    with pytest.raises(
+        ComparisonRefusedError, match="--plateau 9 needs 9 epochs but the baseline has 8"
+    ):
+        compare_runs(baseline, baseline, plateau=9)
+
+
+def test_duplicate_epoch_rows_are_refused(baseline: Path, tmp_path: Path):
+    epochs = [0, 1, 2, 3, 4, 5, 6, 6]
+    cand = write_run(tmp_path / "cand", BASE_VALID, epochs=epochs)
+    with pytest.raises(ComparisonRefusedError, match=r"epoch\(s\) \[6\] appear more than once"):
+        compare_runs(baseline, cand, plateau=5)
+
+
+def test_missing_args_json_is_refused(baseline: Path, tmp_path: Path):
+    cand = write_run(tmp_path / "cand", BASE_VALID)
+    (cand / "args.json").unlink()
+    with pytest.raises(ComparisonRefusedError, match="args.json: missing"):
+        compare_runs(baseline, cand)
+
+
+def test_unknown_metric_is_refused(baseline: Path):
+    with pytest.raises(ComparisonRefusedError, match="no column 'ade'"):
+        compare_runs(baseline, baseline, metrics=["ade"])
+
+
+def test_json_output(baseline: Path, capsys):
+    assert (
+        main(["compare-runs", str(baseline), str(baseline), "--json", "--metric", "valid_loss"])
+        == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] is True
+    assert doc["epoch_first"] == 3 and doc["epoch_last"] == 7
+    assert doc["metrics"][0]["metric"] == "valid_loss"
+    assert doc["metrics"][0]["baseline_sd"] == pytest.approx(doc["metrics"][0]["candidate_sd"])

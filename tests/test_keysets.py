@@ -1,0 +1,159 @@
+"""Keysets: immutable, version-bound selections by WHERE or key list; list/show/check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from shardlake.cli.main import main
+from shardlake.dataset import open_dataset
+from shardlake.errors import ConflictError, NotFoundError, SelectionError
+from shardlake.keysets import create_keyset, load_keyset, parse_key_list
+from shardlake.layout import keyset_key
+from shardlake.lifecycle import remove
+from shardlake.pack import pack
+from shardlake.store import open_store
+from shardlake.synth import synth_corpus
+from shardlake.testing.fixtures import StoreLocation
+
+
+def _packed(location: StoreLocation, src: Path) -> list[str]:
+    synth_corpus(src, 3, 3, seed=11, neighbors=2, lanes=4)
+    pack(
+        str(src),
+        location.url,
+        tag="v1",
+        workers=1,
+        executor="inline",
+        shard_size=40_000,
+        storage_options=location.storage_options,
+    )
+    ds = open_dataset(location.url, storage_options=location.storage_options)
+    return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
+
+
+@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+def test_keyset_cli_on_every_backend(
+    store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    keys = _packed(store_location, tmp_path / "src")
+    root = store_location.url
+    first_part = keys[0].split("/")[0]
+    assert (
+        main(["keyset", root, "create", "val", "--where", f"key LIKE '{first_part}/%'", "--json"])
+        == 0
+    )
+    info = json.loads(capsys.readouterr().out)
+    assert info["samples"] == 3 and info["version"] == "v1"
+    keyfile = tmp_path / "train.txt"
+    keyfile.write_text("# training split\n" + "\n".join(keys[3:]) + "\n\n")
+    assert main(["keyset", root, "create", "train", "--keys", str(keyfile)]) == 0
+    capsys.readouterr()
+    assert main(["keyset", root, "list", "--json"]) == 0
+    listed = {k["name"]: k["samples"] for k in json.loads(capsys.readouterr().out)}
+    assert listed == {"val": 3, "train": 6}
+    assert main(["keyset", root, "show", "train", "--json", "--keys"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["keys"] == keys[3:]
+    assert main(["keyset", root, "check", "val", "train"]) == 0
+    assert "disjoint" in capsys.readouterr().out
+    overlap = tmp_path / "overlap.txt"
+    overlap.write_text(keys[2] + "\n" + keys[3] + "\n")
+    assert main(["keyset", root, "create", "bad", "--keys", str(overlap)]) == 0
+    capsys.readouterr()
+    assert main(["keyset", root, "check", "val", "bad"]) == 1
+    out = capsys.readouterr().out
+    assert "share 1 key" in out and keys[2] in out
+    # Immutable: a second create with the same name is refused and changes nothing.
+    before = open_store(root, store_location.storage_options).read(keyset_key("val"))
+    assert main(["keyset", root, "create", "val", "--where", "true"]) == 1
+    assert "already exists" in capsys.readouterr().err
+    assert open_store(root, store_location.storage_options).read(keyset_key("val")) == before
+
+
+def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    keys = _packed(location, tmp_path / "src")
+    old_root = "/mnt/old/dataset"
+    entries = [f"{old_root}/{k}.npz" for k in keys[:4]]
+    entries += [f"{old_root}/gone/a.npz", f"{old_root}/gone/b.npz", "/elsewhere/c.npz"]
+    listing = tmp_path / "train.json"
+    listing.write_text(json.dumps(entries))
+    argv = [
+        "keyset",
+        location.url,
+        "create",
+        "t",
+        "--keys",
+        str(listing),
+        "--strip-prefix",
+        old_root,
+    ]
+    # Three entries match nothing: refused unless --allow-unmatched says exactly 3.
+    with pytest.raises(SelectionError, match="3 entries match no key") as info:
+        mapped, unmapped = parse_key_list(listing.read_bytes(), "l", strip_prefix=old_root)
+        assert unmapped == ["/elsewhere/c.npz"]
+        create_keyset(location.url, "t", keys=mapped, unmapped=unmapped)
+    assert "gone/a" in str(info.value) or "gone/b" in str(info.value)
+    assert main(argv) == 1
+    assert main([*argv, "--allow-unmatched", "2"]) == 1
+    assert main([*argv, "--allow-unmatched", "4"]) == 1
+    assert not open_store(location.url).exists(keyset_key("t"))
+    assert main([*argv, "--allow-unmatched", "3"]) == 0
+    keyset = load_keyset(location.url, "t")
+    assert keyset.keys == keys[:4]
+    assert keyset.recipe["unmatched"] == 3
+
+
+def test_keyset_is_bound_to_its_version(tmp_path: Path) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    keys = _packed(location, tmp_path / "src")
+    ks = create_keyset(location.url, "val", keys=keys[:2])
+    v1 = open_dataset(location.url, "v1").version
+    ks.check_version(v1)
+    remove(location.url, "v2", keys=[keys[-1]])
+    v2 = open_dataset(location.url, "v2").version
+    with pytest.raises(SelectionError, match="bound to version 'v1'"):
+        load_keyset(location.url, "val").check_version(v2)
+    # --version picks the version a new keyset binds to.
+    ks2 = create_keyset(location.url, "val2", version="v1", where="true")
+    assert ks2.version_hash == v1.hash and len(ks2) == len(keys)
+
+
+def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    _packed(location, tmp_path / "src")
+    root = location.url
+    with pytest.raises(NotFoundError, match="no keyset 'nope'"):
+        load_keyset(root, "nope")
+    with pytest.raises(ConflictError):
+        create_keyset(root, "a", where="true")
+        create_keyset(root, "a", where="true")
+    cases = [
+        (["keyset", root, "show", "nope"], 1, "no keyset"),
+        (["keyset", root, "create", "x", "--where", "true; SELECT 1"], 1, "';' is not allowed"),
+        (
+            ["keyset", root, "create", "x", "--where", "(SELECT 1 FROM '/etc/passwd') = 1"],
+            1,
+            "selection",
+        ),
+        (["keyset", root, "create", "x", "--where", "key = "], 1, "invalid selection"),
+        (["keyset", root, "create", "x", "--where", "key = 'no such key'"], 1, "empty"),
+        (
+            ["keyset", root, "create", "x", "--where", "true", "--version", "v7"],
+            1,
+            "unknown version",
+        ),
+        (
+            ["keyset", root, "create", "x", "--keys", str(tmp_path / "missing.txt")],
+            1,
+            "cannot read",
+        ),
+    ]
+    for argv, code, message in cases:
+        assert main(argv) == code, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)
+    assert not open_store(root).exists(keyset_key("x"))

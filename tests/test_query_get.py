@@ -1,0 +1,194 @@
+"""Random access without a DataLoader: query, get (bit-exact npz) and key-list iteration."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from shardlake.access import get, iter_samples, load_npz, locate, npz_bytes, query, sidecar_of
+from shardlake.cli.main import main
+from shardlake.dataset import open_dataset
+from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
+from shardlake.pack import pack
+from shardlake.synth import synth_corpus
+from shardlake.testing.fixtures import StoreLocation
+
+
+def _packed(location: StoreLocation, src: Path, **synth: object) -> None:
+    synth_corpus(src, 2, 3, seed=5, neighbors=2, lanes=4, **synth)  # type: ignore[arg-type]
+    pack(
+        str(src),
+        location.url,
+        tag="v1",
+        workers=1,
+        executor="inline",
+        shard_size=40_000,
+        storage_options=location.storage_options,
+    )
+
+
+def _source_arrays(src: Path, key: str) -> dict[str, np.ndarray]:
+    return load_npz((src / f"{key}.npz").read_bytes(), key)
+
+
+def _assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
+    assert list(a) == list(b)
+    for name in a:
+        assert a[name].dtype == b[name].dtype and a[name].shape == b[name].shape, name
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+def test_query_get_iterate_on_every_backend(store_location: StoreLocation, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _packed(store_location, src)
+    ds = open_dataset(store_location.url, storage_options=store_location.storage_options)
+    table = query(ds, '"skipping_info.label" >= 0 AND NOT is_skipped', columns=["key", "size"])
+    assert table.column_names == ["key", "size"]
+    assert 0 < table.num_rows <= 6
+    keys = sorted(query(ds, None, ["key"]).column("key").to_pylist())
+    assert len(keys) == 6
+    for key in keys[:2]:
+        _assert_same(get(ds, key), _source_arrays(src, key))
+    got = dict(iter_samples(ds, keys, batch_bytes=1))  # one batch per sample
+    assert list(got) == keys
+    for key in keys:
+        _assert_same(got[key], _source_arrays(src, key))
+
+
+def test_get_reads_one_range_and_rebuilds_sidecar(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    location = StoreLocation("local", str(tmp_path / "root"))
+    _packed(location, src)
+    ds = open_dataset(location.url)
+    key = ds.manifests(columns=["key"]).column("key")[0].as_py()
+    calls: list[tuple[str, int, int]] = []
+    original = ds.store.read_range
+
+    def spy(k: str, start: int, end: int) -> bytes:
+        calls.append((k, start, end))
+        return original(k, start, end)
+
+    ds.store.read_range = spy  # type: ignore[method-assign]
+    _assert_same(get(ds, key), _source_arrays(src, key))
+    assert len(calls) == 1 and calls[0][0].endswith(".tar")
+    row = locate(ds, key)
+    assert sidecar_of(row) == json.loads((src / f"{key}.json").read_text())
+
+
+def test_npz_bytes_round_trip_all_dtypes() -> None:
+    arrays = {
+        "b": np.array([True, False]),
+        "f16": np.arange(3, dtype=np.float16),
+        "i64": np.array([[1, -2]], dtype=np.int64),
+        "s": np.array("us-ma-boston"),
+        "empty": np.zeros((0, 3), np.float32),
+        "nan": np.array([np.nan], np.float32),
+    }
+    _assert_same(load_npz(npz_bytes(arrays), "x"), arrays)
+
+
+@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+def test_cli_query_and_get(
+    store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "src"
+    _packed(store_location, src)
+    root = store_location.url
+    assert main(["query", root, "--where", "size > 0", "--columns", "key", "size", "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == 6 and set(rows[0]) == {"key", "size"}
+    assert main(["query", root, "--where", "size > 0", "--count"]) == 0
+    assert capsys.readouterr().out.strip() == "6"
+    assert main(["query", root, "--columns", "key", "partition", "--csv"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == '"key","partition"' and len(lines) == 7
+    key = rows[0]["key"]
+    out = tmp_path / "one.npz"
+    assert main(["get", root, key, "--out", str(out)]) == 0
+    assert "version: <u4 (1,)" in capsys.readouterr().out
+    _assert_same(load_npz(out.read_bytes(), "out"), _source_arrays(src, key))
+    keyfile = tmp_path / "keys.txt"
+    keyfile.write_text("\n".join(r["key"] for r in rows[:3]) + "\n")
+    outdir = tmp_path / "many"
+    assert main(["get", root, "--keys", str(keyfile), "--out-dir", str(outdir), "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert [d["key"] for d in described] == [r["key"] for r in rows[:3]]
+    for r in rows[:3]:
+        _assert_same(
+            load_npz((outdir / f"{r['key']}.npz").read_bytes(), "o"), _source_arrays(src, r["key"])
+        )
+        assert json.loads((outdir / f"{r['key']}.json").read_text()) == json.loads(
+            (src / f"{r['key']}.json").read_text()
+        )
+
+
+def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    _packed(location, tmp_path / "src")
+    root = location.url
+    ds = open_dataset(root)
+    with pytest.raises(NotFoundError, match="no sample"):
+        get(ds, "nope/nothing")
+    with pytest.raises(VersionNotFoundError):
+        open_dataset(root, "v9")
+    with pytest.raises(SelectionError):
+        query(ds, "(SELECT 1 FROM read_csv('/etc/passwd')) = 1")
+    cases = [
+        (["get", root, "nope/nothing"], "no sample"),
+        (["get", root, "x", "--version", "v9"], "unknown version"),
+        (["query", root, "--where", "size > 1; SELECT 1"], "';' is not allowed"),
+        (["query", root, "--where", "read_text('/etc/passwd') IS NULL"], "selection"),
+        (["query", root, "--where", "size >"], "invalid selection"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (argv, err)
+    out = tmp_path / "never.npz"
+    assert main(["get", root, "nope/nothing", "--out", str(out)]) == 1
+    assert not out.exists()
+    # A corrupted manifest: a clear FormatError naming it, exit 1.
+    entry = ds.partitions[0]
+    ds.store.write(entry["manifest"], b"not parquet at all")
+    fresh = open_dataset(root)
+    with pytest.raises(FormatError, match="manifest"):
+        fresh.manifest(entry["id"])
+    assert main(["query", root, "--count"]) == 1
+    assert "manifest" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("store_kind", ["s3"])
+def test_console_script_against_s3(store_location: StoreLocation, tmp_path: Path) -> None:
+    """The installed ``shardlake`` command reaches the loopback S3 through the environment."""
+    import os
+    import subprocess
+    import sys
+
+    _packed(store_location, tmp_path / "src")
+    env = {**os.environ, **store_location.env}
+    cmd = [sys.executable, "-m", "shardlake.cli.main"]
+    done = subprocess.run(
+        [*cmd, "query", store_location.url, "--count"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "6"
+    done = subprocess.run(
+        [*cmd, "query", store_location.url, "--where", "x; y"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 1
+        and done.stderr.count("\n") == 1
+        and "SelectionError" not in done.stderr
+    )

@@ -1,0 +1,142 @@
+"""Helpers for the ``test_torch_*`` tests (no tests here): tiny corpora, reference batches, DDP ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import default_collate
+
+from shardlake.codec import to_python_strings
+from shardlake.pack import pack
+from shardlake.synth import synth_corpus
+
+
+def make_root(
+    base: Path,
+    counts: list[int],
+    *,
+    fmt: str = "v2",
+    seed: int = 1,
+    shard_size: int = 150_000,
+    lanes: int = 4,
+) -> tuple[Path, Path]:
+    """Synthesize a tiny corpus and pack it; ``(source, root)``."""
+    source, root = base / "src", base / "root"
+    synth_corpus(source, len(counts), counts, seed=seed, format=fmt, neighbors=4, lanes=lanes)
+    pack(source, str(root), tag="v1", executor="inline", shard_size=shard_size)
+    return source, root
+
+
+def npz_sample(source: Path, key: str, drop: tuple[str, ...] = ("version",)) -> dict[str, Any]:
+    """What users load today: ``np.load`` of the source npz (0-d strings as ``str``)."""
+    with np.load(source / f"{key}.npz") as z:
+        arrays = {name: z[name] for name in z.files}
+    return {k: v for k, v in to_python_strings(arrays).items() if k not in drop}
+
+
+def reference_batch(source: Path, keys: list[str]) -> Any:
+    return default_collate([npz_sample(source, k) for k in keys])
+
+
+def assert_batch_equal(got: dict[str, Any], want: dict[str, Any]) -> None:
+    got = {k: v for k, v in got.items() if k != "__key__"}
+    assert list(got) == list(want)
+    for name, value in want.items():
+        if isinstance(value, torch.Tensor):
+            assert isinstance(got[name], torch.Tensor), name
+            assert got[name].dtype == value.dtype, name
+            assert got[name].shape == value.shape, name
+            assert torch.equal(got[name], value), name
+        else:
+            assert got[name] == value, name
+
+
+def flip_byte(root: Path, shard_key: str, offset: int) -> None:
+    path = root / shard_key
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def copy_root(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+# --- DDP ranks (run by torch.multiprocessing.spawn) -------------------------------------------
+
+
+def rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
+    """One rank: iterate epochs/steps per ``cfg`` and write what it saw to ``out/<rank>.json``."""
+    import torch.distributed as dist
+
+    from shardlake.torch import ShardDataset
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{cfg['init_file']}", rank=rank, world_size=world
+    )
+    out: dict[str, Any] = {"rank": rank, "epochs": [], "error": None}
+    try:
+        url = cfg["roots"][rank] if "roots" in cfg else cfg["root"]
+
+        def new_loader() -> Any:
+            ds = ShardDataset(
+                url,
+                batch_size=cfg["batch_size"],
+                num_workers=cfg["workers"],
+                include_key=True,
+                seed=cfg["seeds"][rank] if "seeds" in cfg else 0,
+                max_pad_fraction=cfg.get("max_pad_fraction", 0.5),
+            )
+            return ds.loader()
+
+        loader = new_loader()
+        if cfg.get("load_state"):
+            with open(cfg["load_state"]) as f:
+                loader.load_state_dict(json.load(f))
+        for _epoch in range(cfg.get("epochs", 1)):
+            steps: list[list[str]] = []
+            epoch = loader.epoch
+            for batch in loader:
+                steps.append(list(batch["__key__"]))
+                if cfg.get("stop_after") is not None and len(steps) == cfg["stop_after"]:
+                    state = loader.state_dict()
+                    if rank == 0:
+                        with open(cfg["save_state"], "w") as f:
+                            json.dump(state, f)
+                    break
+            out["epochs"].append({"epoch": epoch, "steps": steps})
+            if cfg.get("stop_after") is not None:
+                # A restarted job: a fresh loader (new workers) continues from the state.
+                loader = new_loader()
+                loader.load_state_dict(json.loads(json.dumps(state)))
+                rest = [list(b["__key__"]) for b in loader]
+                out["epochs"].append({"epoch": epoch, "steps": rest, "resumed": True})
+                break
+        out["record"] = loader.run_record()
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out["error"] = {"type": type(exc).__name__, "message": str(exc)}
+        out["traceback"] = traceback.format_exc()
+    finally:
+        with open(Path(cfg["out"]) / f"{rank}.json", "w") as f:
+            json.dump(out, f)
+        dist.destroy_process_group()
+
+
+def run_ranks(world: int, cfg: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+    import torch.multiprocessing as mp
+
+    out = tmp / f"out-{os.urandom(4).hex()}"
+    out.mkdir()
+    cfg = {**cfg, "out": str(out), "init_file": str(out / "init")}
+    mp.spawn(rank_main, args=(world, cfg), nprocs=world, join=True)
+    return [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
