@@ -14,7 +14,9 @@ def test_help_exits_zero(capsys):
 
 def test_unknown_command_is_usage_error():
     proc = subprocess.run(
-        [sys.executable, "-m", "shardlake.cli.main", "no-such-command"], capture_output=True, text=True
+        [sys.executable, "-m", "shardlake.cli.main", "no-such-command"],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr

@@ -25,7 +25,7 @@ def test_offsets_point_at_payloads_and_members_parse():
     assert writer.bytes_written == len(data)
     members = list(iter_members(data))
     assert [unescape_member_key(m.name.removesuffix(".safetensors.zst")) for m in members] == KEYS
-    for key, (index, offset), member in zip(KEYS, offsets, members):
+    for key, (index, offset), member in zip(KEYS, offsets, members, strict=True):
         assert member.offset == offset
         assert data[offset : offset + member.size] == f"payload-{key}".encode()
         assert index == members.index(member)
