@@ -28,6 +28,7 @@ from types import TracebackType
 from typing import Any, BinaryIO
 
 import numpy as np
+import pyarrow as pa
 
 from ..codec import (
     CODEC_NAME,
@@ -37,7 +38,7 @@ from ..codec import (
     decode_safetensors,
     payload_checksum,
 )
-from ..errors import AlreadyExistsError, FormatError, IntegrityError, SourceError
+from ..errors import AlreadyExistsError, IntegrityError, SourceError
 from ..layout import FORMAT_VERSION, manifest_key, revision_dir, shard_key, short_hash
 from ..manifest import (
     CORE_COLUMNS,
@@ -273,21 +274,11 @@ def build_partition(task: BuildTask) -> BuildResult:
         for k in store.list(revision_dir(pid, data_rev) + "/")
         if k.rsplit("/", 1)[-1].startswith("manifest-")
     )
-    if existing:
-        source_key = mkey if mkey in existing else existing[0]
-        table, old_meta = read_manifest(store, source_key)
-        if (
-            old_meta.data_rev != data_rev
-            or dict(
-                zip(
-                    table.column("key").to_pylist(),
-                    table.column("source_sha256").to_pylist(),
-                    strict=True,
-                )
-            )
-            != sha_of
-        ):
-            raise FormatError(f"{store.key_url(source_key)}: does not match revision {data_rev}")
+    # A revision directory may also hold subset manifests written by `remove`; reuse only a
+    # manifest that lists exactly this partition's samples. None left (gc) -> rebuild.
+    found = _full_manifest(store, sorted(existing, key=lambda k: k != mkey), data_rev, sha_of)
+    if found is not None:
+        source_key, table = found
         written = False
         if source_key != mkey:
             # Sidecar-only change: same rows (same shards, members, offsets), new sidecar columns.
@@ -365,6 +356,19 @@ def build_partition(task: BuildTask) -> BuildResult:
     entry["payload_bytes"] = payload_bytes
     entry["shards"] = shards
     return BuildResult(entry, built=True, manifest_written=written, skipped=skipped)
+
+
+def _full_manifest(
+    store: Store, candidates: list[str], data_rev: str, sha_of: dict[str, str]
+) -> tuple[str, pa.Table] | None:
+    """The first candidate manifest of ``data_rev`` whose rows are exactly ``sha_of``."""
+    for key in candidates:
+        table, meta = read_manifest(store, key)
+        keys = table.column("key").to_pylist()
+        shas = table.column("source_sha256").to_pylist()
+        if meta.data_rev == data_rev and dict(zip(keys, shas, strict=True)) == sha_of:
+            return key, table
+    return None
 
 
 def _create_manifest(store: Store, key: str, data: bytes) -> bool:
