@@ -207,8 +207,7 @@ def _run(
     store = open_store(root, so)
     versions = []
     for tag, vhash, latest in list_versions(store):
-        rep_v = packed.get(tag)
-        assert rep_v is not None
+        rep_v = packed[tag]
         versions.append(
             {
                 "tag": tag,

@@ -221,7 +221,7 @@ def create_keyset(
         rows = sql.select(manifests, where, columns=["key", "partition"])
         recipe: dict[str, Any] = {"where": where}
     else:
-        assert keys is not None
+        keys = keys or []
         rows = match_keys(ds, keys, unmapped, allow_unmatched=allow_unmatched)
         recipe = {"keys": len(keys), "unmatched": len(unmapped) + len(keys) - rows.num_rows}
     if rows.num_rows == 0:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from typing import cast
 
 import duckdb
 import pyarrow as pa
@@ -155,8 +156,7 @@ def select_mask(
             f"selection {where!r} is not a boolean expression (it yields {column.type})"
         )
     mask = pc.fill_null(column.combine_chunks(), False)
-    assert isinstance(mask, pa.BooleanArray)
-    return mask
+    return cast(pa.BooleanArray, mask)
 
 
 def _check_columns(table: pa.Table, columns: Sequence[str]) -> list[str]:

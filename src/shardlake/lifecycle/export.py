@@ -247,9 +247,8 @@ def export_npz(
             rows = [r for r in rows if r["key"] in full]
             shard = entry["shards"][index]["key"]
             for row, payload, problem in check_shard_payloads(src, pid, shard, rows, decode=False):
-                if problem is not None:
-                    raise IntegrityError(str(problem))
-                assert payload is not None
+                if problem is not None or payload is None:
+                    raise IntegrityError(str(problem or f"{src.key_url(shard)} key {row['key']!r}"))
                 arrays = decoder.decode(payload, f"{src.key_url(shard)} key {row['key']!r}")
                 data = npz_bytes(arrays)
                 dest.write(row["key"] + ".npz", data)

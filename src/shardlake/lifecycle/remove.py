@@ -101,8 +101,7 @@ def remove(
         if where is not None:
             hit = sql.select(table, where, columns=["key", "partition"])
         else:
-            assert keys is not None
-            wanted = list(dict.fromkeys(keys))
+            wanted = list(dict.fromkeys(keys or []))
             present = pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string()))
             hit = table.filter(present).select(["key", "partition"])
             if hit.num_rows != len(wanted):

@@ -173,10 +173,12 @@ def verify_source(
             if key not in expected and key not in optional:
                 result.extra.append(key)
                 continue
-            if problem is not None:
-                result.problems.append(problem)
+            if problem is not None or payload is None:
+                result.problems.append(
+                    problem
+                    or Problem(pid, store.key_url(shard), key, int(row["offset"]), "no payload")
+                )
                 continue
-            assert payload is not None
             where = f"{store.key_url(shard)} key {key!r} offset {row['offset']}"
             try:
                 arrays = decoder.decode(payload, where)

@@ -82,11 +82,11 @@ class PartitionRule:
             if match is None or not match.group("partition"):
                 return None
             return match.group("partition").strip("/") or None
-        assert self.depth is not None  # checked in __post_init__
+        depth = self.depth or 1  # __post_init__ requires depth when there is no regex
         parts = relpath.split("/")
-        if len(parts) <= self.depth:
+        if len(parts) <= depth:
             return None
-        return "/".join(parts[: self.depth])
+        return "/".join(parts[:depth])
 
 
 @dataclass(frozen=True)
