@@ -121,8 +121,10 @@ def test_error_on_one_rank_stops_all_ranks_with_the_same_error(
     results = run_ranks(2, cfg, tmp_path)  # returns: nobody hangs in a collective
     errors = [r["error"] for r in results]
     assert all(e is not None and e["type"] == "IntegrityError" for e in errors), errors
-    assert errors[0]["message"] == errors[1]["message"]
-    assert errors[0]["message"].startswith("rank 1:") and str(bad) in errors[0]["message"]
+    assert errors[0]["message"] == errors[1]["message"], errors
+    assert errors[0]["message"].startswith("rank 1:") and str(bad) in errors[0]["message"], [
+        r.get("traceback") for r in results
+    ]
 
 
 def test_ranks_that_disagree_are_refused_before_the_first_batch(
