@@ -26,7 +26,6 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -37,6 +36,7 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from shardlake.bench.measure import MemorySampler
 from shardlake.codec import Decoder, decode_safetensors, to_python_strings
 from shardlake.dataset import open_dataset
 from shardlake.pack import pack
@@ -45,46 +45,6 @@ from shardlake.synth import synth_corpus
 from shardlake.torch import ShardDataset
 
 DROP = ("version",)
-
-
-# --- memory sampling -------------------------------------------------------------------------
-
-
-class MemorySampler:
-    """Peak RSS and PSS of this process plus its children, sampled every ``interval`` s."""
-
-    def __init__(self, interval: float = 0.2) -> None:
-        self.interval = interval
-        self.peak_rss = 0
-        self.peak_pss = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        me = psutil.Process()
-        rss = pss = 0
-        for proc in [me, *me.children(recursive=True)]:
-            try:
-                info = proc.memory_full_info()
-            except (psutil.Error, OSError):
-                continue
-            rss += info.rss
-            pss += getattr(info, "pss", info.rss)
-        self.peak_rss = max(self.peak_rss, rss)
-        self.peak_pss = max(self.peak_pss, pss)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> MemorySampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 EPOCHS = 3

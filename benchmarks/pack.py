@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from shardlake.bench.pack import stage_costs
+
 
 def _wds_partition(args: tuple[str, list[str], str, int, int]) -> tuple[int, int]:
     """Baseline worker: read npz, encode like shardlake, write with webdataset.ShardWriter."""
@@ -81,34 +83,6 @@ def run_shardlake(
     return time.perf_counter() - start, report
 
 
-def stage_costs(src: Path, level: int, frames: int = 20) -> dict[str, float]:
-    """Per-frame milliseconds of each stage, single-threaded."""
-    import hashlib
-
-    from shardlake.codec import Decoder, Encoder, encode_safetensors
-    from shardlake.pack.build import load_npz, verify_sample
-
-    paths = sorted(src.rglob("*.npz"))[:frames]
-    encoder, decoder = Encoder(level), Decoder()
-    totals = dict.fromkeys(("read+sha256", "npz inflate", "safetensors", "zstd", "verify"), 0.0)
-    for path in paths:
-        t0 = time.perf_counter()
-        data = path.read_bytes()
-        hashlib.sha256(data).hexdigest()
-        t1 = time.perf_counter()
-        arrays = load_npz(data, str(path))
-        t2 = time.perf_counter()
-        st = encode_safetensors(arrays)
-        t3 = time.perf_counter()
-        payload = encoder._cctx.compress(st)
-        t4 = time.perf_counter()
-        verify_sample(st, payload, arrays, decoder, str(path))
-        t5 = time.perf_counter()
-        for name, dt in zip(totals, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4), strict=True):
-            totals[name] += dt
-    return {name: 1000 * value / len(paths) for name, value in totals.items()}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -136,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"corpus: {total} frames, {npz_bytes / total / 1e3:.0f} KB npz/frame, workers={args.workers}"
     )
-    costs = stage_costs(src, args.level)
+    costs = stage_costs(src, sorted(src.rglob("*.npz"))[:20], args.level)
     print("per-frame ms (1 thread): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
 
     best: dict[str, float] = {}

@@ -111,15 +111,38 @@ def test_racing_latest_updates_exactly_one_wins(
 _MARKER = "partitions; building"  # progress line printed after pass 1, before any build
 
 
-def _start_pack(src: Path, root: Path, tag: str, base: str | None) -> subprocess.Popen[str]:
+# Runs the CLI with every partition build announcing itself once done, then stalling.
+_BUILT_THEN_WAIT = """
+import sys, time
+import shardlake.pack.packer as packer
+real = packer.build_partition
+def built_then_wait(task):
+    result = real(task)
+    print("PARTITION-BUILT", file=sys.stderr, flush=True)
+    time.sleep(60)
+    return result
+packer.build_partition = built_then_wait
+from shardlake.cli.main import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _start_pack(
+    src: Path, root: Path, tag: str, base: str | None, script: str | None = None
+) -> subprocess.Popen[str]:
     args = ["pack", str(src), str(root), "--tag", tag, "--executor", "thread", "--workers", "2"]
-    return _cli(args + (["--base", base] if base else []), {})
+    args += ["--base", base] if base else []
+    if script is None:
+        return _cli(args, {})
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args], stderr=subprocess.PIPE, text=True
+    )
 
 
-def _wait_marker(proc: subprocess.Popen[str]) -> None:
+def _wait_marker(proc: subprocess.Popen[str], marker: str = _MARKER) -> None:
     assert proc.stderr is not None
     for line in proc.stderr:
-        if _MARKER in line:
+        if marker in line:
             return
 
 
@@ -175,6 +198,26 @@ def test_sigkill_at_random_moments_leaves_a_consistent_root(tmp_path: Path) -> N
         assert_consistent(store)
         assert state.latest is not None
         read_all(store, load_version(store, "latest", state))  # latest is complete and decodes
+    # Random timing alone may miss the build phase on a loaded machine: two more trials kill a
+    # pack after its partitions are built and before it publishes, every time.
+    for trial in range(trials, trials + 2):
+        make_source(
+            src, {f"log{p}/s0": {"x": np.full(3, 10 * trial + p, np.int64)} for p in range(2)}
+        )
+        before_seq, before_data = read_state(store).seq, set(store.list("data/"))
+        proc = _start_pack(
+            src, root, f"t{trial}", read_state(store).latest, script=_BUILT_THEN_WAIT
+        )
+        _wait_marker(proc, "PARTITION-BUILT")
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(timeout=60) == -signal.SIGKILL
+        proc.communicate()
+        state = read_state(store)
+        assert state.seq == before_seq  # nothing half-published
+        assert set(store.list("data/")) != before_data
+        outcomes["killed with leftovers"] += 1
+        assert_consistent(store)
+        read_all(store, load_version(store, "latest", state))
     print(outcomes)
     assert outcomes["killed with leftovers"] >= 2, outcomes  # kills did land mid-build
     assert outcomes["completed"] + outcomes["killed clean"] >= 2, outcomes

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -189,8 +190,13 @@ def test_ctrl_c_publishes_nothing(tmp_path: Path) -> None:
         if "BUILD-STARTED" in line:
             break
     proc.send_signal(signal.SIGINT)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=60) == 130
+    watchdog = threading.Timer(60, proc.kill)  # a pack that ignores Ctrl-C fails, not hangs
+    watchdog.start()
+    try:
+        rest = proc.stderr.read()
+    finally:
+        watchdog.cancel()
+    assert proc.wait(timeout=60) == 130, rest
     assert "interrupted; nothing was published" in rest
     store = open_store(str(root))
     assert read_state(store).seq == 0 and store.list("versions/") == []

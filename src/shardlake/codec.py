@@ -148,7 +148,11 @@ class Encoder:
     ) -> tuple[bytes, bytes]:
         """Return ``(safetensors_bytes, payload)`` where payload is the zstd frame."""
         st = encode_safetensors(arrays, where)
-        return st, self._cctx.compress(st)
+        return st, self.compress(st)
+
+    def compress(self, safetensors_bytes: bytes) -> bytes:
+        """One zstd frame of already-encoded safetensors bytes."""
+        return self._cctx.compress(safetensors_bytes)
 
 
 class Decoder:

@@ -44,7 +44,7 @@ def stage_costs(source: Path, files: list[Path], level: int = 3) -> dict[str, fl
         t2 = time.perf_counter()
         st = encode_safetensors(arrays)
         t3 = time.perf_counter()
-        payload = encoder._cctx.compress(st)
+        payload = encoder.compress(st)
         t4 = time.perf_counter()
         verify_sample(st, payload, arrays, decoder, str(path))
         t5 = time.perf_counter()

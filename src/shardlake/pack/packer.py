@@ -16,11 +16,14 @@ Order of events (what makes a crash at any point harmless):
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -403,28 +406,10 @@ def _run_builds(
     failures: list[str] = []
     pending: dict[cf.Future[BuildResult], BuildTask] = {}
     interrupted = False
+    stop = threading.Event()
     try:
-        for task in tasks:
-            pending[executor.submit(build_partition, task)] = task
-
-        def in_flight() -> list[str]:
-            running = [_describe(t.partition) for f, t in pending.items() if f.running()]
-            return running or [_describe(t.partition) for t in pending.values()]
-
-        while pending:
-            done, _ = cf.wait(list(pending), timeout=poll_s, return_when=cf.FIRST_COMPLETED)
-            for future in done:
-                task = pending.pop(future)
-                try:
-                    result = future.result()
-                except BaseException as exc:  # noqa: BLE001 - every failure is reported by partition
-                    if isinstance(exc, KeyboardInterrupt):
-                        raise
-                    failures.append(f"{_describe(task.partition)}: {_error_text(exc)}")
-                    continue
-                results[task.partition.id] = result
-                progress.partition_done(task.partition.samples, reused=not result.built)
-            progress.poll(in_flight)
+        with _sigint_sets(stop):
+            _wait_builds(tasks, executor, pending, results, failures, progress, poll_s, stop)
     except KeyboardInterrupt:
         interrupted = True
         for future in pending:
@@ -442,6 +427,62 @@ def _run_builds(
             + "; ".join(failures)
         )
     return results
+
+
+@contextlib.contextmanager
+def _sigint_sets(stop: threading.Event) -> Iterator[None]:
+    """Turn Ctrl-C into ``stop.set()`` while builds run (main thread only).
+
+    A KeyboardInterrupt raised asynchronously inside ``concurrent.futures`` can leave a future's
+    lock held, so a build thread blocks forever on completion; the wait loop raises it instead,
+    at a safe point.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda _sig, _frame: stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _wait_builds(
+    tasks: list[BuildTask],
+    executor: cf.Executor,
+    pending: dict[cf.Future[BuildResult], BuildTask],
+    results: dict[str, BuildResult],
+    failures: list[str],
+    progress: Progress,
+    poll_s: float,
+    stop: threading.Event,
+) -> None:
+    """Submit every build and collect results until done or ``stop`` (Ctrl-C) is set."""
+    for task in tasks:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        pending[executor.submit(build_partition, task)] = task
+
+    def in_flight() -> list[str]:
+        running = [_describe(t.partition) for f, t in pending.items() if f.running()]
+        return running or [_describe(t.partition) for t in pending.values()]
+
+    while pending:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        done, _ = cf.wait(list(pending), timeout=min(poll_s, 0.25), return_when=cf.FIRST_COMPLETED)
+        for future in done:
+            task = pending.pop(future)
+            try:
+                result = future.result()
+            except BaseException as exc:  # noqa: BLE001 - every failure is reported by partition
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                failures.append(f"{_describe(task.partition)}: {_error_text(exc)}")
+                continue
+            results[task.partition.id] = result
+            progress.partition_done(task.partition.samples, reused=not result.built)
+        progress.poll(in_flight)
 
 
 def pack(
