@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
@@ -13,7 +14,6 @@ from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.keysets import create_keyset, load_keyset, parse_key_list
 from shardlake.layout import keyset_key
 from shardlake.lifecycle import remove
-from shardlake.pack import pack
 from shardlake.store import open_store
 from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
@@ -21,15 +21,7 @@ from shardlake.testing.fixtures import StoreLocation
 
 def _packed(location: StoreLocation, src: Path) -> list[str]:
     synth_corpus(src, 3, 3, seed=11, neighbors=2, lanes=4)
-    pack(
-        str(src),
-        location.url,
-        tag="v1",
-        workers=1,
-        executor="inline",
-        shard_size=40_000,
-        storage_options=location.storage_options,
-    )
+    pack_small(location, src)
     ds = open_dataset(location.url, storage_options=location.storage_options)
     return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from lifecycle_support import pack_small
 
 from shardlake.access import get, load_npz
 from shardlake.cli.main import main
@@ -15,7 +16,6 @@ from shardlake.errors import ConflictError
 from shardlake.keysets import create_keyset, load_keyset
 from shardlake.layout import ROOT_MARKER
 from shardlake.lifecycle import export_npz, export_version, remove, scrub
-from shardlake.pack import pack
 from shardlake.store import Store, open_store
 from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
@@ -24,16 +24,7 @@ from shardlake.versions import read_root_marker, read_state
 
 def _packed(location: StoreLocation, src: Path) -> Store:
     synth_corpus(src, 2, 3, seed=41, neighbors=2, lanes=4, format="nuplan")
-    pack(
-        str(src),
-        location.url,
-        tag="v1",
-        workers=1,
-        executor="inline",
-        shard_size=40_000,
-        storage_options=location.storage_options,
-    )
-    return open_store(location.url, location.storage_options)
+    return pack_small(location, src)
 
 
 def _data_objects(store: Store) -> dict[str, bytes]:

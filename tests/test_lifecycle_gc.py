@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
@@ -19,7 +20,6 @@ from shardlake.layout import COMMITS_DIR, ROOT_MARKER, commit_key
 from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
-from shardlake.pack import pack
 from shardlake.store import Store, open_store
 from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
@@ -27,16 +27,7 @@ from shardlake.versions import load_version, read_commit, read_state
 
 
 def _pack(location: StoreLocation, src: Path, tag: str, **kw: object) -> None:
-    pack(
-        str(src),
-        location.url,
-        tag=tag,
-        workers=1,
-        executor="inline",
-        shard_size=40_000,
-        storage_options=location.storage_options,
-        **kw,  # type: ignore[arg-type]
-    )
+    pack_small(location, src, tag=tag, **kw)
 
 
 def _expected_garbage(store: Store, live: list[str]) -> set[str]:

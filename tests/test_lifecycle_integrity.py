@@ -7,28 +7,19 @@ import shutil
 from pathlib import Path
 
 import pytest
+from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.lifecycle import scrub, verify_offsets, verify_source
-from shardlake.pack import pack
-from shardlake.store import Store, open_store
+from shardlake.store import Store
 from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 
 
 def _packed(location: StoreLocation, src: Path, **synth: object) -> Store:
     synth_corpus(src, 3, 4, seed=31, neighbors=2, lanes=4, **synth)  # type: ignore[arg-type]
-    pack(
-        str(src),
-        location.url,
-        tag="v1",
-        workers=1,
-        executor="inline",
-        shard_size=40_000,
-        storage_options=location.storage_options,
-    )
-    return open_store(location.url, location.storage_options)
+    return pack_small(location, src)
 
 
 def _first_row(store: Store) -> tuple[dict, dict, str]:  # type: ignore[type-arg]

@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from lifecycle_support import pack_small
 
 from shardlake.access import get
 from shardlake.cli.main import main
@@ -23,15 +24,7 @@ from shardlake.versions import list_versions, read_state
 def _packed(location: StoreLocation, src: Path, tag: str = "v1") -> list[str]:
     if not src.exists():
         synth_corpus(src, 3, 4, seed=3, neighbors=2, lanes=4)
-    pack(
-        str(src),
-        location.url,
-        tag=tag,
-        workers=1,
-        executor="inline",
-        shard_size=40_000,
-        storage_options=location.storage_options,
-    )
+    pack_small(location, src, tag=tag)
     ds = open_dataset(location.url, tag, storage_options=location.storage_options)
     return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
 

@@ -7,27 +7,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from lifecycle_support import pack_small
 
 from shardlake.access import get, iter_samples, load_npz, locate, npz_bytes, query, sidecar_of
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
-from shardlake.pack import pack
 from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 
 
 def _packed(location: StoreLocation, src: Path, **synth: object) -> None:
     synth_corpus(src, 2, 3, seed=5, neighbors=2, lanes=4, **synth)  # type: ignore[arg-type]
-    pack(
-        str(src),
-        location.url,
-        tag="v1",
-        workers=1,
-        executor="inline",
-        shard_size=40_000,
-        storage_options=location.storage_options,
-    )
+    pack_small(location, src)
 
 
 def _source_arrays(src: Path, key: str) -> dict[str, np.ndarray]:

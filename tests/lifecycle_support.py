@@ -1,0 +1,27 @@
+"""Shared helpers for the dataset/lifecycle tests: pack a tiny corpus into any store location."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from shardlake.pack import pack
+from shardlake.store import Store
+from shardlake.testing.fixtures import StoreLocation
+
+SMALL_SHARD = 40_000  # several shards per partition even for tiny frames
+
+
+def pack_small(location: StoreLocation, src: Path, tag: str = "v1", **options: Any) -> Store:
+    """Pack ``src`` into ``location`` in-process with small shards; return the opened store."""
+    pack(
+        str(src),
+        location.url,
+        tag=tag,
+        workers=1,
+        executor="inline",
+        shard_size=SMALL_SHARD,
+        storage_options=location.storage_options,
+        **options,
+    )
+    return location.open()
