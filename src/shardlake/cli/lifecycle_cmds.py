@@ -171,8 +171,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     verb = "would delete" if args.dry_run else "deleted"
     for info in report.garbage:
         print(f"{verb} {info.key} ({info.size} bytes)")
-    for path in report.temp_files:
-        print(f"{verb} staging leftover {path}")
+    for leftover in report.leftovers:
+        print(f"{verb} staging leftover {leftover.path}")
     print(
         f"{verb} {len(report.garbage)} object(s), {human_bytes(report.garbage_bytes)}"
         f" ({report.garbage_bytes} bytes); kept {len(report.young)} unreferenced object(s) "

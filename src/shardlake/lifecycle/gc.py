@@ -2,7 +2,8 @@
 
 Garbage is anything under ``data/`` and ``versions/`` outside the closure of the live versions
 (and of versions a keyset is bound to, retired or not), other unknown objects in the root, and
-abandoned local temp files (``.shardlake-tmp-*``) of killed writers. The root marker, the commit
+staging left by killed writers (local ``.shardlake-tmp-*`` files, unfinished S3 multipart
+uploads; see :meth:`Store.leftovers`). The root marker, the commit
 log, keysets and the capability-probe area are never touched.
 
 Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock there is):
@@ -27,7 +28,6 @@ Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock
 
 from __future__ import annotations
 
-import os
 import re
 import time
 import uuid
@@ -37,7 +37,7 @@ from typing import Any
 from ..errors import ConflictError, IntegrityError, KeyNotFoundError, UsageError
 from ..keysets import list_keysets, referenced_versions
 from ..layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
-from ..store import ObjectInfo, Store, open_store
+from ..store import Leftover, ObjectInfo, Store, open_store
 from ..versions import RootState, _commit, load_version_by_hash, read_state
 from .common import version_closure
 
@@ -46,7 +46,6 @@ DEFAULT_GRACE_S = 6 * 3600.0
 LOCK_TTL_S = 3600.0
 LOCK_MARGIN_S = 120.0
 _KEEP_PREFIXES = (COMMITS_DIR + "/", KEYSETS_DIR + "/", PROBE_DIR + "/")
-_TEMP_PREFIX = ".shardlake-tmp-"
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 FENCE_ATTEMPTS = 5
@@ -68,7 +67,8 @@ class GcReport:
     referenced: int = 0
     garbage: list[ObjectInfo] = field(default_factory=list)  # deleted (or would be)
     young: list[ObjectInfo] = field(default_factory=list)  # unreferenced but within grace
-    temp_files: list[str] = field(default_factory=list)  # local staging leftovers removed
+    # staging of killed writers (local temp files, unfinished multipart uploads) removed
+    leftovers: list[Leftover] = field(default_factory=list)
     incomplete: bool = False  # stopped before its lock expired; run gc again
 
     @property
@@ -88,7 +88,7 @@ class GcReport:
             "bytes": self.garbage_bytes,
             "kept_young": len(self.young),
             "kept_young_bytes": sum(o.size for o in self.young),
-            "temp_files": self.temp_files,
+            "leftovers": [item.path for item in self.leftovers],
             "incomplete": self.incomplete,
         }
 
@@ -120,22 +120,6 @@ def _delete_order(info: ObjectInfo) -> tuple[int, str]:
     return (0 if first else 1, info.key)
 
 
-def _local_temp_files(store: Store, cutoff: float) -> list[str]:
-    if store.protocol not in ("file", "local"):
-        return []
-    out = []
-    for dirpath, _dirs, files in os.walk(store.root):
-        for name in files:
-            if name.startswith(_TEMP_PREFIX):
-                path = os.path.join(dirpath, name)
-                try:
-                    if os.stat(path).st_mtime < cutoff:
-                        out.append(path)
-                except FileNotFoundError:
-                    continue
-    return sorted(out)
-
-
 def collect_garbage(
     url: str | Store,
     *,
@@ -162,11 +146,11 @@ def collect_garbage(
                 report.young.append(info)
             else:
                 report.garbage.append(info)
-        temp_files = _local_temp_files(store, cutoff)
+        leftovers = store.leftovers(older_than=cutoff)
         if dry_run:
-            report.temp_files = temp_files
+            report.leftovers = leftovers
             return report
-        if not report.garbage and not temp_files:
+        if not report.garbage and not leftovers:
             return report
         if state.gc_locked():
             raise ConflictError(
@@ -202,12 +186,9 @@ def collect_garbage(
                 continue
             store.delete(info.key)
             deleted.add(info.key)
-        for path in temp_files:
-            try:
-                os.unlink(path)
-                report.temp_files.append(path)
-            except FileNotFoundError:
-                pass
+        for leftover in leftovers:
+            store.discard_leftover(leftover)
+            report.leftovers.append(leftover)
     finally:
         _unlock(store, lock)
     report.garbage = [info for info in report.garbage if info.key in deleted]

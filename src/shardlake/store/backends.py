@@ -8,6 +8,7 @@ retries and translates errors.  Ranges handed to a backend are never empty (``en
 
 from __future__ import annotations
 
+import builtins
 import errno
 import io
 import os
@@ -15,6 +16,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, BinaryIO
 
@@ -24,6 +26,15 @@ from ..errors import CapabilityError, InvalidURLError, UsageError
 from .keys import TEMP_PREFIX
 
 Entry = tuple[str, int, "float | None"]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Staging a killed writer left behind: a local temp file or an unfinished multipart upload."""
+
+    path: str
+    started: float | None  # seconds since the epoch, None where unknown
+    upload_id: str | None = None
 
 
 def is_unsatisfiable_range(exc: BaseException) -> bool:
@@ -53,6 +64,13 @@ class Backend:
     def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
         self.fs = fs
         self.root = root
+
+    def leftovers(self, prefix_path: str) -> list[Leftover]:
+        """Staging left by killed streaming writers under ``prefix_path`` (none by default)."""
+        return []
+
+    def discard_leftover(self, leftover: Leftover) -> None:
+        raise NotImplementedError(f"{type(self).__name__} leaves no staging behind")
 
     def _fresh(self, path: str | None = None) -> None:
         """Drop cached listings so a check sees what other writers did since."""
@@ -237,6 +255,21 @@ class LocalBackend(Backend):
                     continue
                 out.append((full, st.st_size, st.st_mtime))
         return out
+
+    def leftovers(self, prefix_path: str) -> builtins.list[Leftover]:
+        out: builtins.list[Leftover] = []
+        for dirpath, _dirs, files in os.walk(prefix_path.rstrip("/") or "/"):
+            for name in files:
+                if name.startswith(TEMP_PREFIX):
+                    path = os.path.join(dirpath, name)
+                    try:
+                        out.append(Leftover(path, os.stat(path).st_mtime))
+                    except FileNotFoundError:  # its writer finished meanwhile
+                        continue
+        return sorted(out, key=lambda item: item.path)
+
+    def discard_leftover(self, leftover: Leftover) -> None:
+        _unlink_quietly(leftover.path)
 
     def _temp_path(self, path: str) -> str:
         directory, name = os.path.split(path)
@@ -423,7 +456,33 @@ class S3Backend(_BucketBackend):
 
     Streaming writes use a multipart upload (parts of ``default_block_size``, >= 5 MiB),
     completed at close and aborted on error; objects smaller than one part are a single PUT.
+    A SIGKILLed writer cannot abort: its upload is found by :meth:`leftovers` (gc aborts it).
     """
+
+    def leftovers(self, prefix_path: str) -> list[Leftover]:
+        bucket, _, prefix = prefix_path.partition("/")
+        out: list[Leftover] = []
+        markers: dict[str, str] = {}
+        while True:
+            page = self.fs.call_s3(
+                "list_multipart_uploads", Bucket=bucket, Prefix=prefix, **markers
+            )
+            for upload in page.get("Uploads", []) or []:
+                started = upload.get("Initiated")
+                when = started.timestamp() if hasattr(started, "timestamp") else None
+                out.append(Leftover(f"{bucket}/{upload['Key']}", when, upload["UploadId"]))
+            if not page.get("IsTruncated"):
+                return out
+            markers = {
+                "KeyMarker": page["NextKeyMarker"],
+                "UploadIdMarker": page["NextUploadIdMarker"],
+            }
+
+    def discard_leftover(self, leftover: Leftover) -> None:
+        bucket, _, key = leftover.path.partition("/")
+        self.fs.call_s3(
+            "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=leftover.upload_id
+        )
 
 
 class GCSBackend(_BucketBackend):

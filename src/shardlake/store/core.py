@@ -7,6 +7,7 @@ when complete) differ per backend; :mod:`shardlake.store.backends` implements th
 
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 import threading
@@ -18,7 +19,7 @@ from typing import Any, BinaryIO, TypeVar
 import fsspec
 
 from ..errors import CapabilityError, StoreError, UsageError
-from .backends import Backend, is_already_exists, make_backend
+from .backends import Backend, Leftover, is_already_exists, make_backend
 from .errors import translate_error
 from .keys import check_key, check_prefix
 from .retry import RetryPolicy, call_with_retry
@@ -288,6 +289,17 @@ class Store:
         """Delete ``key``; a missing key is not an error."""
         path = self.path(key)
         self._call("delete", key, lambda: self.backend.delete(path))
+
+    def leftovers(self, older_than: float) -> builtins.list[Leftover]:
+        """Staging of killed streaming writers under this root, started before ``older_than``
+        (epoch seconds): local temp files, unfinished S3 multipart uploads. Never visible as keys.
+        """
+        found = self._call("leftovers", ".", lambda: self.backend.leftovers(self.root + "/"))
+        return [item for item in found if item.started is not None and item.started < older_than]
+
+    def discard_leftover(self, leftover: Leftover) -> None:
+        """Remove one leftover (unlink the temp file, abort the multipart upload)."""
+        self._call("discard_leftover", ".", lambda: self.backend.discard_leftover(leftover))
 
     def copy_to(self, dest: Store, key: str, dest_key: str | None = None) -> None:
         """Copy ``key`` to ``dest`` (any backend), streaming; atomic at the destination."""
