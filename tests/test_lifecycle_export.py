@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
-from shardlake.access import get, load_npz
+from shardlake.access import load_npz
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError
@@ -62,7 +62,7 @@ def test_round_trip_local_s3_local_is_byte_identical(
     assert ds.version.hash == open_dataset(src, "v2").version.hash
     src_v2 = open_dataset(src, "v2")
     for key in keys[1:3]:
-        a, b = get(ds, key), get(src_v2, key)
+        a, b = ds.get(key), src_v2.get(key)
         assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
     assert load_keyset(back_store, "val").keys == keys[1:]
     assert scrub(back_store).ok
@@ -182,6 +182,6 @@ def test_export_s3_to_gcs_loads(
     assert "exported v1" in capsys.readouterr().out
     ds = open_dataset(gcs.url, storage_options=gcs.storage_options)
     key = ds.manifests(columns=["key"]).column("key")[0].as_py()
-    a, b = get(ds, key), get(open_dataset(src), key)
+    a, b = ds.get(key), open_dataset(src).get(key)
     assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
     assert scrub(gcs.open()).ok

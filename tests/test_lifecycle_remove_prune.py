@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
-from shardlake.access import get
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
@@ -53,7 +52,7 @@ def test_remove_samples_partitions_and_where_via_cli(
     v2 = open_dataset(root, "v2", storage_options=opts)
     remaining = set(v2.manifests(columns=["key"]).column("key").to_pylist())
     assert remaining == set(keys) - {keys[0], keys[5]}
-    assert get(v2, keys[1]).keys() == get(v1, keys[1]).keys()
+    assert v2.get(keys[1]).keys() == v1.get(keys[1]).keys()
     assert verify_offsets(root, "v2", storage_options=opts).ok
     assert scrub(root, "v2", storage_options=opts).ok
     # Other versions untouched.

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from lifecycle_support import pack_small
 
-from shardlake.access import get, iter_samples, load_npz, locate, npz_bytes, query, sidecar_of
+from shardlake.access import load_npz, npz_bytes, query, sidecar_of
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
@@ -44,8 +44,8 @@ def test_query_get_iterate_on_every_backend(store_location: StoreLocation, tmp_p
     keys = sorted(query(ds, None, ["key"]).column("key").to_pylist())
     assert len(keys) == 6
     for key in keys[:2]:
-        _assert_same(get(ds, key), _source_arrays(src, key))
-    got = dict(iter_samples(ds, keys, batch_bytes=1))  # one batch per sample
+        _assert_same(ds.get(key), _source_arrays(src, key))
+    got = dict(ds.iter_samples(keys, batch_bytes=1))  # one batch per sample
     assert list(got) == keys
     for key in keys:
         _assert_same(got[key], _source_arrays(src, key))
@@ -65,9 +65,9 @@ def test_get_reads_one_range_and_rebuilds_sidecar(tmp_path: Path) -> None:
         return original(k, start, end)
 
     ds.store.read_range = spy  # type: ignore[method-assign]
-    _assert_same(get(ds, key), _source_arrays(src, key))
+    _assert_same(ds.get(key), _source_arrays(src, key))
     assert len(calls) == 1 and calls[0][0].endswith(".tar")
-    row = locate(ds, key)
+    row = ds.locate(key)
     assert sidecar_of(row) == json.loads((src / f"{key}.json").read_text())
 
 
@@ -124,7 +124,7 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     root = location.url
     ds = open_dataset(root)
     with pytest.raises(NotFoundError, match="no sample"):
-        get(ds, "nope/nothing")
+        ds.get("nope/nothing")
     with pytest.raises(VersionNotFoundError):
         open_dataset(root, "v9")
     with pytest.raises(SelectionError):

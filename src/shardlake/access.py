@@ -1,8 +1,8 @@
 """Random access without a DataLoader: sandboxed queries, single samples, key lists, npz output.
 
-Built on :class:`shardlake.dataset.Dataset`; adds what the CLI (``query``, ``get``) and the
-lifecycle commands need: a fast key lookup that reads only the manifest of the partition a key
-can belong to, batched payload reads, bit-exact npz writing and sidecar reconstruction.
+Built on :class:`shardlake.dataset.Dataset` (key lookup, batched payload reads); adds what the
+CLI (``query``, ``get``) and the lifecycle commands need: sandboxed queries, bit-exact npz
+writing and sidecar reconstruction.
 """
 
 from __future__ import annotations
@@ -10,85 +10,23 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from . import sql
-from .codec import Decoder, check_payload
 from .dataset import Dataset
 from .errors import NotFoundError
 from .manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
 
 Arrays = dict[str, np.ndarray[Any, Any]]
-# Payload bytes fetched per batched read (bounded memory for scrub/verify/export).
-BATCH_BYTES = 64 * 2**20
 
 
 def query(ds: Dataset, where: str | None, columns: Sequence[str] | None = None) -> pa.Table:
     """Manifest rows of ``ds`` satisfying the sandboxed ``where`` (see :mod:`shardlake.sql`)."""
     return sql.select(ds.manifests(), where, columns)
-
-
-def locate(ds: Dataset, key: str) -> dict[str, Any]:
-    """The manifest row of ``key``, reading only the manifests of partitions it can belong to.
-
-    A key is its source path without ``.npz``, so it starts with its partition's path; the full
-    key index is the fallback for partition rules that do not nest that way.
-    """
-    for entry in ds.partitions:
-        path = str(entry.get("path") or "")
-        if path and key.startswith(path.rstrip("/") + "/"):
-            table = ds.manifest(entry["id"])
-            rows = table.filter(pa.compute.equal(table.column("key"), key))
-            if rows.num_rows:
-                return {name: rows.column(name)[0].as_py() for name in rows.column_names}
-    return ds.locate(key)
-
-
-def get(ds: Dataset, key: str) -> Arrays:
-    """Sample ``key``'s arrays by one ranged read, checked against the manifest's CRC-32."""
-    row = locate(ds, key)
-    payload = ds.read_payload(row)
-    return Decoder().decode(payload, f"{ds.store.url} key {key!r}")
-
-
-def iter_rows(ds: Dataset, keys: Iterable[str]) -> Iterator[dict[str, Any]]:
-    """Manifest rows for ``keys`` in order; :class:`NotFoundError` names the first unknown key."""
-    for key in keys:
-        yield locate(ds, key)
-
-
-def iter_samples(
-    ds: Dataset, keys: Iterable[str], *, batch_bytes: int = BATCH_BYTES
-) -> Iterator[tuple[str, Arrays]]:
-    """``(key, arrays)`` for a key list, fetching payloads in batched multi-range reads."""
-    decoder = Decoder()
-    batch: list[dict[str, Any]] = []
-    size = 0
-
-    def flush() -> Iterator[tuple[str, Arrays]]:
-        ranges = [
-            (ds.shard_key(r["partition"], r["shard"]), r["offset"], r["offset"] + r["size"])
-            for r in batch
-        ]
-        for row, (shard, start, _), payload in zip(
-            batch, ranges, ds.store.read_ranges(ranges), strict=True
-        ):
-            where = f"{ds.store.key_url(shard)} key {row['key']!r} offset {start}"
-            check_payload(payload, int(row["crc32"]), where)
-            yield row["key"], decoder.decode(payload, where)
-
-    for row in iter_rows(ds, keys):
-        batch.append(row)
-        size += int(row["size"])
-        if size >= batch_bytes:
-            yield from flush()
-            batch, size = [], 0
-    if batch:
-        yield from flush()
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray[Any, Any]], *, compress: bool = True) -> bytes:

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .codec import Decoder, check_payload
 from .errors import FormatError, NotFoundError
@@ -17,6 +18,8 @@ from .store import Store, open_store
 from .versions import Version, load_version
 
 _MANIFEST_READERS = 16
+# Payload bytes fetched per batched read in iter_samples (bounds memory).
+BATCH_BYTES = 64 * 2**20
 
 
 class Dataset:
@@ -102,7 +105,19 @@ class Dataset:
         return self._key_index
 
     def locate(self, key: str) -> dict[str, Any]:
-        """The manifest row of ``key`` as a dict (core and sidecar columns)."""
+        """The manifest row of ``key`` as a dict (core and sidecar columns).
+
+        A key is its source path without ``.npz``, so it starts with its partition's path: only
+        that partition's manifest is read. The full key index is the fallback for partition rules
+        that do not nest that way.
+        """
+        for entry in self.partitions:
+            path = str(entry.get("path") or "")
+            if path and key.startswith(path.rstrip("/") + "/"):
+                table = self.manifest(entry["id"])
+                rows = table.filter(pc.equal(table.column("key"), key))
+                if rows.num_rows:
+                    return {name: rows.column(name)[0].as_py() for name in rows.column_names}
         try:
             pid, row = self._index()[key]
         except KeyError:
@@ -130,10 +145,33 @@ class Dataset:
         return self._decoder.decode(self.read_payload(row), f"{self.store.url} key {key!r}")
 
     def iter_samples(
-        self, keys: Iterable[str]
+        self, keys: Iterable[str], *, batch_bytes: int = BATCH_BYTES
     ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
+        """``(key, arrays)`` for a key list, fetching payloads in batched multi-range reads."""
+        batch: list[dict[str, Any]] = []
+        size = 0
         for key in keys:
-            yield key, self.get(key)
+            row = self.locate(key)
+            batch.append(row)
+            size += int(row["size"])
+            if size >= batch_bytes:
+                yield from self._fetch(batch)
+                batch, size = [], 0
+        if batch:
+            yield from self._fetch(batch)
+
+    def _fetch(
+        self, rows: list[dict[str, Any]]
+    ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
+        ranges = [
+            (self.shard_key(r["partition"], r["shard"]), r["offset"], r["offset"] + r["size"])
+            for r in rows
+        ]
+        payloads = self.store.read_ranges(ranges)
+        for row, (shard, start, _), payload in zip(rows, ranges, payloads, strict=True):
+            where = f"{self.store.key_url(shard)} key {row['key']!r} offset {start}"
+            check_payload(payload, int(row["crc32"]), where)
+            yield row["key"], self._decoder.decode(payload, where)
 
 
 def open_dataset(

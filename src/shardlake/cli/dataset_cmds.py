@@ -137,7 +137,7 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    from ..access import iter_samples, locate, npz_bytes, sidecar_json
+    from ..access import npz_bytes, sidecar_json
     from ..dataset import open_dataset
     from ..errors import UsageError
     from ..keysets import read_key_file
@@ -151,9 +151,9 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.out and len(keys) != 1:
         raise UsageError("--out writes one sample; use --out-dir for several keys")
     ds = open_dataset(args.root, args.tag)
-    rows = {key: locate(ds, key) for key in keys}  # every key checked before anything is written
+    rows = {key: ds.locate(key) for key in keys}  # every key checked before anything is written
     described: list[dict[str, Any]] = []
-    for key, arrays in iter_samples(ds, keys):
+    for key, arrays in ds.iter_samples(keys):
         if args.out:
             _write_file(args.out, npz_bytes(arrays))
         if args.out_dir:
