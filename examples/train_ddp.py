@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import sys
 import time
 from collections.abc import Iterable
@@ -58,6 +57,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from shardlake.localhost import use_loopback_for_ddp
 
 INPUTS = ("ego_agent_past", "ego_current_state")
 TARGET = "ego_agent_future"
@@ -355,30 +356,12 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _pin_loopback() -> None:
-    """All spawned ranks are on this machine: keep gloo on the loopback interface (by default it
-    binds to whatever address the host name resolves to)."""
-    names = {name for _, name in socket.if_nameindex()}
-    for lo in ("lo", "lo0"):
-        if lo in names:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-            return
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # launched by torchrun
         run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), args)
         return 0
-    _pin_loopback()
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(_free_port())
+    use_loopback_for_ddp()
     import torch.multiprocessing as mp
 
     mp.spawn(run_rank, args=(args.nproc, args), nprocs=args.nproc, join=True)

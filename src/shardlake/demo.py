@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .errors import UsageError
+from .localhost import use_loopback_for_ddp
 
 STORES = ("local", "s3")
 
@@ -235,35 +236,13 @@ def _run(
 # --- training -----------------------------------------------------------------------------------
 
 
-def _pin_loopback() -> None:
-    """Keep gloo on the loopback interface: all ranks are on this machine, and gloo otherwise
-    binds to whatever address the host name resolves to."""
-    import socket
-
-    names = {name for _, name in socket.if_nameindex()}
-    for lo in ("lo", "lo0"):
-        if lo in names:
-            os.environ.setdefault("GLOO_SOCKET_IFNAME", lo)
-            return
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _train(
     cfg: DemoConfig, root: str, so: dict[str, Any] | None, n_valid: int, say: _Say
 ) -> dict[str, Any]:
     import torch.multiprocessing as mp
 
     results = Path(tempfile.mkdtemp(prefix="shardlake-demo-train-"))
-    _pin_loopback()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(_free_port())
+    use_loopback_for_ddp()
     say(
         f"5. training: {cfg.nproc} DDP ranks (gloo) × {cfg.steps} steps × batch {cfg.batch_size}, "
         f"{cfg.num_workers} loader worker(s) per rank, keyset train-v2 of v2"

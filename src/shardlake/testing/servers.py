@@ -27,7 +27,6 @@ import contextlib
 import json
 import logging
 import os
-import socket
 import subprocess
 import tempfile
 import time
@@ -38,7 +37,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-LOOPBACK = "127.0.0.1"
+from ..localhost import LOOPBACK, free_port
+
 DEFAULT_BUCKET = "shardlake-test"
 # The smallest part size S3 accepts (all parts but the last); small keeps multipart tests cheap.
 S3_TEST_BLOCK_SIZE = 5 * 2**20
@@ -158,12 +158,6 @@ def _quiet_request_logs() -> None:
         logger.setLevel(logging.WARNING)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((LOOPBACK, 0))
-        return int(sock.getsockname()[1])
-
-
 def _http(
     url: str, *, method: str = "GET", body: bytes | None = None, timeout: float = 5.0
 ) -> bytes:
@@ -199,7 +193,7 @@ def fake_gcs_server(
     with tempfile.TemporaryDirectory(prefix="shardlake-fake-gcs-") as workdir:
         log_path = os.path.join(workdir, "server.log")
         for _attempt in range(3):  # the free port can be taken before the server binds it
-            port = _free_port()
+            port = free_port()
             endpoint = f"http://{LOOPBACK}:{port}"
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(
