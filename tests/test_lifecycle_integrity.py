@@ -11,6 +11,7 @@ from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
+from shardlake.errors import FormatError
 from shardlake.lifecycle import scrub, verify_offsets, verify_source
 from shardlake.store import Store
 from shardlake.synth import synth_corpus
@@ -109,6 +110,10 @@ def test_swapped_manifests_are_caught(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["verify-offsets", location.url]) == 1
     err = capsys.readouterr().err
     assert a["manifest"] in err and b["manifest"] in err
+    # The read path refuses the swapped manifest too, naming it and the mismatch.
+    with pytest.raises(FormatError, match="does not match the version entry") as info:
+        open_dataset(store).manifest(a["id"])
+    assert a["manifest"] in str(info.value)
 
 
 def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .codec import Decoder, check_payload
 from .errors import FormatError, NotFoundError
-from .manifest import read_manifest
+from .manifest import entry_mismatches, read_manifest
 from .store import Store, open_store
 from .versions import Version, load_version
 
@@ -59,20 +59,11 @@ class Dataset:
             return cached
         entry = self.partition(pid)
         table, meta = read_manifest(self.store, entry["manifest"])
-        where = self.store.key_url(entry["manifest"])
-        if (
-            meta.partition_id != pid
-            or meta.manifest_rev != entry["manifest_rev"]
-            or meta.data_rev != entry["data_rev"]
-        ):
+        problems = entry_mismatches(entry, table, meta)
+        if problems:
             raise FormatError(
-                f"{where}: manifest belongs to partition {meta.partition_id} revision "
-                f"{meta.data_rev}/{meta.manifest_rev}, but version {self.version.tag!r} expects "
-                f"{pid} {entry['data_rev']}/{entry['manifest_rev']}"
-            )
-        if table.num_rows != int(entry["samples"]):
-            raise FormatError(
-                f"{where}: {table.num_rows} rows, version says {entry['samples']} samples"
+                f"{self.store.key_url(entry['manifest'])}: version {self.version.tag!r}: "
+                + "; ".join(problems)
             )
         with self._lock:
             self._manifests[pid] = table

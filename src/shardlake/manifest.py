@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .errors import FormatError, KeyNotFoundError, SourceError
@@ -148,3 +149,35 @@ def read_manifest(store: Store, key: str) -> tuple[pa.Table, ManifestMeta]:
     except KeyNotFoundError as exc:
         raise FormatError(f"{store.key_url(key)}: manifest is missing") from exc
     return parse_manifest(data, store.key_url(key))
+
+
+METADATA_MISMATCH = "manifest metadata does not match the version entry"
+
+
+def entry_mismatches(entry: Mapping[str, Any], table: pa.Table, meta: ManifestMeta) -> list[str]:
+    """What is wrong with a manifest against the version entry naming it (metadata first).
+
+    Catches a manifest swapped in from another partition or build; empty when it matches.
+    """
+    pid = entry["id"]
+    expect = {
+        "partition_id": (meta.partition_id, pid),
+        "partition_path": (meta.partition_path, entry.get("path", meta.partition_path)),
+        "data_rev": (meta.data_rev, entry["data_rev"]),
+        "meta_rev": (meta.meta_rev, entry.get("meta_rev", meta.meta_rev)),
+        "manifest_rev": (meta.manifest_rev, entry["manifest_rev"]),
+    }
+    wrong = [
+        f"{name} {got!r} (version says {want!r})"
+        for name, (got, want) in expect.items()
+        if got != want
+    ]
+    if wrong:
+        return [f"{METADATA_MISMATCH}: " + "; ".join(wrong)]
+    out = []
+    if table.num_rows != int(entry["samples"]):
+        out.append(f"{table.num_rows} rows, version says {entry['samples']} samples")
+    others = set(pc.unique(table.column("partition")).to_pylist()) - {pid}
+    if others:
+        out.append(f"rows name other partition(s) {sorted(others)}")
+    return out

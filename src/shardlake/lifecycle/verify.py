@@ -18,13 +18,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
-
 from ..access import load_npz
 from ..codec import Decoder, arrays_equal_exact
 from ..errors import FormatError, IntegrityError, KeyNotFoundError, ShardlakeError, SourceError
 from ..layout import member_name
-from ..manifest import ManifestMeta, read_manifest
+from ..manifest import METADATA_MISMATCH, entry_mismatches, read_manifest
 from ..store import Store, open_store
 from ..tarshard import iter_members
 from ..versions import load_version
@@ -304,9 +302,9 @@ def verify_offsets(
         except FormatError as exc:
             report.problems.append(Problem(pid, murl, None, None, str(exc).split(": ", 1)[-1]))
             continue
-        problems = _check_manifest(entry, table, meta)
+        problems = entry_mismatches(entry, table, meta)
         report.problems.extend(Problem(pid, murl, None, None, message) for message in problems)
-        if problems and problems[0].startswith(_METADATA_MISMATCH):
+        if problems and problems[0].startswith(METADATA_MISMATCH):
             continue
         groups = rows_by_shard(table)
         for index in sorted(set(groups) - set(range(len(entry["shards"])))):
@@ -327,35 +325,6 @@ def verify_offsets(
             report.problems.extend(_check_shard(store, pid, shard, rows))
     bar.close()
     return report
-
-
-_METADATA_MISMATCH = "manifest metadata does not match the version entry"
-
-
-def _check_manifest(entry: dict[str, Any], table: pa.Table, meta: ManifestMeta) -> list[str]:
-    """What is wrong with a manifest against the version entry naming it (metadata first)."""
-    pid = entry["id"]
-    expect = {
-        "partition_id": (meta.partition_id, pid),
-        "partition_path": (meta.partition_path, entry.get("path", meta.partition_path)),
-        "data_rev": (meta.data_rev, entry["data_rev"]),
-        "meta_rev": (meta.meta_rev, entry.get("meta_rev", meta.meta_rev)),
-        "manifest_rev": (meta.manifest_rev, entry["manifest_rev"]),
-    }
-    wrong = [
-        f"{name} {got!r} (version says {want!r})"
-        for name, (got, want) in expect.items()
-        if got != want
-    ]
-    if wrong:
-        return [f"{_METADATA_MISMATCH}: " + "; ".join(wrong)]
-    out = []
-    if table.num_rows != int(entry["samples"]):
-        out.append(f"{table.num_rows} rows, version says {entry['samples']} samples")
-    others = set(table.column("partition").to_pylist()) - {pid}
-    if others:
-        out.append(f"rows name other partition(s) {sorted(others)}")
-    return out
 
 
 def _check_shard(
