@@ -25,15 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from shardlake.bench.pack import stage_costs
+from shardlake.tools.bench.pack import stage_costs
 
 
 def _wds_partition(args: tuple[str, list[str], str, int, int]) -> tuple[int, int]:
     """Baseline worker: read npz, encode like shardlake, write with webdataset.ShardWriter."""
     import webdataset as wds
 
-    from shardlake.codec import Encoder
-    from shardlake.layout import escape_member_key
+    from shardlake.format.codec import Encoder
+    from shardlake.format.layout import escape_member_key
     from shardlake.pack.build import load_npz
 
     root, keys, out_dir, level, shard_size = args
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="where to put corpus and outputs (default: a temp dir)")
     args = parser.parse_args(argv)
 
-    from shardlake.synth import synth_corpus
+    from shardlake.tools.synth import synth_corpus
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="shardlake-bench-"))
     src = work / "src"

@@ -58,7 +58,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from shardlake.localhost import use_loopback_for_ddp
+from shardlake.tools.localhost import use_loopback_for_ddp
 
 INPUTS = ("ego_agent_past", "ego_current_state")
 TARGET = "ego_agent_future"

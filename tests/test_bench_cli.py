@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from shardlake.bench.costmodel import (
+from shardlake.errors import UsageError
+from shardlake.tools.bench.costmodel import (
     Calibration,
     extrapolate,
     fit,
     load_partition_sizes,
     makespan,
 )
-from shardlake.errors import UsageError
 
 CLI = [sys.executable, "-m", "shardlake.cli.main"]
 
@@ -134,7 +134,7 @@ def test_bench_pack_refuses_a_bad_corpus_table_before_calibrating(tmp_path: Path
 @pytest.mark.parametrize("store_kind", ["local", "s3"])
 def test_bench_load_reports_throughput_bytes_and_mixing(store_location, tmp_path: Path):
     from shardlake.pack import pack
-    from shardlake.synth import synth_corpus
+    from shardlake.tools.synth import synth_corpus
 
     src = synth_corpus(tmp_path / "src", 3, 12, seed=5, neighbors=4, lanes=4)
     pack(src.root, store_location.url, tag="v1", workers=1,
@@ -164,7 +164,7 @@ def test_bench_load_reports_throughput_bytes_and_mixing(store_location, tmp_path
 
 def test_mixing_command_shuffled_beats_unshuffled(tmp_path: Path):
     from shardlake.pack import pack
-    from shardlake.synth import synth_corpus
+    from shardlake.tools.synth import synth_corpus
 
     src = synth_corpus(tmp_path / "src", 4, 16, seed=2, neighbors=4, lanes=4)
     pack(src.root, str(tmp_path / "root"), tag="v1", workers=1)

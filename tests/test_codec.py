@@ -1,7 +1,8 @@
 import numpy as np
 import pytest
 
-from shardlake.codec import (
+from shardlake.errors import IntegrityError, SourceError
+from shardlake.format.codec import (
     Decoder,
     Encoder,
     arrays_equal_exact,
@@ -9,7 +10,6 @@ from shardlake.codec import (
     payload_checksum,
     to_python_strings,
 )
-from shardlake.errors import IntegrityError, SourceError
 
 ARRAYS = {
     "version": np.array([2], dtype=np.uint32),

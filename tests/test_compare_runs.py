@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardlake.cli.main import main
-from shardlake.compare_runs import ComparisonRefusedError, compare_runs
+from shardlake.tools.compare_runs import ComparisonRefusedError, compare_runs
 
 ARGS = {
     "epochs": 8,

@@ -11,12 +11,12 @@ from lifecycle_support import pack_small
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
+from shardlake.format.layout import keyset_key
 from shardlake.keysets import create_keyset, load_keyset, parse_key_list
-from shardlake.layout import keyset_key
 from shardlake.lifecycle import remove
 from shardlake.store import open_store
-from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
+from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path) -> list[str]:

@@ -13,12 +13,12 @@ from shardlake.access import load_npz
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError
+from shardlake.format.layout import ROOT_MARKER
 from shardlake.keysets import create_keyset, load_keyset
-from shardlake.layout import ROOT_MARKER
 from shardlake.lifecycle import export_npz, export_version, remove, scrub
 from shardlake.store import Store, open_store
-from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
+from shardlake.tools.synth import synth_corpus
 from shardlake.versions import read_root_marker, read_state
 
 

@@ -15,14 +15,14 @@ from lifecycle_support import pack_small
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
+from shardlake.format.layout import COMMITS_DIR, ROOT_MARKER, commit_key
 from shardlake.keysets import create_keyset
-from shardlake.layout import COMMITS_DIR, ROOT_MARKER, commit_key
 from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.store import Store, open_store
-from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
+from shardlake.tools.synth import synth_corpus
 from shardlake.versions import load_version, read_commit, read_state
 
 

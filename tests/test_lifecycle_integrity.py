@@ -14,8 +14,8 @@ from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError
 from shardlake.lifecycle import scrub, verify_offsets, verify_source
 from shardlake.store import Store
-from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
+from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path, **synth: object) -> Store:
@@ -120,7 +120,7 @@ def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
     """A manifest whose offsets were edited (metadata intact) is caught against the headers."""
     import pyarrow.compute as pc
 
-    from shardlake.manifest import read_manifest, write_manifest
+    from shardlake.format.manifest import read_manifest, write_manifest
 
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")

@@ -15,8 +15,8 @@ from shardlake.errors import ConflictError, NotFoundError, SelectionError, Usage
 from shardlake.lifecycle import prune_versions, remove, scrub, verify_offsets
 from shardlake.pack import pack
 from shardlake.store import open_store
-from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
+from shardlake.tools.synth import synth_corpus
 from shardlake.versions import list_versions, read_state
 
 

@@ -254,7 +254,7 @@ def test_partition_id_collision_is_a_hard_error(
 
 
 def test_failed_build_leaves_no_partial_shard(tmp_path: Path) -> None:
-    from shardlake.layout import partition_id
+    from shardlake.format.layout import partition_id
     from shardlake.pack.build import shuffle_order
 
     keys = [f"log/s{i}" for i in range(6)]

@@ -114,7 +114,7 @@ def test_sidecar_only_change_writes_manifest_only(
     new = {p["path"]: p for p in report.version.partitions}["logB"]
     assert new["data_rev"] == old["data_rev"] and new["shards"] == old["shards"]
     assert new["meta_rev"] != old["meta_rev"]
-    from shardlake.manifest import read_manifest
+    from shardlake.format.manifest import read_manifest
 
     table, _ = read_manifest(store, new["manifest"])
     rows = {r["key"]: r for r in table.to_pylist()}
@@ -209,7 +209,7 @@ def test_require_sidecars(tmp_path: Path) -> None:
         pack(src, store, tag="v1", executor="inline", require_sidecars=True)
     assert store.list("data/") == []  # refused before building anything
     version = pack(src, store, tag="v1", executor="inline")
-    from shardlake.manifest import read_manifest
+    from shardlake.format.manifest import read_manifest
 
     part = {p["path"]: p for p in version.partitions}["logB"]
     table, _ = read_manifest(store, part["manifest"])
@@ -242,11 +242,11 @@ def test_revision_holding_only_a_removal_manifest_is_rebuilt(tmp_path: Path) -> 
 
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", executor="inline", quiet=True)
+    v1 = pack(src, store, tag="v1", executor="inline")
     remove(store, "v2", base="v1", keys=["logA/logA_0"])
     for entry in v1.partitions:  # what gc does once v1 is retired
         store.delete(entry["manifest"])
-    v3 = pack(src, store, tag="v3", executor="inline", quiet=True)
+    v3 = pack(src, store, tag="v3", executor="inline")
     assert v3.samples == v1.samples
     assert sorted(read_all(store, v3)) == sorted(read_all(store, v1))
     assert_consistent(store)

@@ -13,13 +13,13 @@ import pyarrow.parquet as pq
 import pytest
 from test_pack_support import assert_consistent, make_source, read_all, small_frame
 
-from shardlake.codec import arrays_equal_exact
-from shardlake.layout import unescape_member_key
-from shardlake.manifest import read_manifest
+from shardlake.format.codec import arrays_equal_exact
+from shardlake.format.layout import unescape_member_key
+from shardlake.format.manifest import read_manifest
 from shardlake.pack import pack, pack_with_report, verify_sample
 from shardlake.pack.build import load_npz, shuffle_order
 from shardlake.store import open_store
-from shardlake.synth import synth_corpus
+from shardlake.tools.synth import synth_corpus
 
 
 def every_dtype() -> dict[str, Any]:
@@ -68,8 +68,8 @@ def test_every_dtype_round_trips_bit_exactly(tmp_path: Path) -> None:
 
 
 def test_verify_sample_catches_any_difference() -> None:
-    from shardlake.codec import Decoder, Encoder
     from shardlake.errors import IntegrityError
+    from shardlake.format.codec import Decoder, Encoder
 
     arrays = {"x": np.arange(4, dtype=np.float32), "s": np.array("tok")}
     st, payload = Encoder().encode(arrays)
@@ -147,7 +147,7 @@ def test_shards_read_by_tarfile_and_webdataset(tmp_path: Path) -> None:
     )
     samples = list(wds.WebDataset(str(shard_path), shardshuffle=False))
     assert len(samples) == 3  # one sample per key: dots in keys are escaped
-    from shardlake.codec import Decoder
+    from shardlake.format.codec import Decoder
 
     for sample in samples:
         key = unescape_member_key(sample["__key__"])

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from shardlake.codec import Decoder, check_payload
-from shardlake.manifest import read_manifest
+from shardlake.format.codec import Decoder, check_payload
+from shardlake.format.manifest import read_manifest
+from shardlake.format.tar import iter_members
 from shardlake.store import Store
-from shardlake.synth import write_npz
-from shardlake.tarshard import iter_members
+from shardlake.tools.synth import write_npz
 from shardlake.versions import Version, load_version, load_version_by_hash, read_state
 
 

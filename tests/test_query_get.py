@@ -13,8 +13,8 @@ from shardlake.access import load_npz, npz_bytes, query, sidecar_of
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
-from shardlake.synth import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
+from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path, **synth: object) -> None:

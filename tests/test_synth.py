@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardlake.cli.main import main
-from shardlake.synth import synth_corpus
+from shardlake.tools.synth import synth_corpus
 
 V2_ARRAYS = {
     "version": ("<u4", (1,)),

@@ -5,8 +5,8 @@ import tarfile
 import pytest
 
 from shardlake.errors import FormatError
-from shardlake.layout import member_name, unescape_member_key
-from shardlake.tarshard import ShardWriter, iter_members
+from shardlake.format.layout import member_name, unescape_member_key
+from shardlake.format.tar import ShardWriter, iter_members
 
 KEYS = ["log_a/log_a_tok1", "log.b/frame.v2", "x" * 120 + "/long", "uni/é ñ", "pct/100%2E"]
 

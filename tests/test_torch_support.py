@@ -13,9 +13,9 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from shardlake.codec import to_python_strings
+from shardlake.format.codec import to_python_strings
 from shardlake.pack import pack
-from shardlake.synth import synth_corpus
+from shardlake.tools.synth import synth_corpus
 
 
 def make_root(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shardlake.synth import synth_corpus
+from shardlake.tools.synth import synth_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp.py"
@@ -88,7 +88,7 @@ def test_shard_and_npz_paths_train_and_agree(corpus: dict[str, object]):
             assert abs(a[col] - b[col]) <= 0.05 * a[col], (col, a, b)
 
     # compare-runs accepts the pair as comparable (settings equal, coverage equal).
-    from shardlake.compare_runs import compare_runs
+    from shardlake.tools.compare_runs import compare_runs
 
     result = compare_runs(npz_run, shard_run, plateau=2, k=2)
     assert result.checked_args and "valid_num_workers" in result.checked_args

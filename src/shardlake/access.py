@@ -19,7 +19,7 @@ import pyarrow as pa
 from . import sql
 from .dataset import Dataset
 from .errors import NotFoundError
-from .manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
+from .format.manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .codec import Decoder, check_payload
 from .errors import FormatError, NotFoundError
-from .manifest import entry_mismatches, read_manifest
+from .format.codec import Decoder, check_payload
+from .format.manifest import entry_mismatches, read_manifest
 from .store import Store, open_store
 from .versions import Version, load_version
 

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from . import sql
 from .dataset import Dataset, open_dataset
 from .errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError, SelectionError
-from .layout import KEYSETS_DIR, check_name, keyset_key
+from .format.layout import KEYSETS_DIR, check_name, keyset_key
 from .store import Store, open_store
 from .versions import Version, ensure_root, utc_now
 

@@ -27,7 +27,7 @@ from .errors import (
     UsageError,
     VersionNotFoundError,
 )
-from .layout import (
+from .format.layout import (
     COMMITS_DIR,
     DATA_DIR,
     FORMAT_VERSION,

@@ -153,7 +153,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
-    from ..synth import synth_corpus
+    from ..tools.synth import synth_corpus
 
     try:
         result = synth_corpus(
@@ -197,7 +197,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         require_sidecars=args.require_sidecars,
         replace_all=args.replace_all,
         source_namespace=args.source_namespace,
-        quiet=args.quiet,
+        progress=not args.quiet,
         heartbeat_s=args.heartbeat,
     )
     if args.json:

@@ -10,7 +10,7 @@ from .common import add_json_flag, print_json
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
-    from ..compare_runs import LOSS_SHIFTING_ARGS, compare_runs
+    from ..tools.compare_runs import LOSS_SHIFTING_ARGS, compare_runs
 
     keys = [k for k in LOSS_SHIFTING_ARGS if k not in set(args.ignore_arg or ())]
     keys += [k for k in (args.check_arg or ()) if k not in keys]
@@ -30,7 +30,7 @@ def _compare_runs(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from ..demo import DemoConfig, run_demo
+    from ..tools.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
         store=args.store,
@@ -54,7 +54,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _mixing(args: argparse.Namespace) -> int:
-    from ..bench.mixing import mixing_summary
+    from ..tools.bench.mixing import mixing_summary
     from ..torch import ShardDataset
     from ..torch.plan import DEFAULT_MAX_PAD_FRACTION
 
@@ -211,6 +211,6 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
     bsub.required = True
-    from ..bench.cli import register_bench
+    from ..tools.bench.cli import register_bench
 
     register_bench(bsub)

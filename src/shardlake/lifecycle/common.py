@@ -10,9 +10,9 @@ from typing import Any, TextIO
 
 import pyarrow as pa
 
-from ..codec import Decoder, payload_checksum
 from ..errors import IntegrityError, KeyNotFoundError
-from ..layout import version_key
+from ..format.codec import Decoder, payload_checksum
+from ..format.layout import version_key
 from ..store import Store
 from ..versions import Version, load_version, load_version_by_hash, read_state
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..access import npz_bytes, sidecar_json
-from ..codec import Decoder
 from ..errors import (
     AlreadyExistsError,
     ConflictError,
@@ -25,9 +24,10 @@ from ..errors import (
     KeyNotFoundError,
     NotFoundError,
 )
+from ..format.codec import Decoder
+from ..format.layout import ROOT_MARKER, keyset_key, version_key
+from ..format.manifest import parse_manifest, read_manifest
 from ..keysets import Keyset, list_keysets, load_keyset
-from ..layout import ROOT_MARKER, keyset_key, version_key
-from ..manifest import parse_manifest, read_manifest
 from ..store import Store, open_store
 from ..versions import RootState, _commit, ensure_root, load_version, read_root_marker, read_state
 from .common import Progress, check_shard_payloads, rows_by_shard

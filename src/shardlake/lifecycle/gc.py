@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ConflictError, IntegrityError, KeyNotFoundError, UsageError
+from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
 from ..keysets import list_keysets, referenced_versions
-from ..layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
 from ..store import Leftover, ObjectInfo, Store, open_store
 from ..versions import RootState, _commit, load_version_by_hash, read_state
 from .common import version_closure

@@ -17,8 +17,8 @@ import pyarrow.compute as pc
 from .. import sql
 from ..dataset import Dataset
 from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
-from ..layout import manifest_key, short_hash
-from ..manifest import ManifestMeta, read_manifest, write_manifest
+from ..format.layout import manifest_key, short_hash
+from ..format.manifest import ManifestMeta, read_manifest, write_manifest
 from ..store import Store, open_store
 from ..versions import Version, check_new_tag, load_version, publish_version, read_state
 

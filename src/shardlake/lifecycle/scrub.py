@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FormatError
-from ..manifest import read_manifest
+from ..format.manifest import read_manifest
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..access import load_npz
-from ..codec import Decoder, arrays_equal_exact
 from ..errors import FormatError, IntegrityError, KeyNotFoundError, ShardlakeError, SourceError
-from ..layout import member_name
-from ..manifest import METADATA_MISMATCH, entry_mismatches, read_manifest
+from ..format.codec import Decoder, arrays_equal_exact
+from ..format.layout import member_name
+from ..format.manifest import METADATA_MISMATCH, entry_mismatches, read_manifest
+from ..format.tar import iter_members
 from ..store import Store, open_store
-from ..tarshard import iter_members
 from ..versions import load_version
 from .common import (
     DEFAULT_WORKERS,

@@ -1,11 +1,13 @@
 """Pack npz+sidecar source trees into verified, versioned shard datasets (see ``packer``)."""
 
 from .build import Recipe, build_partition, load_npz, verify_sample
+from .options import PackOptions
 from .packer import InlineExecutor, PackReport, pack, pack_with_report
 from .source import PartitionRule, discover, inspect_source, read_path_list
 
 __all__ = [
     "InlineExecutor",
+    "PackOptions",
     "PackReport",
     "PartitionRule",
     "Recipe",

@@ -30,7 +30,8 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow as pa
 
-from ..codec import (
+from ..errors import AlreadyExistsError, IntegrityError, SourceError
+from ..format.codec import (
     CODEC_NAME,
     DEFAULT_LEVEL,
     Decoder,
@@ -38,17 +39,16 @@ from ..codec import (
     decode_safetensors,
     payload_checksum,
 )
-from ..errors import AlreadyExistsError, IntegrityError, SourceError
-from ..layout import FORMAT_VERSION, manifest_key, revision_dir, shard_key, short_hash
-from ..manifest import (
+from ..format.layout import FORMAT_VERSION, manifest_key, revision_dir, shard_key, short_hash
+from ..format.manifest import (
     CORE_COLUMNS,
     ManifestMeta,
     build_manifest_table,
     read_manifest,
     write_manifest,
 )
+from ..format.tar import ShardWriter
 from ..store import Store
-from ..tarshard import ShardWriter
 from ..versions import canonical_json
 from .sidecar import is_skipped, read_sidecar
 from .source import NPZ, SIDECAR, SourcePartition

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import dataclasses
 import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -35,7 +36,7 @@ from ..errors import (
     UsageError,
     VersionNotFoundError,
 )
-from ..layout import check_name
+from ..format.layout import check_name
 from ..store import Store, open_store
 from ..versions import (
     RootState,
@@ -47,10 +48,9 @@ from ..versions import (
     read_state,
 )
 from .build import BuildResult, BuildTask, Recipe, build_partition
+from .options import ExecutorSpec, PackOptions
 from .progress import DEFAULT_HEARTBEAT_S, Progress
 from .source import PartitionRule, SourcePartition, discover, read_path_list
-
-ExecutorSpec = str | cf.Executor | None
 
 
 class InlineExecutor(cf.Executor):
@@ -158,28 +158,26 @@ def pack_with_report(
     *,
     tag: str,
     base: str | None = None,
-    workers: int | None = None,
-    executor: ExecutorSpec = None,
-    mp_context: str | None = None,
-    partition_depth: int | None = None,
-    partition_regex: str | None = None,
-    path_list: str | os.PathLike[str] | Sequence[str] | None = None,
-    partitions: Sequence[str] | None = None,
-    shard_size: int | None = None,
-    level: int | None = None,
-    seed: int | None = None,
-    keep_skipped: bool = False,
-    require_sidecars: bool = False,
-    replace_all: bool = False,
-    source_namespace: str | None = None,
+    options: PackOptions | None = None,
     storage_options: dict[str, Any] | None = None,
-    quiet: bool = True,
     progress_stream: TextIO | None = None,
     heartbeat_s: float = DEFAULT_HEARTBEAT_S,
     poll_s: float = 1.0,
+    **overrides: Any,
 ) -> PackReport:
-    """Pack ``source`` into the root at ``root_url`` and publish it as ``tag``; see module docs."""
+    """Pack ``source`` into the root at ``root_url`` and publish it as ``tag``; see module docs.
+
+    ``options`` holds every other setting; keyword ``overrides`` replace single fields of it.
+    """
     started = time.monotonic()
+    opts = dataclasses.replace(options or PackOptions(), **overrides)
+    workers, executor, mp_context = opts.workers, opts.executor, opts.mp_context
+    partition_depth, partition_regex = opts.partition_depth, opts.partition_regex
+    path_list, partitions = opts.path_list, opts.partitions
+    shard_size, level, seed = opts.shard_size, opts.level, opts.seed
+    keep_skipped, require_sidecars = opts.keep_skipped, opts.require_sidecars
+    replace_all, source_namespace = opts.replace_all, opts.source_namespace
+    quiet = not opts.progress
     check_name("tag", tag)
     if shard_size is not None and shard_size < 1:
         raise UsageError("--shard-size must be >= 1 byte")

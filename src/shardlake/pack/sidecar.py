@@ -1,7 +1,7 @@
 """Read and validate the ``.json`` sidecar beside a sample's npz.
 
 shardlake does not hard-code a sidecar schema: any JSON object is accepted and flattened into
-manifest columns (see :func:`shardlake.manifest.build_manifest_table`). Only ``is_skipped`` has
+manifest columns (see :func:`shardlake.format.manifest.build_manifest_table`). Only ``is_skipped`` has
 a meaning here (skipped frames are left out unless ``--keep-skipped``), so it must be a bool.
 """
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SourceError, UsageError
-from ..layout import partition_id, short_hash
+from ..format.layout import partition_id, short_hash
 
 NPZ = ".npz"
 SIDECAR = ".json"

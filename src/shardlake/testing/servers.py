@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..localhost import LOOPBACK, free_port
+from ..tools.localhost import LOOPBACK, free_port
 
 DEFAULT_BUCKET = "shardlake-test"
 # The smallest part size S3 accepts (all parts but the last); small keeps multipart tests cheap.

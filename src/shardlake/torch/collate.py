@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from ..codec import Decoder, decode_safetensors
 from ..errors import FormatError, IntegrityError
+from ..format.codec import Decoder, decode_safetensors
 
 RefetchFn = Callable[[int], bytes]
 WhereFn = Callable[[int], str]

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from ..codec import payload_checksum
 from ..errors import IntegrityError, RetriesExhaustedError
+from ..format.codec import payload_checksum
 from ..store import Store
 from ..store.retry import is_transient
 

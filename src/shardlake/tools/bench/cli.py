@@ -83,7 +83,7 @@ def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..cli.common import print_json
+    from ...cli.common import print_json
 
     print_json(run_bench(args))
     return 0

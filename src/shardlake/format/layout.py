@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from .errors import UsageError
+from ..errors import UsageError
 
 FORMAT_VERSION = 1
 ROOT_MARKER = "shardlake.json"

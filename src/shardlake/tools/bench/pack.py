@@ -6,7 +6,7 @@ workers?" before starting. This benchmark:
 1. picks a few *calibration* partitions from the source, spread over its size range;
 2. packs each one alone with one worker into a fresh scratch prefix of the target root (so
    nothing is reused and a remote root measures its real write path), timing each;
-3. fits ``seconds = overhead + npz_bytes / rate`` (:mod:`shardlake.bench.costmodel`);
+3. fits ``seconds = overhead + npz_bytes / rate`` (:mod:`shardlake.tools.bench.costmodel`);
 4. optionally packs all calibration partitions together with ``--workers`` to measure parallel
    efficiency, and extrapolates to the whole corpus (the source itself, or the partition table
    of a bigger one from ``shardlake inspect --json``/``--out``).
@@ -22,15 +22,15 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ...errors import UsageError
 from .costmodel import Calibration, CostModel, extrapolate, fit, load_partition_sizes
 from .measure import MB, MemorySampler, machine_info, peak_rss_bytes, rate
 
 
 def stage_costs(source: Path, files: list[Path], level: int = 3) -> dict[str, float]:
     """Per-frame milliseconds of each pack stage on one thread (read, inflate, encode, verify)."""
-    from ..codec import Decoder, Encoder, encode_safetensors
-    from ..pack.build import load_npz, verify_sample
+    from ...format.codec import Decoder, Encoder, encode_safetensors
+    from ...pack.build import load_npz, verify_sample
 
     encoder, decoder = Encoder(level), Decoder()
     names = ("read+sha256", "npz_inflate", "safetensors_encode", "zstd", "verify")
@@ -86,8 +86,8 @@ def bench_pack(
     keep: bool = False,
 ) -> dict[str, Any]:
     """Run the pack benchmark; returns the JSON document ``shardlake bench pack`` prints."""
-    from ..pack import discover, pack_with_report
-    from ..store import open_store
+    from ...pack import discover, pack_with_report
+    from ...store import open_store
 
     if calibrate < 1 or workers < 1:
         raise UsageError("--calibrate and --workers must be >= 1")

@@ -1,6 +1,6 @@
 """``shardlake demo``: the whole life of a dataset in a couple of minutes, on any laptop.
 
-1. synthesise a corpus of driving frames (``shardlake.synth``), one directory per log;
+1. synthesise a corpus of driving frames (``shardlake.tools.synth``), one directory per log;
 2. pack it into a root as version ``v1`` (verified shards + manifests, published atomically);
 3. create disjoint ``train``/``valid`` keysets on ``v1`` (one log held out for validation);
 4. record more logs and pack them *incrementally* as ``v2`` with ``--base v1``: the old
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, TextIO
 
-from .errors import UsageError
+from ..errors import UsageError
 from .localhost import use_loopback_for_ddp
 
 STORES = ("local", "s3")
@@ -77,7 +77,7 @@ def _root(cfg: DemoConfig, workdir: Path) -> Iterator[tuple[str, dict[str, Any] 
     if cfg.store == "local":
         yield str((workdir / "root").resolve()), None
         return
-    from .testing.servers import moto_s3_server
+    from ..testing.servers import moto_s3_server
 
     # set_env: the DDP ranks are spawned processes; they inherit the endpoint settings.
     with moto_s3_server(set_env=True) as s3:
@@ -119,7 +119,7 @@ def _keysets(
     say: _Say,
     step: str,
 ) -> dict[str, Any]:
-    from .keysets import check_disjoint, create_keyset
+    from ..keysets import check_disjoint, create_keyset
 
     where_valid = f"log_file_id IN {_in_list(valid_logs)}"
     train = create_keyset(
@@ -174,9 +174,9 @@ def _run(
     say: _Say,
     summary: dict[str, Any],
 ) -> None:
-    from .pack import pack_with_report
-    from .store import open_store
-    from .versions import list_versions
+    from ..pack import pack_with_report
+    from ..store import open_store
+    from ..versions import list_versions
 
     t = time.perf_counter()
     first = _synth(src, cfg, cfg.partitions, cfg.seed)
@@ -310,7 +310,7 @@ def _train_rank(
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    from .torch import ShardDataset
+    from ..torch import ShardDataset
 
     torch.set_num_threads(1)  # ranks share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world)

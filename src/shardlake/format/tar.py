@@ -11,7 +11,7 @@ import tarfile
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
-from .errors import FormatError
+from ..errors import FormatError
 from .layout import member_name
 
 BLOCK = 512

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ...errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import FormatError, KeyNotFoundError, SourceError
+from ..errors import FormatError, KeyNotFoundError, SourceError
+from ..store import Store
 from .layout import FORMAT_VERSION
-from .store import Store
 
 CORE_SCHEMA = pa.schema(
     [

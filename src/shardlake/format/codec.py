@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from .errors import IntegrityError, SourceError
+from ..errors import IntegrityError, SourceError
 
 CODEC_NAME = "safetensors+zstd"
 DEFAULT_LEVEL = 3

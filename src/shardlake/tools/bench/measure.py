@@ -103,7 +103,7 @@ def rate(amount: float, seconds: float) -> float:
 
 def machine_info() -> dict[str, Any]:
     """Enough context to tell two benchmark results apart."""
-    from .. import __version__
+    from ... import __version__
 
     return {
         "shardlake": __version__,

@@ -13,7 +13,7 @@ def random_baseline(partition_of: Any, batch_size: int, seed: int = 0) -> dict[s
     A batch is a small sample, so even ideal shuffling does not score 0; this is the floor a
     loader's ``js_mean`` should be compared with (and a one-partition-at-a-time stream is ~1).
     """
-    from ..torch.mixing import batch_mixing
+    from ...torch.mixing import batch_mixing
 
     part = np.asarray(partition_of, dtype=np.int64)
     order = np.random.default_rng(seed).permutation(len(part))
@@ -27,7 +27,7 @@ def mixing_summary(
     ds: Any, *, num_workers: int, rank: int | None = None, epoch: int = 0
 ) -> dict[str, Any]:
     """The plan's mixing for ``epoch`` (no reads) next to the global-shuffle baseline."""
-    from ..torch.mixing import plan_mixing
+    from ...torch.mixing import plan_mixing
 
     ds.set_epoch(epoch)
     doc = plan_mixing(ds, num_workers=num_workers, rank=rank).to_json()

@@ -16,7 +16,7 @@ import tempfile
 import time
 from typing import Any
 
-from ..errors import UsageError
+from ...errors import UsageError
 from .measure import MB, MemorySampler, machine_info, rate
 
 
@@ -40,9 +40,9 @@ def bench_load(
     """Iterate the loader and measure it; returns the JSON document ``bench load`` prints."""
     import torch
 
-    from ..store import open_store
-    from ..torch import ShardDataset
-    from ..torch.plan import DEFAULT_MAX_PAD_FRACTION
+    from ...store import open_store
+    from ...torch import ShardDataset
+    from ...torch.plan import DEFAULT_MAX_PAD_FRACTION
     from .mixing import mixing_summary
 
     if batch_size < 1 or num_workers < 0 or epochs < 1:
@@ -56,7 +56,7 @@ def bench_load(
         store: Any = open_store(url, storage_options)
         if count_bytes:
             # Every request of every process (DataLoader workers too) appends one JSON line.
-            from ..testing.faults import FaultPlan, FaultyStore
+            from ...testing.faults import FaultPlan, FaultyStore
 
             store = FaultyStore.wrap(store, FaultPlan(log_path=log_path))
         t_open = time.perf_counter()
@@ -133,7 +133,7 @@ def bench_load(
             "mixing": mixing,
         }
         if count_bytes:
-            from ..testing.faults import summarize_log
+            from ...testing.faults import summarize_log
 
             log = summarize_log(log_path)
             fetched = int(log["bytes_read"])

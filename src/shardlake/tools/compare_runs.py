@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ShardlakeError
+from ..errors import ShardlakeError
 
 ARGS_FILE = "args.json"
 LOG_FILE = "train_log.tsv"

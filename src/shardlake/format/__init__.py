@@ -1,0 +1,1 @@
+"""The on-disk format, pure and without I/O of its own: layout, codec, tar shards, manifests."""

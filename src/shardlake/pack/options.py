@@ -1,0 +1,77 @@
+"""``PackOptions``: every setting of a pack besides source, root, tag and base."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+ExecutorSpec = str | cf.Executor | None
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack: partitioning, scope, recipe, skip policy and execution.
+
+    Parameters
+    ----------
+    workers
+        Parallel partition builds (default: the CPU count).
+    executor
+        ``"process"`` (default), ``"thread"``, ``"inline"``, a ``dask://host:port`` address or
+        a :class:`concurrent.futures.Executor`.
+    mp_context
+        Multiprocessing start method for ``"process"`` (default ``forkserver`` where available).
+    partition_depth, partition_regex
+        The partition rule: the first ``depth`` directories of a frame's path, or the first
+        match of a regular expression. Default: the base version's rule, else depth 1.
+    path_list
+        Pack only these frames: a path-list file (text or JSON) or a sequence of paths.
+    strip_prefix
+        Prefix removed from absolute entries of ``path_list``.
+    partitions
+        Pack only these partition paths.
+    include, exclude
+        Glob patterns (relative paths) of files to consider / ignore during discovery.
+    strict
+        Refuse files that are neither frames nor frame sidecars instead of ignoring them.
+    shard_size, level, seed
+        The recipe: target shard bytes, zstd level, in-partition shuffle seed (default: the
+        base version's recipe).
+    keep_skipped
+        Pack frames whose sidecar says ``is_skipped`` (dropped by default).
+    require_sidecars
+        Refuse frames without a sidecar.
+    replace_all
+        Rebuild every partition even where the base could be reused.
+    source_namespace
+        The identity of the source for incremental packs (default: its absolute path).
+    progress
+        Show progress on standard error (a bar in a terminal, periodic lines otherwise).
+    """
+
+    workers: int | None = None
+    executor: ExecutorSpec = None
+    mp_context: str | None = None
+    partition_depth: int | None = None
+    partition_regex: str | None = None
+    path_list: str | os.PathLike[str] | Sequence[str] | None = None
+    strip_prefix: str | None = None
+    partitions: Sequence[str] | None = None
+    include: Sequence[str] = ()
+    exclude: Sequence[str] = ()
+    strict: bool = False
+    shard_size: int | None = None
+    level: int | None = None
+    seed: int | None = None
+    keep_skipped: bool = False
+    require_sidecars: bool = False
+    replace_all: bool = False
+    source_namespace: str | None = None
+    progress: bool = False
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The options as keyword arguments (shallow: an executor object is passed as is)."""
+        return dict(vars(self))

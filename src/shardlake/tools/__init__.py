@@ -1,0 +1,2 @@
+"""Tools built on the library, apart from its core: demo, synthetic corpora, benchmarks,
+training-run comparison."""
