@@ -15,7 +15,20 @@ from shardlake.versions import (
 
 
 def _body(n):
-    return {"base": None, "partitions": [{"id": f"p{n}", "samples": n, "shards": []}]}
+    """A well-formed version body of one empty partition; ``n`` tells the bodies apart."""
+    entry = {
+        "id": f"p{n}",
+        "path": f"part{n}",
+        "data_rev": "d",
+        "meta_rev": "m",
+        "manifest_rev": "r",
+        "manifest": "",
+        "samples": 0,
+        "skipped": n,
+        "payload_bytes": 0,
+        "shards": [],
+    }
+    return {"base": None, "partitions": [entry]}
 
 
 @pytest.fixture
@@ -27,7 +40,7 @@ def test_publish_and_latest(store):
     publish_version(store, "v1", _body(1), read_state(store))
     v2 = publish_version(store, "v2", _body(2), read_state(store))
     assert resolve_tag(store) == ("v2", v2.hash)
-    assert load_version(store, "v1").samples == 1
+    assert load_version(store, "v1").record.partitions[0].skipped == 1
     assert [t for t, _, _ in list_versions(store)] == ["v1", "v2"]
 
 

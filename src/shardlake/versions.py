@@ -27,6 +27,7 @@ from .errors import (
     UsageError,
     VersionNotFoundError,
 )
+from .format.documents import COMMIT_SCHEMA, VERSION_SCHEMA, CommitRecord, VersionRecord
 from .format.layout import (
     COMMITS_DIR,
     DATA_DIR,
@@ -39,8 +40,6 @@ from .format.layout import (
 )
 from .store import Store
 
-VERSION_SCHEMA = "shardlake.version/1"
-COMMIT_SCHEMA = "shardlake.commit/1"
 ROOT_SCHEMA = "shardlake.root/1"
 
 
@@ -105,6 +104,18 @@ class Version:
     tag: str
     hash: str
     doc: dict[str, Any]
+    record: VersionRecord  # the document, parsed and validated once
+
+    @classmethod
+    def parse(cls, tag: str, version_hash: str, data: bytes, where: str) -> Version:
+        """A version from its document bytes, checked against its hash, tag and schema."""
+        if hash_bytes(data) != version_hash:
+            raise FormatError(f"{where}: version document does not match its hash")
+        doc = parse_json(data, where)
+        record = VersionRecord.from_json(doc, where)
+        if record.tag != tag:
+            raise FormatError(f"{where}: document is for tag {record.tag!r}, not {tag!r}")
+        return cls(tag, version_hash, doc, record)
 
     @property
     def partitions(self) -> list[dict[str, Any]]:
@@ -112,7 +123,7 @@ class Version:
 
     @property
     def samples(self) -> int:
-        return int(self.doc.get("samples", sum(p["samples"] for p in self.partitions)))
+        return self.record.samples
 
 
 def read_root_marker(store: Store) -> dict[str, Any] | None:
@@ -168,16 +179,14 @@ def read_commit(store: Store, seq: int) -> RootState:
     if seq == 0:
         return RootState()
     key = commit_key(seq)
-    doc = parse_json(store.read(key), store.key_url(key))
-    if doc.get("format") != COMMIT_SCHEMA or doc.get("seq") != seq:
-        raise FormatError(f"{store.key_url(key)}: not a shardlake commit record for seq {seq}")
-    state = doc["state"]
+    where = store.key_url(key)
+    record = CommitRecord.from_json(parse_json(store.read(key), where), where, seq)
     return RootState(
         seq=seq,
-        versions=dict(state["versions"]),
-        retired=tuple(state.get("retired", ())),
-        latest=state.get("latest"),
-        gc_lock=state.get("gc_lock"),
+        versions=dict(record.versions),
+        retired=record.retired,
+        latest=record.latest,
+        gc_lock=None if record.gc_lock is None else record.gc_lock.to_json(),
     )
 
 
@@ -278,7 +287,7 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
     versions[tag] = version_hash
     new = RootState(base.seq + 1, versions, base.retired, tag)
     _commit(store, base, new, "publish", {"tag": tag, "version": version_hash})
-    return Version(tag, version_hash, parse_json(data, store.key_url(key)))
+    return Version.parse(tag, version_hash, data, store.key_url(key))
 
 
 def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> RootState:
@@ -329,12 +338,7 @@ def load_version_by_hash(store: Store, tag: str, version_hash: str) -> Version:
         data = store.read(key)
     except KeyNotFoundError as exc:
         raise FormatError(f"{store.key_url(key)}: version document missing") from exc
-    if hash_bytes(data) != version_hash:
-        raise FormatError(f"{store.key_url(key)}: version document does not match its hash")
-    doc = parse_json(data, store.key_url(key))
-    if doc.get("format") != VERSION_SCHEMA:
-        raise FormatError(f"{store.key_url(key)}: unknown version format {doc.get('format')!r}")
-    return Version(tag, version_hash, doc)
+    return Version.parse(tag, version_hash, data, store.key_url(key))
 
 
 def list_versions(store: Store) -> list[tuple[str, str, bool]]:

@@ -1,0 +1,239 @@
+"""Typed on-disk documents: version record, partition and shard entries, commit record, gc lock.
+
+Each document is parsed and validated once here (``from_json``) into a frozen dataclass, and
+written back with ``to_json``; a malformed document is refused with one :class:`FormatError`
+line naming the object (``where``) and the offending field. Pure: no I/O. See docs/format.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import FormatError
+
+VERSION_SCHEMA = "shardlake.version/1"
+COMMIT_SCHEMA = "shardlake.commit/1"
+
+
+def _obj(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise FormatError(f"{where}: {what} must be a JSON object")
+    return value
+
+
+def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...], where: str) -> Any:
+    """``doc[name]``, refused unless present and of ``kind`` (bool is not an int here)."""
+    if name not in doc:
+        raise FormatError(f"{where}: missing field {name!r}")
+    value = doc[name]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise FormatError(f"{where}: field {name!r} has the wrong type (bool)")
+    if not isinstance(value, kinds):
+        raise FormatError(
+            f"{where}: field {name!r} has the wrong type ({type(value).__name__}, expected "
+            f"{' or '.join(k.__name__ for k in kinds)})"
+        )
+    return value
+
+
+def _count(doc: Mapping[str, Any], name: str, where: str) -> int:
+    value = int(_field(doc, name, int, where))
+    if value < 0:
+        raise FormatError(f"{where}: field {name!r} is negative ({value})")
+    return value
+
+
+@dataclass(frozen=True)
+class ShardEntry:
+    """One shard of a partition revision: its key, byte size and member count."""
+
+    key: str
+    size: int
+    members: int
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> ShardEntry:
+        doc = _obj(doc, where, "a shard entry")
+        return cls(
+            key=_field(doc, "key", str, where),
+            size=_count(doc, "size", where),
+            members=_count(doc, "members", where),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "size": self.size, "members": self.members}
+
+
+@dataclass(frozen=True)
+class PartitionEntry:
+    """One partition of a version: the revision it uses and what that revision holds."""
+
+    id: str
+    path: str
+    data_rev: str
+    meta_rev: str
+    manifest_rev: str
+    manifest: str
+    samples: int
+    skipped: int
+    payload_bytes: int
+    shards: tuple[ShardEntry, ...]
+    source_fingerprint: str | None = None
+    npz_fingerprint: str | None = None
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> PartitionEntry:
+        doc = _obj(doc, where, "a partition entry")
+        pid = _field(doc, "id", str, where)
+        here = f"{where} partition {pid}"
+        shards = _field(doc, "shards", list, here)
+        entry = cls(
+            id=pid,
+            path=_field(doc, "path", str, here),
+            data_rev=_field(doc, "data_rev", str, here),
+            meta_rev=_field(doc, "meta_rev", str, here),
+            manifest_rev=_field(doc, "manifest_rev", str, here),
+            manifest=_field(doc, "manifest", str, here),
+            samples=_count(doc, "samples", here),
+            skipped=int(doc.get("skipped", 0)),
+            payload_bytes=int(doc.get("payload_bytes", 0)),
+            shards=tuple(
+                ShardEntry.from_json(s, f"{here} shard {i}") for i, s in enumerate(shards)
+            ),
+            source_fingerprint=doc.get("source_fingerprint"),
+            npz_fingerprint=doc.get("npz_fingerprint"),
+        )
+        # ``remove`` drops keys without rewriting shards, so a shard may hold unlisted members.
+        members = sum(s.members for s in entry.shards)
+        if members < entry.samples:
+            raise FormatError(
+                f"{here}: shards hold {members} member(s), fewer than the {entry.samples} samples "
+                "the entry lists"
+            )
+        return entry
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "path": self.path,
+            "data_rev": self.data_rev,
+            "meta_rev": self.meta_rev,
+            "manifest_rev": self.manifest_rev,
+            "manifest": self.manifest,
+            "samples": self.samples,
+            "skipped": self.skipped,
+            "payload_bytes": self.payload_bytes,
+            "shards": [s.to_json() for s in self.shards],
+            "source_fingerprint": self.source_fingerprint,
+            "npz_fingerprint": self.npz_fingerprint,
+        }
+
+
+@dataclass(frozen=True)
+class VersionRecord:
+    """A version document (``versions/<tag>/<hash>.json``), validated."""
+
+    tag: str
+    created_at: str
+    base: str | None
+    recipe: Mapping[str, Any]
+    partition_rule: Mapping[str, Any]
+    source_namespace: str | None
+    keep_skipped: bool
+    samples: int
+    partitions: tuple[PartitionEntry, ...]
+    format_version: int = 1
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> VersionRecord:
+        doc = _obj(doc, where, "a version document")
+        if doc.get("format") != VERSION_SCHEMA:
+            raise FormatError(f"{where}: unknown version format {doc.get('format')!r}")
+        raw_parts = _field(doc, "partitions", list, where)
+        parts = tuple(PartitionEntry.from_json(p, where) for p in raw_parts)
+        ids = [p.id for p in parts]
+        if len(set(ids)) != len(ids):
+            raise FormatError(f"{where}: a partition id is listed twice")
+        record = cls(
+            tag=_field(doc, "tag", str, where),
+            created_at=str(doc.get("created_at", "")),
+            base=doc.get("base"),
+            recipe=_obj(doc.get("recipe", {}), where, "recipe"),
+            partition_rule=_obj(doc.get("partition_rule", {}), where, "partition_rule"),
+            source_namespace=doc.get("source_namespace"),
+            keep_skipped=bool(doc.get("keep_skipped", False)),
+            samples=int(doc.get("samples", sum(p.samples for p in parts))),
+            partitions=parts,
+            format_version=int(doc.get("format_version", 1)),
+        )
+        if record.samples != sum(p.samples for p in parts):
+            raise FormatError(f"{where}: 'samples' is not the sum of the partitions' samples")
+        return record
+
+    def partition(self, pid: str) -> PartitionEntry | None:
+        for entry in self.partitions:
+            if entry.id == pid:
+                return entry
+        return None
+
+
+@dataclass(frozen=True)
+class GcLock:
+    """``state.gc_lock``: set while gc deletes objects; publishing is refused until it expires."""
+
+    id: str
+    expires_at: float
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> GcLock:
+        doc = _obj(doc, where, "gc_lock")
+        return cls(id=str(doc.get("id", "")), expires_at=float(doc.get("expires_at", 0)))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "expires_at": self.expires_at}
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """A commit record (``commits/<seq>.json``): the root state after operation ``op``."""
+
+    seq: int
+    parent: int
+    op: str
+    created_at: str
+    writer: str
+    versions: tuple[tuple[str, str], ...]  # live (tag, hash) pairs in publish order
+    retired: tuple[str, ...]
+    latest: str | None
+    gc_lock: GcLock | None
+    detail: Mapping[str, Any]  # op-specific fields (tag, version, tags, ...)
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str, seq: int) -> CommitRecord:
+        doc = _obj(doc, where, "a commit record")
+        if doc.get("format") != COMMIT_SCHEMA or doc.get("seq") != seq:
+            raise FormatError(f"{where}: not a shardlake commit record for seq {seq}")
+        state = _obj(_field(doc, "state", dict, where), where, "state")
+        pairs = _field(state, "versions", list, where)
+        if not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)
+            for p in pairs
+        ):
+            raise FormatError(f"{where}: state.versions must be [tag, hash] pairs")
+        lock = state.get("gc_lock")
+        known = {"format", "seq", "parent", "op", "created_at", "writer", "state"}
+        return cls(
+            seq=seq,
+            parent=int(doc.get("parent", seq - 1)),
+            op=str(doc.get("op", "")),
+            created_at=str(doc.get("created_at", "")),
+            writer=str(doc.get("writer", "")),
+            versions=tuple((t, h) for t, h in pairs),
+            retired=tuple(str(t) for t in state.get("retired", ())),
+            latest=state.get("latest"),
+            gc_lock=None if lock is None else GcLock.from_json(lock, where),
+            detail={k: v for k, v in doc.items() if k not in known},
+        )

@@ -1,0 +1,78 @@
+"""Typed documents: parsed and validated once, malformed ones refused naming object and field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardlake.errors import FormatError
+from shardlake.format.documents import CommitRecord, PartitionEntry, VersionRecord
+from shardlake.store import open_store
+from shardlake.versions import hash_bytes, load_version, read_state
+
+GOLDEN = Path(__file__).parent / "data" / "golden" / "v1" / "root"
+
+
+def _version_doc() -> dict[str, Any]:
+    path = next((GOLDEN / "versions" / "v2").glob("*.json"))
+    doc: dict[str, Any] = json.loads(path.read_text())
+    return doc
+
+
+def test_version_record_typed() -> None:
+    record = VersionRecord.from_json(_version_doc(), "v2.json")
+    assert record.tag == "v2" and record.base == "v1"
+    assert record.samples == sum(p.samples for p in record.partitions) == 8
+    first = record.partitions[0]
+    assert isinstance(first, PartitionEntry) and first.shards[0].key.startswith("data/")
+    assert record.partition(first.id) is first
+    assert PartitionEntry.from_json(first.to_json(), "x") == first
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["partitions"][0].pop("manifest"), "missing field 'manifest'"),
+        (lambda d: d["partitions"][0].update(samples="3"), "field 'samples' has the wrong type"),
+        (lambda d: d["partitions"][0]["shards"][0].update(size=-1), "'size' is negative"),
+        (lambda d: d["partitions"][0].update(samples=99), "fewer than the 99 samples"),
+        (lambda d: d.update(samples=1), "not the sum"),
+        (lambda d: d.update(format="other/1"), "unknown version format"),
+    ],
+)
+def test_malformed_version_refused(mutate: Any, message: str) -> None:
+    doc = _version_doc()
+    mutate(doc)
+    with pytest.raises(FormatError, match=message) as info:
+        VersionRecord.from_json(doc, "versions/v2/abc.json")
+    assert "versions/v2/abc.json" in str(info.value)
+
+
+def test_commit_record_typed_and_refused() -> None:
+    doc = json.loads((GOLDEN / "commits" / "000000000002.json").read_text())
+    record = CommitRecord.from_json(doc, "c2", 2)
+    assert record.op == "publish" and record.latest == "v2" and record.detail["tag"] == "v2"
+    assert [t for t, _ in record.versions] == ["v1", "v2"] and record.gc_lock is None
+    with pytest.raises(FormatError, match="seq 3"):
+        CommitRecord.from_json(doc, "c2", 3)
+    doc["state"]["versions"] = [["v1"]]
+    with pytest.raises(FormatError, match="c2: state.versions"):
+        CommitRecord.from_json(doc, "c2", 2)
+
+
+def test_flipped_byte_in_version_document_refused(tmp_path: Path) -> None:
+    store = open_store(str(tmp_path / "r"))
+    for path in GOLDEN.rglob("*"):
+        if path.is_file():
+            store.write(str(path.relative_to(GOLDEN)), path.read_bytes())
+    tag, version_hash = "v2", read_state(store).versions["v2"]
+    key = f"versions/{tag}/{version_hash}.json"
+    data = bytearray(store.read(key))
+    data[len(data) // 2] ^= 0x01
+    assert hash_bytes(bytes(data)) != version_hash
+    store.write(key, bytes(data))
+    with pytest.raises(FormatError, match=f"{key}: version document does not match its hash"):
+        load_version(store, "v2")
