@@ -14,7 +14,7 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -233,16 +233,40 @@ def check_new_tag(state: RootState, tag: str, store: Store) -> None:
         )
 
 
-def _missing_objects(store: Store, body: Mapping[str, Any]) -> list[str]:
-    """Manifests and shards ``body`` references that are not in the store (one listing)."""
-    wanted: set[str] = set()
-    for entry in body.get("partitions", []):
+# Above this many new revision directories one listing of data/ is cheaper than one per directory.
+_LIST_DIRS_MAX = 64
+
+
+def _referenced(partitions: Iterable[Mapping[str, Any]]) -> set[str]:
+    keys: set[str] = set()
+    for entry in partitions:
         if entry.get("manifest"):
-            wanted.add(entry["manifest"])
-        wanted.update(shard["key"] for shard in entry.get("shards", []) if "key" in shard)
+            keys.add(entry["manifest"])
+        keys.update(shard["key"] for shard in entry.get("shards", []) if "key" in shard)
+    return keys
+
+
+def _missing_objects(store: Store, body: Mapping[str, Any], state: RootState) -> list[str]:
+    """Manifests and shards ``body`` references that are not in the store.
+
+    Only objects new relative to the base version are checked (the base's are protected by gc's
+    lock and the live-base check), one listing per new revision directory: the cost grows with
+    what changed, not with the root.
+    """
+    wanted = _referenced(body.get("partitions", []))
+    base_tag = body.get("base")
+    if base_tag is not None and base_tag in state.versions:
+        base = load_version_by_hash(store, base_tag, state.versions[base_tag])
+        wanted -= _referenced(base.partitions)
     if not wanted:
         return []
-    return sorted(wanted - set(store.list(DATA_DIR)))
+    dirs = sorted({key.rsplit("/", 1)[0] for key in wanted})
+    if len(dirs) > _LIST_DIRS_MAX:
+        return sorted(wanted - set(store.list(DATA_DIR)))
+    present: set[str] = set()
+    for directory in dirs:
+        present.update(store.list(directory + "/"))
+    return sorted(wanted - present)
 
 
 def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootState) -> Version:
@@ -267,7 +291,7 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
             f"{store.url}: gc is deleting unreferenced objects (commit {current.seq}); nothing "
             "was published by this run - re-run it when gc has finished"
         )
-    missing = _missing_objects(store, body)
+    missing = _missing_objects(store, body, current)
     if missing:
         # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
         # publish a version with holes (gc deletes only while it holds the lock checked above).

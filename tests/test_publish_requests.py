@@ -1,0 +1,61 @@
+"""Publishing an incremental pack checks only the objects new relative to the base."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_pack_support import make_source, small_frame
+
+from shardlake.errors import ConflictError
+from shardlake.pack import pack
+from shardlake.store import Store, open_store
+from shardlake.versions import RootState, publish_version, read_state
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Counter[tuple[str, str]]:
+    calls: Counter[tuple[str, str]] = Counter()
+    real = store._call
+
+    def counted(op: str, key: str, fn: Any) -> Any:
+        calls[(op, key)] += 1
+        return real(op, key, fn)
+
+    monkeypatch.setattr(store, "_call", counted)
+    return calls
+
+
+def _partitions(src: Path, names: list[str]) -> None:
+    make_source(src, {f"{n}/f{i}": small_frame(i) for n in names for i in range(2)})
+
+
+def test_incremental_publish_lists_only_new_revisions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src"
+    _partitions(src, [f"log{i}" for i in range(6)])
+    store = open_store(str(tmp_path / "root"))
+    pack(src, store, tag="v1", workers=0)
+    _partitions(src, ["log_new"])
+    calls = _counting(monkeypatch, store)
+    version = pack(src, store, tag="v2", base="v1", workers=0)
+    assert len(version.partitions) == 7
+    listed = sorted(key for op, key in calls if op == "list")
+    assert "data/" not in listed
+    new = next(p for p in version.record.partitions if p.path == "log_new")
+    assert [k for k in listed if k.startswith("data/")] == [new.manifest.rsplit("/", 1)[0] + "/"]
+
+
+def test_publish_refuses_a_missing_new_object(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    _partitions(src, ["a", "b"])
+    store = open_store(str(tmp_path / "root"))
+    v1 = pack(src, store, tag="v1", workers=0)
+    entry = dict(v1.partitions[0])
+    entry["manifest"] = entry["manifest"].replace("manifest-", "manifest-gone")
+    body = {"base": "v1", "partitions": [entry]}
+    state: RootState = read_state(store)
+    with pytest.raises(ConflictError, match="manifest-gone"):
+        publish_version(store, "v2", body, state)
