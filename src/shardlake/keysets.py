@@ -239,7 +239,9 @@ def create_keyset(
 
 def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
     try:
-        table = pq.read_table(io.BytesIO(data))
+        # A C++ buffer, not a Python file object: pq.read_table(BytesIO) let an Arrow pool thread
+        # drop the last reference to the Python file at interpreter exit -> SIGABRT (issue #10).
+        table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
         kv = {
             k.decode()[len(_PREFIX) :]: v.decode()
             for k, v in (table.schema.metadata or {}).items()
