@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -76,3 +77,34 @@ def test_flipped_byte_in_version_document_refused(tmp_path: Path) -> None:
     store.write(key, bytes(data))
     with pytest.raises(FormatError, match=f"{key}: version document does not match its hash"):
         load_version(store, "v2")
+
+
+def _copy_golden(dest: Path) -> Any:
+    store = open_store(str(dest))
+    for path in GOLDEN.rglob("*"):
+        if path.is_file():
+            store.write(str(path.relative_to(GOLDEN)), path.read_bytes())
+    return store
+
+
+def test_publish_records_manifest_digests_and_readers_refuse_a_flip(tmp_path: Path) -> None:
+    from shardlake.dataset import open_dataset
+    from shardlake.lifecycle.remove import remove
+
+    store = _copy_golden(tmp_path / "r")
+    old = load_version(store, "v2")
+    assert all(p.manifest_sha256 is None for p in old.record.partitions)  # format-1 golden root
+    key = open_dataset(store, "v2").manifests(columns=["key"]).column("key")[0].as_py()
+    v3, _ = remove(store, "v3", base="v2", keys=[key])
+    for part in v3.record.partitions:
+        data = store.read(part.manifest)
+        assert part.manifest_sha256 == hashlib.sha256(data).hexdigest()
+        assert part.manifest_size == len(data)
+    target = v3.record.partitions[0].manifest
+    flipped = bytearray(store.read(target))
+    flipped[len(flipped) // 3] ^= 0x04
+    store.write(target, bytes(flipped))
+    with pytest.raises(
+        FormatError, match=f"{target}: manifest does not match the version entry .its sha256"
+    ):
+        open_dataset(store, "v3").manifests()

@@ -13,7 +13,7 @@ import pyarrow.compute as pc
 
 from .errors import FormatError, NotFoundError
 from .format.codec import Decoder, check_payload
-from .format.manifest import entry_mismatches, read_manifest
+from .format.manifest import entry_mismatches, read_entry_manifest
 from .store import Store, open_store
 from .versions import Version, load_version
 
@@ -58,7 +58,7 @@ class Dataset:
         if cached is not None:
             return cached
         entry = self.partition(pid)
-        table, meta = read_manifest(self.store, entry["manifest"])
+        table, meta = read_entry_manifest(self.store, entry)
         problems = entry_mismatches(entry, table, meta)
         if problems:
             raise FormatError(

@@ -38,6 +38,7 @@ from .format.layout import (
     commit_seq,
     version_key,
 )
+from .format.manifest import entry_mismatches, parse_manifest
 from .store import Store
 
 ROOT_SCHEMA = "shardlake.root/1"
@@ -246,18 +247,22 @@ def _referenced(partitions: Iterable[Mapping[str, Any]]) -> set[str]:
     return keys
 
 
-def _missing_objects(store: Store, body: Mapping[str, Any], state: RootState) -> list[str]:
+def _base_partitions(store: Store, body: Mapping[str, Any], state: RootState) -> list[Any]:
+    """The partition entries of the live base version ``body`` names (none without one)."""
+    base_tag = body.get("base")
+    if base_tag is None or base_tag not in state.versions:
+        return []
+    return load_version_by_hash(store, base_tag, state.versions[base_tag]).partitions
+
+
+def _missing_objects(store: Store, body: Mapping[str, Any], base_parts: list[Any]) -> list[str]:
     """Manifests and shards ``body`` references that are not in the store.
 
     Only objects new relative to the base version are checked (the base's are protected by gc's
     lock and the live-base check), one listing per new revision directory: the cost grows with
     what changed, not with the root.
     """
-    wanted = _referenced(body.get("partitions", []))
-    base_tag = body.get("base")
-    if base_tag is not None and base_tag in state.versions:
-        base = load_version_by_hash(store, base_tag, state.versions[base_tag])
-        wanted -= _referenced(base.partitions)
+    wanted = _referenced(body.get("partitions", [])) - _referenced(base_parts)
     if not wanted:
         return []
     dirs = sorted({key.rsplit("/", 1)[0] for key in wanted})
@@ -269,6 +274,40 @@ def _missing_objects(store: Store, body: Mapping[str, Any], state: RootState) ->
     return sorted(wanted - present)
 
 
+def _with_manifest_digests(
+    store: Store, partitions: list[Any], base_parts: list[Any]
+) -> list[dict[str, Any]]:
+    """``partitions`` with each entry's ``manifest_sha256``/``manifest_size`` set.
+
+    A manifest the base already records keeps its digest; any other is read once, checked
+    against its entry, and hashed, so every later read can verify it (a copied entry's stale
+    digest is never trusted). Cost: one read per new manifest.
+    """
+    known = {
+        e["manifest"]: (e["manifest_sha256"], e.get("manifest_size"))
+        for e in base_parts
+        if e.get("manifest_sha256")
+    }
+    out = []
+    for entry in partitions:
+        entry = dict(entry)
+        key = entry.get("manifest")
+        if key:
+            if key in known:
+                digest, size = known[key]
+            else:
+                data = store.read(key)
+                table, meta = parse_manifest(data, store.key_url(key))
+                problems = entry_mismatches(entry, table, meta)
+                if problems:
+                    raise FormatError(f"{store.key_url(key)}: " + "; ".join(problems))
+                digest, size = hashlib.sha256(data).hexdigest(), len(data)
+            entry["manifest_sha256"] = digest
+            entry["manifest_size"] = size
+        out.append(entry)
+    return out
+
+
 def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootState) -> Version:
     """Publish a version made from ``base`` (the state read before the work began).
 
@@ -278,8 +317,6 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
     """
     ensure_root(store)
     check_new_tag(base, tag, store)
-    data = build_version_doc(tag, body)
-    version_hash = hash_bytes(data)
     current = read_state(store)
     if current.seq != base.seq:
         raise ConflictError(
@@ -291,7 +328,8 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
             f"{store.url}: gc is deleting unreferenced objects (commit {current.seq}); nothing "
             "was published by this run - re-run it when gc has finished"
         )
-    missing = _missing_objects(store, body, current)
+    base_parts = _base_partitions(store, body, current)
+    missing = _missing_objects(store, body, base_parts)
     if missing:
         # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
         # publish a version with holes (gc deletes only while it holds the lock checked above).
@@ -299,6 +337,10 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
             f"{store.url}: {len(missing)} object(s) this version references are gone (e.g. "
             f"{missing[0]}; deleted by gc?); nothing was published by this run - re-run it"
         )
+    body = dict(body)
+    body["partitions"] = _with_manifest_digests(store, body.get("partitions", []), base_parts)
+    data = build_version_doc(tag, body)
+    version_hash = hash_bytes(data)
     key = version_key(tag, version_hash)
     try:
         store.create(key, data)

@@ -39,6 +39,10 @@ def _field(doc: Mapping[str, Any], name: str, kind: type | tuple[type, ...], whe
     return value
 
 
+def _optional(doc: Mapping[str, Any], name: str, kind: type, where: str) -> Any:
+    return None if doc.get(name) is None else _field(doc, name, kind, where)
+
+
 def _count(doc: Mapping[str, Any], name: str, where: str) -> int:
     value = int(_field(doc, name, int, where))
     if value < 0:
@@ -83,6 +87,9 @@ class PartitionEntry:
     shards: tuple[ShardEntry, ...]
     source_fingerprint: str | None = None
     npz_fingerprint: str | None = None
+    # sha256 and byte size of the manifest, recorded at publish; absent in older versions.
+    manifest_sha256: str | None = None
+    manifest_size: int | None = None
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> PartitionEntry:
@@ -105,6 +112,8 @@ class PartitionEntry:
             ),
             source_fingerprint=doc.get("source_fingerprint"),
             npz_fingerprint=doc.get("npz_fingerprint"),
+            manifest_sha256=_optional(doc, "manifest_sha256", str, here),
+            manifest_size=_optional(doc, "manifest_size", int, here),
         )
         # ``remove`` drops keys without rewriting shards, so a shard may hold unlisted members.
         members = sum(s.members for s in entry.shards)
@@ -116,7 +125,9 @@ class PartitionEntry:
         return entry
 
     def to_json(self) -> dict[str, Any]:
+        digest = {"manifest_sha256": self.manifest_sha256, "manifest_size": self.manifest_size}
         return {
+            **{k: v for k, v in digest.items() if v is not None},
             "id": self.id,
             "path": self.path,
             "data_rev": self.data_rev,

@@ -6,6 +6,7 @@ columns (nested objects flattened with ``.``, lists as list columns). See ``docs
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 from collections.abc import Mapping, Sequence
@@ -144,13 +145,32 @@ def parse_manifest(data: bytes, where: str) -> tuple[pa.Table, ManifestMeta]:
     return table, meta
 
 
-def read_manifest(store: Store, key: str) -> tuple[pa.Table, ManifestMeta]:
-    """Read and check the manifest at ``key``; :class:`FormatError` names the key if unreadable."""
-    try:
-        data = store.read(key)
-    except KeyNotFoundError as exc:
-        raise FormatError(f"{store.key_url(key)}: manifest is missing") from exc
-    return parse_manifest(data, store.key_url(key))
+def read_manifest(
+    store: Store, key: str, *, sha256: str | None = None
+) -> tuple[pa.Table, ManifestMeta]:
+    """Read and check the manifest at ``key``; :class:`FormatError` names the key if unreadable.
+
+    With ``sha256`` (the digest the version entry records) the bytes must match it: a mismatch
+    is re-read once (a transport flip), then refused - a manifest that differs is never used.
+    """
+    where = store.key_url(key)
+    for _ in range(2):
+        try:
+            data = store.read(key)
+        except KeyNotFoundError as exc:
+            raise FormatError(f"{where}: manifest is missing") from exc
+        if sha256 is None or hashlib.sha256(data).hexdigest() == sha256:
+            return parse_manifest(data, where)
+    raise FormatError(
+        f"{where}: manifest does not match the version entry (its sha256 is not the recorded "
+        f"{str(sha256)[:12]}...); refusing a corrupt manifest"
+    )
+
+
+def read_entry_manifest(store: Store, entry: Mapping[str, Any]) -> tuple[pa.Table, ManifestMeta]:
+    """The manifest a version's partition entry names, checked against its recorded digest
+    (entries written before digests were recorded have none)."""
+    return read_manifest(store, entry["manifest"], sha256=entry.get("manifest_sha256"))
 
 
 METADATA_MISMATCH = "manifest metadata does not match the version entry"

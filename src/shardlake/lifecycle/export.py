@@ -26,7 +26,7 @@ from ..errors import (
 )
 from ..format.codec import Decoder
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
-from ..format.manifest import parse_manifest, read_manifest
+from ..format.manifest import parse_manifest, read_entry_manifest
 from ..keysets import Keyset, list_keysets, load_keyset
 from ..store import Store, open_store
 from ..versions import RootState, _commit, ensure_root, load_version, read_root_marker, read_state
@@ -241,7 +241,7 @@ def export_npz(
     bar = Progress(len(wanted) if wanted is not None else ver.samples, "export", enabled=progress)
     for entry in ver.partitions:
         pid = entry["id"]
-        table, _meta = read_manifest(src, entry["manifest"])
+        table, _meta = read_entry_manifest(src, entry)
         full = {r["key"]: r for r in table.to_pylist() if wanted is None or r["key"] in wanted}
         for index, rows in sorted(rows_by_shard(table).items()):
             rows = [r for r in rows if r["key"] in full]

@@ -18,7 +18,7 @@ from .. import sql
 from ..dataset import Dataset
 from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.layout import manifest_key, short_hash
-from ..format.manifest import ManifestMeta, read_manifest, write_manifest
+from ..format.manifest import ManifestMeta, read_entry_manifest, read_manifest, write_manifest
 from ..store import Store, open_store
 from ..versions import Version, check_new_tag, load_version, publish_version, read_state
 
@@ -130,7 +130,7 @@ def remove(
         if not removed:
             new_entries.append(entry)
             continue
-        table, meta = read_manifest(store, entry["manifest"])
+        table, meta = read_entry_manifest(store, entry)
         mask = pc.invert(pc.is_in(table.column("key"), value_set=pa.array(removed, pa.string())))
         keep = table.filter(mask)
         samples_removed += table.num_rows - keep.num_rows

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import FormatError
-from ..format.manifest import read_manifest
+from ..format.manifest import read_entry_manifest
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
@@ -110,7 +110,7 @@ def scrub(
         report.partitions.append(part)
         murl = store.key_url(entry["manifest"])
         try:
-            table, _meta = read_manifest(store, entry["manifest"])
+            table, _meta = read_entry_manifest(store, entry)
         except FormatError as exc:
             report.problems.append(Problem(pid, murl, None, None, str(exc).split(": ", 1)[-1]))
             part.problems += 1

@@ -22,7 +22,11 @@ from ..access import load_npz
 from ..errors import FormatError, IntegrityError, KeyNotFoundError, ShardlakeError, SourceError
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.layout import member_name
-from ..format.manifest import METADATA_MISMATCH, entry_mismatches, read_manifest
+from ..format.manifest import (
+    METADATA_MISMATCH,
+    entry_mismatches,
+    read_entry_manifest,
+)
 from ..format.tar import iter_members
 from ..store import Store, open_store
 from ..versions import load_version
@@ -152,7 +156,7 @@ def verify_source(
         pid = entry["id"]
         murl = store.key_url(entry["manifest"])
         try:
-            table, _meta = read_manifest(store, entry["manifest"])
+            table, _meta = read_entry_manifest(store, entry)
         except FormatError as exc:
             report.problems.append(Problem(pid, murl, None, None, str(exc)))
             continue
@@ -298,7 +302,7 @@ def verify_offsets(
         report.partitions += 1
         murl = store.key_url(entry["manifest"])
         try:
-            table, meta = read_manifest(store, entry["manifest"])
+            table, meta = read_entry_manifest(store, entry)
         except FormatError as exc:
             report.problems.append(Problem(pid, murl, None, None, str(exc).split(": ", 1)[-1]))
             continue
