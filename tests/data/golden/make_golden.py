@@ -1,8 +1,8 @@
 """Write the golden roots under tests/data/golden/ (run once per format; never rerun for v1).
 
-``python tests/data/golden/make_golden.py v1`` packs a small synthetic source (every storable
-dtype, 0-d strings, dotted keys, nested sidecars) into ``tests/data/golden/v1/root`` as two
-versions plus a keyset, and writes ``tests/data/golden/v1/expected.json``: per version, per key,
+``python tests/data/golden/make_golden.py NAME`` (NAME in ``ROOTS``) packs a small synthetic source (every storable
+dtype, 0-d strings, dotted keys, nested sidecars) into ``tests/data/golden/NAME/root`` as two
+versions plus a keyset, and writes ``tests/data/golden/NAME/expected.json``: per version, per key,
 the sha256 of each array's dtype, shape and bytes (see ``array_digest``). The committed roots are
 the format's fixed points: tests/test_golden_roots.py reads them with today's code, bit-exactly.
 """
@@ -20,6 +20,9 @@ from typing import Any
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
+# Each name was written once by the code of its time and is never rewritten:
+# v1: format 1 as first specified; v1-manifest-digests: entries carry manifest_sha256/size.
+ROOTS = ("v1", "v1-manifest-digests")
 
 
 def array_digest(value: Any) -> str:
@@ -93,7 +96,7 @@ def write_source(src: Path, count: int, changed: int | None = None) -> dict[str,
     return arrays
 
 
-def make_v1(out: Path) -> None:
+def make_root(out: Path) -> None:
     from shardlake.keysets import create_keyset
     from shardlake.pack import pack
 
@@ -115,6 +118,8 @@ def make_v1(out: Path) -> None:
 
 if __name__ == "__main__":
     which = sys.argv[1] if len(sys.argv) > 1 else ""
-    if which != "v1":
-        sys.exit("usage: make_golden.py v1")
-    make_v1(HERE / which)
+    if which not in ROOTS:
+        sys.exit(f"usage: make_golden.py {{{'|'.join(ROOTS)}}}")
+    if (HERE / which / "expected.json").exists():
+        sys.exit(f"{which} exists: golden roots are never rewritten; add a new name")
+    make_root(HERE / which)
