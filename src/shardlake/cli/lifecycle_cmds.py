@@ -95,6 +95,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--source", required=True, metavar="SOURCE")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument(
+        "--path-list",
+        metavar="FILE",
+        help="the source is only these frames (text or JSON list, relative or absolute paths)",
+    )
+    p.add_argument(
+        "--strip-prefix",
+        metavar="OLD_ROOT",
+        help="absolute --path-list entries start with OLD_ROOT instead of SOURCE",
+    )
     p.add_argument("--allow-missing", type=int, default=None, metavar="N", help="exactly N missing")
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
     _progress_flag(p)
@@ -245,6 +255,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.allow_missing is not None and args.allow_missing < 0:
         raise UsageError("--allow-missing must be >= 0")
+    only_keys = None
+    if args.path_list is not None:
+        from ..pack.source import NPZ, read_path_list
+
+        listed = read_path_list(args.path_list, args.source, strip_prefix=args.strip_prefix)
+        only_keys = [rel[: -len(NPZ)] for rel in listed]
     report = verify_source(
         args.root,
         args.source,
@@ -253,6 +269,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         expected_partitions=args.expected_partitions,
         progress=_progress(args),
         workers=args.workers,
+        only_keys=only_keys,
     )
     if args.json:
         print_json(report.to_json())
