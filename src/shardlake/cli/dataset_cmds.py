@@ -68,7 +68,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--keys",
         dest="keys_file",
         metavar="FILE",
-        help="text file of keys, or a JSON list of keys / absolute .npz paths ('-': stdin)",
+        help="text file of keys, or a JSON list of keys / .npz paths; absolute paths under the "
+        "packed source map by themselves ('-': stdin)",
     )
     c.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
     c.add_argument(

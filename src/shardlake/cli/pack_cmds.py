@@ -93,6 +93,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--lanes", type=int, help="lane rows (v2: 140, nuplan: 70); small for tests")
     p.add_argument("--skip-fraction", type=float, default=0.0)
     p.add_argument("--no-sidecars", action="store_true", help="write npz files only")
+    p.add_argument(
+        "--layout",
+        choices=("flat", "converter"),
+        default="flat",
+        help="flat: <log_dir>/ frames; converter: <location>/<split>/<date>/<time>/ frames plus "
+        "routes/*.json, like Diffusion-Planner's converter",
+    )
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("pack", help="pack a source tree into a new version of a dataset root")
@@ -210,6 +217,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
             lanes=args.lanes,
             skip_fraction=args.skip_fraction,
             sidecars=not args.no_sidecars,
+            layout=args.layout,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
