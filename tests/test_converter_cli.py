@@ -115,7 +115,7 @@ def test_path_lists_scope_pack_inspect_and_verify(
     assert "verify OK" in capsys.readouterr().out
     # Without the list, verify sees the valid frames as missing.
     assert main(["verify", "scoped", "--source", src]) == 1
-    assert "missing" in capsys.readouterr().out
+    assert "missing: " in capsys.readouterr().err
 
     # A list written on another machine maps with --strip-prefix; an entry outside is named.
     moved = [p.replace(src, "/mnt/old/corpus") for p in _training_list(corpus, "train")]
@@ -172,3 +172,18 @@ def test_strict_refuses_files_that_are_not_frames(
         p["path"].startswith("odaiba/") for p in report["partitions"]
     )
     assert report["excluded"] > 0
+
+
+def test_verify_scopes_the_source_like_pack_did(
+    corpus: SynthResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, root = str(corpus.root), str(tmp_path / "root")
+    scope = ["--exclude", "shinjuku/*"]
+    assert (
+        main(["pack", src, root, "--tag", "v1", "--partition-depth", "4", "--quiet", *scope]) == 0
+    )
+    capsys.readouterr()
+    assert main(["verify", root, "--source", src]) == 1
+    assert "missing: shinjuku/" in capsys.readouterr().err
+    assert main(["verify", root, "--source", src, *scope]) == 0
+    assert "verify OK" in capsys.readouterr().out

@@ -105,6 +105,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         metavar="OLD_ROOT",
         help="absolute --path-list entries start with OLD_ROOT instead of SOURCE",
     )
+    for flag, verb in (("--include", "consider only"), ("--exclude", "leave out")):
+        p.add_argument(
+            flag,
+            action="append",
+            default=[],
+            metavar="GLOB",
+            help=f"{verb} source frames whose relative path matches, as pack did (repeatable)",
+        )
     p.add_argument("--allow-missing", type=int, default=None, metavar="N", help="exactly N missing")
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
     _progress_flag(p)
@@ -255,12 +263,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.allow_missing is not None and args.allow_missing < 0:
         raise UsageError("--allow-missing must be >= 0")
-    only_keys = None
-    if args.path_list is not None:
-        from ..pack.source import NPZ, read_path_list
+    from ..pack.source import scoped_frame_keys
 
-        listed = read_path_list(args.path_list, args.source, strip_prefix=args.strip_prefix)
-        only_keys = [rel[: -len(NPZ)] for rel in listed]
+    only_keys = scoped_frame_keys(
+        args.source,
+        path_list=args.path_list,
+        strip_prefix=args.strip_prefix,
+        include=args.include,
+        exclude=args.exclude,
+    )
     report = verify_source(
         args.root,
         args.source,

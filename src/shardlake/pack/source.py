@@ -193,6 +193,25 @@ def read_path_list(
     return source_npz_paths(read_entries(path), source, strip_prefix=strip_prefix)
 
 
+def scoped_frame_keys(
+    source: str | os.PathLike[str],
+    *,
+    path_list: str | os.PathLike[str] | None = None,
+    strip_prefix: str | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> list[str] | None:
+    """The keys of the frames a pack with these scoping options would consider (for ``verify``),
+    or None when no option scopes the source."""
+    if path_list is None and not include and not exclude:
+        return None
+    if path_list is not None:
+        rels = read_path_list(path_list, source, strip_prefix=strip_prefix)
+        return [rel[: -len(NPZ)] for rel in rels if _selected(rel, include, exclude)]
+    frames, _sidecars, _others, _unreadable, _excluded = _scan_tree(Path(source), include, exclude)
+    return sorted(frames)
+
+
 def _selected(rel: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
     """Whether ``rel`` passes the ``--include``/``--exclude`` globs (``*`` also crosses ``/``)."""
     if include and not any(fnmatch.fnmatchcase(rel, g) for g in include):
@@ -259,8 +278,9 @@ def discover(
     if path_list is None:
         npz, sidecars, not_frames, unreadable, excluded = _scan_tree(root, include, exclude)
     else:
-        npz, sidecars, unreadable = _stat_listed(root, path_list)
-        not_frames, excluded = [], 0
+        chosen = [rel for rel in path_list if _selected(rel, include, exclude)]
+        npz, sidecars, unreadable = _stat_listed(root, chosen)
+        not_frames, excluded = [], len(path_list) - len(chosen)
     wanted = set(only_partitions) if only_partitions is not None else None
     by_path: dict[str, SourcePartition] = {}
     ids: dict[str, str] = {}
