@@ -187,3 +187,19 @@ def test_verify_scopes_the_source_like_pack_did(
     assert "missing: shinjuku/" in capsys.readouterr().err
     assert main(["verify", root, "--source", src, *scope]) == 0
     assert "verify OK" in capsys.readouterr().out
+
+
+def test_remove_by_absolute_list_and_skipped_frames_named(
+    corpus: SynthResult, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, root = str(corpus.root), str(tmp_path / "root")
+    assert main(["pack", src, root, "--tag", "v1", "--partition-depth", "4", "--quiet"]) == 0
+    kept = [p for p in corpus.files if p not in set(corpus.skipped_files)]
+    listing = tmp_path / "drop.json"
+    listing.write_text(json.dumps([str(kept[0])]))
+    assert main(["remove", root, "--tag", "v2", "--base", "v1", "--keys", str(listing)]) == 0
+    listing.write_text(json.dumps([str(corpus.skipped_files[0])]))
+    capsys.readouterr()
+    assert main(["remove", root, "--tag", "v3", "--base", "v2", "--keys", str(listing)]) == 1
+    err = capsys.readouterr().err
+    assert _key(corpus, corpus.skipped_files[0]) in err and "is_skipped frame(s)" in err

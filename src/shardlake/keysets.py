@@ -166,6 +166,8 @@ def match_keys(
 def _unmatched_message(
     ds: Dataset, unmatched: list[str], allow: int | None, local_paths: Mapping[str, str]
 ) -> str:
+    from .pack.sidecar import skipped_note
+
     skipped = {k for k in unmatched if k in local_paths and _is_skipped_frame(local_paths[k])}
     shown = ", ".join(
         repr(k) + (" (skipped frame)" if k in skipped else "") for k in unmatched[:SHOW_MAX]
@@ -177,12 +179,9 @@ def _unmatched_message(
     notes = []
     if skipped:
         notes.append(f"{len(skipped)} of them are is_skipped frames")
-    left_out = sum(int(p.get("skipped", 0)) for p in ds.version.partitions)
-    if left_out and not ds.version.doc.get("keep_skipped", False):
-        notes.append(
-            f"the version left out {left_out} is_skipped frame(s) at pack time; drop skipped "
-            "frames from the list, pack with --keep-skipped, or pass --allow-unmatched N"
-        )
+    left_out = skipped_note(ds.version.doc)
+    if left_out:
+        notes.append(left_out + ", or pass --allow-unmatched N")
     if allow is not None:
         notes.append(f"--allow-unmatched says exactly {allow}")
     if notes:

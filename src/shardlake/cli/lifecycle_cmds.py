@@ -137,16 +137,23 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 def cmd_remove(args: argparse.Namespace) -> int:
     from ..errors import NotFoundError
-    from ..keysets import read_key_file
+    from ..keysets import read_key_list
     from ..lifecycle import remove
 
     keys = None
     if args.keys_file:
-        keys, unmapped = read_key_file(args.keys_file, strip_prefix=args.strip_prefix)
+        prefix = args.strip_prefix
+        namespace = None
+        if prefix is None:  # absolute entries under the packed source map by themselves
+            from ..dataset import open_dataset
+
+            namespace = open_dataset(args.root, args.base).version.doc.get("source_namespace")
+        listed = read_key_list(args.keys_file, strip_prefix=prefix, source=namespace)
+        keys, unmapped = listed.keys, listed.unmapped
         if unmapped:
             raise NotFoundError(
                 f"{len(unmapped)} entr{'y' if len(unmapped) == 1 else 'ies'} of {args.keys_file} "
-                f"do not start with {args.strip_prefix}: "
+                f"do not start with {prefix or namespace}: "
                 + ", ".join(repr(e) for e in unmapped[:SHOW_MAX])
             )
     version, counts = remove(
