@@ -386,3 +386,31 @@ def test_unknown_argument_counts_by_default(tmp_path: Path):
     cand = write_dp_run(tmp_path / "cand", {**DP_ARGS, "brand_new_knob": 3})
     with pytest.raises(ComparisonRefusedError, match="brand_new_knob: candidate has 3"):
         compare_runs(base, cand, plateau=5)
+
+
+def test_example_script_npz_and_shard_records_are_comparable(tmp_path: Path):
+    # The args.json examples/train_ddp.py writes for its two data paths (flags + resolved values).
+    common = {
+        "nproc": 2, "epochs": 8, "batch_size": 16, "valid_batch_size": None, "num_workers": 0,
+        "valid_num_workers": None, "lr": 1e-3, "hidden": 64, "seed": 0, "max_steps": None,
+        "train_samples": 48, "valid_samples": 16, "world_size": 2, "model": "mlp",
+        "optimizer": "adam", "loss": "mse", "inputs": ["ego_agent_past"],
+        "targets": ["ego_agent_future"], "torch": "2.13",
+    }  # fmt: skip
+    npz = {
+        **common, "out": "runs/npz", "data_path": "npz", "npz_list": "train.json",
+        "valid_npz_list": "valid.json", "dataset_root": None, "dataset_version": None,
+        "train_keyset": None, "valid_keyset": None, "train_where": None, "valid_where": None,
+        "run_record": None,
+    }  # fmt: skip
+    shards = {
+        **common, "out": "runs/shards", "data_path": "shards", "npz_list": None,
+        "valid_npz_list": None, "dataset_root": "/r", "dataset_version": "v1",
+        "train_keyset": "train", "valid_keyset": "valid", "train_where": None,
+        "valid_where": None, "run_record": {"train": {"samples": 48}},
+    }  # fmt: skip
+    base = write_run(tmp_path / "npz", BASE_VALID, args=npz)
+    cand = write_run(tmp_path / "shards", BASE_VALID, args=shards)
+    result = compare_runs(base, cand, plateau=5)
+    assert result.passed and all(d.ignored for d in result.arg_differences)
+    assert {"valid_num_workers", "valid_batch_size", "lr", "hidden"} <= set(result.checked_args)

@@ -83,6 +83,7 @@ IGNORED_ARGS: dict[str, str] = {
             "train_where",
             "valid_where",
             "run_record",
+            "data_path",
         ),
         _DATA,
     ),
