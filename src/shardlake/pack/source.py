@@ -1,7 +1,9 @@
 """Pass 1 of a pack: discover a source tree, group files into partitions, fingerprint them.
 
-The source is a local directory (or NFS mount) of ``<name>.npz`` files with optional
-``<name>.json`` sidecars. A sample key is the npz path relative to the source without ``.npz``.
+The source is a local directory (or NFS mount). A **frame** is an ``<name>.npz`` file; its sidecar
+is the ``<name>.json`` beside it; every other file (a converter's ``routes/*.json`` summaries,
+logs, JSON without an npz) is "not a frame": reported by ``inspect``, ignored by ``pack`` unless
+``strict``. A sample key is the npz path relative to the source without ``.npz``.
 
 The **source fingerprint** of a partition is stat-based: a hash over every sample's relative
 path, size and ``mtime_ns`` of its npz and of its sidecar (or "no sidecar"). It costs one
