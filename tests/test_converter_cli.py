@@ -203,3 +203,23 @@ def test_remove_by_absolute_list_and_skipped_frames_named(
     assert main(["remove", root, "--tag", "v3", "--base", "v2", "--keys", str(listing)]) == 1
     err = capsys.readouterr().err
     assert _key(corpus, corpus.skipped_files[0]) in err and "is_skipped frame(s)" in err
+
+
+def test_relative_local_paths_resolve_at_the_cli_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+
+    from shardlake.cli.common import resolve_local_paths
+
+    monkeypatch.chdir(tmp_path)
+    args = argparse.Namespace(
+        root="memory://x", source="corpus", dest="s3://b/p", keys_file="-", path_list="l.json"
+    )
+    resolve_local_paths(args)
+    assert (args.root, args.dest, args.keys_file) == ("memory://x", "s3://b/p", "-")
+    assert (args.source, args.path_list) == (str(tmp_path / "corpus"), str(tmp_path / "l.json"))
+    # Messages show the resolved path.
+    (tmp_path / "empty").mkdir()
+    assert main(["pack", "empty", "root", "--tag", "v1", "--quiet"]) == 1
+    assert f"{tmp_path / 'empty'}: no .npz files found" in capsys.readouterr().err
