@@ -25,9 +25,11 @@ HEADER = """\
 
 Every command exits 0 on success, 1 on an error (one line on stderr naming what to fix, never a
 traceback; `SHARDLAKE_DEBUG=1` shows one), 2 on a usage error and 130 when interrupted. Store
-URLs are absolute paths, `file://`, `s3://bucket/prefix` or `gs://bucket/prefix`; credentials
-and endpoints come from the environment (see [storage](storage.md)). Concepts are explained in
-[concepts](concepts.md), the on-disk format in [format](format.md).
+URLs are local paths, `file://`, `s3://bucket/prefix` or `gs://bucket/prefix`; a relative local
+path (of a store root, a source, a list or an output) is resolved against the working directory
+and shown resolved; credentials and endpoints come from the environment (see
+[storage](storage.md)). Concepts are explained in [concepts](concepts.md), the on-disk format in
+[format](format.md).
 """
 
 

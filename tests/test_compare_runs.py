@@ -165,10 +165,10 @@ def test_inherited_validation_workers_resolve_before_comparing(baseline: Path, t
 
 def test_setting_recorded_by_one_run_only_is_refused(baseline: Path, tmp_path: Path):
     args = dict(ARGS)
-    del args["valid_batch_size"]
+    del args["world_size"]
     cand = write_run(tmp_path / "cand", BASE_VALID, args=args)
     with pytest.raises(
-        ComparisonRefusedError, match="valid_batch_size: baseline has 32, candidate does not"
+        ComparisonRefusedError, match="world_size: baseline has 2, candidate does not"
     ):
         compare_runs(baseline, cand, plateau=5)
 
@@ -237,3 +237,180 @@ def test_json_output(baseline: Path, capsys):
     assert doc["epoch_first"] == 3 and doc["epoch_last"] == 7
     assert doc["metrics"][0]["metric"] == "valid_loss"
     assert doc["metrics"][0]["baseline_sd"] == pytest.approx(doc["metrics"][0]["candidate_sd"])
+
+
+# --- runs shaped like Diffusion-Planner's (args.json = its TrainConfig fields) ---------------
+
+DP_ARGS = {
+    "exp_name": "dp-npz",
+    "save_dir": "/runs/dp-npz",
+    "train_set_list": "/data/lists/train.json",
+    "valid_set_list": "/data/lists/valid.json",
+    "train_subsample_step": 1,
+    "future_len": 80,
+    "time_len": 31,
+    "ego_prediction_horizon": 80,
+    "agent_state_dim": 11,
+    "agent_num": 320,
+    "static_objects_state_dim": 10,
+    "static_objects_num": 5,
+    "lane_num": 140,
+    "lane_len": 20,
+    "route_num": 25,
+    "route_len": 20,
+    "polygon_num": 10,
+    "polygon_len": 40,
+    "line_string_num": 60,
+    "line_string_len": 20,
+    "use_data_augment": True,
+    "augment_prob": 0.5,
+    "augment_type": "quintic",
+    "num_refine": 20,
+    "ego_past_noise_std": 0.1,
+    "use_smoothing_future_trajectory": True,
+    "normalization_file_path": "normalization.json",
+    "num_workers": 8,
+    "pin_mem": True,
+    "seed": 3407,
+    "train_epochs": 8,
+    "batch_size": 512,
+    "save_utd": 10,
+    "learning_rate": 1e-4,
+    "warm_up_epoch": 5,
+    "encoder_drop_path_rate": 0.1,
+    "decoder_drop_path_rate": 0.1,
+    "use_ego_history": True,
+    "ego_history_dropout_rate": 0.6,
+    "use_turn_indicators": True,
+    "coeff_position_lat_loss": 1.0,
+    "coeff_position_lon_loss": 1.0,
+    "coeff_heading_l2_loss": 1.0,
+    "coeff_velocity": 1.0,
+    "coeff_timestep": [1.0, 1.0, 1.0, 1.0],
+    "coeff_road_border_loss": 1.0,
+    "road_border_margin": 0.25,
+    "road_border_n_interp": 2,
+    "coeff_neighbor_collision_loss": 0.0,
+    "alpha_planning_loss": 1.0,
+    "alpha_neighbor_loss": 0.1,
+    "use_velocity_representation": False,
+    "guidance_scale": 0.5,
+    "device": "cuda",
+    "use_ema": True,
+    "encoder_mixer_depth": 6,
+    "encoder_fusion_depth": 6,
+    "decoder_depth": 3,
+    "num_heads": 8,
+    "hidden_dim": 256,
+    "diffusion_model_type": "x_start",
+    "predicted_neighbor_num": 320,
+    "resume_model_path": None,
+    "use_wandb": False,
+    "wandb_run_id": None,
+    "wandb_project_name": "Diffusion-Planner",
+    "notes": "",
+    "ddp": True,
+    "port": "22323",
+    "closed_loop_npz_root": "",
+    "state_normalizer": None,
+    "observation_normalizer": None,
+}
+DP_VALID = [0.9, 0.7, 0.6, 0.52, 0.48, 0.50, 0.51, 0.49]
+
+
+def write_dp_run(path: Path, args: dict) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "args.json").write_text(json.dumps(args, indent=2))
+    lines = ["epoch\ttrain_loss\tvalid_loss_ego\tvalid_loss_neighbor\tvalid_loss_total"]
+    for e, v in enumerate(DP_VALID):
+        lines.append(f"{e}\t{v + 0.1}\t{v}\t{v / 2}\t{v * 1.5}")
+    (path / "train_log.tsv").write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "name, value", [("learning_rate", 2e-4), ("hidden_dim", 192), ("use_data_augment", False)]
+)
+def test_diffusion_planner_loss_shifting_args_are_flagged(tmp_path: Path, name, value, capsys):
+    base = write_dp_run(tmp_path / "base", DP_ARGS)
+    cand = write_dp_run(tmp_path / "cand", {**DP_ARGS, name: value, "exp_name": "dp-other"})
+    with pytest.raises(ComparisonRefusedError, match=rf"{name}: baseline .* != candidate"):
+        compare_runs(base, cand, plateau=5)
+    assert main(["compare-runs", str(base), str(cand)]) == 1
+    err = capsys.readouterr().err
+    assert name in err and "1 other difference(s) ignored" in err and "--ignore-arg" in err
+    # --ignore-arg lets it pass and the report says it was ignored on request.
+    result = compare_runs(base, cand, plateau=5, ignore_args=[name])
+    assert result.passed
+    assert {(d.name, d.ignored, d.reason) for d in result.arg_differences} >= {
+        (name, True, "--ignore-arg")
+    }
+
+
+def test_diffusion_planner_npz_vs_shard_runs_pass(tmp_path: Path, capsys):
+    base = write_dp_run(tmp_path / "base", DP_ARGS)
+    shard_args = {k: v for k, v in DP_ARGS.items() if k not in ("train_set_list", "valid_set_list")}
+    shard_args.update(
+        exp_name="dp-shards",
+        save_dir="/runs/dp-shards",
+        dataset_root="s3://bucket/corpus",
+        train_keyset="train",
+        valid_keyset="valid",
+    )
+    cand = write_dp_run(tmp_path / "cand", shard_args)
+    result = compare_runs(base, cand, plateau=5)
+    assert result.passed
+    differing = {d.name: d for d in result.arg_differences}
+    assert set(differing) == {
+        "exp_name",
+        "save_dir",
+        "train_set_list",
+        "valid_set_list",
+        "dataset_root",
+        "train_keyset",
+        "valid_keyset",
+    }
+    assert all(d.ignored for d in differing.values())
+    assert "data-path" in differing["train_keyset"].reason
+    assert "learning_rate" in result.checked_args and "hidden_dim" in result.checked_args
+    assert main(["compare-runs", str(base), str(cand)]) == 0
+    out = capsys.readouterr().out
+    assert "settings differ: exp_name" in out and "ignored: experiment name" in out
+    # --check-arg takes a name off the allowlist.
+    with pytest.raises(ComparisonRefusedError, match="exp_name"):
+        compare_runs(base, cand, plateau=5, check_args=["exp_name"])
+
+
+def test_unknown_argument_counts_by_default(tmp_path: Path):
+    base = write_dp_run(tmp_path / "base", DP_ARGS)
+    cand = write_dp_run(tmp_path / "cand", {**DP_ARGS, "brand_new_knob": 3})
+    with pytest.raises(ComparisonRefusedError, match="brand_new_knob: candidate has 3"):
+        compare_runs(base, cand, plateau=5)
+
+
+def test_example_script_npz_and_shard_records_are_comparable(tmp_path: Path):
+    # The args.json examples/train_ddp.py writes for its two data paths (flags + resolved values).
+    common = {
+        "nproc": 2, "epochs": 8, "batch_size": 16, "valid_batch_size": None, "num_workers": 0,
+        "valid_num_workers": None, "lr": 1e-3, "hidden": 64, "seed": 0, "max_steps": None,
+        "train_samples": 48, "valid_samples": 16, "world_size": 2, "model": "mlp",
+        "optimizer": "adam", "loss": "mse", "inputs": ["ego_agent_past"],
+        "targets": ["ego_agent_future"], "torch": "2.13",
+    }  # fmt: skip
+    npz = {
+        **common, "out": "runs/npz", "data_path": "npz", "npz_list": "train.json",
+        "valid_npz_list": "valid.json", "dataset_root": None, "dataset_version": None,
+        "train_keyset": None, "valid_keyset": None, "train_where": None, "valid_where": None,
+        "run_record": None,
+    }  # fmt: skip
+    shards = {
+        **common, "out": "runs/shards", "data_path": "shards", "npz_list": None,
+        "valid_npz_list": None, "dataset_root": "/r", "dataset_version": "v1",
+        "train_keyset": "train", "valid_keyset": "valid", "train_where": None,
+        "valid_where": None, "run_record": {"train": {"samples": 48}},
+    }  # fmt: skip
+    base = write_run(tmp_path / "npz", BASE_VALID, args=npz)
+    cand = write_run(tmp_path / "shards", BASE_VALID, args=shards)
+    result = compare_runs(base, cand, plateau=5)
+    assert result.passed and all(d.ignored for d in result.arg_differences)
+    assert {"valid_num_workers", "valid_batch_size", "lr", "hidden"} <= set(result.checked_args)

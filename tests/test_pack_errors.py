@@ -126,7 +126,6 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], str], type[Exception], str]] = {
     "bad is_skipped": (_bad_skip_flag, PackWorkerError, "must be true or false"),
     "sidecar not object": (_sidecar_not_object, PackWorkerError, "must be a JSON object"),
     "NaN in sidecar": (_nan_sidecar, PackWorkerError, "malformed sidecar"),
-    "sidecar without npz": (_orphan_sidecar, SourceError, "sidecar without an npz"),
     "unreadable file": (_broken_symlink, SourceError, "cannot read"),
     "sidecar type conflict": (_type_conflict, PackWorkerError, "conflicting types"),
     "file outside partitions": (_file_outside_partitions, SourceError, "not inside any partition"),
@@ -226,7 +225,7 @@ def test_inspect_reports_problems(
     code = main(["inspect", str(src)])
     out = capsys.readouterr().out
     assert code == 1
-    assert "unreadable: log/link.npz" in out and "orphan sidecars: log/ghost.json" in out
+    assert "unreadable: log/link.npz" in out and "not frames: log/ghost.json" in out
     assert "malformed sidecar JSON" in out
 
 

@@ -13,16 +13,24 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import sql
+from . import pathlists, sql
 from .dataset import Dataset, open_dataset
-from .errors import AlreadyExistsError, ConflictError, FormatError, NotFoundError, SelectionError
+from .errors import (
+    AlreadyExistsError,
+    ConflictError,
+    FormatError,
+    NotFoundError,
+    SelectionError,
+    SourceError,
+)
 from .format.layout import KEYSETS_DIR, check_name, keyset_key
 from .store import Store, open_store
 from .versions import Version, ensure_root, utc_now
@@ -78,49 +86,36 @@ def parse_key_list(
 ) -> tuple[list[str], list[str]]:
     """Keys from a key-list file: ``(keys, unmapped_entries)``, in file order.
 
-    Accepted forms: a text file with one key per line (blank lines and ``#`` lines ignored), or
-    a JSON list of strings such as the training lists of absolute ``.npz`` paths. With
-    ``strip_prefix`` every entry must start with it (``OLD_ROOT``); the prefix and a trailing
-    ``.npz`` are removed. Entries that cannot be mapped are returned as ``unmapped``.
+    Accepted forms (see :mod:`shardlake.pathlists`): a text file with one key per line (blank
+    lines and ``#`` lines ignored), or a JSON list of strings such as the training lists of
+    absolute ``.npz`` paths. With ``strip_prefix`` every entry must start with it (``OLD_ROOT``);
+    the prefix and a trailing ``.npz`` are removed. Entries that cannot be mapped are returned as
+    ``unmapped``.
     """
+    mapping = _map(data, where, strip_prefix, None)
+    return mapping.keys, mapping.unmapped
+
+
+def _map(
+    data: bytes, where: str, strip_prefix: str | None, source: str | None
+) -> pathlists.KeyMapping:
     try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SelectionError(f"{where}: key list is not UTF-8 text ({exc})") from exc
-    stripped = text.lstrip()
-    entries: list[str]
-    if stripped.startswith("["):
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise SelectionError(f"{where}: not a valid JSON list ({exc})") from exc
-        if not isinstance(doc, list) or not all(isinstance(e, str) for e in doc):
-            raise SelectionError(f"{where}: the JSON key list must be a list of strings")
-        entries = list(doc)
-    else:
-        entries = [
-            line.strip()
-            for line in text.splitlines()
-            if line.strip() and not line.lstrip().startswith("#")
-        ]
-    keys: list[str] = []
-    unmapped: list[str] = []
-    prefix = strip_prefix.rstrip("/") + "/" if strip_prefix else None
-    for entry in entries:
-        key = entry
-        if prefix is not None:
-            if not entry.startswith(prefix):
-                unmapped.append(entry)
-                continue
-            key = entry[len(prefix) :]
-        if key.endswith(".npz") and (prefix is not None or stripped.startswith("[")):
-            key = key[: -len(".npz")]
-        keys.append(key)
-    return keys, unmapped
+        entries = pathlists.parse_entries(data, where)
+    except SourceError as exc:
+        raise SelectionError(str(exc)) from exc
+    return pathlists.map_keys(
+        entries, strip_prefix=strip_prefix, json_list=pathlists.is_json_list(data), source=source
+    )
 
 
-def read_key_file(path: str, *, strip_prefix: str | None = None) -> tuple[list[str], list[str]]:
-    """:func:`parse_key_list` over a local file (or ``-`` for stdin)."""
+def read_key_list(
+    path: str, *, strip_prefix: str | None = None, source: str | None = None
+) -> pathlists.KeyMapping:
+    """The keys of a local key-list file (or ``-`` for stdin), with the local file each
+    absolute entry names (so that a key matching nothing can be told to be a skipped frame).
+
+    ``source`` (the version's ``source_namespace``) maps absolute entries under it without a
+    ``strip_prefix``."""
     import sys
 
     try:
@@ -131,7 +126,13 @@ def read_key_file(path: str, *, strip_prefix: str | None = None) -> tuple[list[s
                 data = f.read()
     except OSError as exc:
         raise SelectionError(f"cannot read key list {path}: {exc.strerror or exc}") from exc
-    return parse_key_list(data, path, strip_prefix=strip_prefix)
+    return _map(data, path, strip_prefix, source)
+
+
+def read_key_file(path: str, *, strip_prefix: str | None = None) -> tuple[list[str], list[str]]:
+    """:func:`parse_key_list` over a local file (or ``-`` for stdin)."""
+    mapping = read_key_list(path, strip_prefix=strip_prefix)
+    return mapping.keys, mapping.unmapped
 
 
 def match_keys(
@@ -140,12 +141,14 @@ def match_keys(
     unmapped: Sequence[str] = (),
     *,
     allow_unmatched: int | None = None,
+    local_paths: Mapping[str, str] | None = None,
 ) -> pa.Table:
     """The manifest rows (``key``, ``partition``) of ``keys`` in ``ds``.
 
     Every entry that matches no key (plus ``unmapped`` ones) counts as unmatched; unless
     ``allow_unmatched`` equals that count exactly, :class:`SelectionError` reports the count
-    and the first 20.
+    and the first 20, naming those that are ``is_skipped`` frames (known from the sidecar beside
+    the listed file, ``local_paths``) and how many frames the version left out as skipped.
     """
     table = ds.manifests(columns=["key", "partition"])
     known = dict(
@@ -155,16 +158,48 @@ def match_keys(
     unmatched = list(unmapped) + [k for k in wanted if k not in known]
     allowed = allow_unmatched or 0
     if len(unmatched) != allowed:
-        shown = ", ".join(repr(k) for k in unmatched[:SHOW_MAX])
-        what = (
-            f"{len(unmatched)} entr{'y' if len(unmatched) == 1 else 'ies'} match no key in "
-            f"version {ds.version.tag!r}"
-        )
-        if allow_unmatched is not None:
-            what += f" (--allow-unmatched says exactly {allow_unmatched})"
-        raise SelectionError(what + (f": {shown}" if shown else ""))
+        raise SelectionError(_unmatched_message(ds, unmatched, allow_unmatched, local_paths or {}))
     found = [k for k in wanted if k in known]
     return pa.table({"key": pa.array(found, pa.string()), "partition": [known[k] for k in found]})
+
+
+def _unmatched_message(
+    ds: Dataset, unmatched: list[str], allow: int | None, local_paths: Mapping[str, str]
+) -> str:
+    from .pack.sidecar import skipped_note
+
+    skipped = {k for k in unmatched if k in local_paths and _is_skipped_frame(local_paths[k])}
+    shown = ", ".join(
+        repr(k) + (" (skipped frame)" if k in skipped else "") for k in unmatched[:SHOW_MAX]
+    )
+    what = (
+        f"{len(unmatched)} entr{'y' if len(unmatched) == 1 else 'ies'} match no key in "
+        f"version {ds.version.tag!r}"
+    )
+    notes = []
+    if skipped:
+        notes.append(f"{len(skipped)} of them are is_skipped frames")
+    left_out = skipped_note(ds.version.doc)
+    if left_out:
+        notes.append(left_out + ", or pass --allow-unmatched N")
+    if allow is not None:
+        notes.append(f"--allow-unmatched says exactly {allow}")
+    if notes:
+        what += " (" + "; ".join(notes) + ")"
+    return what + (f": {shown}" if shown else "")
+
+
+def _is_skipped_frame(npz_path: str) -> bool:
+    """Whether the sidecar beside a listed local ``.npz`` says ``is_skipped`` (False if none)."""
+    from .pack.sidecar import is_skipped, read_sidecar
+
+    sidecar = npz_path[: -len(pathlists.NPZ)] + ".json"
+    if not os.path.isfile(sidecar):
+        return False
+    try:
+        return is_skipped(read_sidecar(sidecar))
+    except SourceError:
+        return False
 
 
 # --- create / load ---------------------------------------------------------------------------
@@ -200,11 +235,13 @@ def create_keyset(
     unmapped: Sequence[str] = (),
     allow_unmatched: int | None = None,
     storage_options: dict[str, Any] | None = None,
+    local_paths: Mapping[str, str] | None = None,
 ) -> Keyset:
     """Select samples of ``version`` by ``where`` or ``keys`` and publish keyset ``name``.
 
     Exactly one of ``where`` and ``keys``. Refused with :class:`ConflictError` if the name is
-    taken (keysets are immutable); nothing is written on any error.
+    taken (keysets are immutable); nothing is written on any error. ``local_paths`` (key ->
+    listed local npz) lets an unmatched key be named as an ``is_skipped`` frame.
     """
     check_name("keyset", name)
     if (where is None) == (keys is None):
@@ -222,7 +259,9 @@ def create_keyset(
         recipe: dict[str, Any] = {"where": where}
     else:
         keys = keys or []
-        rows = match_keys(ds, keys, unmapped, allow_unmatched=allow_unmatched)
+        rows = match_keys(
+            ds, keys, unmapped, allow_unmatched=allow_unmatched, local_paths=local_paths
+        )
         recipe = {"keys": len(keys), "unmatched": len(unmapped) + len(keys) - rows.num_rows}
     if rows.num_rows == 0:
         raise SelectionError(f"keyset {name!r} would be empty: the selection matches no sample")

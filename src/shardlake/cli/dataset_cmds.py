@@ -68,7 +68,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--keys",
         dest="keys_file",
         metavar="FILE",
-        help="text file of keys, or a JSON list of keys / absolute .npz paths ('-': stdin)",
+        help="text file of keys, or a JSON list of keys / .npz paths; absolute paths under the "
+        "packed source map by themselves ('-': stdin)",
     )
     c.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
     c.add_argument(
@@ -186,15 +187,21 @@ def _write_file(path: str, data: bytes) -> None:
 
 def cmd_keyset_create(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from ..keysets import create_keyset, read_key_file
+    from ..keysets import create_keyset, read_key_list
 
     if args.allow_unmatched is not None and args.allow_unmatched < 0:
         raise UsageError("--allow-unmatched must be >= 0")
     if args.where is not None and (args.strip_prefix or args.allow_unmatched is not None):
         raise UsageError("--strip-prefix and --allow-unmatched go with --keys")
-    keys = unmapped = None
+    keys = unmapped = local_paths = None
     if args.keys_file is not None:
-        keys, unmapped = read_key_file(args.keys_file, strip_prefix=args.strip_prefix)
+        namespace = None
+        if args.strip_prefix is None:  # absolute entries under the packed source map by themselves
+            from ..dataset import open_dataset
+
+            namespace = open_dataset(args.root, args.tag).version.doc.get("source_namespace")
+        listed = read_key_list(args.keys_file, strip_prefix=args.strip_prefix, source=namespace)
+        keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
     keyset = create_keyset(
         args.root,
         args.name,
@@ -203,6 +210,7 @@ def cmd_keyset_create(args: argparse.Namespace) -> int:
         keys=keys,
         unmapped=unmapped or (),
         allow_unmatched=args.allow_unmatched,
+        local_paths=local_paths,
     )
     if args.json:
         print_json(keyset.info())

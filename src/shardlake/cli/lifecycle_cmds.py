@@ -95,6 +95,24 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--source", required=True, metavar="SOURCE")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument(
+        "--path-list",
+        metavar="FILE",
+        help="the source is only these frames (text or JSON list, relative or absolute paths)",
+    )
+    p.add_argument(
+        "--strip-prefix",
+        metavar="OLD_ROOT",
+        help="absolute --path-list entries start with OLD_ROOT instead of SOURCE",
+    )
+    for flag, verb in (("--include", "consider only"), ("--exclude", "leave out")):
+        p.add_argument(
+            flag,
+            action="append",
+            default=[],
+            metavar="GLOB",
+            help=f"{verb} source frames whose relative path matches, as pack did (repeatable)",
+        )
     p.add_argument("--allow-missing", type=int, default=None, metavar="N", help="exactly N missing")
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
     _progress_flag(p)
@@ -119,16 +137,23 @@ def _progress(args: argparse.Namespace) -> bool | None:
 
 def cmd_remove(args: argparse.Namespace) -> int:
     from ..errors import NotFoundError
-    from ..keysets import read_key_file
+    from ..keysets import read_key_list
     from ..lifecycle import remove
 
     keys = None
     if args.keys_file:
-        keys, unmapped = read_key_file(args.keys_file, strip_prefix=args.strip_prefix)
+        prefix = args.strip_prefix
+        namespace = None
+        if prefix is None:  # absolute entries under the packed source map by themselves
+            from ..dataset import open_dataset
+
+            namespace = open_dataset(args.root, args.base).version.doc.get("source_namespace")
+        listed = read_key_list(args.keys_file, strip_prefix=prefix, source=namespace)
+        keys, unmapped = listed.keys, listed.unmapped
         if unmapped:
             raise NotFoundError(
                 f"{len(unmapped)} entr{'y' if len(unmapped) == 1 else 'ies'} of {args.keys_file} "
-                f"do not start with {args.strip_prefix}: "
+                f"do not start with {prefix or namespace}: "
                 + ", ".join(repr(e) for e in unmapped[:SHOW_MAX])
             )
     version, counts = remove(
@@ -245,6 +270,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     if args.allow_missing is not None and args.allow_missing < 0:
         raise UsageError("--allow-missing must be >= 0")
+    from ..pack.source import scoped_frame_keys
+
+    only_keys = scoped_frame_keys(
+        args.source,
+        path_list=args.path_list,
+        strip_prefix=args.strip_prefix,
+        include=args.include,
+        exclude=args.exclude,
+    )
     report = verify_source(
         args.root,
         args.source,
@@ -253,6 +287,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         expected_partitions=args.expected_partitions,
         progress=_progress(args),
         workers=args.workers,
+        only_keys=only_keys,
     )
     if args.json:
         print_json(report.to_json())

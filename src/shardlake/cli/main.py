@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from .. import __version__
 from ..errors import ShardlakeError, UsageError
 from . import dataset_cmds, lifecycle_cmds, pack_cmds, run_cmds
+from .common import resolve_local_paths
 
 COMMAND_GROUPS = (pack_cmds, dataset_cmds, lifecycle_cmds, run_cmds)
 
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    resolve_local_paths(args)
     try:
         code = args.func(args)
     except UsageError as exc:

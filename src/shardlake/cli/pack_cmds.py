@@ -12,6 +12,7 @@ from ..errors import UsageError
 from .common import add_json_flag, print_json
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+SHOW_MAX = 20
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
@@ -41,7 +42,35 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
         help="regex searched in each relative npz path; its named group 'partition' is the partition",
     )
     parser.add_argument(
-        "--path-list", metavar="FILE", help="only these npz paths (one relative path a line)"
+        "--path-list",
+        metavar="FILE",
+        help="only these frames: npz paths one a line or a JSON list, relative to SOURCE or "
+        "absolute (under SOURCE, or under --strip-prefix)",
+    )
+    parser.add_argument(
+        "--strip-prefix",
+        metavar="OLD_ROOT",
+        help="absolute --path-list entries start with OLD_ROOT instead of SOURCE",
+    )
+    parser.add_argument(
+        "--include",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="consider only files whose relative path matches (repeatable; * crosses /)",
+    )
+    parser.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="leave out files whose relative path matches (repeatable; * crosses /)",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse files that are neither frames (.npz) nor a frame's sidecar (default: "
+        "ignore them; inspect lists them)",
     )
 
 
@@ -64,6 +93,13 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--lanes", type=int, help="lane rows (v2: 140, nuplan: 70); small for tests")
     p.add_argument("--skip-fraction", type=float, default=0.0)
     p.add_argument("--no-sidecars", action="store_true", help="write npz files only")
+    p.add_argument(
+        "--layout",
+        choices=("flat", "converter"),
+        default="flat",
+        help="flat: <log_dir>/ frames; converter: <location>/<split>/<date>/<time>/ frames plus "
+        "routes/*.json, like Diffusion-Planner's converter",
+    )
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("pack", help="pack a source tree into a new version of a dataset root")
@@ -118,6 +154,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         partition_depth=args.partition_depth,
         partition_regex=args.partition_regex,
         path_list=args.path_list,
+        strip_prefix=args.strip_prefix,
+        include=args.include,
+        exclude=args.exclude,
     )
     columns = ["id", "path", "samples", "skipped", "missing_sidecars", "npz_bytes", "sidecar_bytes"]
     if args.out:
@@ -137,19 +176,31 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             f"{report['skipped']} skipped, {report['missing_sidecars']} without sidecar, "
             f"{report['npz_bytes']} npz bytes"
         )
-        for kind in (
-            "collisions",
-            "unreadable",
-            "orphan_sidecars",
-            "outside_partitions",
-            "bad_sidecars",
-        ):
+        for kind in ("collisions", "unreadable", "outside_partitions", "bad_sidecars"):
             for item in report[kind]:
                 print(f"# {kind.replace('_', ' ')}: {item}")
-    problems = sum(
-        len(report[k]) for k in ("collisions", "unreadable", "orphan_sidecars", "bad_sidecars")
-    )
+        _print_not_frames(report)
+        if report["suggestion"]:
+            print(f"# suggestion: {report['suggestion']}")
+    problems = sum(len(report[k]) for k in ("collisions", "unreadable", "bad_sidecars"))
+    if args.strict:
+        problems += len(report["not_frames"])
     return 1 if problems else 0
+
+
+def _print_not_frames(report: dict[str, Any]) -> None:
+    others = report["not_frames"]
+    if others:
+        print(
+            f"# not frames: {len(others)} file(s) neither .npz nor a frame's sidecar; pack "
+            "ignores them (--strict refuses them)"
+        )
+    for item in others[:SHOW_MAX]:
+        print(f"# not frames: {item}")
+    if len(others) > SHOW_MAX:
+        print(f"# not frames: ... and {len(others) - SHOW_MAX} more (--json lists all)")
+    if report["excluded"]:
+        print(f"# excluded by --include/--exclude: {report['excluded']} file(s)")
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -166,6 +217,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
             lanes=args.lanes,
             skip_fraction=args.skip_fraction,
             sidecars=not args.no_sidecars,
+            layout=args.layout,
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -189,6 +241,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
         partition_depth=args.partition_depth,
         partition_regex=args.partition_regex,
         path_list=args.path_list,
+        strip_prefix=args.strip_prefix,
+        include=args.include,
+        exclude=args.exclude,
+        strict=args.strict,
         partitions=args.partition,
         shard_size=args.shard_size,
         level=args.level,

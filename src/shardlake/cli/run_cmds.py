@@ -10,17 +10,16 @@ from .common import add_json_flag, print_json
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
-    from ..tools.compare_runs import LOSS_SHIFTING_ARGS, compare_runs
+    from ..tools.compare_runs import compare_runs
 
-    keys = [k for k in LOSS_SHIFTING_ARGS if k not in set(args.ignore_arg or ())]
-    keys += [k for k in (args.check_arg or ()) if k not in keys]
     result = compare_runs(
         args.baseline,
         args.candidate,
         plateau=args.plateau,
         k=args.k,
         metrics=args.metric,
-        check_keys=keys,
+        ignore_args=args.ignore_arg or (),
+        check_args=args.check_arg or (),
     )
     if args.json:
         print_json(result.to_json())
@@ -138,8 +137,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
             "the baseline's mean ± k·sd over its last N epochs; the candidate passes when its own "
             "mean over the same epochs lies inside every band (exit 0), else fails (exit 1). "
             "Refuses (exit 1, says why) when epoch coverage differs, a cell in range is empty or "
-            "not a finite number, --k <= 0, or the runs' args.json disagree on settings that shift "
-            "the losses (validation worker count, batch sizes, world size, model, optimizer ...)."
+            "not a finite number, --k <= 0, or the runs' args.json differ in any argument outside "
+            "the documented allowlist of settings that cannot shift a loss (output paths, "
+            "experiment names, the data-path arguments of the two paths, training worker counts, "
+            "logging cadence); the report lists every difference and whether it was ignored."
         ),
     )
     p.add_argument("baseline", metavar="BASELINE_DIR", help="the reference run (e.g. npz path)")
@@ -158,13 +159,14 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--check-arg",
         action="append",
         metavar="KEY",
-        help="also require this args.json key to be equal in both runs (repeatable)",
+        help="require this args.json key to be equal even if the allowlist ignores it (repeatable)",
     )
     p.add_argument(
         "--ignore-arg",
         action="append",
         metavar="KEY",
-        help="do not require this default loss-shifting key to match (repeatable; be sure)",
+        help="let this args.json key differ (repeatable; only for settings that cannot shift a "
+        "loss)",
     )
     add_json_flag(p)
     p.set_defaults(func=_compare_runs)

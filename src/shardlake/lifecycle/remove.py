@@ -19,6 +19,7 @@ from ..dataset import Dataset
 from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, read_entry_manifest, read_manifest, write_manifest
+from ..pack.sidecar import skipped_note
 from ..store import Store, open_store
 from ..versions import Version, check_new_tag, load_version, publish_version, read_state
 
@@ -107,10 +108,12 @@ def remove(
             if hit.num_rows != len(wanted):
                 found = set(hit.column("key").to_pylist())
                 unknown = [k for k in wanted if k not in found]
+                note = skipped_note(base_version.doc)
                 raise NotFoundError(
                     f"{store.url}: version {base_version.tag!r} has no sample(s) "
                     + ", ".join(repr(k) for k in unknown[:SHOW_MAX])
                     + (f" (and {len(unknown) - SHOW_MAX} more)" if len(unknown) > SHOW_MAX else "")
+                    + (f" ({note})" if note else "")
                 )
         if hit.num_rows == 0:
             raise SelectionError("the selection matches no sample; nothing to remove")

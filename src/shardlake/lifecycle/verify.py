@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,14 +139,21 @@ def verify_source(
     source_options: dict[str, Any] | None = None,
     progress: bool | None = None,
     workers: int = DEFAULT_WORKERS,
+    only_keys: Collection[str] | None = None,
 ) -> VerifyReport:
-    """Compare ``version`` with the source tree at ``source_url``; see :class:`VerifyReport`."""
+    """Compare ``version`` with the source tree at ``source_url``; see :class:`VerifyReport`.
+
+    ``only_keys`` (a path list's frames, as keys) limits the source to those frames.
+    """
     store = open_store(url, storage_options)
     source = open_store(source_url, source_options)
     ver = load_version(store, version)
     report = VerifyReport(ver.tag, source.url, len(ver.partitions), expected_partitions)
     report.allow_missing = allow_missing or 0
     expected, optional = _source_samples(source, bool(ver.doc.get("keep_skipped", False)))
+    if only_keys is not None:
+        wanted = set(only_keys)
+        expected, optional = expected & wanted, optional & wanted
     if not expected and not optional:
         raise SourceError(f"{source.url}: no .npz files here; is this the source tree?")
     report.source_samples = len(expected)

@@ -36,6 +36,7 @@ from ..errors import (
     VersionNotFoundError,
 )
 from ..format.layout import check_name
+from ..pathlists import PathEntry, source_npz_paths
 from ..store import Store, open_store
 from ..versions import (
     Version,
@@ -245,11 +246,19 @@ def pack_with_report(
     if path_list is None:
         paths = None
     elif isinstance(path_list, (str, os.PathLike)):
-        paths = read_path_list(path_list)
+        paths = read_path_list(path_list, source, strip_prefix=opts.strip_prefix)
     else:
-        paths = list(path_list)
-    tree = discover(source, rule, path_list=paths, only_partitions=partitions)
-    tree.check_packable()
+        listed = [PathEntry(str(p), f"path_list[{i}]") for i, p in enumerate(path_list)]
+        paths = source_npz_paths(listed, source, strip_prefix=opts.strip_prefix)
+    tree = discover(
+        source,
+        rule,
+        path_list=paths,
+        only_partitions=partitions,
+        include=opts.include,
+        exclude=opts.exclude,
+    )
+    tree.check_packable(strict=opts.strict)
     if require_sidecars:
         for part in tree.partitions.values():
             missing = part.missing_sidecars

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,3 +64,15 @@ def read_sidecar(path: str | Path) -> dict[str, Any]:
 
 def is_skipped(doc: dict[str, Any] | None) -> bool:
     return bool(doc and doc.get(SKIPPED_FIELD) is True)
+
+
+def skipped_note(version_doc: Mapping[str, Any]) -> str:
+    """A clause for "matches no key" reports: how many ``is_skipped`` frames the version left
+    out at pack time (they are in the source but not samples), or ``""`` when none were."""
+    left_out = sum(int(p.get("skipped", 0)) for p in version_doc.get("partitions", []))
+    if not left_out or version_doc.get("keep_skipped", False):
+        return ""
+    return (
+        f"the version left out {left_out} is_skipped frame(s) at pack time; drop skipped frames "
+        "from the list or pack with --keep-skipped"
+    )

@@ -1,7 +1,9 @@
 """Pass 1 of a pack: discover a source tree, group files into partitions, fingerprint them.
 
-The source is a local directory (or NFS mount) of ``<name>.npz`` files with optional
-``<name>.json`` sidecars. A sample key is the npz path relative to the source without ``.npz``.
+The source is a local directory (or NFS mount). A **frame** is an ``<name>.npz`` file; its sidecar
+is the ``<name>.json`` beside it; every other file (a converter's ``routes/*.json`` summaries,
+logs, JSON without an npz) is "not a frame": reported by ``inspect``, ignored by ``pack`` unless
+``strict``. A sample key is the npz path relative to the source without ``.npz``.
 
 The **source fingerprint** of a partition is stat-based: a hash over every sample's relative
 path, size and ``mtime_ns`` of its npz and of its sidecar (or "no sidecar"). It costs one
@@ -12,6 +14,7 @@ hashes: an unchanged content yields the same ``data_rev`` and the existing shard
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import stat as stat_mod
@@ -22,6 +25,7 @@ from typing import Any
 
 from ..errors import SourceError, UsageError
 from ..format.layout import partition_id, short_hash
+from ..pathlists import read_entries, source_npz_paths
 
 NPZ = ".npz"
 SIDECAR = ".json"
@@ -149,24 +153,27 @@ class SourceTree:
     root: Path
     rule: PartitionRule
     partitions: dict[str, SourcePartition]  # id -> partition, sorted by path
-    orphan_sidecars: list[str] = field(default_factory=list)  # sidecars without an npz
+    not_frames: list[str] = field(default_factory=list)  # neither an npz nor an npz's sidecar
     unreadable: list[str] = field(default_factory=list)  # "relpath: reason"
     outside: list[str] = field(default_factory=list)  # npz files in no partition
+    excluded: int = 0  # files left out by --include/--exclude
 
     @property
     def samples(self) -> int:
         return sum(p.samples for p in self.partitions.values())
 
-    def check_packable(self) -> None:
-        """Raise :class:`SourceError` naming the first offending file of each kind."""
+    def check_packable(self, *, strict: bool = False) -> None:
+        """Raise :class:`SourceError` naming the first offending file of each kind; files that
+        are not frames are ignored unless ``strict``."""
         if self.unreadable:
             raise SourceError(
                 f"{self.root}: cannot read {len(self.unreadable)} file(s), first: {self.unreadable[0]}"
             )
-        if self.orphan_sidecars:
+        if strict and self.not_frames:
             raise SourceError(
-                f"{self.root / self.orphan_sidecars[0]}: sidecar without an npz "
-                f"({len(self.orphan_sidecars)} orphan sidecar(s) in the source)"
+                f"{self.root / self.not_frames[0]}: not a frame (.npz) nor a frame's sidecar "
+                f"({len(self.not_frames)} such file(s)); --strict refuses them: drop --strict to "
+                "ignore them, or leave them out with --exclude GLOB"
             )
         if self.outside:
             raise SourceError(
@@ -177,39 +184,41 @@ class SourceTree:
             raise SourceError(f"{self.root}: no .npz files found (empty source)")
 
 
-def _normalise_relpath(line: str, where: str) -> str:
-    rel = line.strip().replace("\\", "/")
-    while rel.startswith("./"):
-        rel = rel[2:]
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in rel.split("/")):
-        raise SourceError(f"{where}: {line.strip()!r} is not a relative path inside the source")
-    if not rel.endswith(NPZ):
-        raise SourceError(f"{where}: {line.strip()!r} is not an .npz path")
-    return rel
+def read_path_list(
+    path: str | os.PathLike[str],
+    source: str | os.PathLike[str] | None = None,
+    *,
+    strip_prefix: str | None = None,
+) -> list[str]:
+    """The relative npz paths of a ``--path-list`` file (text or JSON, relative or absolute
+    entries; see :mod:`shardlake.pathlists`). Without ``source`` only relative entries map."""
+    return source_npz_paths(read_entries(path), source, strip_prefix=strip_prefix)
 
 
-def read_path_list(path: str | os.PathLike[str]) -> list[str]:
-    """The relative npz paths in a ``--path-list`` file (blank lines and ``#`` comments skipped).
+def scoped_frame_keys(
+    source: str | os.PathLike[str],
+    *,
+    path_list: str | os.PathLike[str] | None = None,
+    strip_prefix: str | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
+) -> list[str] | None:
+    """The keys of the frames a pack with these scoping options would consider (for ``verify``),
+    or None when no option scopes the source."""
+    if path_list is None and not include and not exclude:
+        return None
+    if path_list is not None:
+        rels = read_path_list(path_list, source, strip_prefix=strip_prefix)
+        return [rel[: -len(NPZ)] for rel in rels if _selected(rel, include, exclude)]
+    frames, _sidecars, _others, _unreadable, _excluded = _scan_tree(Path(source), include, exclude)
+    return sorted(frames)
 
-    A path listed twice is a duplicate key: :class:`SourceError` naming the file and the line.
-    """
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SourceError(f"{path}: cannot read path list ({exc})") from exc
-    seen: dict[str, int] = {}
-    out = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        rel = _normalise_relpath(line, f"{path}:{number}")
-        if rel in seen:
-            raise SourceError(
-                f"{path}:{number}: duplicate key {rel[: -len(NPZ)]!r} (first on line {seen[rel]})"
-            )
-        seen[rel] = number
-        out.append(rel)
-    return out
+
+def _selected(rel: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
+    """Whether ``rel`` passes the ``--include``/``--exclude`` globs (``*`` also crosses ``/``)."""
+    if include and not any(fnmatch.fnmatchcase(rel, g) for g in include):
+        return False
+    return not any(fnmatch.fnmatchcase(rel, g) for g in exclude)
 
 
 def _walk(root: Path) -> tuple[list[tuple[str, os.stat_result]], list[str]]:
@@ -249,51 +258,31 @@ def discover(
     path_list: Sequence[str] | None = None,
     only_partitions: Iterable[str] | None = None,
     collisions: list[str] | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
 ) -> SourceTree:
-    """Pass 1: find samples, group them into partitions and stat them. Reads no file contents.
+    """Pass 1: find frames, group them into partitions and stat them. Reads no file contents.
 
-    ``path_list`` (relative npz paths) scopes discovery to those files; ``only_partitions``
-    (ids or partition paths) keeps only those partitions. Two partition paths with the same id
-    are a hard :class:`SourceError` (with ``collisions`` given, they are appended there instead
-    and the second partition is merged into nothing: ``inspect`` reports them). Unreadable entries and orphan sidecars are collected, not
-    raised (``inspect`` reports them; :meth:`SourceTree.check_packable` refuses them).
+    A frame is an ``.npz``; its sidecar is the ``.json`` with the same stem beside it; every
+    other file (route summaries, logs, JSON without an npz) is listed in ``not_frames``.
+    ``include``/``exclude`` globs (relative paths) choose which frames and other files are
+    considered; a sidecar follows its frame. ``path_list`` (relative npz paths) scopes discovery
+    to those files; ``only_partitions`` (ids or partition paths) keeps only those partitions.
+    Two partition paths with the same id are a hard :class:`SourceError` (with ``collisions``
+    given, they are appended there instead and the second partition is left out: ``inspect``
+    reports them). Unreadable entries are collected, not raised (``inspect`` reports them;
+    :meth:`SourceTree.check_packable` refuses them).
     """
     root = Path(source)
     if not root.is_dir():
         raise SourceError(f"{root}: source is not a directory")
     rule = rule or PartitionRule()
-    unreadable: list[str] = []
-    npz: dict[str, os.stat_result] = {}
-    sidecars: dict[str, os.stat_result] = {}
     if path_list is None:
-        files, unreadable = _walk(root)
-        for rel, st in files:
-            if rel.endswith(NPZ):
-                npz[rel[: -len(NPZ)]] = st
-            elif rel.endswith(SIDECAR):
-                sidecars[rel[: -len(SIDECAR)]] = st
-        orphans = sorted(k + SIDECAR for k in sidecars if k not in npz)
+        npz, sidecars, not_frames, unreadable, excluded = _scan_tree(root, include, exclude)
     else:
-        orphans = []
-        for rel in path_list:
-            key = rel[: -len(NPZ)]
-            if key in npz:  # read_path_list already refuses these; direct API callers too
-                raise SourceError(f"{root / rel}: duplicate key {key!r} in the path list")
-            try:
-                st = os.stat(root / rel)
-            except OSError as exc:
-                unreadable.append(f"{rel}: {exc.strerror or exc}")
-                continue
-            if not stat_mod.S_ISREG(st.st_mode):
-                unreadable.append(f"{rel}: not a regular file")
-                continue
-            npz[key] = st
-            try:
-                sidecars[key] = os.stat(root / (key + SIDECAR))
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                unreadable.append(f"{key + SIDECAR}: {exc.strerror or exc}")
+        chosen = [rel for rel in path_list if _selected(rel, include, exclude)]
+        npz, sidecars, unreadable = _stat_listed(root, chosen)
+        not_frames, excluded = [], len(path_list) - len(chosen)
     wanted = set(only_partitions) if only_partitions is not None else None
     by_path: dict[str, SourcePartition] = {}
     ids: dict[str, str] = {}
@@ -334,7 +323,100 @@ def discover(
             raise UsageError(f"--partition: no partition {sorted(unknown)[0]!r} in {root}")
         by_path = {k: p for k, p in by_path.items() if p.id in wanted or p.path in wanted}
     partitions = {p.id: p for p in sorted(by_path.values(), key=lambda p: p.path)}
-    return SourceTree(root, rule, partitions, orphans, sorted(unreadable), outside)
+    return SourceTree(root, rule, partitions, not_frames, sorted(unreadable), outside, excluded)
+
+
+def _scan_tree(
+    root: Path, include: Sequence[str], exclude: Sequence[str]
+) -> tuple[dict[str, os.stat_result], dict[str, os.stat_result], list[str], list[str], int]:
+    """Walk ``root``: frames and sidecars by key, other files, unreadable entries, excluded."""
+    files, unreadable = _walk(root)
+    frames: dict[str, os.stat_result] = {}
+    excluded = 0
+    for rel, st in files:
+        if rel.endswith(NPZ):
+            if _selected(rel, include, exclude):
+                frames[rel[: -len(NPZ)]] = st
+            else:
+                excluded += 1
+    sidecars: dict[str, os.stat_result] = {}
+    not_frames: list[str] = []
+    for rel, st in files:
+        if rel.endswith(NPZ):
+            continue
+        stem = rel[: -len(SIDECAR)] if rel.endswith(SIDECAR) else None
+        if stem is not None and stem in frames:
+            sidecars[stem] = st  # a sidecar follows its frame
+        elif _selected(rel, include, exclude):
+            not_frames.append(rel)
+        else:
+            excluded += 1
+    return frames, sidecars, sorted(not_frames), unreadable, excluded
+
+
+def _stat_listed(
+    root: Path, path_list: Sequence[str]
+) -> tuple[dict[str, os.stat_result], dict[str, os.stat_result], list[str]]:
+    """Stat the listed npz files and their sidecars: frames, sidecars, unreadable entries."""
+    npz: dict[str, os.stat_result] = {}
+    sidecars: dict[str, os.stat_result] = {}
+    unreadable: list[str] = []
+    for rel in path_list:
+        key = rel[: -len(NPZ)]
+        if key in npz:  # read_path_list already refuses these; direct API callers too
+            raise SourceError(f"{root / rel}: duplicate key {key!r} in the path list")
+        try:
+            st = os.stat(root / rel)
+        except OSError as exc:
+            unreadable.append(f"{rel}: {exc.strerror or exc}")
+            continue
+        if not stat_mod.S_ISREG(st.st_mode):
+            unreadable.append(f"{rel}: not a regular file")
+            continue
+        npz[key] = st
+        try:
+            sidecars[key] = os.stat(root / (key + SIDECAR))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            unreadable.append(f"{key + SIDECAR}: {exc.strerror or exc}")
+    return npz, sidecars, unreadable
+
+
+# inspect suggests a deeper partition rule when depth 1 gives fewer than this many partitions
+# and the directories that hold the frames give at least SUGGEST_FACTOR times as many.
+SUGGEST_BELOW = 16
+SUGGEST_FACTOR = 4
+
+
+def suggest_depth(tree: SourceTree) -> str | None:
+    """A hint when depth-1 partitions are very few and very large, with the numbers; else None.
+
+    The suggested depth is that of the shallowest directory holding frames directly (a
+    converter's log directory, e.g. ``<location>/<split>/<date>/<time>`` = 4).
+    """
+    if tree.rule.regex is not None or tree.rule.depth != 1:
+        return None
+    keys = [f.key for p in tree.partitions.values() for f in p.files]
+    if not keys:
+        return None
+    depth = min(k.count("/") for k in keys)
+    if depth <= 1:
+        return None
+    shallow = len(tree.partitions)
+    counts: dict[str, int] = {}
+    for key in keys:
+        prefix = "/".join(key.split("/")[:depth])
+        counts[prefix] = counts.get(prefix, 0) + 1
+    if shallow >= SUGGEST_BELOW or len(counts) < SUGGEST_FACTOR * shallow:
+        return None
+    largest = max(p.samples for p in tree.partitions.values())
+    sizes = sorted(counts.values())
+    return (
+        f"--partition-depth 1 gives {shallow} partition(s) of up to {largest} frames; the frames "
+        f"sit {depth} directories deep: --partition-depth {depth} gives {len(counts)} partitions "
+        f"of {sizes[0]}..{sizes[-1]} frames (median {sizes[len(sizes) // 2]})"
+    )
 
 
 def inspect_source(
@@ -343,15 +425,26 @@ def inspect_source(
     partition_depth: int | None = None,
     partition_regex: str | None = None,
     path_list: str | os.PathLike[str] | None = None,
+    strip_prefix: str | None = None,
+    include: Sequence[str] = (),
+    exclude: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Read-only report of a source: per partition the sample, skipped, missing-sidecar and byte
-    counts; plus id collisions, unreadable files, orphan sidecars, malformed sidecars."""
+    counts; plus id collisions, unreadable files, files that are not frames, malformed
+    sidecars, and a partition-depth suggestion when depth 1 gives very few, very large
+    partitions."""
     from .sidecar import is_skipped, read_sidecar
 
     rule = PartitionRule.from_options(partition_depth, partition_regex) or PartitionRule()
-    paths = read_path_list(path_list) if path_list is not None else None
+    paths = (
+        read_path_list(path_list, source, strip_prefix=strip_prefix)
+        if path_list is not None
+        else None
+    )
     collisions: list[str] = []
-    tree = discover(source, rule, path_list=paths, collisions=collisions)
+    tree = discover(
+        source, rule, path_list=paths, collisions=collisions, include=include, exclude=exclude
+    )
     bad_sidecars: list[str] = []
     rows = []
     for part in tree.partitions.values():
@@ -387,7 +480,9 @@ def inspect_source(
         "npz_bytes": sum(r["npz_bytes"] for r in rows),
         "collisions": collisions,
         "unreadable": tree.unreadable,
-        "orphan_sidecars": tree.orphan_sidecars,
+        "not_frames": tree.not_frames,
+        "excluded": tree.excluded,
         "outside_partitions": tree.outside,
         "bad_sidecars": bad_sidecars,
+        "suggestion": suggest_depth(tree),
     }

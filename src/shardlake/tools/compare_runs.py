@@ -15,9 +15,24 @@ verdict whenever a verdict would mean nothing:
 * the two logs do not cover the same epochs (the candidate stopped early, ran longer, skipped or
   repeated an epoch);
 * a cell in the plateau range is empty, NaN, infinite or not a number;
-* the two ``args.json`` disagree on a setting that shifts the losses themselves (validation worker
-  count, batch sizes, world size, model, optimizer, epochs, ...): then a difference in loss could be
-  the setting's doing, not the data path's.
+* the two ``args.json`` disagree on any setting that is not in :data:`IGNORED_ARGS`: then a
+  difference in loss could be the setting's doing, not the data path's.
+
+**Every** argument of the two ``args.json`` is compared (a key recorded by one run only is a
+difference too). Only :data:`IGNORED_ARGS`, settings that cannot shift a loss, may differ:
+
+* output paths (``save_dir``, ``out``, ...): where a run writes, not what it computes;
+* experiment names and tracking labels (``exp_name``, ``notes``, ``wandb_*``, ...);
+* the data-path arguments of the two data paths (npz lists ``train_set_list``/``npz_list``...,
+  ``dataset_root``, keysets, selections, the loader's run record): comparing them is the point;
+* loader worker counts other than the validation ones (``num_workers``, ``pin_mem``): they
+  change throughput, not the batches; ``valid_num_workers`` (inheriting ``num_workers`` when
+  unset) stays checked because it changes which samples a validation pass averages;
+* logging, checkpoint and rendering cadence (``save_utd``, ``log_every``, ...) and the DDP
+  rendezvous port.
+
+``ignore_args`` adds names to that list, ``check_args`` takes names off it. The report lists every
+difference, whether it was ignored and why.
 """
 
 from __future__ import annotations
@@ -38,28 +53,66 @@ EPOCH_COLUMN = "epoch"
 DEFAULT_PLATEAU = 5
 DEFAULT_K = 2.0
 
-# Settings that change what a loss *is* (which samples are averaged, in which batches, by which
-# model), so two runs disagreeing on any of them cannot be compared. Data-path settings
-# (dataset root, npz list, keyset names, train worker count) are deliberately absent: comparing
-# data paths is the point.
-LOSS_SHIFTING_ARGS: tuple[str, ...] = (
-    "valid_num_workers",
-    "valid_batch_size",
-    "valid_samples",
-    "train_samples",
-    "batch_size",
-    "world_size",
-    "epochs",
-    "max_steps",
-    "model",
-    "hidden",
-    "lr",
-    "weight_decay",
-    "optimizer",
-    "loss",
-    "inputs",
-    "targets",
-)
+_OUTPUT = "output path: where the run writes, not what it computes"
+_NAME = "experiment name / tracking label"
+_DATA = "data-path argument: the two runs' data paths are what is being compared"
+_WORKERS = "training-loader throughput setting (validation workers stay checked)"
+_CADENCE = "logging / checkpoint / rendering cadence"
+_RENDEZVOUS = "DDP rendezvous address"
+
+# The documented allowlist: settings that cannot shift a loss, name -> why it may differ.
+IGNORED_ARGS: dict[str, str] = {
+    **dict.fromkeys(
+        ("save_dir", "out", "out_dir", "output_dir", "log_dir", "run_dir", "checkpoint_dir"),
+        _OUTPUT,
+    ),
+    **dict.fromkeys(
+        ("exp_name", "run_name", "notes", "use_wandb", "wandb_run_id", "wandb_project_name"),
+        _NAME,
+    ),
+    **dict.fromkeys(
+        (
+            "train_set_list",
+            "valid_set_list",
+            "npz_list",
+            "valid_npz_list",
+            "dataset_root",
+            "dataset_version",
+            "train_keyset",
+            "valid_keyset",
+            "train_where",
+            "valid_where",
+            "run_record",
+            "data_path",
+        ),
+        _DATA,
+    ),
+    **dict.fromkeys(("num_workers", "train_num_workers", "pin_mem", "pin_memory"), _WORKERS),
+    **dict.fromkeys(
+        ("save_utd", "log_every", "log_interval", "print_freq", "save_every"), _CADENCE
+    ),
+    **dict.fromkeys(("closed_loop_draw_every", "closed_loop_fps"), _CADENCE),
+    **dict.fromkeys(("port", "master_port", "master_addr"), _RENDEZVOUS),
+}
+
+NOT_RECORDED = "(not recorded)"
+
+
+@dataclass(frozen=True)
+class ArgDifference:
+    """One argument on which the runs' ``args.json`` differ, and whether it was ignored."""
+
+    name: str
+    baseline: Any
+    candidate: Any
+    ignored: bool
+    reason: str
+
+    def describe(self) -> str:
+        verdict = f"ignored: {self.reason}" if self.ignored else self.reason
+        return (
+            f"{self.name}: baseline {self.baseline!r} != candidate {self.candidate!r} ({verdict})"
+        )
 
 
 class ComparisonRefusedError(ShardlakeError, ValueError):
@@ -112,6 +165,7 @@ class Comparison:
     baseline_rows: list[int]
     candidate_rows: list[int]
     checked_args: list[str]
+    arg_differences: list[ArgDifference] = field(default_factory=list)
     metrics: list[MetricResult] = field(default_factory=list)
 
     @property
@@ -134,7 +188,8 @@ class Comparison:
             f"{self.epoch_first}..{self.epoch_last}; band = mean ± {self.k:g}·sd (sample sd)",
             f"rows used: baseline data rows {_ranges(self.baseline_rows)}, "
             f"candidate data rows {_ranges(self.candidate_rows)} (1 = first row after the header)",
-            f"settings checked equal: {', '.join(self.checked_args) or '(none present)'}",
+            f"settings checked equal: {len(self.checked_args)} argument(s) of args.json",
+            *(f"settings differ: {d.describe()}" for d in self.arg_differences),
             "",
             f"{'metric':<20} {'base mean':>12} {'base sd':>10} {'band low':>12} {'band high':>12} "
             f"{'cand mean':>12} {'cand sd':>10} {'|z|':>6}  verdict",
@@ -222,38 +277,86 @@ def read_log(run_dir: Path) -> RunLog:
 
 
 def effective_args(args: Mapping[str, Any]) -> dict[str, Any]:
-    """``args`` with inherited settings resolved (``valid_num_workers`` None → ``num_workers``)."""
+    """``args`` with inherited settings resolved (``valid_num_workers`` None → ``num_workers``,
+    ``valid_batch_size`` None → ``batch_size``)."""
     out = dict(args)
-    if out.get("valid_num_workers") is None and "num_workers" in out:
-        out["valid_num_workers"] = out["num_workers"]
+    for valid, train in (("valid_num_workers", "num_workers"), ("valid_batch_size", "batch_size")):
+        if out.get(valid) is None and train in out:
+            out[valid] = out[train]
     return out
 
 
-def check_args(
+def diff_args(
     baseline: Mapping[str, Any],
     candidate: Mapping[str, Any],
-    keys: Iterable[str],
-) -> list[str]:
-    """Refuse when the two runs disagree on any of ``keys``; return the keys compared."""
+    *,
+    ignore_args: Iterable[str] = (),
+    check_args: Iterable[str] = (),
+) -> tuple[list[str], list[ArgDifference]]:
+    """Compare every argument: ``(names checked equal, differences)``.
+
+    A difference is ignored when its name is in :data:`IGNORED_ARGS` or ``ignore_args`` and not
+    in ``check_args``.
+    """
     base, cand = effective_args(baseline), effective_args(candidate)
-    checked, problems = [], []
-    for key in keys:
-        in_b, in_c = key in base, key in cand
-        if not in_b and not in_c:
+    extra_ignored, checked_anyway = set(ignore_args), set(check_args)
+    equal: list[str] = []
+    differences: list[ArgDifference] = []
+    for name in sorted(set(base) | set(cand)):
+        b, c = base.get(name, NOT_RECORDED), cand.get(name, NOT_RECORDED)
+        if name in checked_anyway:
+            ignored, reason = False, "checked by --check-arg; may shift the losses"
+        elif name in extra_ignored:
+            ignored, reason = True, "--ignore-arg"
+        elif name in IGNORED_ARGS:
+            ignored, reason = True, IGNORED_ARGS[name]
+        else:
+            ignored, reason = False, "may shift the losses"
+        if b == c and name in base and name in cand:
+            if not ignored:
+                equal.append(name)
             continue
-        checked.append(key)
-        if not in_b or not in_c:
-            have, lack = ("baseline", "candidate") if in_b else ("candidate", "baseline")
-            value = base[key] if in_b else cand[key]
-            problems.append(f"{key}: {have} has {value!r}, {lack} does not record it")
-        elif base[key] != cand[key]:
-            problems.append(f"{key}: baseline {base[key]!r} != candidate {cand[key]!r}")
+        differences.append(ArgDifference(name, b, c, ignored, reason))
+    return equal, differences
+
+
+def _check_args(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    *,
+    ignore_args: Iterable[str] = (),
+    check_args: Iterable[str] = (),
+) -> tuple[list[str], list[ArgDifference]]:
+    """:func:`diff_args`, refusing (:class:`ComparisonRefusedError`) when a difference is not
+    ignored."""
+    equal, differences = diff_args(
+        baseline, candidate, ignore_args=ignore_args, check_args=check_args
+    )
+    problems = [d for d in differences if not d.ignored]
     if problems:
+        ignored = len(differences) - len(problems)
         raise ComparisonRefusedError(
-            "the runs disagree on settings that shift the losses themselves, so a loss difference "
-            "could be theirs, not the data path's: " + "; ".join(problems)
+            "the runs disagree on settings that may shift the losses themselves, so a loss "
+            "difference could be theirs, not the data path's: "
+            + "; ".join(_short(d) for d in problems)
+            + (
+                f" ({ignored} other difference(s) ignored as unable to shift a loss)"
+                if ignored
+                else ""
+            )
+            + ". If a setting truly cannot shift the loss, pass --ignore-arg NAME"
         )
-    return checked
+    return equal, differences
+
+
+def _short(d: ArgDifference) -> str:
+    if d.baseline is NOT_RECORDED or d.candidate is NOT_RECORDED:
+        have, lack = (
+            ("baseline", "candidate") if d.candidate is NOT_RECORDED else ("candidate", "baseline")
+        )
+        value = d.baseline if d.candidate is NOT_RECORDED else d.candidate
+        return f"{d.name}: {have} has {value!r}, {lack} does not record it"
+    return f"{d.name}: baseline {d.baseline!r} != candidate {d.candidate!r}"
 
 
 def _numeric(log: RunLog, row: int, column: str) -> float:
@@ -282,9 +385,14 @@ def compare_runs(
     plateau: int = DEFAULT_PLATEAU,
     k: float = DEFAULT_K,
     metrics: Sequence[str] | None = None,
-    check_keys: Sequence[str] = LOSS_SHIFTING_ARGS,
+    ignore_args: Sequence[str] = (),
+    check_args: Sequence[str] = (),
 ) -> Comparison:
-    """Compare ``candidate_dir`` against ``baseline_dir``; refuse when it would mean nothing."""
+    """Compare ``candidate_dir`` against ``baseline_dir``; refuse when it would mean nothing.
+
+    Every argument of the two ``args.json`` must be equal except those in :data:`IGNORED_ARGS`
+    or ``ignore_args`` (and not in ``check_args``); see the module docs.
+    """
     if not math.isfinite(k) or k <= 0:
         raise ComparisonRefusedError(f"--k must be a positive number, got {k:g}")
     if plateau < 2:
@@ -295,7 +403,9 @@ def compare_runs(
     for d in (bdir, cdir):
         if not d.is_dir():
             raise ComparisonRefusedError(f"{d}: not a directory")
-    checked = check_args(read_args(bdir), read_args(cdir), check_keys)
+    checked, differences = _check_args(
+        read_args(bdir), read_args(cdir), ignore_args=ignore_args, check_args=check_args
+    )
     blog, clog = read_log(bdir), read_log(cdir)
 
     for log in (blog, clog):
@@ -353,6 +463,7 @@ def compare_runs(
         baseline_rows=[r + 1 for r in b_rows],
         candidate_rows=[r + 1 for r in c_rows],
         checked_args=checked,
+        arg_differences=differences,
     )
     for m in metrics:
         bvals = [_numeric(blog, r, m) for r in b_rows]

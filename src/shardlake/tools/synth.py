@@ -1,7 +1,11 @@
 """Synthetic driving-frame corpora shaped like the real ones (see the reference in ``docs``).
 
 ``synth_corpus(dest, partitions, samples, seed=...)`` writes ``<log_dir>/<log_dir>_<token>.npz``
-frames plus a ``.json`` sidecar beside each. Two frame formats:
+frames plus a ``.json`` sidecar beside each. With ``layout="converter"`` the tree is shaped like
+the output of Diffusion-Planner's C++ converter instead:
+``<location>/<split>/<date>/<time>/<time>_<token>.npz`` + a sidecar per frame (no string ids such
+as ``log_file_id``), plus ``<...>/<time>/routes/<time>_<n>.json`` route summaries, which are not
+frame sidecars. Two frame formats:
 
 * ``v2`` - 18 float/bool/int arrays incl. ``version`` (uint32); ``neighbors`` sets N (real: 320).
 * ``nuplan`` - 12 arrays incl. the 0-d unicode strings ``map_name`` and ``token``.
@@ -13,18 +17,21 @@ about as well as real ones (a v2 frame with N=320 is ~1.2 MB raw). Everything is
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 FORMATS = ("v2", "nuplan")
+LAYOUTS = ("flat", "converter")
+_LOCATIONS = ("odaiba", "shinjuku", "kashiwa")
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 _MAPS = ("us-nv-las-vegas-strip", "us-ma-boston", "sg-one-north", "us-pa-pittsburgh-hazelwood")
 _INCOMPLETE = ("lanes", "route_lanes", "neighbors", "static_objects", "ego_future")
@@ -37,9 +44,11 @@ class SynthResult:
     """What :func:`synth_corpus` wrote."""
 
     root: Path
-    partitions: list[str]  # log dir names, in order
+    partitions: list[str]  # log dirs relative to root, in order
     files: list[Path]  # npz paths
     skipped: int  # frames whose sidecar says is_skipped
+    others: list[Path] = field(default_factory=list)  # files that are not frames (routes/*.json)
+    skipped_files: list[Path] = field(default_factory=list)  # npz paths of skipped frames
 
     @property
     def samples(self) -> int:
@@ -181,6 +190,29 @@ def log_dir_name(seed: int, index: int) -> str:
     return f"2021.05.{12 + index % 17:02d}.22.{index % 60:02d}.38_veh-{veh}_{index:05d}_{index + 510:05d}"
 
 
+def converter_dir(seed: int, index: int) -> str:
+    """``<location>/<split>/<date>/<time>`` of the ``index``-th log, like the converter writes:
+    every fourth log is in the ``valid`` split."""
+    rng = np.random.default_rng([seed, index, 11])
+    location = _LOCATIONS[index % len(_LOCATIONS)]
+    split = "valid" if index % 4 == 3 else "train"
+    date = f"2024-05-{10 + index // 12:02d}"
+    time = f"{8 + index % 12:02d}-{int(rng.integers(0, 60)):02d}-{int(rng.integers(0, 60)):02d}"
+    return f"{location}/{split}/{date}/{time}"
+
+
+def _route_summary(rng: np.random.Generator, frames: int, skipped: int) -> dict[str, Any]:
+    start = 1_715_300_000_000_000_000 + int(rng.integers(0, 10**12))
+    return {
+        "num_frames": frames,
+        "traveled_distance_m": round(float(rng.uniform(50, 2000)), 3),
+        "start_timestamp": start,
+        "end_timestamp": start + frames * 100_000_000,
+        "skipping_info": {"label": 0, "details": f"{skipped} skipped", "incomplete_data_types": []},
+        "timestamp_stats": {"/localization/kinematic_state": {"monotonic_header": True}},
+    }
+
+
 def synth_corpus(
     dest: str | os.PathLike[str],
     partitions: int,
@@ -194,16 +226,20 @@ def synth_corpus(
     sidecars: bool = True,
     compress: bool = True,
     progress: Callable[[int], None] | None = None,
+    layout: str = "flat",
 ) -> SynthResult:
     """Write a synthetic corpus of ``partitions`` log dirs with ``samples`` frames each.
 
     ``samples`` may be a list (one count per partition). ``neighbors`` and ``lanes`` (v2: 140,
     nuPlan: 70 by default) shrink frames for tests: v2 with ``neighbors=4, lanes=4`` is ~30 KB
     raw. ``skip_fraction`` of the
-    frames get ``is_skipped: true`` sidecars.
+    frames get ``is_skipped: true`` sidecars. ``layout`` is ``flat`` (``<log_dir>/`` frames) or
+    ``converter`` (nested ``<location>/<split>/<date>/<time>/`` dirs and ``routes/*.json``).
     """
     if format not in FORMATS:
         raise ValueError(f"unknown frame format {format!r}; use one of {', '.join(FORMATS)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     lanes = (140 if format == "v2" else 70) if lanes is None else lanes
     if partitions < 0 or neighbors < 0 or lanes < 0 or not 0.0 <= skip_fraction <= 1.0:
         raise ValueError("partitions neighbors and lanes must be >= 0 and skip_fraction in [0, 1]")
@@ -212,30 +248,77 @@ def synth_corpus(
         raise ValueError("samples must be a count >= 0 or one count per partition")
     root = Path(dest)
     root.mkdir(parents=True, exist_ok=True)
-    names: list[str] = []
-    files: list[Path] = []
-    skipped = 0
+    result = SynthResult(root, [], [], 0)
     for p in range(partitions):
-        log_dir = log_dir_name(seed, p)
-        names.append(log_dir)
-        (root / log_dir).mkdir(exist_ok=True)
-        for i in range(counts[p]):
-            # One generator per frame: any frame can be regenerated on its own.
-            rng = np.random.default_rng([seed, p, i])
-            token = rng.bytes(8).hex()
-            arrays = (
-                _v2_frame(rng, neighbors, lanes)
-                if format == "v2"
-                else _nuplan_frame(rng, neighbors, lanes, token)
-            )
-            path = root / log_dir / f"{log_dir}_{token}.npz"
-            write_npz(path, arrays, compress=compress)
-            files.append(path)
-            if sidecars:
-                is_skipped = bool(rng.random() < skip_fraction)
-                skipped += is_skipped
-                doc = _sidecar(rng, i, is_skipped, neighbors, log_dir)
-                path.with_suffix(".json").write_text(json.dumps(doc, sort_keys=True))
-            if progress is not None:
-                progress(1)
-    return SynthResult(root, names, files, skipped)
+        log_dir = log_dir_name(seed, p) if layout == "flat" else converter_dir(seed, p)
+        result.partitions.append(log_dir)
+        _write_log(
+            result,
+            seed,
+            p,
+            log_dir,
+            counts[p],
+            format,
+            neighbors,
+            lanes,
+            skip_fraction,
+            sidecars,
+            compress,
+            progress,
+            layout,
+        )
+    return dataclasses.replace(result, skipped=len(result.skipped_files))
+
+
+def _write_log(
+    result: SynthResult,
+    seed: int,
+    p: int,
+    log_dir: str,
+    count: int,
+    format: str,
+    neighbors: int,
+    lanes: int,
+    skip_fraction: float,
+    sidecars: bool,
+    compress: bool,
+    progress: Callable[[int], None] | None,
+    layout: str,
+) -> None:
+    """Write the ``count`` frames of one log directory (and, converter layout, its route)."""
+    folder = result.root / log_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = log_dir.rsplit("/", 1)[-1]
+    skipped_here = 0
+    for i in range(count):
+        # One generator per frame: any frame can be regenerated on its own.
+        rng = np.random.default_rng([seed, p, i])
+        token = rng.bytes(8).hex()
+        arrays = (
+            _v2_frame(rng, neighbors, lanes)
+            if format == "v2"
+            else _nuplan_frame(rng, neighbors, lanes, token)
+        )
+        path = folder / f"{stem}_{token}.npz"
+        write_npz(path, arrays, compress=compress)
+        result.files.append(path)
+        if sidecars:
+            is_skipped = bool(rng.random() < skip_fraction)
+            doc = _sidecar(rng, i, is_skipped, neighbors, stem)
+            if layout == "converter":  # the converter writes no string ids
+                for name in ("log_file_id", "vehicle_id", "map_version_id", "date"):
+                    doc.pop(name)
+            indent = 2 if layout == "converter" else None  # the converter pretty-prints
+            path.with_suffix(".json").write_text(json.dumps(doc, sort_keys=True, indent=indent))
+            if is_skipped:
+                result.skipped_files.append(path)
+                skipped_here += 1
+        if progress is not None:
+            progress(1)
+    if layout == "converter":
+        routes = folder / "routes"
+        routes.mkdir(exist_ok=True)
+        rng = np.random.default_rng([seed, p, 13])
+        route = routes / f"{stem}_0.json"
+        route.write_text(json.dumps(_route_summary(rng, count, skipped_here), indent=2))
+        result.others.append(route)
