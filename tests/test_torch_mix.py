@@ -137,3 +137,13 @@ def test_index_beside_the_batch_keeps_the_to_device_loop(roots: tuple[str, str, 
     for batch, want in zip(ds.loader(), keyed_ds.loader(), strict=True):
         moved = {k: v.to("cpu") for k, v in batch.items()}  # every value is a tensor
         assert ds.keys_of(moved["__index__"]) == want["__key__"]
+
+
+def test_mixing_report_counts_samples_per_source(roots: tuple[str, str, str]) -> None:
+    from shardlake.torch import plan_mixing
+
+    ds = mix3(roots, num_workers=2)
+    report = plan_mixing(ds).to_json()
+    batches = keyed(ds, list(ds.loader()))
+    assert report["sources"] == dict(Counter(s for b in batches for s, _ in b))
+    assert sum(report["sources"].values()) - sum(ds.source_counts) < BATCH  # padding only
