@@ -392,8 +392,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         worker, workers = (0, 0) if info is None else (info.id, info.num_workers)
-        skip, self._resume_samples, self._yielded = self._resume_samples, 0, 0
-        self._yielded = skip
+        skip, self._resume_samples = self._resume_samples, 0
+        self._yielded = skip  # samples of this slot consumed, for state_dict()
         for sample in self.iter_slot_samples(self.layout(workers), worker, self.cursor, skip):
             self._yielded += 1
             yield sample
