@@ -132,11 +132,92 @@ def rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
         dist.destroy_process_group()
 
 
-def run_ranks(world: int, cfg: dict[str, Any], tmp: Path) -> list[dict[str, Any]]:
+def run_ranks(world: int, cfg: dict[str, Any], tmp: Path, main: Any = None) -> list[dict[str, Any]]:
     import torch.multiprocessing as mp
 
     out = tmp / f"out-{os.urandom(4).hex()}"
     out.mkdir()
     cfg = {**cfg, "out": str(out), "init_file": str(out / "init")}
-    mp.spawn(rank_main, args=(world, cfg), nprocs=world, join=True)
+    mp.spawn(main or rank_main, args=(world, cfg), nprocs=world, join=True)
     return [json.loads((out / f"{r}.json").read_text()) for r in range(world)]
+
+
+def per_sample_loss(batch: dict[str, Any]) -> torch.Tensor:
+    """A stand-in for a model's per-sample loss: a fixed function of each sample's arrays."""
+    return batch["ego_current_state"].double().sum(dim=1) + batch["goal_pose"].double().sum(dim=1)
+
+
+def mix_rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
+    """One rank of a mix: train steps (optionally preempted and resumed) and an exact pass."""
+    import torch.distributed as dist
+
+    from shardlake.torch import ShardDataset, Source, masked_sum
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{cfg['init_file']}", rank=rank, world_size=world
+    )
+    out: dict[str, Any] = {"rank": rank, "error": None}
+    try:
+        sources = [Source(**s) for s in cfg["sources"]]
+
+        def new_loader() -> Any:
+            ds = ShardDataset.mix(
+                sources,
+                batch_size=cfg["batch_size"],
+                num_workers=cfg["workers"],
+                include_index=True,
+                max_pad_fraction=0.5,
+            )
+            return ds, ds.loader()
+
+        ds, loader = new_loader()
+        first: list[Any] = []
+        for batch in loader:
+            first.append(
+                list(
+                    zip(
+                        ds.sources_of(batch["__index__"]),
+                        ds.keys_of(batch["__index__"]),
+                        strict=True,
+                    )
+                )
+            )
+            if len(first) == cfg["stop_after"]:
+                state = loader.state_dict()
+                break
+        if rank == 0:
+            with open(cfg["save_state"], "w") as f:
+                json.dump(state, f)
+        ds, loader = new_loader()  # a restarted job
+        loader.load_state_dict(json.loads(json.dumps(state)))
+        rest = [
+            list(zip(ds.sources_of(b["__index__"]), ds.keys_of(b["__index__"]), strict=True))
+            for b in loader
+        ]
+        out.update(first=first, rest=rest, record=loader.run_record())
+        valid = ShardDataset(
+            cfg["valid"],
+            batch_size=cfg["valid_batch"],
+            exact=True,
+            include_index=True,
+            num_workers=cfg["workers"],
+        )
+        total = torch.zeros(2, dtype=torch.float64)
+        seen: list[str] = []
+        for batch in valid.loader():
+            total += masked_sum(per_sample_loss(batch), batch["__valid__"])
+            seen += [
+                k
+                for k, ok in zip(valid.keys_of(batch["__index__"]), batch["__valid__"], strict=True)
+                if ok
+            ]
+        out.update(valid_total=total.tolist(), valid_keys=seen)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        out["error"] = {"type": type(exc).__name__, "message": str(exc)}
+        out["traceback"] = traceback.format_exc()
+    finally:
+        with open(Path(cfg["out"]) / f"{rank}.json", "w") as f:
+            json.dump(out, f)
+        dist.destroy_process_group()

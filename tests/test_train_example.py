@@ -39,7 +39,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     tmp = tmp_path_factory.mktemp("train")
     src = synth_corpus(tmp / "src", PARTITIONS, SAMPLES, seed=3, neighbors=4, lanes=4)
     root = tmp / "root"
-    pack(src.root, str(root), tag="v1", workers=1, quiet=True)
+    pack(src.root, str(root), tag="v1", workers=1)
     valid_log = src.partitions[-1]
     create_keyset(str(root), "train", where=f"log_file_id <> '{valid_log}'")
     create_keyset(str(root), "valid", where=f"log_file_id = '{valid_log}'")

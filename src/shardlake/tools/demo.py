@@ -310,7 +310,7 @@ def _train_rank(
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..torch import ShardDataset
+    from ..torch import ShardDataset, masked_sum
 
     torch.set_num_threads(1)  # ranks share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -361,14 +361,14 @@ def _train_rank(
                     break
         seconds = time.perf_counter() - t_first
 
-        # Validation on the held-out logs: one pass, every rank, losses summed across ranks.
-        # One step per rank: a batch of ceil(n/world) pads at most world-1 replays.
+        # Validation on the held-out logs: one exact pass (every sample once over the ranks,
+        # padding masked by __valid__), losses summed across ranks by masked_sum.
         valid = ShardDataset(
             root,
             "v2",
             keyset="valid-v2",
             batch_size=max(1, math.ceil(n_valid / world)),
-            shuffle=False,
+            exact=True,
             num_workers=0,
             storage_options=so,
         )
@@ -376,9 +376,7 @@ def _train_rank(
         with torch.no_grad():
             for batch in valid.loader():
                 x, y = step_inputs(batch)
-                sq[0] += float(((model(x) - y) ** 2).mean(dim=1).sum())
-                sq[1] += x.shape[0]
-        dist.all_reduce(sq)
+                sq += masked_sum(((model(x) - y) ** 2).mean(dim=1), batch["__valid__"])
         doc = {
             "steps": steps,
             "samples": samples,

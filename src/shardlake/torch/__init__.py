@@ -1,14 +1,21 @@
-"""PyTorch loading: ``ShardDataset``, its resumable DDP loader, and the mixing report.
+"""PyTorch loading: ``ShardDataset`` (one source or a weighted mix of ``Source``s), its
+resumable DDP loader, exact evaluation helpers and the mixing report.
 
 Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
 """
 
-from .dataset import ShardDataset, ShardLoader, train_valid
+from .dataset import INDEX_KEY, VALID_KEY, ShardDataset, train_valid
+from .ddp import masked_mean, masked_sum
+from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
-from .plan import Layout, Leg, LegPlan, PlanParams, Rows, plan_epoch, plan_leg
+from .plan import Cursor, Layout, Leg, LegPlan, PlanParams, Rows, plan_epoch, plan_leg
 from .reader import ReadOptions
+from .sources import Source
 
 __all__ = [
+    "INDEX_KEY",
+    "VALID_KEY",
+    "Cursor",
     "Layout",
     "Leg",
     "LegPlan",
@@ -18,8 +25,11 @@ __all__ = [
     "Rows",
     "ShardDataset",
     "ShardLoader",
+    "Source",
     "batch_mixing",
     "js_distance",
+    "masked_mean",
+    "masked_sum",
     "plan_epoch",
     "plan_leg",
     "plan_mixing",

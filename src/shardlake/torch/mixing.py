@@ -10,7 +10,7 @@ samples does (small, but not 0, because a batch is a small sample).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +44,8 @@ class MixingReport:
     distances: list[float]
     partitions: int
     batches: int
+    # samples per source in the planned batches (a mix; padding of an exact pass excluded)
+    sources: dict[str, int] = field(default_factory=dict)
 
     @property
     def mean(self) -> float:
@@ -60,6 +62,7 @@ class MixingReport:
             "js_mean": round(self.mean, 4),
             "js_p95": round(self.p95, 4),
             "js_max": round(max(self.distances, default=0.0), 4),
+            **({"sources": self.sources} if self.sources else {}),
         }
 
 
@@ -92,4 +95,13 @@ def plan_mixing(ds: Any, num_workers: int | None = None, rank: int | None = None
     ranks = range(layout.world_size) if rank is None else [rank]
     part = ds.partition_of
     batches = [part[b] for r in ranks for b in plan.rank_batches(r)]
-    return batch_mixing(batches, part)
+    report = batch_mixing(batches, part)
+    names = [doc["name"] for doc in ds.source_records]
+    counts = np.zeros(len(names), dtype=np.int64)
+    for r in ranks:
+        for k in range(layout.slots_per_rank):
+            slot = plan.slot(r, k)
+            rows = plan.slot_rows[slot][plan.slot_valid[slot]]
+            counts += np.bincount(ds.source_of[rows], minlength=len(names))
+    report.sources.update(zip(names, counts.tolist(), strict=True))
+    return report

@@ -90,6 +90,8 @@ class PlanParams:
     chunk_size: int = DEFAULT_CHUNK_SIZE
     interleave: int = DEFAULT_INTERLEAVE
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
+    # Evaluation: the padding for equal steps is marked invalid (not capped, not a replay).
+    exact: bool = False
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.interleave < 1 or self.shuffle_buffer < 1:
@@ -153,6 +155,9 @@ class LegPlan:
     slot_chunks: list[list[IntArray]] = field(repr=False)
     # slot -> for each emitted sample, the index of its chunk in slot_chunks
     slot_emit_chunk: list[IntArray] = field(repr=False)
+    # exact mode: ids >= pad_base are padding; pad_rows[id - pad_base] is the row read for it
+    pad_base: int | None = None
+    pad_rows: IntArray | None = field(default=None, repr=False)
 
     def slot(self, rank: int, worker: int) -> int:
         return rank * self.layout.slots_per_rank + worker
@@ -286,7 +291,7 @@ def plan_leg(
     steps = math.ceil(n / per_step) if n else 0
     pad = steps * per_step - n
     basis = epoch_samples if epoch_samples is not None else n_all
-    if pad and pad > params.max_pad_fraction * basis:
+    if pad and not params.exact and pad > params.max_pad_fraction * basis:
         raise PlanError(
             f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
             f"{layout.batch_size} leave {pad} slots to fill by replaying samples "
@@ -301,6 +306,14 @@ def plan_leg(
         replay = ids[pick_rng.choice(n, size=pad, replace=pad > n)]
     else:
         replay = np.zeros(0, dtype=np.int64)
+    pad_rows = None
+    if params.exact:
+        # Padding gets ids of its own past the rows, so it can be told apart after planning.
+        pad_rows, replay = replay, n_all + np.arange(pad, dtype=np.int64)
+        rows = Rows(
+            np.concatenate([rows.shard, rows.shard[pad_rows]]),
+            np.concatenate([rows.offset, rows.offset[pad_rows]]),
+        )
     chunks = _chunks(rows, ids, params.chunk_size, rng) + _chunks(
         rows, replay, params.chunk_size, rng
     )
@@ -335,7 +348,19 @@ def plan_leg(
         slot_read.append(read)
         slot_pos.append(pos)
         slot_chunk.append(chunk_of)
-    return LegPlan(layout, steps, n, pad, slot_rows, slot_read, slot_pos, segments, slot_chunk)
+    return LegPlan(
+        layout,
+        steps,
+        n,
+        pad,
+        slot_rows,
+        slot_read,
+        slot_pos,
+        segments,
+        slot_chunk,
+        n_all if params.exact else None,
+        pad_rows,
+    )
 
 
 def plan_epoch(
@@ -356,7 +381,10 @@ def plan_epoch(
             exclude=np.concatenate(exclude) if exclude else None,
             leg=i,
         )
-        exclude.append(prev.consumed(done.steps))
+        used = prev.consumed(done.steps)
+        if prev.pad_base is not None:
+            used = used[used < prev.pad_base]
+        exclude.append(used)
     return plan_leg(
         rows,
         params,
@@ -364,6 +392,55 @@ def plan_epoch(
         layout,
         exclude=np.concatenate(exclude) if exclude else None,
         leg=len(legs),
+    )
+
+
+@dataclass
+class ReadPlan:
+    """A leg plan in table rows: what each slot reads and emits, and which emits are real."""
+
+    layout: Layout
+    steps: int
+    samples: int
+    replays: int
+    slot_rows: list[IntArray] = field(repr=False)
+    slot_chunks: list[list[IntArray]] = field(repr=False)
+    slot_emit_chunk: list[IntArray] = field(repr=False)
+    # per slot, True where the emitted sample counts (False: padding of an exact pass)
+    slot_valid: list[np.ndarray[Any, np.dtype[np.bool_]]] = field(repr=False)
+    slot_ids: list[IntArray] = field(repr=False)  # plan ids (epoch positions) of the emits
+
+    def slot(self, rank: int, worker: int) -> int:
+        return rank * self.layout.slots_per_rank + worker
+
+    def rank_batches(self, rank: int) -> list[IntArray]:
+        """Rank ``rank``'s batches (table rows) in step order."""
+        w, b = self.layout.slots_per_rank, self.layout.batch_size
+        per = [self.slot_rows[self.slot(rank, k)] for k in range(w)]
+        return [per[t % w][(t // w) * b : (t // w + 1) * b] for t in range(self.steps)]
+
+
+def resolve(plan: LegPlan, epoch_map: IntArray | None) -> ReadPlan:
+    """Turn a leg plan over epoch positions into table rows (``epoch_map[position] = row``)."""
+    n = plan.pad_base
+
+    def rows(ids: IntArray) -> IntArray:
+        out = ids
+        if n is not None and plan.pad_rows is not None and len(plan.pad_rows):
+            out = np.where(ids < n, ids, plan.pad_rows[np.maximum(ids - n, 0)])
+        return out if epoch_map is None else epoch_map[out]
+
+    valid = [ids < n if n is not None else np.ones(len(ids), dtype=bool) for ids in plan.slot_rows]
+    return ReadPlan(
+        plan.layout,
+        plan.steps,
+        plan.samples,
+        plan.replays,
+        [rows(ids) for ids in plan.slot_rows],
+        [[rows(c) for c in chunks] for chunks in plan.slot_chunks],
+        plan.slot_emit_chunk,
+        valid,
+        plan.slot_rows,
     )
 
 
@@ -375,3 +452,20 @@ def selection_digest(keys: Sequence[str]) -> str:
         h.update(len(data).to_bytes(8, "little"))
         h.update(data)
     return h.hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """A position in the sample stream: epoch, its finished legs and global steps consumed in
+    the current leg. Loaders own one each (immutable: moving it makes a new one)."""
+
+    epoch: int = 0
+    legs: tuple[Leg, ...] = ()
+    step: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "legs": [leg.to_json() for leg in self.legs],
+            "step": self.step,
+        }

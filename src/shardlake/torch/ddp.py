@@ -1,0 +1,95 @@
+"""What ranks agree on: rank/world discovery, the start-of-pass check, per-step error agreement,
+and the reduction of masked (exact evaluation) metrics across ranks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import errors as _errors
+from ..errors import PlanError, ShardlakeError
+
+
+def dist_info() -> tuple[int, int]:
+    """``(rank, world_size)`` of the default process group, ``(0, 1)`` without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class RankSync:
+    """The loader's collectives, on a gloo group (created once, on first use, by every rank)."""
+
+    def __init__(self) -> None:
+        self._group: Any = None
+
+    def group(self) -> Any:
+        if self._group is None:
+            # Our CPU flags need gloo; a NCCL default group gets a gloo side group.
+            self._group = (
+                dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+            )
+        return self._group
+
+    def check_same(self, mine: Any) -> None:
+        """Raise on every rank unless all ranks pass an equal ``mine``."""
+        gathered: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine, group=self.group())
+        if any(g != gathered[0] for g in gathered):
+            first = gathered[0]
+            bad = [i for i, g in enumerate(gathered) if g != first]
+            raise PlanError(
+                f"ranks disagree on version/selection/cursor: rank 0 has {first}, ranks {bad} "
+                f"differ (rank {bad[0]}: {gathered[bad[0]]}); every rank must open the same "
+                "version and selection and load the same loader state"
+            )
+
+    def agree(self, error: BaseException | None, ended: bool) -> None:
+        """All ranks learn whether any failed (or ran out early) and raise the same error."""
+        group = self.group()
+        flags = torch.tensor([1 if error is not None else 0, 1 if ended else 0], dtype=torch.int64)
+        dist.all_reduce(flags, group=group)
+        failed, ended_count = int(flags[0]), int(flags[1])
+        world = dist.get_world_size()
+        if failed:
+            info = (type(error).__name__, str(error)) if error is not None else None
+            gathered: list[Any] = [None] * world
+            dist.all_gather_object(gathered, info, group=group)
+            rank = next(i for i, g in enumerate(gathered) if g is not None)
+            name, message = gathered[rank]
+            cls = getattr(_errors, name, None)
+            if not (isinstance(cls, type) and issubclass(cls, ShardlakeError)):
+                cls = RuntimeError
+            raise cls(f"rank {rank}: {name}: {message}") from error
+        if 0 < ended_count < world:
+            raise PlanError(
+                f"{ended_count} of {world} ranks ran out of batches before the others; ranks "
+                "must use the same version, selection, batch_size and loader state"
+            )
+
+
+def masked_sum(values: torch.Tensor, valid: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """``[sum of values where valid, count of valid]`` over all ranks (float64, on CPU).
+
+    ``values`` holds one number per sample (e.g. a per-sample loss); ``valid`` is the batch's
+    ``"__valid__"``. Accumulate the result over a pass; ``total[0] / total[1]`` is the metric
+    over exactly the selected samples, the same as one process computing it alone.
+    """
+    mask = valid.to(device=values.device, dtype=torch.bool).reshape(-1)
+    flat = values.detach().reshape(len(mask), -1).sum(dim=1)
+    out = torch.stack([flat[mask].sum().double(), mask.sum().double()]).cpu()
+    if distributed():
+        dist.all_reduce(out, group=group)
+    return out
+
+
+def masked_mean(values: torch.Tensor, valid: torch.Tensor, group: Any = None) -> float:
+    """The mean of ``values`` over the valid samples of all ranks' batches (one batch)."""
+    total = masked_sum(values, valid, group)
+    return float(total[0] / total[1]) if total[1] > 0 else float("nan")

@@ -1,0 +1,232 @@
+"""``ShardLoader``: the training loop's loader. It owns a :class:`~shardlake.torch.plan.Cursor`,
+batches inside the DataLoader workers, resumes exactly (torch.distributed.checkpoint's
+``Stateful``) and keeps DDP ranks in step (:mod:`shardlake.torch.ddp`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from ..errors import PlanError, UsageError
+from .collate import BUFFER_KEY, BufferPool
+from .dataset import ShardDataset
+from .ddp import RankSync, distributed
+from .plan import Cursor, Layout, Leg
+
+STATE_FORMAT = "shardlake.loader-state/1"
+POOL_SIZE = 8  # reusable shared batch buffers per worker (prefetched + held by the user)
+
+
+class _BatchStream(IterableDataset[Any]):
+    """What each DataLoader worker runs: its slot's batches from the cursor on."""
+
+    def __init__(
+        self, ds: ShardDataset, layout: Layout, cursor: Cursor, flags: torch.Tensor | None
+    ) -> None:
+        super().__init__()
+        self.ds = ds
+        self.layout = layout
+        self.cursor = cursor
+        self.flags = flags
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker = 0 if info is None else info.id
+        pool = None
+        if self.flags is not None and info is not None:
+            pool = BufferPool(self.flags, worker * POOL_SIZE, POOL_SIZE)
+        yield from self.ds.iter_slot_batches(self.layout, worker, self.cursor, pool)
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+class ShardLoader:
+    """Iterating yields this rank's collated batches of the current epoch, from its cursor.
+
+    ``num_workers`` defaults to the dataset's; other options go to ``DataLoader``
+    (``pin_memory``, ``prefetch_factor``, ``multiprocessing_context``, ``timeout``). After a
+    complete pass the loader moves to the next epoch. ``set_epoch(e)`` (call it every epoch, as
+    with ``DistributedSampler``) starts epoch ``e`` afresh unless the loader already stands in
+    epoch ``e`` (e.g. just resumed into it), so a resumed loop keeps its position.
+
+    With ``torch.distributed`` initialised, every rank must iterate its loader in step: before
+    the first batch the ranks check they resolved the same version hash, selection and cursor,
+    and after every step they agree (one tiny all-reduce on a gloo group) whether any rank
+    failed, so an error on one rank stops all of them with the same error instead of leaving the
+    others waiting in a collective. ``sync=False`` turns this off.
+
+    Resume: :meth:`state_dict` counts every batch the loader has yielded as consumed; a loader
+    given that state by :meth:`load_state_dict` (any world size, workers or batch size) yields
+    exactly the rest of the epoch and reads nothing of the consumed part. The loader is a
+    ``torch.distributed.checkpoint.stateful.Stateful``: ``dcp.save({"loader": loader})`` works.
+
+    Batch tensors live in shared-memory buffers the workers recycle once no tensor or view of
+    the batch is alive in this process any more (so a batch you keep is never overwritten);
+    ``reuse_buffers=False`` allocates fresh shared memory for every batch instead (slower).
+    """
+
+    def __init__(
+        self,
+        ds: ShardDataset,
+        *,
+        num_workers: int | None = None,
+        sync: bool = True,
+        reuse_buffers: bool = True,
+        **options: Any,
+    ) -> None:
+        if options.get("persistent_workers"):
+            # Workers are started per pass with the pass's cursor baked in; persistent ones
+            # would replay the first pass's position.
+            raise UsageError(
+                "ShardLoader starts workers per pass; persistent_workers=True is not supported"
+            )
+        if options.get("batch_size") is not None:
+            raise UsageError("the loader batches in the workers; set batch_size on ShardDataset")
+        self.ds = ds
+        self.reuse_buffers = reuse_buffers
+        self.num_workers = ds.num_workers if num_workers is None else num_workers
+        self.options = options
+        self.sync = sync
+        self.cursor = ds.cursor
+        self._ranks = RankSync()
+        self._checked = False
+
+    # --- cursor ------------------------------------------------------------------------------
+
+    @property
+    def layout(self) -> Layout:
+        return self.ds.layout(self.num_workers)
+
+    def __len__(self) -> int:
+        """Steps left in the current epoch."""
+        return max(0, self.ds.plan(self.layout, self.cursor).steps - self.cursor.step)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Go to epoch ``epoch`` (from its start, unless the loader is already in it)."""
+        if int(epoch) != self.cursor.epoch:
+            self.cursor = Cursor(int(epoch))
+
+    @property
+    def epoch(self) -> int:
+        return self.cursor.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cursor (global steps consumed so far); save it with the model checkpoint."""
+        ds, cursor = self.ds, self.cursor
+        return {
+            "format": STATE_FORMAT,
+            "version_hash": ds.version_hash,
+            "selection_digest": ds.selection_digest,
+            "seed": ds.params.seed,
+            "epoch": cursor.epoch,
+            # A JSON string: a flat value that torch.distributed.checkpoint stores as is.
+            "legs": json.dumps([leg.to_json() for leg in cursor.legs]),
+            "layout": asdict(self.layout),
+            "step": cursor.step,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the consumed batches of ``state`` (any world size/workers)."""
+        if state.get("format") != STATE_FORMAT:
+            raise PlanError(f"not a shardlake loader state (format {state.get('format')!r})")
+        self.ds.check_identity(state)
+        docs = json.loads(state["legs"]) if isinstance(state["legs"], str) else state["legs"]
+        legs = tuple(Leg.from_json(doc) for doc in docs)
+        saved = Leg.from_json({**state["layout"], "steps": int(state["step"])})
+        epoch = int(state["epoch"])
+        if saved.layout == self.layout:
+            self.cursor = Cursor(epoch, legs, saved.steps)
+        else:
+            # Another layout: a new leg over what the earlier legs did not consume.
+            self.cursor = Cursor(epoch, (*legs, saved), 0)
+
+    def run_record(self) -> dict[str, Any]:
+        record = self.ds.run_record()
+        record["plan"]["num_workers"] = self.num_workers
+        return record
+
+    # --- iteration -------------------------------------------------------------------------------
+
+    def _check_ranks(self) -> None:
+        c = self.cursor
+        self._ranks.check_same(
+            (
+                self.ds.version_hash,
+                self.ds.selection_digest,
+                self.ds.params.seed,
+                c.epoch,
+                c.step,
+                tuple(tuple(sorted(leg.to_json().items())) for leg in c.legs),
+                self.ds.batch_size,
+            )
+        )
+
+    def __iter__(self) -> Iterator[Any]:
+        synced = self.sync and distributed()
+        if synced and not self._checked:
+            self._check_ranks()
+            self._checked = True
+        # Buffer release flags shared with the workers (see collate.BufferPool).
+        flags = None
+        if self.num_workers > 0 and self.reuse_buffers:
+            flags = torch.zeros(self.num_workers * POOL_SIZE, dtype=torch.int32).share_memory_()
+        held: list[tuple[StorageWeakRef, int]] = []
+        stream = _BatchStream(self.ds, self.layout, self.cursor, flags)
+        options = dict(self.options)
+        if self.num_workers > 0:
+            options.setdefault("prefetch_factor", 2)
+        loader = DataLoader(
+            stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **options
+        )
+        it = iter(loader)
+        try:
+            while True:
+                error: BaseException | None = None
+                ended = False
+                batch: Any = None
+                try:
+                    batch = next(it)
+                except StopIteration:
+                    ended = True
+                except Exception as exc:  # noqa: BLE001 - shared with the other ranks below
+                    error = exc
+                if synced:
+                    self._ranks.agree(error, ended)
+                elif error is not None:
+                    raise error
+                if ended:
+                    break
+                if flags is not None:
+                    held = _release(held, flags, batch)
+                self.cursor = replace(self.cursor, step=self.cursor.step + 1)
+                yield batch
+                batch = None  # drop our reference, so only the user's keeps the buffer
+        finally:
+            del it
+        # A complete pass: the next iteration is the next epoch.
+        self.cursor = Cursor(self.cursor.epoch + 1)
+
+
+def _release(
+    held: list[tuple[StorageWeakRef, int]], flags: torch.Tensor, batch: Any
+) -> list[tuple[StorageWeakRef, int]]:
+    """Hand buffers whose batches are gone back to their workers; track ``batch``'s buffer."""
+    alive = []
+    for ref, index in held:
+        if ref.expired():
+            flags[index] = 0
+        else:
+            alive.append((ref, index))
+    index = batch.pop(BUFFER_KEY, -1) if isinstance(batch, dict) else -1
+    if index >= 0:
+        storage = next(v for v in batch.values() if isinstance(v, torch.Tensor)).untyped_storage()
+        alive.append((StorageWeakRef(storage), index))
+    return alive

@@ -1,0 +1,265 @@
+"""What a loader reads: its sources (root, version, selection, weight) and their row table.
+
+One :class:`Source` is a selection of one version of one root. A loader over several sources
+(:meth:`ShardDataset.mix <shardlake.torch.ShardDataset.mix>`) concatenates their selected manifest
+rows into one :class:`~shardlake.torch.reader.RowTable`; shards of different stores are read
+through :class:`SourceStores`, which routes each shard key to its own store. How many samples of
+each source an epoch takes (``weight``, ``repeat``, ``choose``) and which ones is decided per
+epoch by :func:`epoch_rows`, seeded, so a rerun is identical.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..dataset import open_dataset
+from ..errors import SelectionError, UsageError
+from ..store import Store
+from .reader import RowTable
+
+CORE_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
+IntArray = np.ndarray[Any, np.dtype[np.int64]]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One input of a mix: a selection of one version of one root, and its share of an epoch.
+
+    Selection: at most one of ``keyset``, ``where`` and ``keys`` (none selects everything).
+    Share, at most one of: ``weight`` (relative proportion of the epoch's samples; weights of
+    the mix are normalised), ``repeat`` (an absolute count of ``repeat`` x the selection size,
+    e.g. 2 or 0.5) and ``choose`` (an absolute count of samples). None of them means
+    ``repeat=1``. An epoch takes ``floor(count / size)`` full passes of the source plus a seeded
+    random subset (without replacement) for the rest, so repeats are explicit and no sample is
+    taken twice more often than the count requires.
+    """
+
+    url: str | Store
+    version: str = "latest"
+    keyset: str | None = None
+    where: str | None = None
+    keys: Sequence[str] | None = None
+    weight: float | None = None
+    repeat: float | None = None
+    choose: int | None = None
+    name: str | None = None
+    storage_options: dict[str, Any] | None = field(default=None, compare=False)
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.keyset, self.where, self.keys)) > 1:
+            raise SelectionError("pass at most one of keyset=, where= and keys=")
+        if sum(x is not None for x in (self.weight, self.repeat, self.choose)) > 1:
+            raise UsageError(f"source {self.label}: pass at most one of weight=, repeat=, choose=")
+        for name in ("weight", "repeat", "choose"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise UsageError(f"source {self.label}: {name}={value!r} must be >= 0")
+
+    @property
+    def label(self) -> str:
+        if self.name is not None:
+            return self.name
+        url = self.url if isinstance(self.url, str) else self.url.url
+        return f"{url}@{self.version}"
+
+
+@dataclass
+class SourceRows:
+    """One source resolved: its store, version and selected manifest rows."""
+
+    source: Source
+    store: Store
+    version_tag: str
+    version_hash: str
+    selection: dict[str, Any]
+    table: pa.Table
+    shard_key: Any  # (partition, shard) -> shard key in its store
+
+
+def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
+    """Resolve ``source``: open its version and select its manifest rows (the table set-up)."""
+    ds = open_dataset(source.url, source.version, source.storage_options)
+    where, keyset, keys = source.where, source.keyset, source.keys
+    table = ds.manifests(columns=None if where else [*CORE_COLUMNS, *meta_columns])
+    missing = [c for c in meta_columns if c not in table.column_names]
+    if missing:
+        raise SelectionError(
+            f"unknown meta_columns {', '.join(missing)}; manifest columns: "
+            f"{', '.join(table.column_names)}"
+        )
+    selection: dict[str, Any] = {"all": True}
+    if where is not None:
+        from ..sql import select
+
+        table, selection = select(table, where), {"where": where}
+    elif keyset is not None or keys is not None:
+        if keyset is not None:
+            from ..keysets import load_keyset
+
+            ks = load_keyset(ds.store, keyset)
+            ks.check_version(ds.version)
+            wanted, selection = ks.keys, {"keyset": keyset}
+        else:
+            wanted, selection = list(keys or ()), {"keys": len(keys or ())}
+        mask = pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string()))
+        table = table.filter(mask)
+        if table.num_rows != len(set(wanted)):
+            raise SelectionError(
+                f"{len(set(wanted)) - table.num_rows} selected key(s) are not in version "
+                f"{ds.version.tag!r} of {ds.store.url}"
+            )
+    if table.num_rows == 0:
+        raise SelectionError(
+            f"the selection is empty in version {ds.version.tag!r} of {ds.store.url}"
+        )
+    return SourceRows(
+        source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
+    )
+
+
+class SourceStores:
+    """The stores of a mix behind the two calls a slot reader makes.
+
+    Shard keys of the combined table are ``"<source index>:<key>"``; each read is routed to its
+    source's store (ranges keep their order).
+    """
+
+    def __init__(self, stores: Sequence[Store]) -> None:
+        self.stores = list(stores)
+
+    @property
+    def url(self) -> str:
+        return " + ".join(s.url for s in self.stores)
+
+    def _split(self, key: str) -> tuple[Store, str]:
+        index, _, inner = key.partition(":")
+        return self.stores[int(index)], inner
+
+    def key_url(self, key: str) -> str:
+        store, inner = self._split(key)
+        return store.key_url(inner)
+
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        by_store: dict[int, list[int]] = {}
+        for i, (key, _s, _e) in enumerate(ranges):
+            by_store.setdefault(int(key.partition(":")[0]), []).append(i)
+        out: list[bytes] = [b""] * len(ranges)
+        for index, members in by_store.items():
+            parts = [(ranges[i][0].partition(":")[2], ranges[i][1], ranges[i][2]) for i in members]
+            for i, data in zip(members, self.stores[index].read_ranges(parts), strict=True):
+                out[i] = data
+        return out
+
+
+@dataclass
+class Combined:
+    """The sources' rows as one table: row ``i`` belongs to source ``source_of[i]``."""
+
+    table: RowTable
+    store: Any  # a Store, or SourceStores for a mix
+    source_of: IntArray
+    partition_of: IntArray
+    partition_names: list[str]
+    meta: dict[str, list[Any]]
+    sizes: list[int]
+
+
+def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Combined:
+    """One row table over all sources (a single source keeps its own store and shard keys)."""
+    mixed = len(resolved) > 1
+    keys: list[str] = []
+    shard_keys: list[str] = []
+    columns: dict[str, list[np.ndarray[Any, Any]]] = {
+        c: [] for c in ("shard", "offset", "size", "raw_size", "crc32")
+    }
+    source_of: list[IntArray] = []
+    partition_of: list[IntArray] = []
+    part_names: list[str] = []
+    meta: dict[str, list[Any]] = {c: [] for c in meta_columns}
+    for index, src in enumerate(resolved):
+        t = src.table
+        pids = t.column("partition").to_pylist()
+        shards = t.column("shard").to_numpy().tolist()
+        pairs: dict[tuple[str, int], int] = {}
+        shard_idx = np.empty(len(pids), dtype=np.int64)
+        for i, pair in enumerate(zip(pids, shards, strict=True)):
+            shard_idx[i] = pairs.setdefault(pair, len(pairs)) + len(shard_keys)
+        prefix = f"{index}:" if mixed else ""
+        shard_keys.extend(prefix + src.shard_key(pid, s) for pid, s in pairs)
+        columns["shard"].append(shard_idx)
+        for c in ("offset", "size", "raw_size", "crc32"):
+            columns[c].append(t.column(c).to_numpy().astype(np.int64))
+        keys.extend(t.column("key").to_pylist())
+        names = sorted(set(pids))
+        base = len(part_names)
+        part_names.extend(f"{src.source.label}/{p}" if mixed else p for p in names)
+        lookup = {p: base + i for i, p in enumerate(names)}
+        partition_of.append(np.array([lookup[p] for p in pids], dtype=np.int64))
+        source_of.append(np.full(len(pids), index, dtype=np.int64))
+        for c in meta_columns:
+            meta[c].extend(t.column(c).to_pylist())
+    table = RowTable(
+        **{c: np.concatenate(v) for c, v in columns.items()}, keys=keys, shard_keys=shard_keys
+    )
+    store: Any = SourceStores([r.store for r in resolved]) if mixed else resolved[0].store
+    return Combined(
+        table,
+        store,
+        np.concatenate(source_of),
+        np.concatenate(partition_of),
+        part_names,
+        meta,
+        [r.table.num_rows for r in resolved],
+    )
+
+
+def epoch_counts(
+    sources: Sequence[Source], sizes: Sequence[int], epoch_size: int | None
+) -> list[int]:
+    """Samples each source contributes to every epoch."""
+    counts = [0] * len(sources)
+    weighted = [i for i, s in enumerate(sources) if s.weight is not None]
+    for i, s in enumerate(sources):
+        if s.choose is not None:
+            counts[i] = int(s.choose)
+        elif s.weight is None:
+            counts[i] = round((1.0 if s.repeat is None else s.repeat) * sizes[i])
+    if weighted:
+        total = sum(sizes) if epoch_size is None else int(epoch_size)
+        budget = max(0, total - sum(counts))
+        weights = np.array([sources[i].weight for i in weighted], dtype=np.float64)
+        if weights.sum() <= 0:
+            raise UsageError("the weights of a mix must not all be 0")
+        exact = weights / weights.sum() * budget
+        share = np.floor(exact).astype(np.int64)
+        # Largest remainder: the rounding never changes the total.
+        for j in np.argsort(-(exact - share), kind="stable")[: budget - int(share.sum())]:
+            share[j] += 1
+        for i, c in zip(weighted, share.tolist(), strict=True):
+            counts[i] = c
+    if sum(counts) == 0:
+        raise UsageError("the mix takes no samples per epoch; give a source a weight or count")
+    return counts
+
+
+def epoch_rows(counts: Sequence[int], sizes: Sequence[int], seed: int, epoch: int) -> IntArray:
+    """The combined-table rows of one epoch (a row repeats when its source is up-sampled)."""
+    parts: list[IntArray] = []
+    base = 0
+    for index, (count, size) in enumerate(zip(counts, sizes, strict=True)):
+        full, rest = divmod(count, size)
+        parts.extend([np.arange(base, base + size, dtype=np.int64)] * full)
+        if rest:
+            text = f"shardlake.mix/1|{seed}|{epoch}|{index}".encode()
+            digest = hashlib.sha256(text).digest()
+            rng = np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+            parts.append(base + np.sort(rng.choice(size, size=rest, replace=False)))
+        base += size
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
