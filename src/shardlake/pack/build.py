@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
-import zipfile
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +45,7 @@ from ..format.manifest import (
     read_manifest,
     write_manifest,
 )
+from ..format.npz import load_npz
 from ..format.tar import ShardWriter
 from ..store import Store
 from ..versions import canonical_json
@@ -56,7 +55,6 @@ from .source import NPZ, SIDECAR, SourcePartition
 DEFAULT_SHARD_SIZE = 1 << 30
 # Keep npz bytes from the hashing pass for the encoding pass up to this much per partition.
 READ_CACHE_BYTES = 256 << 20
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 @dataclass(frozen=True)
@@ -137,25 +135,6 @@ def meta_revision(sidecars: list[tuple[str, dict[str, Any] | None]]) -> str:
 
 def manifest_revision(data_rev: str, meta_rev: str) -> str:
     return short_hash("manifest-rev", data_rev, meta_rev, length=24)
-
-
-def load_npz(data: bytes, where: str) -> dict[str, np.ndarray[Any, Any]]:
-    """Arrays of an npz (never unpickling); :class:`SourceError` naming ``where`` if unreadable."""
-    if data[:4] not in _ZIP_MAGIC:
-        raise SourceError(f"{where}: not an npz file (no zip header; truncated or corrupt?)")
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
-    except ValueError as exc:
-        if "allow_pickle" in str(exc) or "pickled" in str(exc):
-            raise SourceError(f"{where}: holds an object array; object arrays are refused") from exc
-        raise SourceError(f"{where}: corrupt npz ({exc})") from exc
-    except (zipfile.BadZipFile, OSError, EOFError, KeyError, RuntimeError) as exc:
-        raise SourceError(
-            f"{where}: corrupt or truncated npz ({type(exc).__name__}: {exc})"
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - zlib.error and friends: any decode failure names the file
-        raise SourceError(f"{where}: corrupt npz ({type(exc).__name__}: {exc})") from exc
 
 
 def _flat_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
