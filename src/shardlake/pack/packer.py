@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ..errors import (
-    ConflictError,
     PackWorkerError,
     SourceError,
     UsageError,
@@ -39,17 +38,16 @@ from ..errors import (
 from ..format.layout import check_name
 from ..store import Store, open_store
 from ..versions import (
-    RootState,
     Version,
     check_new_tag,
     ensure_root,
     load_version,
-    publish_version,
     read_state,
 )
 from .build import BuildResult, BuildTask, Recipe, build_partition
 from .options import ExecutorSpec, PackOptions
 from .progress import DEFAULT_HEARTBEAT_S, Progress
+from .publish import publish
 from .source import PartitionRule, SourcePartition, discover, read_path_list
 
 
@@ -338,7 +336,7 @@ def pack_with_report(
         "keep_skipped": keep_skipped,
         "partitions": list(entries.values()),
     }
-    version = _publish(store, tag, body, state, base_version.tag if base_version else None)
+    version = publish(store, tag, body, state, base_version.tag if base_version else None)
     return PackReport(
         version,
         built=built,
@@ -349,40 +347,6 @@ def pack_with_report(
         dropped=report_lists["dropped"],
         skipped_samples=skipped_samples,
         seconds=time.monotonic() - started,
-    )
-
-
-PUBLISH_ATTEMPTS = 10
-
-
-def _publish(
-    store: Store, tag: str, body: dict[str, Any], state: RootState, base: str | None
-) -> Version:
-    """Publish, tolerating unrelated commits that landed while the (possibly hours-long) pack ran.
-
-    Another commit since ``state`` is retried against the new state as long as the tag is still
-    free and the base is still live: the version document is self-contained, so it does not
-    depend on what else was published meanwhile. A taken tag is a conflict: exactly one of two
-    racing packs of the same tag wins.
-    """
-    for _ in range(PUBLISH_ATTEMPTS):
-        try:
-            return publish_version(store, tag, body, state)
-        except ConflictError as exc:
-            state = read_state(store)
-            if tag in state.versions or tag in state.retired:
-                raise ConflictError(
-                    f"{store.url}: version tag {tag!r} was published by another writer while "
-                    "this pack ran; nothing was published by this run"
-                ) from exc
-            if base is not None and base not in state.versions:
-                raise ConflictError(
-                    f"{store.url}: base version {base!r} was retired while this pack ran; "
-                    "nothing was published - re-run (finished revisions are reused)"
-                ) from exc
-    raise ConflictError(
-        f"{store.url}: the commit log kept moving ({PUBLISH_ATTEMPTS} attempts); nothing was "
-        "published - re-run (finished revisions are reused)"
     )
 
 
