@@ -140,7 +140,7 @@ def test_heartbeat_names_slow_partition(tmp_path: Path, monkeypatch: pytest.Monk
         tag="v1",
         executor="thread",
         workers=3,
-        quiet=False,
+        progress=True,
         progress_stream=out,
         heartbeat_s=0.2,
         poll_s=0.05,

@@ -20,6 +20,7 @@ from . import sql
 from .dataset import Dataset
 from .errors import NotFoundError
 from .format.manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
+from .format.npz import load_npz as load_npz  # the one strict reader (re-exported)
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
@@ -39,17 +40,6 @@ def npz_bytes(arrays: Mapping[str, np.ndarray[Any, Any]], *, compress: bool = Tr
             with zf.open(name + ".npy", "w", force_zip64=True) as fh:
                 np.lib.format.write_array(fh, np.asarray(array), allow_pickle=False)
     return buf.getvalue()
-
-
-def load_npz(data: bytes, where: str) -> Arrays:
-    """Read an npz without pickles, in file order."""
-    from .errors import SourceError
-
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
-        raise SourceError(f"{where}: not a readable npz ({exc})") from exc
 
 
 def sidecar_of(row: Mapping[str, Any]) -> dict[str, Any] | None:

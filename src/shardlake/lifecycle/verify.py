@@ -19,15 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..access import load_npz
 from ..errors import FormatError, IntegrityError, KeyNotFoundError, ShardlakeError, SourceError
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.layout import member_name
-from ..format.manifest import (
-    METADATA_MISMATCH,
-    entry_mismatches,
-    read_entry_manifest,
-)
+from ..format.manifest import METADATA_MISMATCH, entry_mismatches, read_entry_manifest
+from ..format.npz import load_npz
 from ..format.tar import iter_members
 from ..store import Store, open_store
 from ..versions import load_version

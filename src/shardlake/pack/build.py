@@ -13,19 +13,26 @@ A build runs in a worker (process, thread or Dask worker) and writes straight to
    array bytes, dtype and shape) and append it to the current shard, rolling at ``shard_size``.
    Shards stream through :meth:`Store.open_writer` (visible only when complete); the manifest
    is created last with create-if-absent.
+
+The steps overlap: uncached source files are read a few samples ahead of the encoder, and shard
+bytes go to the store from a background thread while the next samples are inflated, encoded
+and verified.
 """
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures as cf
 import contextlib
 import hashlib
-import io
-import zipfile
+import queue
+import threading
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +54,7 @@ from ..format.manifest import (
     read_manifest,
     write_manifest,
 )
+from ..format.npz import load_npz
 from ..format.tar import ShardWriter
 from ..store import Store
 from ..versions import canonical_json
@@ -56,7 +64,8 @@ from .source import NPZ, SIDECAR, SourcePartition
 DEFAULT_SHARD_SIZE = 1 << 30
 # Keep npz bytes from the hashing pass for the encoding pass up to this much per partition.
 READ_CACHE_BYTES = 256 << 20
-_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+# Uncached npz files are read this many samples ahead of the encoder (overlaps source I/O).
+READ_AHEAD = 8
 
 
 @dataclass(frozen=True)
@@ -139,25 +148,6 @@ def manifest_revision(data_rev: str, meta_rev: str) -> str:
     return short_hash("manifest-rev", data_rev, meta_rev, length=24)
 
 
-def load_npz(data: bytes, where: str) -> dict[str, np.ndarray[Any, Any]]:
-    """Arrays of an npz (never unpickling); :class:`SourceError` naming ``where`` if unreadable."""
-    if data[:4] not in _ZIP_MAGIC:
-        raise SourceError(f"{where}: not an npz file (no zip header; truncated or corrupt?)")
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            return {name: npz[name] for name in npz.files}
-    except ValueError as exc:
-        if "allow_pickle" in str(exc) or "pickled" in str(exc):
-            raise SourceError(f"{where}: holds an object array; object arrays are refused") from exc
-        raise SourceError(f"{where}: corrupt npz ({exc})") from exc
-    except (zipfile.BadZipFile, OSError, EOFError, KeyError, RuntimeError) as exc:
-        raise SourceError(
-            f"{where}: corrupt or truncated npz ({type(exc).__name__}: {exc})"
-        ) from exc
-    except Exception as exc:  # noqa: BLE001 - zlib.error and friends: any decode failure names the file
-        raise SourceError(f"{where}: corrupt npz ({type(exc).__name__}: {exc})") from exc
-
-
 def _flat_bytes(array: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     return np.ascontiguousarray(array).reshape(-1).view(np.uint8)
 
@@ -191,22 +181,66 @@ def verify_sample(
             raise IntegrityError(f"{where}: array {name!r} bytes differ after encoding")
 
 
+class _BackgroundHandle:
+    """A write-only handle whose writes run on one background thread, in order.
+
+    Shard uploads (a local file, or multipart parts to S3/GCS) then overlap the encoding of the
+    next samples. At most ``depth`` writes are queued; the first write error is re-raised on the
+    next call (and by :meth:`drain`), so nothing is silently lost.
+    """
+
+    def __init__(self, handle: BinaryIO, depth: int = 8) -> None:
+        self._handle = handle
+        self._queue: queue.Queue[bytes | None] = queue.Queue(depth)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="shardlake-shard-writer")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._handle.write(chunk)
+                except BaseException as exc:  # noqa: BLE001 - re-raised on the caller's thread
+                    self._error = exc
+
+    def write(self, data: bytes) -> int:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(data)
+        return len(data)
+
+    def drain(self) -> None:
+        """Wait for every queued write; re-raise the first write error."""
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+
+
 class _ShardSink:
     """The current shard: an open :meth:`Store.open_writer` block plus its :class:`ShardWriter`."""
 
     def __init__(self, store: Store, key: str) -> None:
         self.key = key
         self._cm: AbstractContextManager[BinaryIO] = store.open_writer(key)
-        self.writer = ShardWriter(self._cm.__enter__())
+        self._handle = _BackgroundHandle(self._cm.__enter__())
+        self.writer = ShardWriter(cast(BinaryIO, self._handle))
 
-    def finish(self) -> int:
+    def finish(self) -> dict[str, Any]:
+        """Close the shard (visible from now on); its entry for the version document."""
         self.writer.close()
+        self._handle.drain()
         self._cm.__exit__(None, None, None)
-        return self.writer.bytes_written
+        return {"key": self.key, "size": self.writer.bytes_written, "members": self.writer.members}
 
     def abort(self, exc: BaseException) -> None:
         tb: TracebackType | None = exc.__traceback__
         # The original error is what matters; a failing abort must not hide it.
+        with contextlib.suppress(BaseException):
+            self._handle.drain()
         with contextlib.suppress(BaseException):
             self._cm.__exit__(type(exc), exc, tb)
 
@@ -222,53 +256,85 @@ def _shards_of(store: Store, pid: str, data_rev: str, table: Any) -> list[dict[s
     return out
 
 
+@dataclass
+class _Sources:
+    """Pass 1 over a partition: included samples, their hashes and sidecars, cached bytes."""
+
+    included: list[tuple[str, str]] = field(default_factory=list)  # (key, sha256)
+    sidecars: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    cache: dict[str, bytes] = field(default_factory=dict)
+    skipped: int = 0
+
+
+def _read_source(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise SourceError(f"{path}: cannot read ({exc.strerror or exc})") from exc
+
+
+def _hash_sources(task: BuildTask, root: Path) -> _Sources:
+    """Read every sidecar, hash every included npz, keep up to READ_CACHE_BYTES of them."""
+    out = _Sources()
+    cached = 0
+    for f in task.partition.files:
+        doc = read_sidecar(root / (f.key + SIDECAR)) if f.sidecar_size is not None else None
+        if is_skipped(doc) and not task.keep_skipped:
+            out.skipped += 1
+            continue
+        data = _read_source(root / (f.key + NPZ))
+        out.included.append((f.key, hashlib.sha256(data).hexdigest()))
+        out.sidecars[f.key] = doc
+        if cached + len(data) <= READ_CACHE_BYTES:
+            out.cache[f.key] = data
+            cached += len(data)
+    return out
+
+
 def build_partition(task: BuildTask) -> BuildResult:
     """Build (or reuse) the revision of one partition; see the module docs for the steps."""
     store, part, recipe = task.store, task.partition, task.recipe
     root = Path(task.source_root)
-    pid = part.id
-
-    # Step 1: sidecars and content hashes.
-    included: list[tuple[str, str]] = []  # (key, sha256)
-    sidecars: dict[str, dict[str, Any] | None] = {}
-    cache: dict[str, bytes] = {}
-    cached = 0
-    skipped = 0
-    for f in part.files:
-        doc = read_sidecar(root / (f.key + SIDECAR)) if f.sidecar_size is not None else None
-        if is_skipped(doc) and not task.keep_skipped:
-            skipped += 1
-            continue
-        path = root / (f.key + NPZ)
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise SourceError(f"{path}: cannot read ({exc.strerror or exc})") from exc
-        included.append((f.key, hashlib.sha256(data).hexdigest()))
-        sidecars[f.key] = doc
-        if cached + len(data) <= READ_CACHE_BYTES:
-            cache[f.key] = data
-            cached += len(data)
-    data_rev = data_revision(recipe, part.path, included)
-    meta_rev = meta_revision(list(sidecars.items()))
+    src = _hash_sources(task, root)
+    data_rev = data_revision(recipe, part.path, src.included)
+    meta_rev = meta_revision(list(src.sidecars.items()))
     manifest_rev = manifest_revision(data_rev, meta_rev)
-    mkey = manifest_key(pid, data_rev, manifest_rev)
-    meta = ManifestMeta(pid, part.path, data_rev, meta_rev, manifest_rev, recipe.to_json())
-    sha_of = dict(included)
+    mkey = manifest_key(part.id, data_rev, manifest_rev)
+    meta = ManifestMeta(part.id, part.path, data_rev, meta_rev, manifest_rev, recipe.to_json())
     entry = {
-        "id": pid,
+        "id": part.id,
         "path": part.path,
         "data_rev": data_rev,
         "meta_rev": meta_rev,
         "manifest_rev": manifest_rev,
         "manifest": mkey,
-        "samples": len(included),
-        "skipped": skipped,
+        "samples": len(src.included),
+        "skipped": src.skipped,
         "source_fingerprint": part.fingerprint(),
         "npz_fingerprint": part.npz_fingerprint(),
     }
+    where = str(root / part.path)
+    reused = _reuse_revision(store, task, src, meta, entry, where)
+    if reused is not None:
+        return reused
+    rows, shards = _write_shards(task, root, src, data_rev)
+    table = build_manifest_table(rows, [src.sidecars[r["key"]] for r in rows], where=where)
+    written = _create_manifest(store, mkey, write_manifest(table, meta))
+    entry["payload_bytes"] = sum(r["size"] for r in rows)
+    entry["shards"] = shards
+    return BuildResult(entry, built=True, manifest_written=written, skipped=src.skipped)
 
-    # Step 2: reuse a complete revision of the same tensor content.
+
+def _reuse_revision(
+    store: Store,
+    task: BuildTask,
+    src: _Sources,
+    meta: ManifestMeta,
+    entry: dict[str, Any],
+    where: str,
+) -> BuildResult | None:
+    """Reuse a complete revision of the same tensor content (new manifest if sidecars changed)."""
+    pid, data_rev, mkey = task.partition.id, meta.data_rev, entry["manifest"]
     existing = sorted(
         k
         for k in store.list(revision_dir(pid, data_rev) + "/")
@@ -276,53 +342,80 @@ def build_partition(task: BuildTask) -> BuildResult:
     )
     # A revision directory may also hold subset manifests written by `remove`; reuse only a
     # manifest that lists exactly this partition's samples. None left (gc) -> rebuild.
+    sha_of = dict(src.included)
     found = _full_manifest(store, sorted(existing, key=lambda k: k != mkey), data_rev, sha_of)
-    if found is not None:
-        source_key, table = found
-        written = False
-        if source_key != mkey:
-            # Sidecar-only change: same rows (same shards, members, offsets), new sidecar columns.
-            core = table.select([c for c in CORE_COLUMNS if c != "has_sidecar"]).to_pylist()
-            new = build_manifest_table(
-                core, [sidecars[r["key"]] for r in core], where=str(root / part.path)
-            )
-            written = _create_manifest(store, mkey, write_manifest(new, meta))
-            table = new
-        entry["payload_bytes"] = int(sum(table.column("size").to_pylist()))
-        entry["shards"] = _shards_of(store, pid, data_rev, table)
-        return BuildResult(entry, built=False, manifest_written=written, skipped=skipped)
+    if found is None:
+        return None
+    source_key, table = found
+    written = False
+    if source_key != mkey:
+        # Sidecar-only change: same rows (same shards, members, offsets), new sidecar columns.
+        core = table.select([c for c in CORE_COLUMNS if c != "has_sidecar"]).to_pylist()
+        new = build_manifest_table(core, [src.sidecars[r["key"]] for r in core], where=where)
+        written = _create_manifest(store, mkey, write_manifest(new, meta))
+        table = new
+    entry["payload_bytes"] = int(sum(table.column("size").to_pylist()))
+    entry["shards"] = _shards_of(store, pid, data_rev, table)
+    return BuildResult(entry, built=False, manifest_written=written, skipped=src.skipped)
 
-    # Step 3: encode, verify, write shards.
+
+def _prefetched(
+    root: Path, src: _Sources, order: list[str], window: int = READ_AHEAD
+) -> Iterator[tuple[str, bytes]]:
+    """``(key, npz bytes)`` in ``order``; uncached files are read ``window`` samples ahead.
+
+    A file re-read after pass 1 must still hash to its pass-1 SHA-256 (else it changed).
+    """
+    sha_of = dict(src.included)
+
+    def load(key: str) -> bytes:
+        path = root / (key + NPZ)
+        blob = _read_source(path)
+        if hashlib.sha256(blob).hexdigest() != sha_of[key]:
+            raise SourceError(f"{path}: changed while it was being packed; re-run the pack")
+        return blob
+
+    with cf.ThreadPoolExecutor(2, thread_name_prefix="shardlake-read") as pool:
+        ahead: collections.deque[tuple[str, cf.Future[bytes] | bytes]] = collections.deque()
+        keys = iter(order)
+        try:
+            while True:
+                while len(ahead) < window and (key := next(keys, None)) is not None:
+                    cached = src.cache.pop(key, None)
+                    ahead.append((key, cached if cached is not None else pool.submit(load, key)))
+                if not ahead:
+                    return
+                key, item = ahead.popleft()
+                yield key, item.result() if isinstance(item, cf.Future) else item
+        finally:
+            for _, item in ahead:
+                if isinstance(item, cf.Future):
+                    item.cancel()
+
+
+def _rolls(sink: _ShardSink, key: str, payload_size: int, shard_size: int) -> bool:
+    """Whether adding this member would push a non-empty shard past ``shard_size``."""
+    return sink.writer.members > 0 and sink.writer.size_with(key, payload_size) > shard_size
+
+
+def _write_shards(
+    task: BuildTask, root: Path, src: _Sources, data_rev: str
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Encode, verify and append every sample in shuffled order; ``(manifest rows, shards)``."""
+    store, pid, recipe = task.store, task.partition.id, task.recipe
     encoder, decoder = Encoder(recipe.level), Decoder()
-    order = shuffle_order([k for k, _ in included], recipe.seed)
+    sha_of = dict(src.included)
     rows: list[dict[str, Any]] = []
     shards: list[dict[str, Any]] = []
     sink: _ShardSink | None = None
-    payload_bytes = 0
     try:
-        for key in order:
-            path = root / (key + NPZ)
-            where = str(path)
-            blob: bytes | None = cache.pop(key, None)
-            if blob is None:
-                try:
-                    blob = path.read_bytes()
-                except OSError as exc:
-                    raise SourceError(f"{where}: cannot read ({exc.strerror or exc})") from exc
-                if hashlib.sha256(blob).hexdigest() != sha_of[key]:
-                    raise SourceError(
-                        f"{where}: changed while it was being packed; re-run the pack"
-                    )
+        for key, blob in _prefetched(root, src, shuffle_order(list(sha_of), recipe.seed)):
+            where = str(root / (key + NPZ))
             arrays = load_npz(blob, where)
             st, payload = encoder.encode(arrays, where)
             verify_sample(st, payload, arrays, decoder, where)
-            if (
-                sink is not None
-                and sink.writer.members
-                and (sink.writer.size_with(key, len(payload)) > recipe.shard_size)
-            ):
-                size = sink.finish()
-                shards.append({"key": sink.key, "size": size, "members": sink.writer.members})
+            if sink is not None and _rolls(sink, key, len(payload), recipe.shard_size):
+                shards.append(sink.finish())
                 sink = None
             if sink is None:
                 sink = _ShardSink(store, shard_key(pid, data_rev, len(shards)))
@@ -340,22 +433,14 @@ def build_partition(task: BuildTask) -> BuildResult:
                     "source_sha256": sha_of[key],
                 }
             )
-            payload_bytes += len(payload)
         if sink is not None:
-            size = sink.finish()
-            shards.append({"key": sink.key, "size": size, "members": sink.writer.members})
+            shards.append(sink.finish())
             sink = None
     except BaseException as exc:
         if sink is not None:
             sink.abort(exc)
         raise
-    table = build_manifest_table(
-        rows, [sidecars[r["key"]] for r in rows], where=str(root / part.path)
-    )
-    written = _create_manifest(store, mkey, write_manifest(table, meta))
-    entry["payload_bytes"] = payload_bytes
-    entry["shards"] = shards
-    return BuildResult(entry, built=True, manifest_written=written, skipped=skipped)
+    return rows, shards
 
 
 def _full_manifest(

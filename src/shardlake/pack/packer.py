@@ -1,16 +1,17 @@
 """``pack``: source tree -> verified partition revisions -> one atomically published version.
 
-Order of events (what makes a crash at any point harmless):
+The stages, in order (what makes a crash at any point harmless); this module drives them:
 
-1. Check the root, the new tag and ``--base`` before any work.
-2. Pass 1: discover and fingerprint the source (stat only).
-3. Plan: partitions whose fingerprint, recipe and skip policy match the base are reused as-is;
+1. Settings (:mod:`.plan`): check the options, the root, the new tag and ``--base`` before any
+   work.
+2. Discover (:mod:`.plan` over :mod:`.source`): pass 1 fingerprints the source (stat only).
+3. Plan (:mod:`.plan`): partitions whose fingerprint, recipe and skip policy match the base are reused as-is;
    in a scoped pack (``--path-list`` / ``--partition``) base partitions outside the scope are
    carried over; otherwise vanished partitions are dropped.
-4. Pass 2: build the other partitions in a :class:`concurrent.futures.Executor`. Workers write
+4. Build (:mod:`.build`, run here): pass 2 builds the other partitions in a :class:`concurrent.futures.Executor`. Workers write
    revisions (shards, then the manifest) straight to the store. Any failure -> PackWorkerError,
    nothing published; the finished revisions are reused by the next run.
-5. Publish: version document, then the commit record (``latest``), both create-if-absent.
+5. Publish (:mod:`.publish`): version document, then the commit record (``latest``), both create-if-absent.
 """
 
 from __future__ import annotations
@@ -33,23 +34,17 @@ from ..errors import (
     PackWorkerError,
     SourceError,
     UsageError,
-    VersionNotFoundError,
 )
-from ..format.layout import check_name
-from ..pathlists import PathEntry, source_npz_paths
 from ..store import Store, open_store
 from ..versions import (
     Version,
-    check_new_tag,
-    ensure_root,
-    load_version,
-    read_state,
 )
-from .build import BuildResult, BuildTask, Recipe, build_partition
+from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
+from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
 from .progress import DEFAULT_HEARTBEAT_S, Progress
 from .publish import publish
-from .source import PartitionRule, SourcePartition, discover, read_path_list
+from .source import SourcePartition
 
 
 class InlineExecutor(cf.Executor):
@@ -170,193 +165,90 @@ def pack_with_report(
     """
     started = time.monotonic()
     opts = dataclasses.replace(options or PackOptions(), **overrides)
-    workers, executor, mp_context = opts.workers, opts.executor, opts.mp_context
-    partition_depth, partition_regex = opts.partition_depth, opts.partition_regex
-    path_list, partitions = opts.path_list, opts.partitions
-    shard_size, level, seed = opts.shard_size, opts.level, opts.seed
-    keep_skipped, require_sidecars = opts.keep_skipped, opts.require_sidecars
-    replace_all, source_namespace = opts.replace_all, opts.source_namespace
-    quiet = not opts.progress
-    check_name("tag", tag)
-    if shard_size is not None and shard_size < 1:
-        raise UsageError("--shard-size must be >= 1 byte")
-    if level is not None and not 1 <= level <= 22:
-        raise UsageError("--level must be between 1 and 22")
-    scoped = path_list is not None or partitions is not None
-    if replace_all and scoped:
-        raise UsageError(
-            "--replace-all rebuilds every partition; it cannot be combined with --path-list or --partition"
-        )
-    if not os.path.isdir(source):
-        raise SourceError(f"{source}: source is not a directory")
+    check_options(source, tag, opts)
     store = open_store(root_url, storage_options)
-    if store.protocol == "memory":
-        # memory:// lives in this process only: builds in other processes would write elsewhere.
-        if executor in (None, "process"):
-            executor = "thread"
-        elif isinstance(executor, str) and executor.startswith(("dask://", "tcp://")):
-            raise UsageError("a memory:// root cannot be packed by Dask workers (other processes)")
-
-    # 1. Root, tag, base.
-    ensure_root(store)
-    state = read_state(store)
-    check_new_tag(state, tag, store)
-    base_version: Version | None = None
-    if base is not None:
-        try:
-            base_version = load_version(store, base, state)
-        except VersionNotFoundError as exc:
-            raise VersionNotFoundError(f"unknown --base {base!r}: {exc}") from exc
-    requested_rule = PartitionRule.from_options(partition_depth, partition_regex)
-    namespace = source_namespace or os.path.abspath(source)
-    base_doc = base_version.doc if base_version is not None else None
-    base_recipe = Recipe.from_json(base_doc["recipe"]) if base_doc else Recipe()
-    rule = requested_rule or (
-        PartitionRule.from_json(base_doc["partition_rule"]) if base_doc else PartitionRule()
-    )
-    recipe = Recipe(
-        level=level if level is not None else base_recipe.level,
-        shard_size=shard_size if shard_size is not None else base_recipe.shard_size,
-        seed=seed if seed is not None else base_recipe.seed,
-    )
-    if base_doc is not None and not replace_all:
-        base_rule = PartitionRule.from_json(base_doc["partition_rule"])
-        problems = []
-        if base_rule != rule:
-            problems.append(f"partition rule changed ({base_rule.describe()} -> {rule.describe()})")
-        if base_doc.get("source_namespace") != namespace:
-            problems.append(
-                f"source location changed ({base_doc.get('source_namespace')} -> {namespace})"
-            )
-        if problems:
-            raise UsageError(
-                f"cannot pack incrementally on --base {base!r}: {'; '.join(problems)}. Pass "
-                "--replace-all to rebuild every partition, or --source-namespace NS (the base's "
-                "namespace) if the same source was only relocated"
-            )
-        if scoped and recipe != base_recipe:
-            raise UsageError(
-                f"a scoped pack (--path-list/--partition) must use the base's recipe {base_recipe.to_json()}"
-            )
-
-    # 2. Pass 1.
-    if not quiet:
+    executor = _executor_for(store, opts.executor)
+    settings = resolve_settings(store, source, tag, base, opts)
+    if opts.progress:
         print(f"shardlake pack: scanning {source}", file=progress_stream or sys.stderr, flush=True)
-    paths: list[str] | None
-    if path_list is None:
-        paths = None
-    elif isinstance(path_list, (str, os.PathLike)):
-        paths = read_path_list(path_list, source, strip_prefix=opts.strip_prefix)
-    else:
-        listed = [PathEntry(str(p), f"path_list[{i}]") for i, p in enumerate(path_list)]
-        paths = source_npz_paths(listed, source, strip_prefix=opts.strip_prefix)
-    tree = discover(
-        source,
-        rule,
-        path_list=paths,
-        only_partitions=partitions,
-        include=opts.include,
-        exclude=opts.exclude,
-    )
-    tree.check_packable(strict=opts.strict)
-    if require_sidecars:
-        for part in tree.partitions.values():
-            missing = part.missing_sidecars
-            if missing:
-                raise SourceError(
-                    f"{tree.root / missing[0]}: no sidecar (--require-sidecars; partition "
-                    f"{_describe(part)} lacks {len(missing)})"
-                )
-
-    # 3. Plan.
-    report_lists: dict[str, list[str]] = {k: [] for k in ("reused", "carried", "dropped")}
-    entries: dict[str, dict[str, Any]] = {}
-    base_parts: dict[str, dict[str, Any]] = {}
-    if base_doc is not None and not replace_all:
-        base_parts = {p["id"]: p for p in base_doc["partitions"]}
-    reusable = (
-        base_doc is not None
-        and not replace_all
-        and recipe == base_recipe
-        and bool(base_doc.get("keep_skipped", False)) == keep_skipped
-    )
-    tasks: list[BuildTask] = []
-    for part in tree.partitions.values():
-        old = base_parts.get(part.id)
-        if reusable and old is not None and old.get("source_fingerprint") == part.fingerprint():
-            entries[part.id] = old
-            report_lists["reused"].append(part.path)
-        else:
-            tasks.append(BuildTask(store, str(tree.root), part, recipe, keep_skipped))
-    for pid, old in base_parts.items():
-        if pid in tree.partitions:
-            continue
-        if scoped:
-            entries[pid] = old
-            report_lists["carried"].append(old["path"])
-        else:
-            report_lists["dropped"].append(old["path"])
-
-    # 4. Pass 2.
+    tree = scan_source(source, settings.rule, opts)
+    plan = plan_builds(store, tree, settings, opts)
     progress = Progress(
-        sum(t.partition.samples for t in tasks),
-        len(tasks),
+        sum(t.partition.samples for t in plan.tasks),
+        len(plan.tasks),
         stream=progress_stream,
-        quiet=quiet,
+        quiet=not opts.progress,
         heartbeat_s=heartbeat_s,
     )
     progress.message(
-        f"{tree.samples} samples in {len(tree.partitions)} partitions; building {len(tasks)}, "
-        f"reusing {len(report_lists['reused'])}, carrying {len(report_lists['carried'])}"
+        f"{tree.samples} samples in {len(tree.partitions)} partitions; building "
+        f"{len(plan.tasks)}, reusing {len(plan.reused)}, carrying {len(plan.carried)}"
     )
-    results = _run_builds(tasks, executor, workers, mp_context, progress, poll_s)
+    results = _run_builds(plan.tasks, executor, opts.workers, opts.mp_context, progress, poll_s)
+    outcome = _collect(plan, results)
+    base_tag = settings.base_version.tag if settings.base_version is not None else None
+    body = {
+        "base": base_tag,
+        "recipe": settings.recipe.to_json(),
+        "partition_rule": settings.rule.to_json(),
+        "source_namespace": settings.namespace,
+        "keep_skipped": opts.keep_skipped,
+        "partitions": list(plan.entries.values()),
+    }
+    version = publish(store, tag, body, settings.state, base_tag)
+    return PackReport(
+        version,
+        **outcome,
+        reused=plan.reused,
+        carried=plan.carried,
+        dropped=plan.dropped,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _executor_for(store: Store, spec: ExecutorSpec) -> ExecutorSpec:
+    """memory:// lives in this process only: builds in other processes would write elsewhere."""
+    if store.protocol != "memory":
+        return spec
+    if spec in (None, "process"):
+        return "thread"
+    if isinstance(spec, str) and spec.startswith(("dask://", "tcp://")):
+        raise UsageError("a memory:// root cannot be packed by Dask workers (other processes)")
+    return spec
+
+
+def _collect(plan: PackPlan, results: dict[str, BuildResult]) -> dict[str, Any]:
+    """Fold build results into the plan's entries; the report's build outcome fields."""
     built: list[str] = []
     manifest_only: list[str] = []
     resumed: list[str] = []
-    skipped_samples = sum(int(entries[pid].get("skipped", 0)) for pid in entries)
-    for task in tasks:
+    skipped = sum(int(e.get("skipped", 0)) for e in plan.entries.values())
+    for task in plan.tasks:
         result = results[task.partition.id]
-        entries[task.partition.id] = result.entry
-        skipped_samples += result.skipped
+        plan.entries[task.partition.id] = result.entry
+        skipped += result.skipped
         if result.built:
             built.append(task.partition.path)
         elif result.manifest_written:
             manifest_only.append(task.partition.path)
         else:
             resumed.append(task.partition.path)
-
     # A key belongs to exactly one partition (the rule is a function of the key, and the base
     # used the same rule); keys were unique within each partition at discovery. So unique
     # partition paths make keys unique across the version: O(total keys) overall.
     seen_paths: dict[str, str] = {}
-    for entry in entries.values():
+    for entry in plan.entries.values():
         if entry["path"] in seen_paths:
             raise SourceError(
                 f"partition path {entry['path']!r} appears twice (ids {seen_paths[entry['path']]}, {entry['id']})"
             )
         seen_paths[entry["path"]] = entry["id"]
-
-    # 5. Publish.
-    body = {
-        "base": base_version.tag if base_version is not None else None,
-        "recipe": recipe.to_json(),
-        "partition_rule": rule.to_json(),
-        "source_namespace": namespace,
-        "keep_skipped": keep_skipped,
-        "partitions": list(entries.values()),
+    return {
+        "built": built,
+        "manifest_only": manifest_only,
+        "resumed": resumed,
+        "skipped_samples": skipped,
     }
-    version = publish(store, tag, body, state, base_version.tag if base_version else None)
-    return PackReport(
-        version,
-        built=built,
-        manifest_only=manifest_only,
-        resumed=resumed,
-        reused=report_lists["reused"],
-        carried=report_lists["carried"],
-        dropped=report_lists["dropped"],
-        skipped_samples=skipped_samples,
-        seconds=time.monotonic() - started,
-    )
 
 
 def _run_builds(

@@ -1,0 +1,192 @@
+"""The first pack stages: settings (options + base), discover the source, plan the builds.
+
+``resolve_settings`` checks the options, the root, the new tag and ``--base`` before any work;
+``scan_source`` fingerprints the source (stat only); ``plan_builds`` decides, per partition,
+reuse from the base, carry-over (outside a scoped pack), drop, or build.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import SourceError, UsageError, VersionNotFoundError
+from ..format.layout import check_name
+from ..pathlists import PathEntry, source_npz_paths
+from ..store import Store
+from ..versions import RootState, Version, check_new_tag, ensure_root, load_version, read_state
+from .build import BuildTask, Recipe
+from .options import PackOptions
+from .source import PartitionRule, SourceTree, discover, read_path_list
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """What a pack resolved before touching the source: root state, base, recipe and rule."""
+
+    state: RootState
+    base_version: Version | None
+    recipe: Recipe
+    base_recipe: Recipe
+    rule: PartitionRule
+    namespace: str
+    scoped: bool  # --path-list / --partition: base partitions outside the scope carry over
+
+    @property
+    def base_doc(self) -> dict[str, Any] | None:
+        return self.base_version.doc if self.base_version is not None else None
+
+
+@dataclass
+class PackPlan:
+    """Builds to run plus the version entries already decided without building."""
+
+    tasks: list[BuildTask] = field(default_factory=list)
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # partition id -> entry
+    reused: list[str] = field(default_factory=list)
+    carried: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+
+def check_options(source: str | os.PathLike[str], tag: str, opts: PackOptions) -> None:
+    """Refuse bad options with one line, before opening anything."""
+    check_name("tag", tag)
+    if opts.shard_size is not None and opts.shard_size < 1:
+        raise UsageError("--shard-size must be >= 1 byte")
+    if opts.level is not None and not 1 <= opts.level <= 22:
+        raise UsageError("--level must be between 1 and 22")
+    if opts.replace_all and (opts.path_list is not None or opts.partitions is not None):
+        raise UsageError(
+            "--replace-all rebuilds every partition; it cannot be combined with --path-list or --partition"
+        )
+    if not os.path.isdir(source):
+        raise SourceError(f"{source}: source is not a directory")
+
+
+def resolve_settings(
+    store: Store, source: str | os.PathLike[str], tag: str, base: str | None, opts: PackOptions
+) -> PackSettings:
+    """Root, tag and base checked; the recipe and partition rule this pack uses."""
+    ensure_root(store)
+    state = read_state(store)
+    check_new_tag(state, tag, store)
+    base_version: Version | None = None
+    if base is not None:
+        try:
+            base_version = load_version(store, base, state)
+        except VersionNotFoundError as exc:
+            raise VersionNotFoundError(f"unknown --base {base!r}: {exc}") from exc
+    base_doc = base_version.doc if base_version is not None else None
+    base_recipe = Recipe.from_json(base_doc["recipe"]) if base_doc else Recipe()
+    rule = PartitionRule.from_options(opts.partition_depth, opts.partition_regex) or (
+        PartitionRule.from_json(base_doc["partition_rule"]) if base_doc else PartitionRule()
+    )
+    recipe = Recipe(
+        level=opts.level if opts.level is not None else base_recipe.level,
+        shard_size=opts.shard_size if opts.shard_size is not None else base_recipe.shard_size,
+        seed=opts.seed if opts.seed is not None else base_recipe.seed,
+    )
+    settings = PackSettings(
+        state,
+        base_version,
+        recipe,
+        base_recipe,
+        rule,
+        namespace=opts.source_namespace or os.path.abspath(source),
+        scoped=opts.path_list is not None or opts.partitions is not None,
+    )
+    if base_doc is not None and not opts.replace_all:
+        _check_incremental(settings, base or "", base_doc)
+    return settings
+
+
+def _check_incremental(settings: PackSettings, base: str, base_doc: dict[str, Any]) -> None:
+    """An incremental pack needs the base's partition rule, source location (and recipe if scoped)."""
+    base_rule = PartitionRule.from_json(base_doc["partition_rule"])
+    problems = []
+    if base_rule != settings.rule:
+        problems.append(
+            f"partition rule changed ({base_rule.describe()} -> {settings.rule.describe()})"
+        )
+    if base_doc.get("source_namespace") != settings.namespace:
+        problems.append(
+            f"source location changed ({base_doc.get('source_namespace')} -> {settings.namespace})"
+        )
+    if problems:
+        raise UsageError(
+            f"cannot pack incrementally on --base {base!r}: {'; '.join(problems)}. Pass "
+            "--replace-all to rebuild every partition, or --source-namespace NS (the base's "
+            "namespace) if the same source was only relocated"
+        )
+    if settings.scoped and settings.recipe != settings.base_recipe:
+        raise UsageError(
+            "a scoped pack (--path-list/--partition) must use the base's recipe "
+            f"{settings.base_recipe.to_json()}"
+        )
+
+
+def scan_source(
+    source: str | os.PathLike[str], rule: PartitionRule, opts: PackOptions
+) -> SourceTree:
+    """Pass 1: discover and fingerprint the source (stat only), checked packable."""
+    paths: list[str] | None
+    if opts.path_list is None:
+        paths = None
+    elif isinstance(opts.path_list, (str, os.PathLike)):
+        paths = read_path_list(opts.path_list, source, strip_prefix=opts.strip_prefix)
+    else:
+        listed = [PathEntry(str(p), f"path_list[{i}]") for i, p in enumerate(opts.path_list)]
+        paths = source_npz_paths(listed, source, strip_prefix=opts.strip_prefix)
+    tree = discover(
+        source,
+        rule,
+        path_list=paths,
+        only_partitions=opts.partitions,
+        include=opts.include,
+        exclude=opts.exclude,
+    )
+    tree.check_packable(strict=opts.strict)
+    if opts.require_sidecars:
+        for part in tree.partitions.values():
+            missing = part.missing_sidecars
+            if missing:
+                raise SourceError(
+                    f"{tree.root / missing[0]}: no sidecar (--require-sidecars; partition "
+                    f"{part.path} ({part.id}) lacks {len(missing)})"
+                )
+    return tree
+
+
+def plan_builds(
+    store: Store, tree: SourceTree, settings: PackSettings, opts: PackOptions
+) -> PackPlan:
+    """Reuse unchanged base partitions, carry or drop the rest of the base, build the others."""
+    plan = PackPlan()
+    base_doc = settings.base_doc
+    base_parts: dict[str, dict[str, Any]] = {}
+    if base_doc is not None and not opts.replace_all:
+        base_parts = {p["id"]: p for p in base_doc["partitions"]}
+    reusable = (
+        base_doc is not None
+        and not opts.replace_all
+        and settings.recipe == settings.base_recipe
+        and bool(base_doc.get("keep_skipped", False)) == opts.keep_skipped
+    )
+    for part in tree.partitions.values():
+        old = base_parts.get(part.id)
+        if reusable and old is not None and old.get("source_fingerprint") == part.fingerprint():
+            plan.entries[part.id] = old
+            plan.reused.append(part.path)
+        else:
+            task = BuildTask(store, str(tree.root), part, settings.recipe, opts.keep_skipped)
+            plan.tasks.append(task)
+    for pid, old in base_parts.items():
+        if pid in tree.partitions:
+            continue
+        if settings.scoped:
+            plan.entries[pid] = old
+            plan.carried.append(old["path"])
+        else:
+            plan.dropped.append(old["path"])
+    return plan
