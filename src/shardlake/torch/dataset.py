@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from .. import errors as _errors
 from ..dataset import open_dataset
 from ..errors import PlanError, SelectionError, ShardlakeError, UsageError
+from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..store import Store
 from .collate import (
     BUFFER_KEY,
@@ -36,7 +37,6 @@ from .collate import (
     make_sample,
 )
 from .plan import (
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_INTERLEAVE,
     DEFAULT_MAX_PAD_FRACTION,
     DEFAULT_SHUFFLE_BUFFER,
@@ -48,7 +48,7 @@ from .plan import (
     plan_epoch,
     selection_digest,
 )
-from .reader import ReadOptions, RowTable, SlotReader
+from .reader import ReadOptions, RowTable, SlotReader, request_chunk_size, selection_members
 
 _CORE = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
 STATE_FORMAT = "shardlake.loader-state/1"
@@ -91,10 +91,12 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         drop_keys: Sequence[str] = ("version",),
         storage_options: dict[str, Any] | None = None,
         max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = None,
         interleave: int = DEFAULT_INTERLEAVE,
         shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         read_options: ReadOptions | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         super().__init__()
         if sum(x is not None for x in (keyset, where, keys)) > 1:
@@ -111,6 +113,11 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.meta_columns = tuple(meta_columns)
         self.drop_keys = tuple(drop_keys)
         self.read_options = read_options or ReadOptions()
+        self.cache_dir, self.cache_bytes = cache_dir, cache_bytes
+        if cache_dir is not None:
+            # Validated here (clear error in the main process); opened per process in _slot.
+            EpochCache(cache_dir, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
+        self._cache: EpochCache | None = None
 
         ds = open_dataset(url, version, storage_options)
         self.store: Store = ds.store
@@ -152,7 +159,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             seed=seed,
             shuffle=shuffle,
             max_pad_fraction=max_pad_fraction,
-            chunk_size=chunk_size,
+            chunk_size=chunk_size or request_chunk_size(self.table, self.read_options),
             interleave=interleave,
             shuffle_buffer=shuffle_buffer,
         )
@@ -166,6 +173,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_plan_cache"] = None  # recomputed in the worker; cheaper than pickling it
+        state["_cache"] = None  # opened afresh in each worker
         return state
 
     def _init_table(self, ds: Any, table: pa.Table) -> None:
@@ -263,14 +271,29 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         emit = plan.slot_rows[slot][begin:]
         chunk = plan.slot_emit_chunk[slot][begin:]
         reader = SlotReader(
-            self.store, self.table, plan.slot_chunks[slot], emit, chunk, self.read_options
+            self.store,
+            self.table,
+            plan.slot_chunks[slot],
+            emit,
+            chunk,
+            self.read_options,
+            cache=self._epoch_cache(),
         )
         return emit, chunk, reader
 
-    def _decoder(self, reader: SlotReader) -> PayloadDecoder:
-        return PayloadDecoder(reader.refetch, reader.where, self.read_options.attempts)
+    def _epoch_cache(self) -> EpochCache | None:
+        if self.cache_dir is None:
+            return None
+        if self._cache is None:
+            budget = DEFAULT_CACHE_BYTES if self.cache_bytes is None else self.cache_bytes
+            self._cache = EpochCache(self.cache_dir, budget)
+            self._cache.want(selection_members(self.table))
+        return self._cache
 
-    def _sample(self, decoder: PayloadDecoder, row: int, payload: bytes) -> Any:
+    def _decoder(self, reader: SlotReader) -> PayloadDecoder:
+        return PayloadDecoder(reader.refetch, reader.where)
+
+    def _sample(self, decoder: PayloadDecoder, row: int, payload: bytes | memoryview) -> Any:
         sample = make_sample(
             decoder.arrays(row, payload),
             self.drop_keys,
@@ -296,7 +319,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         _, _, reader = self._slot(layout, worker, start_step)
         decoder = self._decoder(reader)
         builder = BatchBuilder(layout.batch_size, self.drop_keys, pool=pool)
-        pending: list[tuple[int, bytes]] = []
+        pending: list[tuple[int, bytes | memoryview]] = []
         for item in reader:
             pending.append(item)
             if len(pending) < layout.batch_size:
