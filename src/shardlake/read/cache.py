@@ -191,6 +191,12 @@ class EpochCache:
 
     # --- accounting ----------------------------------------------------------------------------
 
+    def usage(self) -> int:
+        """Bytes held by complete entries (a scan; also corrects the ledger, drops dead temps)."""
+        with self._ledger() as ledger:
+            ledger.used = self._scan()
+            return ledger.used
+
     @contextlib.contextmanager
     def _ledger(self) -> Iterator[_Ledger]:
         path = self.root / LEDGER
