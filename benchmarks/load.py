@@ -12,6 +12,12 @@ Same shards, same machine, same run, 2 DataLoader workers, batch 32 (defaults):
 * ``decode limit`` - zstd + safetensors decode of the same members on all cores (no loader).
 * ``shardlake s3`` (``--s3``) - the shardlake loader from a loopback moto S3 endpoint.
 
+With ``--s3`` it also prints the goals of issue #14 from the same run: the S3 epoch's payload
+MB/s against a bare parallel s3fs ``cat_file`` of the same shards (>= 0.8), GETs and mean MB per
+GET (>= 4), client CPU seconds per GB fetched, the local-disk rate against the decode limit
+(>= 0.75), the second S3 epoch with the epoch cache against a local-disk epoch (>= 0.9), and one
+S3 epoch with obstore as the read client against s3fs.
+
 Prints samples/s, MB/s (decoded bytes), time to first batch, peak RSS and PSS (main process plus
 workers) and the ratios. ``--ttfb-partitions N`` also times the first batch of an N-partition
 version (small frames)::
@@ -250,7 +256,21 @@ def s3_goals(
         "first_epoch_per_s": round(first, 1),
         "second_epoch_per_s": round(second, 1),
     }
-    return [row, bare, cache_row]
+    # The same epoch with obstore as the S3 read client (docs/performance.md), against s3fs.
+    epochs = {
+        client: one_epoch(
+            ShardDataset(
+                url, batch_size=b, num_workers=w, storage_options={**opts, "read_client": client}
+            ),  # fmt: skip
+            0,
+        )
+        for client in ("s3fs", "obstore")
+    }
+    client_row = {
+        "name": "shardlake s3, one epoch per read client",
+        **{f"{c}_per_s": round(r, 1) for c, r in epochs.items()},
+    }
+    return [row, bare, cache_row, client_row]
 
 
 def _serve_s3(queue: Any, stop: Any) -> None:
@@ -433,6 +453,10 @@ def main(argv: list[str] | None = None) -> int:
         ratios["cached 2nd s3 epoch / local epoch"] = (
             by["shardlake s3 + epoch cache"]["second_epoch_per_s"]
             / by["shardlake local, one epoch"]["samples_per_s"]
+        )
+        clients = by["shardlake s3, one epoch per read client"]
+        ratios["s3 epoch: obstore / s3fs read client"] = (
+            clients["obstore_per_s"] / clients["s3fs_per_s"]
         )
     header = {
         "samples": len(ds0.table),
