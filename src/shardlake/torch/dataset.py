@@ -69,6 +69,11 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     everything. ``batch_size`` is the per-rank batch size the plan is built for (pass the same
     to a plain ``DataLoader``). Iterating yields this rank's samples of the current epoch from
     its current position (see :class:`ShardLoader` for resume).
+
+    Reads: ``read_options`` (:class:`~shardlake.torch.reader.ReadOptions`) sets the request size
+    (the plan's ``chunk_size`` defaults to about ``request_bytes`` of payload) and the fetches in
+    flight. ``cache_dir`` keeps fetched payloads in a node-local epoch cache of at most
+    ``cache_bytes`` (default 64 GiB) for later epochs (:mod:`shardlake.read.cache`).
     """
 
     def __init__(
