@@ -12,6 +12,12 @@ Same shards, same machine, same run, 2 DataLoader workers, batch 32 (defaults):
 * ``decode limit`` - zstd + safetensors decode of the same members on all cores (no loader).
 * ``shardlake s3`` (``--s3``) - the shardlake loader from a loopback moto S3 endpoint.
 
+With ``--s3`` it also prints the goals of issue #14 from the same run: the S3 epoch's payload
+MB/s against a bare parallel s3fs ``cat_file`` of the same shards (>= 0.8), GETs and mean MB per
+GET (>= 4), client CPU seconds per GB fetched, the local-disk rate against the decode limit
+(>= 0.75), the second S3 epoch with the epoch cache against a local-disk epoch (>= 0.9), and one
+S3 epoch with obstore as the read client against s3fs.
+
 Prints samples/s, MB/s (decoded bytes), time to first batch, peak RSS and PSS (main process plus
 workers) and the ratios. ``--ttfb-partitions N`` also times the first batch of an N-partition
 version (small frames)::
@@ -42,7 +48,7 @@ from shardlake.pack import pack
 from shardlake.store import open_store
 from shardlake.tools.bench.measure import MemorySampler
 from shardlake.tools.synth import synth_corpus
-from shardlake.torch import ShardDataset
+from shardlake.torch import ReadOptions, ShardDataset
 
 DROP = ("version",)
 
@@ -187,6 +193,86 @@ def decode_limit(root: str, ds: ShardDataset, procs: int) -> dict[str, Any]:
     }
 
 
+def one_epoch(ds: ShardDataset, epoch: int) -> float:
+    """Samples/s of one whole epoch (worker start included, as every epoch pays it)."""
+    ds.set_epoch(epoch)
+    t0 = time.perf_counter()
+    n = sum(batch_len(b) for b in ds.loader())
+    return n / (time.perf_counter() - t0)
+
+
+def bare_fetch(store: Any, keys: list[str], threads: int) -> dict[str, Any]:
+    """s3fs ``cat_file`` of every shard, ``threads`` at a time: the server's ceiling here."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fs = store.fs
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(len(b) for b in pool.map(lambda k: fs.cat_file(store.path(k)), keys))
+    wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+    return {
+        "name": f"bare s3fs cat_file ({threads} threads)",
+        "fetched_mb_per_s": round(total / wall / 1e6, 1),
+        "client_cpu_s_per_gb": round(cpu / (total / 1e9), 3),
+    }
+
+
+def s3_goals(
+    url: str, opts: dict[str, Any], work: Path, b: int, w: int, server_pid: int | None
+) -> list[dict[str, Any]]:
+    """The S3 rows: loader epochs (GETs counted), bare fetch, cached second epoch."""
+    import shutil
+
+    from shardlake.tools.bench.measure import CountingStore, read_counts
+
+    log = work / "s3-gets.log"
+    log.unlink(missing_ok=True)
+    counted = CountingStore.wrap(open_store(url, opts), str(log))
+    ds = ShardDataset(counted, batch_size=b, num_workers=w)
+    comp_mb = float(ds.table.size.mean()) / 1e6
+    row = measure(
+        "shardlake s3",
+        lambda: ShardDataset(counted, batch_size=b, num_workers=w).loader(),
+        batch_len,
+        float(ds.table.raw_size.mean()) / 1e6,
+        extra_pids=(server_pid,) if server_pid else (),
+    )
+    gets, fetched = read_counts(str(log))
+    client_ms = row["cpu_ms_per_sample"] - row.get("server_cpu_ms_per_sample", 0.0)
+    row["fetched_mb_per_s"] = round(row["samples_per_s"] * comp_mb, 1)
+    row["gets"] = gets
+    row["mean_mb_per_get"] = round(fetched / max(1, gets) / 1e6, 2)
+    row["client_cpu_s_per_gb"] = round(client_ms / 1e3 / (comp_mb / 1e3), 3)
+    keys = sorted(set(ds.table.shard_keys))
+    bare = bare_fetch(open_store(url, opts), keys, threads=w * ReadOptions().max_inflight)
+    cache_dir = work / "epoch-cache"
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    cached = ShardDataset(url, batch_size=b, num_workers=w, storage_options=opts,
+                          cache_dir=cache_dir)  # fmt: skip
+    first = one_epoch(cached, 0)
+    second = one_epoch(cached, 1)
+    cache_row = {
+        "name": "shardlake s3 + epoch cache",
+        "first_epoch_per_s": round(first, 1),
+        "second_epoch_per_s": round(second, 1),
+    }
+    # The same epoch with obstore as the S3 read client (docs/performance.md), against s3fs.
+    epochs = {
+        client: one_epoch(
+            ShardDataset(
+                url, batch_size=b, num_workers=w, storage_options={**opts, "read_client": client}
+            ),  # fmt: skip
+            0,
+        )
+        for client in ("s3fs", "obstore")
+    }
+    client_row = {
+        "name": "shardlake s3, one epoch per read client",
+        **{f"{c}_per_s": round(r, 1) for c, r in epochs.items()},
+    }
+    return [row, bare, cache_row, client_row]
+
+
 def _serve_s3(queue: Any, stop: Any) -> None:
     from shardlake.testing.servers import moto_s3_server
 
@@ -315,14 +401,9 @@ def main(argv: list[str] | None = None) -> int:
             remote = open_store(url, opts)
             for key in local.list():
                 local.copy_to(remote, key)
+            results.extend(s3_goals(url, opts, work, b, w, server.pid))
             results.append(
-                measure(
-                    "shardlake s3",
-                    lambda: shardlake_loader(url, opts),
-                    batch_len,
-                    raw_mb,
-                    extra_pids=(server.pid,) if server.pid else (),
-                )
+                {"name": "shardlake local, one epoch", "samples_per_s": round(one_epoch(ds0, 1), 1)}
             )
         finally:
             stop.set()
@@ -355,9 +436,27 @@ def main(argv: list[str] | None = None) -> int:
         "shardlake / dataloader limit": by["shardlake"]["samples_per_s"]
         / by["dataloader limit"]["samples_per_s"],
     }
+    decode = next(r for r in results if r["name"].startswith("decode limit"))
+    # Goal >= 0.75: the loader from local disk against zstd + safetensors decode on all cores.
+    ratios["shardlake local / decode limit"] = (
+        by["shardlake"]["samples_per_s"] / decode["samples_per_s"]
+    )
     if "shardlake s3" in by:
-        ratios["shardlake s3 / local"] = (
-            by["shardlake s3"]["samples_per_s"] / by["shardlake"]["samples_per_s"]
+        s3, bare = by["shardlake s3"], next(r for r in results if r["name"].startswith("bare"))
+        ratios["shardlake s3 / local"] = s3["samples_per_s"] / by["shardlake"]["samples_per_s"]
+        # Goal >= 0.8: payload bytes/s of the loader against a bare parallel fetch.
+        ratios["shardlake s3 / bare s3fs fetch"] = s3["fetched_mb_per_s"] / bare["fetched_mb_per_s"]
+        ratios["mean MB per GET (goal >= 4)"] = s3["mean_mb_per_get"]
+        ratios["client CPU s per GB: loader (incl. decode)"] = s3["client_cpu_s_per_gb"]
+        ratios["client CPU s per GB: bare fetch"] = bare["client_cpu_s_per_gb"]
+        # Goal >= 0.9: second epoch from S3 with the cache against a local-disk epoch.
+        ratios["cached 2nd s3 epoch / local epoch"] = (
+            by["shardlake s3 + epoch cache"]["second_epoch_per_s"]
+            / by["shardlake local, one epoch"]["samples_per_s"]
+        )
+        clients = by["shardlake s3, one epoch per read client"]
+        ratios["s3 epoch: obstore / s3fs read client"] = (
+            clients["obstore_per_s"] / clients["s3fs_per_s"]
         )
     header = {
         "samples": len(ds0.table),
@@ -387,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         extra = {k: v for k, v in r.items() if k not in cols and k not in ("name",)}
         print(f"{r['name']:<32}" + "".join(f"{r.get(c, ''):>15}" for c in cols) + f"   {extra}")
     for name, value in ratios.items():
-        print(f"{name:<32}{value:>15.2f}")
+        print(f"{name:<46}{value:>10.2f}")
     for name, report in mixing.items():
         print(f"mixing {name:<25}{json.dumps(report)}")
     return 0

@@ -26,7 +26,7 @@ from shardlake.torch.mixing import batch_mixing, js_distance, plan_mixing
 
 pytestmark = pytest.mark.timeout(120)  # a hang is a failure (with every thread's stack)
 
-FAST = ReadOptions(base_delay=0.001, max_delay=0.01)
+FAST = ReadOptions()
 COUNTS = [3, 40, 25, 12]  # 80 samples, uneven partitions
 
 

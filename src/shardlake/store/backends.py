@@ -459,6 +459,20 @@ class S3Backend(_BucketBackend):
     A SIGKILLed writer cannot abort: its upload is found by :meth:`leftovers` (gc aborts it).
     """
 
+    fast_reads: Any = None  # read.obstore_client.ObstoreReads with read_client="obstore"
+
+    def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+        if self.fast_reads is not None and self.fast_reads.usable():
+            try:
+                out: list[bytes] = self.fast_reads.read_ranges(paths, starts, ends)
+                if all(len(b) == e - s for b, s, e in zip(out, starts, ends, strict=True)):
+                    return out
+            except BaseException as exc:  # a Rust panic is a BaseException
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                # the s3fs path answers with the store's semantics and errors
+        return super().read_ranges(paths, starts, ends)
+
     def leftovers(self, prefix_path: str) -> list[Leftover]:
         bucket, _, prefix = prefix_path.partition("/")
         out: list[Leftover] = []
@@ -535,6 +549,15 @@ def _filesystem(protocol: str, storage_options: dict[str, Any]) -> fsspec.Abstra
 def make_backend(protocol: str, root: str, storage_options: dict[str, Any]) -> Backend:
     """The backend for ``protocol`` with a filesystem built from ``storage_options``."""
     check_protocol(protocol)
+    from ..read.obstore_client import READ_CLIENT_OPTION, READ_CLIENTS, ObstoreReads
+
+    storage_options = dict(storage_options)
+    read_client = storage_options.pop(READ_CLIENT_OPTION, "s3fs")
+    if read_client not in READ_CLIENTS or (read_client != "s3fs" and protocol not in ("s3", "s3a")):
+        raise UsageError(
+            f"storage option {READ_CLIENT_OPTION}={read_client!r}: use 's3fs' (default) or "
+            "'obstore' (s3:// only)"
+        )
     try:
         fs = _filesystem(protocol, storage_options)
     except ImportError as exc:
@@ -548,4 +571,7 @@ def make_backend(protocol: str, root: str, storage_options: dict[str, Any]) -> B
             f"{exc}"
         ) from None
     cls = _BACKENDS.get(protocol, Backend)
-    return cls(fs, root)
+    backend = cls(fs, root)
+    if read_client == "obstore" and isinstance(backend, S3Backend):
+        backend.fast_reads = ObstoreReads(storage_options)
+    return backend

@@ -50,26 +50,25 @@ def _as_sample_value(array: np.ndarray[Any, Any]) -> Any:
 
 
 class PayloadDecoder:
-    """zstd + safetensors decode with integrity retries through the reader's ``refetch``."""
+    """zstd + safetensors decode; a bad zstd frame is re-read once through ``refetch``."""
 
-    def __init__(self, refetch: RefetchFn, where: WhereFn, attempts: int = 3) -> None:
+    def __init__(self, refetch: RefetchFn, where: WhereFn) -> None:
         self._decoder = Decoder()
         self._refetch = refetch
         self._where = where
-        self._attempts = max(1, attempts)
 
-    def raw(self, row: int, payload: bytes) -> bytes:
+    def raw(self, row: int, payload: bytes | memoryview) -> bytes:
         """The decompressed safetensors bytes; a bad zstd frame is re-read, then reported."""
-        for attempt in range(self._attempts):
-            try:
-                return self._decoder.decompress(payload)
-            except IntegrityError as exc:
-                if attempt + 1 >= self._attempts:
-                    raise IntegrityError(f"{self._where(row)}: {exc}") from exc
-                payload = self._refetch(row)
-        raise AssertionError("unreachable")
+        try:
+            return self._decoder.decompress(payload)
+        except IntegrityError:
+            payload = self._refetch(row)  # raises if the re-read fails its CRC-32
+        try:
+            return self._decoder.decompress(payload)
+        except IntegrityError as exc:
+            raise IntegrityError(f"{self._where(row)}: {exc} (on two reads)") from exc
 
-    def arrays(self, row: int, payload: bytes) -> dict[str, np.ndarray[Any, Any]]:
+    def arrays(self, row: int, payload: bytes | memoryview) -> dict[str, np.ndarray[Any, Any]]:
         return decode_safetensors(self.raw(row, payload), self._where(row))
 
 
@@ -182,7 +181,7 @@ class BatchBuilder:
     def build(
         self,
         decoder: PayloadDecoder,
-        items: Sequence[tuple[int, bytes]],
+        items: Sequence[tuple[int, bytes | memoryview]],
         keys: Sequence[str] | None,
         meta: dict[str, Sequence[Any]],
     ) -> dict[str, Any]:

@@ -21,11 +21,11 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PlanError, SelectionError, UsageError
+from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..store import Store
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
 from .ddp import dist_info
 from .plan import (
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_INTERLEAVE,
     DEFAULT_MAX_PAD_FRACTION,
     DEFAULT_SHUFFLE_BUFFER,
@@ -39,7 +39,7 @@ from .plan import (
     resolve,
     selection_digest,
 )
-from .reader import ReadOptions, SlotReader
+from .reader import ReadOptions, SlotReader, request_chunk_size, selection_members
 from .sources import Source, combine, epoch_counts, epoch_rows, select_rows
 
 if TYPE_CHECKING:
@@ -136,10 +136,12 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         meta_columns: Sequence[str] = (),
         drop_keys: Sequence[str] = ("version",),
         max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_size: int | None = None,
         interleave: int = DEFAULT_INTERLEAVE,
         shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
         read_options: ReadOptions | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         IterableDataset.__init__(self)
         d_rank, d_world = dist_info()
@@ -154,6 +156,11 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             transform, include_key, include_index, tuple(meta_columns), tuple(drop_keys)
         )
         self.read_options = read_options or ReadOptions()
+        self.cache_dir, self.cache_bytes = cache_dir, cache_bytes
+        if cache_dir is not None:
+            # Validated here (clear error in the main process); opened per process in _slot.
+            EpochCache(cache_dir, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
+        self._cache: EpochCache | None = None
         self.sources = sources
         self._init_table(epoch_size)
         self.params = PlanParams(
@@ -162,7 +169,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             seed=seed,
             shuffle=(not exact) if shuffle is None else shuffle,
             max_pad_fraction=max_pad_fraction,
-            chunk_size=chunk_size,
+            chunk_size=chunk_size or request_chunk_size(self.table, self.read_options),
             interleave=interleave,
             shuffle_buffer=shuffle_buffer,
             exact=exact,
@@ -221,6 +228,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_plan_cache"] = None  # recomputed in the worker; cheaper than pickling it
+        state["_cache"] = None  # opened afresh in each worker
         return state
 
     # --- plan ------------------------------------------------------------------------------------
@@ -320,14 +328,31 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         emit = plan.slot_rows[slot][begin:]
         chunk = plan.slot_emit_chunk[slot][begin:]
         reader = SlotReader(
-            self.store, self.table, plan.slot_chunks[slot], emit, chunk, self.read_options
+            self.store,
+            self.table,
+            plan.slot_chunks[slot],
+            emit,
+            chunk,
+            self.read_options,
+            cache=self._epoch_cache(),
         )
         return emit, plan.slot_valid[slot][begin:], reader
 
-    def _decoder(self, reader: SlotReader) -> PayloadDecoder:
-        return PayloadDecoder(reader.refetch, reader.where, self.read_options.attempts)
+    def _epoch_cache(self) -> EpochCache | None:
+        if self.cache_dir is None:
+            return None
+        if self._cache is None:
+            budget = DEFAULT_CACHE_BYTES if self.cache_bytes is None else self.cache_bytes
+            self._cache = EpochCache(self.cache_dir, budget)
+            self._cache.want(selection_members(self.table))
+        return self._cache
 
-    def _sample(self, decoder: PayloadDecoder, row: int, payload: bytes, valid: bool) -> Any:
+    def _decoder(self, reader: SlotReader) -> PayloadDecoder:
+        return PayloadDecoder(reader.refetch, reader.where)
+
+    def _sample(
+        self, decoder: PayloadDecoder, row: int, payload: bytes | memoryview, valid: bool
+    ) -> Any:
         out = self.out
         sample = make_sample(
             decoder.arrays(row, payload),
@@ -359,7 +384,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         _, valid, reader = self._slot(layout, worker, cursor)
         decoder = self._decoder(reader)
         builder = BatchBuilder(layout.batch_size, self.out.drop_keys, pool=pool)
-        pending: list[tuple[int, bytes]] = []
+        pending: list[tuple[int, bytes | memoryview]] = []
         done = 0
         for item in reader:
             pending.append(item)

@@ -1,52 +1,69 @@
-"""Per-slot streaming of sample payloads through a Store: ranged reads, read-ahead, verification.
+"""Per-slot streaming of sample payloads through a Store: MB-scale ranged reads, read-ahead.
 
-A slot's plan is a list of *chunks* (rows of one shard, ascending offsets) and, per emitted
-sample, which chunk holds it. A chunk is fetched with one ``read_ranges`` call whose ranges are
-the chunk's members coalesced: members separated by less than ``skim_gap`` bytes are read as one
-span (dense selections skim over the small gaps), wider gaps are seeks (sparse selections fetch
-only their members). Up to ``max_inflight`` chunks are fetched by a thread pool while the caller
-decodes; read-ahead stops when ``max_buffer_bytes`` of payloads are held, so memory per worker is
-bounded by the settings, not by the dataset.
+A slot's plan is a list of *chunks* (rows of one shard, ascending offsets; the loader sizes
+chunks to about ``ReadOptions.request_bytes`` of payload) and, per emitted sample, which chunk
+holds it. A chunk is fetched with one ``read_ranges`` call whose ranges are its members
+coalesced (:func:`coalesce`): a gap between members is read over (skimmed) while the unselected
+bytes stay within ``max_skim_fraction`` of the request, so a dense run of samples is one
+request of several MB and a sparse selection fetches little beyond its members. Up to
+``max_inflight`` chunks (sized from a throughput target) are fetched by a thread pool while the
+caller decodes; read-ahead stops when ``max_buffer_bytes`` of payloads are held.
 
-Every payload is checked against the manifest's CRC-32 as it arrives (the zstd frame checksum is
-checked when it is decoded, see :meth:`SlotReader.refetch`). A mismatch or a transient store
-error is retried with bounded, jittered backoff; after the last attempt an ``IntegrityError`` (or
-the store error) names the store URL, shard, key and offset.
+Retries of failed requests belong to the store layer (its retry policy). The reader checks each
+payload against the manifest's CRC-32 as it arrives and re-reads a mismatching payload once
+(:meth:`SlotReader.refetch`, also used when a zstd frame fails its checksum at decode time);
+a second mismatch is an ``IntegrityError`` naming the store URL, shard, key and offset.
+
+With an :class:`~shardlake.read.cache.EpochCache`, payloads are looked up there first and the
+fetched ones are stored there (after their CRC check) for the next epoch.
 """
 
 from __future__ import annotations
 
-import random
-import time
-from collections.abc import Callable, Iterator, Sequence
+import math
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import IntegrityError, RetriesExhaustedError
+from ..errors import IntegrityError
 from ..format.codec import payload_checksum
+from ..read.cache import EpochCache
 from ..store import Store
-from ..store.retry import is_transient
+
+MiB = 1 << 20
+Payload = bytes | memoryview
 
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """I/O knobs of a slot reader."""
+    """I/O knobs of a slot reader.
 
-    # Members closer than this are read as one span (dense selections skim over tar headers and
-    # small gaps); wider gaps are seeks, so sparse selections fetch little beyond their members.
+    ``request_bytes`` is the target size of one ranged GET (AWS recommends 8-16 MB ranges); the
+    loader cuts the plan's chunks to about this much payload, so a worker holds about
+    ``interleave * request_bytes`` of payload while it reads ``interleave`` chunks at a time.
+    ``max_skim_fraction`` bounds the unselected bytes a coalesced request reads over, relative
+    to its selected bytes; gaps up to ``skim_gap`` (tar headers between consecutive members) are
+    always read over. ``max_inflight`` chunk fetches run at once: by default enough to sustain
+    ``target_bytes_per_s`` at ``connection_bytes_per_s`` per connection.
+    """
+
+    request_bytes: int = 8 * MiB
+    max_skim_fraction: float = 0.1
     skim_gap: int = 8 * 1024
-    max_inflight: int = 8  # chunk fetches in flight per worker
-    max_buffer_bytes: int = 256 * 1024 * 1024  # payload bytes held ahead of decoding
-    io_threads: int = 8
-    attempts: int = 4  # tries per fetch (integrity mismatches and transient errors)
-    base_delay: float = 0.05
-    max_delay: float = 2.0
+    target_bytes_per_s: float = 1e9  # per worker
+    connection_bytes_per_s: float = 85e6  # one S3 connection, AWS guidance
+    inflight: int | None = None  # override the derived max_inflight
+    max_buffer_bytes: int = 256 * MiB  # payload bytes held ahead of decoding
 
-    def backoff(self, attempt: int) -> float:
-        return random.uniform(0.0, min(self.max_delay, self.base_delay * 2 ** (attempt - 1)))
+    @property
+    def max_inflight(self) -> int:
+        if self.inflight is not None:
+            return max(1, self.inflight)
+        derived = math.ceil(self.target_bytes_per_s / max(1.0, self.connection_bytes_per_s))
+        return max(2, min(32, derived))
 
 
 @dataclass(frozen=True)
@@ -65,25 +82,53 @@ class RowTable:
         return len(self.keys)
 
 
+def request_chunk_size(table: RowTable, options: ReadOptions) -> int:
+    """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET."""
+    mean = float(table.size.mean()) if len(table) else 1.0
+    return max(1, min(4096, round(options.request_bytes / max(mean, 1.0))))
+
+
+def selection_members(table: RowTable) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
+    """``(shard_key, offsets)`` of every selected payload, per shard (what a cache must keep)."""
+    order = np.argsort(table.shard, kind="stable")
+    shards = table.shard[order]
+    cuts = np.flatnonzero(np.diff(shards)) + 1
+    for group in np.split(order, cuts):
+        if len(group):
+            yield table.shard_keys[int(table.shard[group[0]])], table.offset[group]
+
+
 def coalesce(
-    offsets: Sequence[int], sizes: Sequence[int], gap: int
+    offsets: Sequence[int],
+    sizes: Sequence[int],
+    gap: int,
+    max_skim_fraction: float = 0.0,
+    max_bytes: int | None = None,
 ) -> list[tuple[int, int, list[int]]]:
     """Group members (ascending offsets) into spans ``(start, end, member indices)``.
 
-    Members whose distance to the previous span's end is at most ``gap`` join that span.
+    A member joins the previous span when the gap to it is at most ``gap`` bytes, or when the
+    span's skimmed (unselected) bytes stay within ``max_skim_fraction`` of its selected bytes;
+    and the span stays within ``max_bytes`` (if given).
     """
     spans: list[tuple[int, int, list[int]]] = []
+    skimmed = useful = 0
     for i, (off, size) in enumerate(zip(offsets, sizes, strict=False)):
-        if spans and off - spans[-1][1] <= gap and off >= spans[-1][0]:
+        if spans and off >= spans[-1][0]:
             start, end, members = spans[-1]
-            spans[-1] = (start, max(end, off + size), members + [i])
-        else:
-            spans.append((off, off + size, [i]))
+            hole = max(0, off - end)
+            new_end = max(end, off + size)
+            fits = max_bytes is None or new_end - start <= max_bytes
+            cheap = hole <= gap or skimmed + hole <= max_skim_fraction * (useful + size)
+            if fits and cheap:
+                members.append(i)
+                spans[-1] = (start, new_end, members)
+                skimmed += hole
+                useful += size
+                continue
+        spans.append((off, off + size, [i]))
+        skimmed, useful = 0, size
     return spans
-
-
-def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (IntegrityError, RetriesExhaustedError)) or is_transient(exc)
 
 
 class SlotReader:
@@ -98,12 +143,12 @@ class SlotReader:
         emit_chunk: np.ndarray[Any, Any],
         options: ReadOptions | None = None,
         *,
-        sleep: Callable[[float], None] = time.sleep,
+        cache: EpochCache | None = None,
     ) -> None:
         self.store = store
         self.table = table
         self.options = options or ReadOptions()
-        self._sleep = sleep
+        self.cache = cache
         self.emit_rows = np.asarray(emit_rows, dtype=np.int64)
         self.emit_chunk = np.asarray(emit_chunk, dtype=np.int64)
         # Only the rows still to be emitted are fetched (after a resume, a chunk may be partial).
@@ -131,69 +176,80 @@ class SlotReader:
             f"offset {int(t.offset[row])}"
         )
 
-    def _read_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes]:
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                self.requests += len(ranges)
-                out = self.store.read_ranges(ranges)
-                self.bytes_fetched += sum(len(b) for b in out)
-                return out
-            except Exception as exc:  # noqa: BLE001 - classified by _retryable
-                if attempt >= self.options.attempts or not _retryable(exc):
-                    raise
-                self._sleep(self.options.backoff(attempt))
-
-    def _fetch_rows(self, rows: list[int]) -> dict[int, bytes]:
-        """Payloads of ``rows`` (one shard, ascending offsets), each checked against its CRC."""
+    def _member(self, row: int) -> tuple[str, int, int, int]:
         t = self.table
-        shard_key = t.shard_keys[int(t.shard[rows[0]])]
-        offsets = [int(t.offset[r]) for r in rows]
-        sizes = [int(t.size[r]) for r in rows]
-        spans = coalesce(offsets, sizes, self.options.skim_gap)
-        data = self._read_ranges([(shard_key, s, e) for s, e, _ in spans])
-        out: dict[int, bytes] = {}
-        bad: list[int] = []
-        for (start, _end, members), blob in zip(spans, data, strict=False):
+        return (
+            t.shard_keys[int(t.shard[row])],
+            int(t.offset[row]),
+            int(t.size[row]),
+            int(t.crc32[row]),
+        )
+
+    def _fetch_rows(self, rows: list[int]) -> dict[int, Payload]:
+        """Payloads of ``rows`` (one shard, ascending offsets), each checked against its CRC."""
+        out: dict[int, Payload] = {}
+        cache = self.cache
+        missing = rows
+        if cache is not None:
+            missing = []
+            for row in rows:
+                hit = cache.get(*self._member(row))
+                if hit is None:
+                    missing.append(row)
+                else:
+                    out[row] = hit
+        if not missing:
+            return out
+        t = self.table
+        shard_key = t.shard_keys[int(t.shard[missing[0]])]
+        offsets = t.offset[missing].tolist()
+        sizes = t.size[missing].tolist()
+        opts = self.options
+        spans = coalesce(offsets, sizes, opts.skim_gap, opts.max_skim_fraction)
+        self.requests += len(spans)
+        data = self.store.read_ranges([(shard_key, s, e) for s, e, _ in spans])
+        for (start, _end, members), blob in zip(spans, data, strict=True):
+            self.bytes_fetched += len(blob)
             view = memoryview(blob)
             for i in members:
                 rel = offsets[i] - start
-                payload = bytes(view[rel : rel + sizes[i]])
-                row = rows[i]
-                out[row] = payload
+                row = missing[i]
+                payload: Payload = view[rel : rel + sizes[i]]
                 if len(payload) != sizes[i] or payload_checksum(payload) != int(t.crc32[row]):
-                    bad.append(row)
-        for row in bad:
-            out[row] = self.refetch(row)
+                    payload = self.refetch(row)
+                out[row] = payload
+                if cache is not None:
+                    cache.put(*self._member(row), payload)
         return out
 
     def refetch(self, row: int) -> bytes:
-        """Re-read one payload until it matches its CRC (bounded); else ``IntegrityError``.
+        """Re-read one payload from the store once; ``IntegrityError`` if it still mismatches.
 
-        Called after a CRC mismatch and after a zstd frame checksum failure at decode time.
+        Called after a CRC mismatch and after a zstd frame checksum failure at decode time (a
+        payload served by the cache is re-read from the store, never from the cache).
         """
-        t = self.table
-        shard_key = t.shard_keys[int(t.shard[row])]
-        start, size, crc = int(t.offset[row]), int(t.size[row]), int(t.crc32[row])
-        last = ""
-        for attempt in range(1, self.options.attempts):
-            self._sleep(self.options.backoff(attempt))
-            (payload,) = self._read_ranges([(shard_key, start, start + size)])
-            actual = payload_checksum(payload)
-            if len(payload) == size and actual == crc:
-                return payload
-            last = f"payload checksum mismatch (crc32 {actual:08x}, manifest says {crc:08x})"
-        raise IntegrityError(f"{self.where(row)}: {last} after {self.options.attempts} reads")
+        shard_key, start, size, crc = self._member(row)
+        self.requests += 1
+        payload = self.store.read_range(shard_key, start, start + size)
+        self.bytes_fetched += len(payload)
+        actual = payload_checksum(payload)
+        if len(payload) != size or actual != crc:
+            raise IntegrityError(
+                f"{self.where(row)}: payload checksum mismatch (crc32 {actual:08x}, manifest "
+                f"says {crc:08x}, {len(payload)} of {size} bytes) on two reads"
+            )
+        if self.cache is not None:
+            self.cache.put(shard_key, start, size, crc, payload)
+        return payload
 
     # --- emitting ------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[tuple[int, bytes]]:
+    def __iter__(self) -> Iterator[tuple[int, Payload]]:
         """``(row, payload)`` in emit order."""
         opts = self.options
-        pool = ThreadPoolExecutor(max_workers=max(1, min(opts.io_threads, opts.max_inflight)))
-        futures: dict[int, Future[dict[int, bytes]]] = {}
-        held: dict[int, dict[int, bytes]] = {}
+        pool = ThreadPoolExecutor(max_workers=opts.max_inflight)
+        futures: dict[int, Future[dict[int, Payload]]] = {}
+        held: dict[int, dict[int, Payload]] = {}
         held_bytes = 0
         next_unit = 0
 

@@ -75,6 +75,17 @@ def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--rank", type=int, default=0)
     p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="local epoch cache for fetched payloads (re-read epochs come from it)",
+    )
+    p.add_argument(
+        "--cache-bytes",
+        type=int,
+        metavar="N",
+        help="epoch cache budget in bytes (default 64 GiB)",
+    )
+    p.add_argument(
         "--no-count-bytes",
         action="store_true",
         help="do not log store requests (saves a little overhead; drops bytes_fetched)",
@@ -122,4 +133,6 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         rank=args.rank,
         max_pad_fraction=args.max_pad_fraction,
         count_bytes=not args.no_count_bytes,
+        cache_dir=args.cache_dir,
+        cache_bytes=args.cache_bytes,
     )

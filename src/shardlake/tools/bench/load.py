@@ -6,7 +6,8 @@ opening the version to holding a batch: manifests, plan, worker start, first rea
 the process tree (the DataLoader workers included), bytes fetched from the store and requests
 made (every store request is logged, across worker processes), and how well batches mix
 partitions (mean/p95 Jensen-Shannon distance of each batch's partition histogram to the
-selection's, from the plan).
+selection's, from the plan). With ``--cache-dir`` the loader keeps fetched payloads in a local
+epoch cache; ``epoch_samples_per_s`` shows each epoch's rate (the second one from the cache).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def bench_load(
     max_pad_fraction: float | None = None,
     count_bytes: bool = True,
     storage_options: dict[str, Any] | None = None,
+    cache_dir: str | None = None,
+    cache_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Iterate the loader and measure it; returns the JSON document ``bench load`` prints."""
     import torch
@@ -73,6 +76,8 @@ def bench_load(
             max_pad_fraction=DEFAULT_MAX_PAD_FRACTION
             if max_pad_fraction is None
             else max_pad_fraction,
+            cache_dir=cache_dir,
+            cache_bytes=cache_bytes,
         )
         t_opened = time.perf_counter()
         mixing = mixing_summary(ds, num_workers=num_workers, rank=rank)
@@ -83,8 +88,10 @@ def bench_load(
         first_samples = first_decoded = 0
         first_batch_s: float | None = None
         t_first = t_opened
+        epoch_rates: list[float] = []
         for epoch in range(epochs):
             loader.set_epoch(epoch)
+            t_epoch, epoch_samples = time.perf_counter(), samples
             for batch in loader:
                 if first_batch_s is None:
                     t_first = time.perf_counter()
@@ -98,6 +105,7 @@ def bench_load(
                     first_samples, first_decoded = samples, decoded
                 if max_batches is not None and batches >= max_batches:
                     break
+            epoch_rates.append(rate(samples - epoch_samples, time.perf_counter() - t_epoch))
             if max_batches is not None and batches >= max_batches:
                 break
         seconds = time.perf_counter() - t_first
@@ -128,6 +136,8 @@ def bench_load(
             "payload_mb_per_s": rate(
                 payload * (samples - first_samples) / max(1, samples) / MB, seconds
             ),
+            "epoch_samples_per_s": epoch_rates,
+            "cache_dir": cache_dir,
             "peak_rss_mb": round(mem.peak_rss / MB, 1),
             "peak_pss_mb": round(mem.peak_pss / MB, 1),
             "mixing": mixing,

@@ -7,7 +7,10 @@ import platform
 import resource
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any
+
+from ...store import Store
 
 MB = 1_000_000
 
@@ -112,3 +115,57 @@ def machine_info() -> dict[str, Any]:
         "cpus": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
     }
+
+
+class CountingStore(Store):
+    """A store counting each range of ``read_ranges``/``read_range`` as one GET.
+
+    fsspec's ``cat_ranges`` sends one request per range, while the store's own request log
+    counts calls. Lines ``<pid> <bytes>`` go to ``log_path`` with one ``O_APPEND`` write per
+    call, so DataLoader worker processes share the file. Make one with :meth:`wrap`.
+    """
+
+    log_path: str
+
+    @classmethod
+    def wrap(cls, store: Store, log_path: str) -> CountingStore:
+        counted = cls.__new__(cls)
+        Store.__setstate__(counted, store.__getstate__())
+        counted.log_path = log_path
+        return counted
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "log_path": self.log_path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.log_path = state["log_path"]
+
+    def _record(self, sizes: list[int]) -> None:
+        text = "".join(f"{os.getpid()} {n}\n" for n in sizes)
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        out = super().read_range(key, start, end)
+        self._record([len(out)])
+        return out
+
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        out = super().read_ranges(ranges)
+        self._record([len(b) for b in out if len(b)])
+        return out
+
+
+def read_counts(log_path: str) -> tuple[int, int]:
+    """``(GETs, bytes)`` recorded by a :class:`CountingStore` in ``log_path``."""
+    requests = total = 0
+    if os.path.exists(log_path):
+        with open(log_path, encoding="ascii") as fh:
+            for line in fh:
+                requests += 1
+                total += int(line.split()[1])
+    return requests, total

@@ -1,0 +1,1 @@
+"""The read path shared by the loader and the lifecycle commands."""

@@ -1,0 +1,108 @@
+"""The loader's read path: request coalescing, MB-scale requests, one re-read on a mismatch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from test_torch_support import assert_batch_equal, copy_root, flip_byte, make_root
+
+from shardlake.errors import IntegrityError
+from shardlake.store import Store, open_store
+from shardlake.tools.bench.measure import CountingStore, read_counts
+from shardlake.torch import ReadOptions, ShardDataset
+from shardlake.torch.reader import coalesce, request_chunk_size
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_root(tmp_path_factory.mktemp("reader"), [30, 30], shard_size=400_000)
+
+
+def test_coalesce_bounds_skimmed_bytes() -> None:
+    # Dense members with small (tar header) gaps: one span.
+    assert coalesce([0, 1100, 2200], [1000, 1000, 1000], gap=512) == [(0, 3200, [0, 1, 2])]
+    # Every other member selected: the gaps are half the bytes, above a 10% skim bound.
+    sparse = coalesce([0, 2000, 4000], [1000, 1000, 1000], gap=0, max_skim_fraction=0.1)
+    assert [m for _, _, m in sparse] == [[0], [1], [2]]
+    # Small holes within the bound are read over; the bound is on unselected/selected bytes.
+    near = coalesce([0, 1050, 2100], [1000, 1000, 1000], gap=0, max_skim_fraction=0.1)
+    assert near == [(0, 3100, [0, 1, 2])]
+    # A size cap splits a run.
+    capped = coalesce([0, 1000, 2000, 3000], [1000] * 4, gap=0, max_bytes=2000)
+    assert [m for _, _, m in capped] == [[0, 1], [2, 3]]
+
+
+def test_full_epoch_requests_are_request_sized(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    _, root = corpus
+    log = str(tmp_path / "gets.log")
+    store = CountingStore.wrap(open_store(str(root)), log)
+    options = ReadOptions(request_bytes=64 * 1024)
+    ds = ShardDataset(store, batch_size=4, num_workers=2, read_options=options)
+    assert ds.params.chunk_size == request_chunk_size(ds.table, options) > 1
+    samples = sum(len(b["lanes"]) for b in ds.loader())
+    gets, fetched = read_counts(log)
+    assert samples == len(ds) and fetched >= int(ds.table.size.sum())
+    # Dense chunks are one GET each: far fewer GETs than samples, of about the target size.
+    assert gets <= len(ds.table) / 2
+    assert fetched / gets >= 0.4 * options.request_bytes
+
+
+class FlipOnceStore(Store):
+    """Corrupts the first read of one offset (a bad reply on the wire), then reads truly."""
+
+    target: tuple[str, int] = ("", -1)
+    flipped = False
+
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+        out = super().read_ranges(ranges)
+        for i, (key, start, end) in enumerate(ranges):
+            key0, offset = self.target
+            if not self.flipped and key == key0 and start <= offset < end:
+                self.flipped = True
+                blob = bytearray(out[i])
+                blob[offset - start] ^= 0xFF
+                out[i] = bytes(blob)
+        return out
+
+
+def test_one_bad_read_is_reread_once(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    _, root = corpus
+    clean = list(ShardDataset(str(root), batch_size=4, include_key=True).loader(num_workers=0))
+    store = FlipOnceStore.__new__(FlipOnceStore)
+    Store.__setstate__(store, open_store(str(root)).__getstate__())
+    ds = ShardDataset(store, batch_size=4, include_key=True)
+    row = 7
+    store.target = (ds.table.shard_keys[int(ds.table.shard[row])], int(ds.table.offset[row]) + 9)
+    got = list(ds.loader(num_workers=0))
+    assert store.flipped
+    for a, b in zip(got, clean, strict=True):
+        assert a["__key__"] == b["__key__"]
+        assert_batch_equal(a, {k: v for k, v in b.items() if k != "__key__"})
+
+
+def test_persistent_mismatch_fails_after_two_reads(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    _, root = corpus
+    bad = copy_root(root, tmp_path / "bad")
+    log = str(tmp_path / "gets.log")
+    ds = ShardDataset(
+        CountingStore.wrap(open_store(str(bad)), log),
+        batch_size=4,
+        include_key=True,
+        shuffle=False,
+        read_options=ReadOptions(request_bytes=1),  # one sample per request
+    )
+    row = 0
+    shard_key = ds.table.shard_keys[int(ds.table.shard[row])]
+    flip_byte(bad, shard_key, int(ds.table.offset[row]) + 5)
+    with pytest.raises(IntegrityError, match="on two reads") as info:
+        list(ds.loader(num_workers=0))
+    assert ds.table.keys[row] in str(info.value) and shard_key in str(info.value)
+    size = int(ds.table.size[row])
+    sizes = [int(line.split()[1]) for line in Path(log).read_text().splitlines()]
+    assert sizes.count(size) >= 2  # the first read and exactly one re-read of that payload

@@ -1,0 +1,55 @@
+"""``read_client="obstore"``: S3 reads through obstore, everything else (and edge cases) on s3fs."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import pytest
+
+from shardlake.errors import KeyNotFoundError, UsageError
+from shardlake.store import open_store
+from shardlake.testing.fixtures import StoreLocation, new_location
+
+
+def _child_read(store: Any, queue: Any) -> None:
+    queue.put(store.read_ranges([("b", 0, 4)]))
+
+
+@pytest.fixture
+def s3(store_servers: Any) -> StoreLocation:
+    return new_location("s3", "obstore", store_servers)
+
+
+def test_reads_go_through_obstore(s3: StoreLocation) -> None:
+    store = open_store(s3.url, {**s3.storage_options, "read_client": "obstore"})
+    store.create("a/blob", bytes(range(256)) * 100)
+    backend: Any = store.backend
+    assert backend.fast_reads is not None
+
+    def no_s3fs(*_: Any, **__: Any) -> Any:
+        raise AssertionError("read through s3fs")
+
+    backend.fs.cat_ranges = no_s3fs  # the fast path must answer alone
+    data = bytes(range(256)) * 100
+    got = store.read_ranges([("a/blob", 0, 10), ("a/blob", 300, 9000), ("a/blob", 25000, 25600)])
+    assert got == [data[0:10], data[300:9000], data[25000:25600]]
+
+
+def test_edge_cases_keep_the_store_semantics(s3: StoreLocation) -> None:
+    store = open_store(s3.url, {**s3.storage_options, "read_client": "obstore"})
+    store.write("b", b"0123456789")
+    # Past the end is clipped, a missing key is KeyNotFoundError: the s3fs path answers both.
+    assert store.read_ranges([("b", 5, 50), ("b", 20, 30)]) == [b"56789", b""]
+    with pytest.raises(KeyNotFoundError):
+        store.read_ranges([("missing", 0, 4)])
+    # A child forked after this process started obstore's runtime reads through s3fs.
+    ctx = multiprocessing.get_context("fork")
+    queue: Any = ctx.Queue()
+    child = ctx.Process(target=_child_read, args=(store, queue))
+    child.start()
+    assert queue.get(timeout=60) == [b"0123"]
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    with pytest.raises(UsageError, match="read_client"):
+        open_store("memory://x", {"read_client": "obstore"}).list()
