@@ -184,7 +184,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_scrub(args: argparse.Namespace) -> int:
     from ..lifecycle import scrub
-    from ..lifecycle.common import human_bytes
+    from ..lifecycle.common import human_bytes, problem_counts
+    from ..read.payloads import CORRUPT_AT_REST
 
     report = scrub(
         args.root, args.tag, all_versions=args.all, progress=_progress(args), workers=args.workers
@@ -196,11 +197,18 @@ def cmd_scrub(args: argparse.Namespace) -> int:
             status = "ok" if not part.problems else f"{part.problems} PROBLEM(S)"
             print(f"{part.partition}\t{part.samples} samples\t{human_bytes(part.bytes)}\t{status}")
         for problem in report.problems:
-            print(f"corrupt: {problem}", file=sys.stderr)
+            label = "corrupt" if problem.kind == CORRUPT_AT_REST else "unreadable"
+            print(f"{label}: {problem}", file=sys.stderr)
+        counts = problem_counts(report.problems)
         print(
             f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
             f"{', '.join(report.versions)}: "
-            + ("ok" if report.ok else f"{len(report.problems)} problem(s)")
+            + (
+                "ok"
+                if report.ok
+                else f"{len(report.problems)} problem(s): {counts['corrupt_at_rest']} corrupt at "
+                f"rest, {counts['transport_errors']} transport error(s)"
+            )
         )
     return 0 if report.ok else 1
 
