@@ -11,9 +11,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import FormatError, NotFoundError
-from .format.codec import Decoder, check_payload
+from .errors import FormatError, IntegrityError, NotFoundError
+from .format.codec import Decoder
 from .format.manifest import entry_mismatches, read_entry_manifest
+from .read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from .store import Store, open_store
 from .versions import Version, load_version
 
@@ -119,16 +120,15 @@ class Dataset:
         return {name: table.column(name)[row].as_py() for name in table.column_names}
 
     def read_payload(self, row: dict[str, Any]) -> bytes:
-        """One sample's compressed payload by a single ranged read, checked against its CRC-32."""
+        """One sample's compressed payload by a single ranged read, checked against its CRC-32
+        (re-read on a mismatch; see :mod:`shardlake.read.payloads`)."""
+        return fetch_payload(self.store, self._ref(row))
+
+    def _ref(self, row: dict[str, Any]) -> PayloadRef:
         shard = self.shard_key(row["partition"], row["shard"])
-        offset, size = int(row["offset"]), int(row["size"])
-        payload = self.store.read_range(shard, offset, offset + size)
-        check_payload(
-            payload,
-            int(row["crc32"]),
-            f"{self.store.key_url(shard)} key {row['key']!r} offset {offset}",
+        return PayloadRef(
+            shard, int(row["offset"]), int(row["size"]), int(row["crc32"]), row["key"]
         )
-        return payload
 
     def get(self, key: str) -> dict[str, np.ndarray[Any, Any]]:
         """The arrays of sample ``key`` (bit-exact: dtype, shape and bytes as packed)."""
@@ -154,15 +154,13 @@ class Dataset:
     def _fetch(
         self, rows: list[dict[str, Any]]
     ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
-        ranges = [
-            (self.shard_key(r["partition"], r["shard"]), r["offset"], r["offset"] + r["size"])
-            for r in rows
-        ]
-        payloads = self.store.read_ranges(ranges)
-        for row, (shard, start, _), payload in zip(rows, ranges, payloads, strict=True):
-            where = f"{self.store.key_url(shard)} key {row['key']!r} offset {start}"
-            check_payload(payload, int(row["crc32"]), where)
-            yield row["key"], self._decoder.decode(payload, where)
+        for result in read_payloads(self.store, [self._ref(r) for r in rows]):
+            where = describe(self.store, result.ref)
+            if result.error is not None:
+                raise result.error
+            if result.payload is None:
+                raise IntegrityError(f"{where}: {result.problem} ({result.kind})")
+            yield result.ref.key, self._decoder.decode(result.payload, where)
 
 
 def open_dataset(

@@ -57,6 +57,12 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
     p.add_argument("--grace", default="6h", metavar="DURATION", help="keep younger objects (6h)")
+    p.add_argument(
+        "--break-lock",
+        action="store_true",
+        help="only release the lock of a gc that died (publishes wait for it until it expires)",
+    )
+    p.add_argument("--yes", action="store_true", help="with --break-lock: do not ask")
     add_json_flag(p)
     p.set_defaults(func=cmd_gc)
 
@@ -189,6 +195,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from ..lifecycle.common import human_bytes
     from ..lifecycle.gc import parse_duration
 
+    if args.break_lock:
+        return _break_lock(args)
     report = collect_garbage(args.root, grace_s=parse_duration(args.grace), dry_run=args.dry_run)
     if args.json:
         print_json(report.to_json())
@@ -207,9 +215,35 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _break_lock(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+    from ..lifecycle.gc import break_lock, describe_lock
+    from ..store import open_store
+    from ..versions import read_state
+
+    store = open_store(args.root)
+    lock = read_state(store).gc_lock
+    if lock is None:
+        raise UsageError(f"{store.url}: no gc lock is held; nothing to break")
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise UsageError("--break-lock needs confirmation: pass --yes (stdin is no terminal)")
+        answer = input(f"{describe_lock(lock)}. Break it only if that gc is dead. Break? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            print("lock kept", file=sys.stderr)
+            return 1
+    held = break_lock(store)
+    if args.json:
+        print_json({"broken": held.gc_lock})
+    else:
+        print(f"broke the gc lock: {describe_lock(held.gc_lock)}")
+    return 0
+
+
 def cmd_scrub(args: argparse.Namespace) -> int:
     from ..lifecycle import scrub
-    from ..lifecycle.common import human_bytes
+    from ..lifecycle.common import human_bytes, problem_counts
+    from ..read.payloads import CORRUPT_AT_REST
 
     report = scrub(
         args.root, args.tag, all_versions=args.all, progress=_progress(args), workers=args.workers
@@ -221,11 +255,18 @@ def cmd_scrub(args: argparse.Namespace) -> int:
             status = "ok" if not part.problems else f"{part.problems} PROBLEM(S)"
             print(f"{part.partition}\t{part.samples} samples\t{human_bytes(part.bytes)}\t{status}")
         for problem in report.problems:
-            print(f"corrupt: {problem}", file=sys.stderr)
+            label = "corrupt" if problem.kind == CORRUPT_AT_REST else "unreadable"
+            print(f"{label}: {problem}", file=sys.stderr)
+        counts = problem_counts(report.problems)
         print(
             f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
             f"{', '.join(report.versions)}: "
-            + ("ok" if report.ok else f"{len(report.problems)} problem(s)")
+            + (
+                "ok"
+                if report.ok
+                else f"{len(report.problems)} problem(s): {counts['corrupt_at_rest']} corrupt at "
+                f"rest, {counts['transport_errors']} transport error(s)"
+            )
         )
     return 0 if report.ok else 1
 

@@ -197,14 +197,22 @@ class GcLock:
 
     id: str
     expires_at: float
+    owner: str = ""  # who holds the lease (user@host pid), for messages; optional
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> GcLock:
         doc = _obj(doc, where, "gc_lock")
-        return cls(id=str(doc.get("id", "")), expires_at=float(doc.get("expires_at", 0)))
+        return cls(
+            id=str(doc.get("id", "")),
+            expires_at=float(doc.get("expires_at", 0)),
+            owner=str(doc.get("owner", "")),
+        )
 
     def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "expires_at": self.expires_at}
+        out: dict[str, Any] = {"id": self.id, "expires_at": self.expires_at}
+        if self.owner:
+            out["owner"] = self.owner
+        return out
 
 
 @dataclass(frozen=True)

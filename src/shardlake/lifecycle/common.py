@@ -11,8 +11,9 @@ from typing import Any, TextIO
 import pyarrow as pa
 
 from ..errors import IntegrityError, KeyNotFoundError
-from ..format.codec import Decoder, payload_checksum
+from ..format.codec import Decoder
 from ..format.layout import version_key
+from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from ..store import Store
 from ..versions import Version, load_version, load_version_by_hash, read_state
 
@@ -32,6 +33,8 @@ class Problem:
     key: str | None
     offset: int | None
     message: str
+    # CORRUPT_AT_REST (every read agreed) or TRANSPORT (reads disagreed / the store failed)
+    kind: str = CORRUPT_AT_REST
 
     def __str__(self) -> str:
         where = self.shard
@@ -39,7 +42,7 @@ class Problem:
             where += f" key {self.key!r}"
         if self.offset is not None:
             where += f" offset {self.offset}"
-        return f"{where}: {self.message}"
+        return f"{where}: {self.message} ({self.kind})"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,7 +51,15 @@ class Problem:
             "key": self.key,
             "offset": self.offset,
             "message": self.message,
+            "kind": self.kind,
         }
+
+
+def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
+    """``{"corrupt_at_rest": n, "transport_errors": m}`` for a report's problems."""
+    problems = list(problems)
+    transport = sum(1 for p in problems if p.kind == TRANSPORT)
+    return {"corrupt_at_rest": len(problems) - transport, "transport_errors": transport}
 
 
 def versions_for(store: Store, version: str | None, all_versions: bool) -> list[Version]:
@@ -101,19 +112,13 @@ def check_shard_payloads(
 ) -> Iterator[tuple[dict[str, Any], bytes | None, Problem | None]]:
     """Read ``rows``' payloads from one shard in bounded batches and check each.
 
-    Yields ``(row, payload, problem)``: the payload when it is intact, else a :class:`Problem`
-    naming shard, key and offset (CRC-32 mismatch, truncation, corrupt zstd frame, size).
-    A missing shard yields one problem per row (the first names the cause).
+    Payloads go through the one read path (:func:`shardlake.read.read_payloads`): a mismatch is
+    re-read before it is reported, and each problem says whether it is corrupt at rest or a
+    transport error. Yields ``(row, payload, problem)``: the payload when it is intact, else a
+    :class:`Problem` naming shard, key and offset. A missing shard yields one problem per row.
     """
     decoder = Decoder()
     url = store.key_url(shard_key)
-    try:
-        shard_size = store.size(shard_key)
-    except KeyNotFoundError:
-        for i, row in enumerate(rows):
-            msg = "shard is missing" if i == 0 else "shard is missing (see above)"
-            yield row, None, Problem(pid, url, row["key"], int(row["offset"]), msg)
-        return
     start = 0
     while start < len(rows):
         end, size = start, 0
@@ -121,36 +126,45 @@ def check_shard_payloads(
             size += int(rows[end]["size"])
             end += 1
         batch = rows[start:end]
-        ranges = [(shard_key, int(r["offset"]), int(r["offset"]) + int(r["size"])) for r in batch]
-        # Ranges past the end of a truncated shard come back short (or empty).
-        payloads = store.read_ranges(ranges)
-        for row, payload in zip(batch, payloads, strict=True):
-            offset, expected = int(row["offset"]), int(row["size"])
-            problem: str | None = None
-            if len(payload) != expected:
-                problem = (
-                    f"payload truncated: {len(payload)} of {expected} bytes "
-                    f"(shard is {shard_size} bytes)"
+        try:
+            results = read_payloads(store, [payload_ref(shard_key, row) for row in batch])
+        except KeyNotFoundError:
+            for i, row in enumerate(rows[start:]):
+                msg = (
+                    "shard is missing" if i == 0 and start == 0 else "shard is missing (see above)"
                 )
-            elif payload_checksum(payload) != int(row["crc32"]) & 0xFFFFFFFF:
-                problem = (
-                    f"payload checksum mismatch (crc32 {payload_checksum(payload):08x}, "
-                    f"manifest says {int(row['crc32']):08x})"
-                )
-            elif decode:
-                try:
-                    raw = decoder.decompress(payload)
-                    if row.get("raw_size") is not None and len(raw) != int(row["raw_size"]):
-                        problem = f"decompressed size {len(raw)}, manifest says {row['raw_size']}"
-                except IntegrityError as exc:
-                    problem = str(exc).split(": ", 1)[-1]
+                yield row, None, Problem(pid, url, row["key"], int(row["offset"]), msg)
+            return
+        for row, result in zip(batch, results, strict=True):
+            problem, kind = result.problem, result.kind
+            if result.payload is not None and decode:
+                problem = _decode_problem(decoder, result.payload, row)
+                kind = CORRUPT_AT_REST  # the bytes match the manifest's CRC: they are stored so
             if on_bytes is not None:
-                on_bytes(len(payload))
+                on_bytes(len(result.payload or b""))
             if problem is None:
-                yield row, payload, None
+                yield row, result.payload, None
             else:
-                yield row, None, Problem(pid, url, row["key"], offset, problem)
+                where = (pid, url, row["key"], int(row["offset"]))
+                yield row, None, Problem(*where, problem, kind or CORRUPT_AT_REST)
         start = end
+
+
+def payload_ref(shard_key: str, row: dict[str, Any]) -> PayloadRef:
+    """The read-path reference of one manifest row's payload."""
+    return PayloadRef(
+        shard_key, int(row["offset"]), int(row["size"]), int(row["crc32"]), str(row["key"])
+    )
+
+
+def _decode_problem(decoder: Decoder, payload: bytes, row: dict[str, Any]) -> str | None:
+    try:
+        raw = decoder.decompress(payload)
+    except IntegrityError as exc:
+        return str(exc).split(": ", 1)[-1]
+    if row.get("raw_size") is not None and len(raw) != int(row["raw_size"]):
+        return f"decompressed size {len(raw)}, manifest says {row['raw_size']}"
+    return None
 
 
 class Progress:

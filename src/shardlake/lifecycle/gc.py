@@ -16,8 +16,12 @@ Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock
   moved). So a writer that reused an old unreferenced revision (pack's "revision already
   complete" path) can never publish a version referencing what gc deleted: it gets a clear
   ConflictError and re-runs after gc, when the revision is either gone (rebuilt) or intact.
-  A crashed gc's lock expires after :data:`LOCK_TTL_S`; a gc never deletes after its lock
-  is about to expire (it stops, reports ``incomplete``, and the next run continues).
+  The lock is a lease (``id``, ``owner``, ``expires_at``): a crashed gc's lock expires after
+  :data:`LOCK_TTL_S` and the next gc takes the root over; a gc never deletes after its lock is
+  about to expire (it stops, reports ``incomplete``, and the next run continues). A lost reply
+  on the lock commit is settled by reading the commit back (its id is unique), and an operator
+  who knows the holder is dead releases it at once with :func:`break_lock`
+  (``shardlake gc --break-lock``).
 * ``publish_version`` also checks that every object the new version references exists, so a
   writer that reused a revision before gc deleted it is refused, not published with holes.
 * Each object is stat'ed again right before it is deleted and kept if it changed since the
@@ -28,17 +32,21 @@ Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock
 
 from __future__ import annotations
 
+import getpass
+import os
 import re
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import ConflictError, IntegrityError, KeyNotFoundError, UsageError
+from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
 from ..keysets import list_keysets, referenced_versions
 from ..store import Leftover, ObjectInfo, Store, open_store
-from ..versions import RootState, _commit, load_version_by_hash, read_state
+from ..versions import RootState, _commit, load_version_by_hash, read_commit, read_state
 from .common import version_closure
 
 DEFAULT_GRACE_S = 6 * 3600.0
@@ -153,17 +161,13 @@ def collect_garbage(
         if not report.garbage and not leftovers:
             return report
         if state.gc_locked():
-            raise ConflictError(
-                f"{store.url}: another gc holds the root (lock {state.gc_lock}); re-run later"
-            )
+            raise ConflictError(f"{store.url}: {describe_lock(state.gc_lock)}; re-run gc later")
         store.ensure_create_enforced()
-        lock: dict[str, Any] = {"id": uuid.uuid4().hex, "expires_at": time.time() + LOCK_TTL_S}
+        lock = new_lock()
         locked = RootState(state.seq + 1, dict(state.versions), state.retired, state.latest, lock)
-        try:
-            _commit(store, state, locked, "gc-lock", {})
-        except ConflictError:
-            continue  # someone committed while we looked: recompute from the new state
-        break
+        if _take_lock(store, state, locked):
+            break
+        # someone committed while we looked: recompute from the new state
     else:
         raise ConflictError(
             f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run gc later"
@@ -194,6 +198,59 @@ def collect_garbage(
     report.garbage = [info for info in report.garbage if info.key in deleted]
     _check_after(store, locked, deleted)
     return report
+
+
+def new_lock(ttl_s: float = LOCK_TTL_S) -> dict[str, Any]:
+    """A fresh lease: a unique id, who holds it (for operators) and when it expires."""
+    owner = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
+    return {"id": uuid.uuid4().hex, "owner": owner, "expires_at": time.time() + ttl_s}
+
+
+def describe_lock(lock: dict[str, Any] | None) -> str:
+    """``gc holds the root until <UTC time> (owner ...)``, for messages."""
+    if not lock:
+        return "no gc holds the root"
+    until = datetime.fromtimestamp(float(lock.get("expires_at", 0)), timezone.utc)
+    owner = f" (owner {lock['owner']})" if lock.get("owner") else ""
+    return f"gc holds the root until {until.isoformat(timespec='seconds')}{owner}"
+
+
+def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:
+    """Commit the lock; False if another writer committed first.
+
+    A create whose reply was lost is settled by reading back what is at the lock's commit: the
+    lock id is unique, so finding ours there means we hold it (never refuse ourselves).
+    """
+    try:
+        _commit(store, state, locked, "gc-lock", {})
+        return True
+    except ConflictError:
+        try:
+            there = read_commit(store, locked.seq)
+        except (KeyNotFoundError, FormatError):
+            return False
+        mine = (locked.gc_lock or {}).get("id")
+        return there.gc_lock is not None and there.gc_lock.get("id") == mine
+
+
+def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> RootState:
+    """Release whatever gc lock the root holds (the operator's ``gc --break-lock``).
+
+    Only for a gc that is known to be dead: a live gc keeps deleting until its own lease runs
+    out. Returns the state that held the lock; :class:`UsageError` if none is held.
+    """
+    store = open_store(url, storage_options)
+    for _attempt in range(FENCE_ATTEMPTS):
+        state = read_state(store)
+        if state.gc_lock is None:
+            raise UsageError(f"{store.url}: no gc lock is held")
+        new = RootState(state.seq + 1, state.versions, state.retired, state.latest)
+        try:
+            _commit(store, state, new, "gc-break-lock", {"broken": state.gc_lock})
+            return state
+        except ConflictError:
+            continue
+    raise ConflictError(f"{store.url}: the commit log kept moving; re-run gc --break-lock")
 
 
 def _unlock(store: Store, lock: dict[str, Any]) -> None:

@@ -1,5 +1,8 @@
 """``scrub``: re-read every payload of one or all versions and check CRC-32 and zstd frames.
 
+A mismatch is re-read (bounded) before it is reported, and each problem says whether it is
+corrupt at rest (every read agreed) or a transport error (see :mod:`shardlake.read.payloads`).
+
 Memory stays bounded: payloads are fetched per shard in multi-range batches of at most
 :data:`~shardlake.lifecycle.common.BATCH_BYTES`, checked and dropped.
 """
@@ -18,6 +21,7 @@ from .common import (
     Problem,
     Progress,
     check_shard_payloads,
+    problem_counts,
     rows_by_shard,
     unique_revisions,
     versions_for,
@@ -66,6 +70,7 @@ class ScrubReport:
             "bytes": self.bytes,
             "partitions": [p.to_json() for p in self.partitions],
             "problems": [p.to_json() for p in self.problems],
+            **problem_counts(self.problems),
         }
 
 

@@ -33,6 +33,7 @@ from .common import (
     Problem,
     Progress,
     check_shard_payloads,
+    problem_counts,
     rows_by_shard,
 )
 
@@ -72,7 +73,12 @@ class VerifyReport:
         if self.extra:
             out.append(f"{len(self.extra)} sample(s) not in the source")
         if self.problems:
-            out.append(f"{len(self.problems)} sample(s) differ or are unreadable")
+            counts = problem_counts(self.problems)
+            out.append(
+                f"{len(self.problems)} sample(s) differ or are unreadable "
+                f"({counts['corrupt_at_rest']} corrupt at rest, "
+                f"{counts['transport_errors']} transport error(s))"
+            )
         if self.expected_partitions is not None and self.partitions != self.expected_partitions:
             out.append(f"{self.partitions} partition(s), expected {self.expected_partitions}")
         return out
@@ -93,6 +99,7 @@ class VerifyReport:
             "extra_keys": self.extra[:SHOW_MAX],
             "problems": [p.to_json() for p in self.problems[:SHOW_MAX]],
             "problem_count": len(self.problems),
+            **problem_counts(self.problems),
             "failures": self.failures(),
         }
 

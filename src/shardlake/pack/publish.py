@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConflictError
+from ..lifecycle.gc import describe_lock
 from ..store import Store
 from ..versions import RootState, Version, publish_version, read_state
 
@@ -26,6 +27,12 @@ def publish(
             return publish_version(store, tag, body, state)
         except ConflictError as exc:
             state = read_state(store)
+            if state.gc_locked():
+                raise ConflictError(
+                    f"{store.url}: {describe_lock(state.gc_lock)}; nothing was published by this "
+                    "run - re-run after that (finished revisions are reused), or run "
+                    "`shardlake gc --break-lock` if that gc is dead"
+                ) from exc
             if tag in state.versions or tag in state.retired:
                 raise ConflictError(
                     f"{store.url}: version tag {tag!r} was published by another writer while "

@@ -1,0 +1,296 @@
+"""A fault-injecting HTTP proxy for tests: put it between s3fs and a loopback S3 server.
+
+Never part of the production path: tests point s3fs's ``endpoint_url`` at the proxy, which
+forwards each request to the real (moto) endpoint and, on a seeded schedule, damages some of
+them the way real networks and object stores do::
+
+    with moto_s3_server() as s3, FaultProxy(s3.endpoint_url, rate=0.15, seed=3) as proxy:
+        store = open_store(s3.url("root"), proxy.storage_options(s3.storage_options))
+        ...
+        print(proxy.injected)  # Counter({"503": 4, "lost_reply": 2, ...})
+
+Fault kinds (:data:`FAULT_KINDS`):
+
+* ``500`` / ``503``: an S3 XML error (``InternalError`` / ``SlowDown``) *without* forwarding.
+* ``lost_reply``: forward the request (it takes effect on the server), then drop the
+  connection without answering.
+* ``reset``: forward, send the headers and half the body, then reset the connection.
+* ``truncate``: forward, then send only half the body with a matching ``Content-Length``
+  (silent: the HTTP layer cannot notice).
+* ``delay``: wait ``delay_s`` seconds, then forward normally.
+* ``stall``: accept the request and never answer (until ``stall_s`` passes or the proxy stops).
+* ``flip``: forward, then flip one byte of a 200/206 body.
+
+Body faults (``reset``, ``truncate``, ``flip``) need a response body; a request without one
+gets a ``503`` instead. Decisions are deterministic for a seed: the n-th request with the same
+method and path gets the same fate whatever the thread interleaving. ``stall_all`` makes the
+whole endpoint stall (a hung server).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import socket
+import struct
+import threading
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..tools.localhost import LOOPBACK
+
+FAULT_KINDS = ("500", "503", "lost_reply", "reset", "truncate", "delay", "stall", "flip")
+BODY_FAULTS = frozenset({"reset", "truncate", "flip"})
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "expect",
+        "content-length",
+    }
+)
+_S3_ERRORS = {
+    "500": ("InternalError", "We encountered an internal error. Please try again."),
+    "503": ("SlowDown", "Please reduce your request rate."),
+}
+
+
+class FaultProxy:
+    """A threaded HTTP proxy on 127.0.0.1 (free port) injecting faults; see the module doc.
+
+    Parameters
+    ----------
+    upstream:
+        ``http://host:port`` of the real server.
+    rate:
+        Fraction of requests that get a fault (0 disables injection).
+    seed:
+        Schedule seed; the same seed gives the same faults for the same request sequence.
+    kinds:
+        Fault kinds to draw from (default: all of :data:`FAULT_KINDS`).
+    delay_s, stall_s:
+        How long a ``delay`` waits before forwarding, and a ``stall`` before giving up.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        *,
+        rate: float = 0.15,
+        seed: int = 0,
+        kinds: Sequence[str] = FAULT_KINDS,
+        delay_s: float = 0.5,
+        stall_s: float = 600.0,
+    ) -> None:
+        unknown = set(kinds) - set(FAULT_KINDS)
+        if unknown or not kinds:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}; use {FAULT_KINDS}")
+        parts = urlsplit(upstream)
+        self.upstream = (parts.hostname or LOOPBACK, parts.port or 80)
+        self.rate, self.seed, self.kinds = rate, seed, tuple(kinds)
+        self.delay_s, self.stall_s = delay_s, stall_s
+        self.stall_all = False
+        self.injected: Counter[str] = Counter()
+        self.requests = 0
+        self._seen: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._server = _Server((LOOPBACK, 0), _Handler)
+        self._server.proxy = self
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    @property
+    def endpoint_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def storage_options(self, base: dict[str, Any]) -> dict[str, Any]:
+        """s3fs ``storage_options`` of ``base`` with the endpoint replaced by the proxy."""
+        out = dict(base, endpoint_url=self.endpoint_url)
+        out["client_kwargs"] = dict(base.get("client_kwargs", {}), endpoint_url=self.endpoint_url)
+        return out
+
+    def __enter__(self) -> FaultProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop serving; stalled requests are released."""
+        self._stop.set()
+        if self._thread.is_alive():  # shutdown() waits for serve_forever: only when it runs
+            self._server.shutdown()
+            self._thread.join(timeout=10)
+        self._server.server_close()
+
+    def decide(self, method: str, path: str) -> str | None:
+        """The fault for this request (None: forward it untouched); counts what it injects."""
+        with self._lock:
+            self.requests += 1
+            if self.stall_all:
+                self.injected["stall"] += 1
+                return "stall"
+            what = f"{method} {path}"
+            n = self._seen[what]
+            self._seen[what] += 1
+        digest = hashlib.sha256(f"{self.seed}\0{what}\0{n}".encode()).digest()
+        draw, pick = struct.unpack(">QQ", digest[:16])
+        if draw / 2**64 >= self.rate:
+            return None
+        kind = self.kinds[pick % len(self.kinds)]
+        with self._lock:
+            self.injected[kind] += 1
+        return kind
+
+    def wait_or_stop(self, seconds: float) -> None:
+        self._stop.wait(seconds)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    proxy: FaultProxy
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+        return  # keep test output quiet
+
+    def do_GET(self) -> None:
+        self._handle()
+
+    do_PUT = do_POST = do_DELETE = do_HEAD = do_GET
+
+    def _handle(self) -> None:
+        proxy = self.server.proxy
+        body = self._request_body()
+        kind = proxy.decide(self.command, self.path.split("?", 1)[0])
+        if kind == "stall":
+            proxy.wait_or_stop(proxy.stall_s)
+            self._drop()
+            return
+        if kind in _S3_ERRORS:
+            self._s3_error(kind)
+            return
+        if kind == "delay":
+            proxy.wait_or_stop(proxy.delay_s)
+        status, reason, headers, data = self._forward(proxy, body)
+        if kind == "lost_reply":
+            self._drop()
+            return
+        if kind in BODY_FAULTS and not (data and self.command == "GET" and status in (200, 206)):
+            self._s3_error("503")  # nothing to damage: degrade to a throttle
+            return
+        self._reply(status, reason, headers, data, kind)
+
+    def _request_body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            chunks: list[bytes] = []
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return b"".join(chunks)
+                chunks.append(self.rfile.read(size))
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _forward(
+        self, proxy: FaultProxy, body: bytes
+    ) -> tuple[int, str, list[tuple[str, str]], bytes]:
+        conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
+            if body or self.command in ("PUT", "POST"):
+                headers["Content-Length"] = str(len(body))
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+            return response.status, response.reason, response.getheaders(), data
+        finally:
+            conn.close()
+
+    def _reply(
+        self,
+        status: int,
+        reason: str,
+        headers: list[tuple[str, str]],
+        data: bytes,
+        kind: str | None,
+    ) -> None:
+        length = next((v for k, v in headers if k.lower() == "content-length"), None)
+        if kind == "flip":
+            damaged = bytearray(data)
+            damaged[len(damaged) // 2] ^= 0x01
+            data = bytes(damaged)
+        elif kind in ("truncate", "reset"):
+            data = data[: len(data) // 2]
+        self.send_response(status, reason)
+        for name, value in headers:
+            if name.lower() not in _HOP_BY_HOP:
+                self.send_header(name, value)
+        if self.command == "HEAD":
+            self.send_header("Content-Length", length or "0")
+        elif kind == "reset":
+            self.send_header("Content-Length", str(len(data) * 2 or 1))  # promise the whole body
+        else:
+            self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+        if kind == "reset":
+            self.wfile.flush()
+            self._drop()
+
+    def _s3_error(self, kind: str) -> None:
+        code, message = _S3_ERRORS[kind]
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            f"<Error><Code>{code}</Code><Message>{message}</Message>"
+            f"<Resource>{self.path.split('?', 1)[0]}</Resource>"
+            "<RequestId>shardlake-fault-proxy</RequestId></Error>"
+        ).encode()
+        self.send_response(int(kind))
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", "0" if self.command == "HEAD" else str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def _drop(self) -> None:
+        """Close the connection with a reset (SO_LINGER 0) and send nothing more."""
+        self.close_connection = True
+        with contextlib.suppress(OSError):
+            self.wfile.flush()
+        with contextlib.suppress(OSError):
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+
+@contextlib.contextmanager
+def fault_proxy(upstream: str, **options: Any) -> Iterator[FaultProxy]:
+    """``with fault_proxy(url, rate=..., seed=...) as proxy:`` - a started :class:`FaultProxy`."""
+    with FaultProxy(upstream, **options) as proxy:
+        yield proxy
