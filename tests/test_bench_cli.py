@@ -106,7 +106,7 @@ def test_bench_pack_calibrates_and_predicts(tmp_path: Path):
     assert len(model["calibration"]) == 3
     assert doc["parallel"]["workers"] == 2 and doc["parallel"]["samples_per_s"] > 0
     assert set(doc["stage_ms_per_frame"]) == {
-        "read+sha256", "npz_inflate", "safetensors_encode", "zstd", "verify",
+        "read+sha256", "npz_inflate", "safetensors_encode", "zstd", "verify", "np.load",
     }  # fmt: skip
     one, eight = doc["prediction"]["by_workers"]
     assert (one["workers"], eight["workers"]) == (1, 8)
