@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
-from shardlake.access import load_npz
+from shardlake.format.npz import load_npz
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError

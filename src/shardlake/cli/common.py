@@ -6,7 +6,13 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..root import Root
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
@@ -41,3 +47,62 @@ def resolve_local_paths(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if isinstance(value, str) and value.strip() and value != "-" and "://" not in value:
             setattr(args, name, os.path.abspath(os.path.expanduser(value)))
+
+
+def add_storage_flags(parser: argparse.ArgumentParser) -> None:
+    """``--storage-option KEY=VALUE`` (repeatable) for a command that opens a root."""
+    parser.add_argument(
+        "--storage-option",
+        dest="storage_options",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec storage option for the root (repeatable; VALUE is parsed as JSON when it "
+        "parses, else taken as a string); fsspec config files and FSSPEC_<PROTOCOL>_<OPTION> "
+        "environment variables apply too",
+    )
+
+
+def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``["key=v", "anon=true"]`` -> ``{"key": "v", "anon": True}`` (JSON values where valid)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        if not sep or not name.strip():
+            raise UsageError(
+                f"storage option {pair!r} is not KEY=VALUE", options=("storage_option",)
+            )
+        try:
+            value: Any = json.loads(text)
+        except ValueError:
+            value = text
+        options[name.strip()] = value
+    return options
+
+
+def open_root(args: argparse.Namespace, url: str | None = None) -> Root:
+    """The root a command works on, opened with the command's storage options."""
+    import shardlake
+
+    pairs = getattr(args, "storage_options", None) or []
+    return shardlake.open(url if url is not None else args.root, **parse_storage_options(pairs))
+
+
+# Library option names whose flag is spelled otherwise.
+_FLAG_NAMES = {
+    "key_file": "keys",
+    "partitions": "partition",
+    "grace_s": "grace",
+    "format": "format",
+}
+
+
+def flag_advice(options: Sequence[str]) -> str:
+    """Library option names as the flags that set them: ``shard_size`` -> ``--shard-size``."""
+    names = [_FLAG_NAMES.get(name, name) for name in options]
+    return ", ".join(dict.fromkeys("--" + name.replace("_", "-") for name in names))
+
+
+def progress_wanted(args: argparse.Namespace) -> bool:
+    """Progress on stderr unless ``--quiet`` or ``--json`` (a bar on a terminal, lines in a log)."""
+    return not (getattr(args, "quiet", False) or getattr(args, "json", False))

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_json_flag, print_json
+from .common import add_json_flag, add_storage_flags, open_root, print_json
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
@@ -54,23 +54,24 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _mixing(args: argparse.Namespace) -> int:
     from ..tools.bench.mixing import mixing_summary
-    from ..torch import ShardDataset
     from ..torch.plan import DEFAULT_MAX_PAD_FRACTION
 
-    ds = ShardDataset(
-        args.root,
-        args.version,
-        keyset=args.keyset,
-        where=args.where,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        shuffle=not args.no_shuffle,
-        num_workers=args.num_workers,
-        world_size=args.world_size,
-        rank=0,
-        max_pad_fraction=(
-            DEFAULT_MAX_PAD_FRACTION if args.max_pad_fraction is None else args.max_pad_fraction
-        ),
+    ds = (
+        open_root(args)
+        .dataset(args.version)
+        .to_torch(
+            keyset=args.keyset,
+            where=args.where,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            shuffle=not args.no_shuffle,
+            num_workers=args.num_workers,
+            world_size=args.world_size,
+            rank=0,
+            max_pad_fraction=(
+                DEFAULT_MAX_PAD_FRACTION if args.max_pad_fraction is None else args.max_pad_fraction
+            ),
+        )
     )
     doc = mixing_summary(
         ds,
@@ -199,6 +200,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
     )
     add_json_flag(p)
+    add_storage_flags(p)
     p.set_defaults(func=_mixing)
 
     p = sub.add_parser(

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..access import npz_bytes, sidecar_json
 from ..errors import (
     AlreadyExistsError,
     ConflictError,
@@ -27,10 +26,12 @@ from ..errors import (
 from ..format.codec import Decoder
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
 from ..format.manifest import parse_manifest, read_entry_manifest
+from ..format.source_form import npz_bytes, sidecar_json
 from ..keysets import Keyset, list_keysets, load_keyset
+from ..progress import Progress
 from ..store import Store, open_store
 from ..versions import RootState, _commit, ensure_root, load_version, read_root_marker, read_state
-from .common import Progress, check_shard_payloads, rows_by_shard
+from .common import check_shard_payloads, rows_by_shard
 
 
 @dataclass
@@ -140,7 +141,7 @@ def export_version(
     ensure_root(dest, dataset_id=str(src_marker["dataset_id"]))
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
     total = sum(len(e["shards"]) for e in ver.partitions)
-    bar = Progress(total, "export", enabled=progress)
+    bar = Progress(total, "export", unit="shards", enabled=progress)
     for entry in ver.partitions:
         pid = entry["id"]
         data = _copy_small(src, dest, entry["manifest"], report)
@@ -226,7 +227,7 @@ def export_npz(
     """Write ``<key>.npz`` (+ ``<key>.json`` sidecar) for every sample of ``version``.
 
     Arrays come back bit-exact (names, order, dtype, shape, bytes); sidecars are rebuilt from
-    the manifest columns (see :func:`shardlake.access.sidecar_of`).
+    the manifest columns (see :func:`shardlake.format.source_form.sidecar_of`).
     """
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)

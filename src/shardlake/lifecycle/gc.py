@@ -45,6 +45,7 @@ from typing import Any
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
 from ..keysets import list_keysets, referenced_versions
+from ..progress import Progress
 from ..store import Leftover, ObjectInfo, Store, open_store
 from ..versions import RootState, _commit, load_version_by_hash, read_commit, read_state
 from .common import version_closure
@@ -134,8 +135,11 @@ def collect_garbage(
     grace_s: float = DEFAULT_GRACE_S,
     dry_run: bool = False,
     storage_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
 ) -> GcReport:
-    """Delete (or with ``dry_run`` only list) unreferenced objects older than ``grace_s``."""
+    """Delete (or with ``dry_run`` only list) unreferenced objects older than ``grace_s``.
+
+    ``progress``: show deletions on standard error (None: only on a terminal)."""
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     store = open_store(url, storage_options)
@@ -173,8 +177,10 @@ def collect_garbage(
             f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run gc later"
         )
     deleted: set[str] = set()
+    bar = Progress(len(report.garbage), "gc", unit="objects", enabled=progress)
     try:
         for info in sorted(report.garbage, key=_delete_order):
+            bar.update()
             if time.time() > float(lock["expires_at"]) - LOCK_MARGIN_S:
                 report.incomplete = True  # never delete without a valid lock; re-run gc
                 break
@@ -194,6 +200,7 @@ def collect_garbage(
             store.discard_leftover(leftover)
             report.leftovers.append(leftover)
     finally:
+        bar.close()
         _unlock(store, lock)
     report.garbage = [info for info in report.garbage if info.key in deleted]
     _check_after(store, locked, deleted)

@@ -35,6 +35,7 @@ from ..errors import (
     SourceError,
     UsageError,
 )
+from ..progress import DEFAULT_HEARTBEAT_S, Progress
 from ..store import Store, open_store
 from ..versions import (
     Version,
@@ -42,7 +43,6 @@ from ..versions import (
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
-from .progress import DEFAULT_HEARTBEAT_S, Progress
 from .publish import publish
 from .source import SourcePartition
 
@@ -75,6 +75,24 @@ class PackReport:
     dropped: list[str] = field(default_factory=list)  # in the base, gone from the source
     skipped_samples: int = 0
     seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as the ``pack --json`` document."""
+        v = self.version
+        return {
+            "tag": v.tag,
+            "hash": v.hash,
+            "samples": v.samples,
+            "partitions": len(v.partitions),
+            "built": self.built,
+            "manifest_only": self.manifest_only,
+            "resumed": self.resumed,
+            "reused": self.reused,
+            "carried": self.carried,
+            "dropped": self.dropped,
+            "skipped_samples": self.skipped_samples,
+            "seconds": round(self.seconds, 3),
+        }
 
     def summary(self) -> str:
         v = self.version
@@ -175,16 +193,18 @@ def pack_with_report(
     plan = plan_builds(store, tree, settings, opts)
     progress = Progress(
         sum(t.partition.samples for t in plan.tasks),
-        len(plan.tasks),
+        "shardlake pack",
+        groups=len(plan.tasks),
+        enabled=opts.progress,
         stream=progress_stream,
-        quiet=not opts.progress,
         heartbeat_s=heartbeat_s,
     )
     progress.message(
         f"{tree.samples} samples in {len(tree.partitions)} partitions; building "
         f"{len(plan.tasks)}, reusing {len(plan.reused)}, carrying {len(plan.carried)}"
     )
-    results = _run_builds(plan.tasks, executor, opts.workers, opts.mp_context, progress, poll_s)
+    with progress:
+        results = _run_builds(plan.tasks, executor, opts.workers, opts.mp_context, progress, poll_s)
     outcome = _collect(plan, results)
     base_tag = settings.base_version.tag if settings.base_version is not None else None
     body = {
@@ -344,7 +364,7 @@ def _wait_builds(
                 failures.append(f"{_describe(task.partition)}: {_error_text(exc)}")
                 continue
             results[task.partition.id] = result
-            progress.partition_done(task.partition.samples, reused=not result.built)
+            progress.update(task.partition.samples, groups=1)
         progress.poll(in_flight)
 
 
