@@ -295,7 +295,7 @@ class Root:
 
     def export(
         self,
-        dest: str | Store,
+        dest: str | os.PathLike[str] | Store,
         *,
         version: str = "latest",
         keysets: Sequence[str] | None = None,
@@ -309,6 +309,7 @@ class Root:
         from .errors import UsageError
         from .lifecycle.export import export_npz, export_version
 
+        dest = _location(dest)
         if format == "npz":
             if keysets and len(keysets) > 1:
                 raise UsageError("an npz export takes at most one keyset", options=("keysets",))
@@ -333,7 +334,7 @@ class Root:
 
     def verify(
         self,
-        source: str | Store,
+        source: str | os.PathLike[str] | Store,
         *,
         version: str = "latest",
         allow_missing: int | None = None,
@@ -354,6 +355,7 @@ class Root:
         """
         from .lifecycle.verify import verify_source
 
+        source = _location(source)
         if only_keys is None and isinstance(source, str):
             from .pack.source import scoped_frame_keys
 
@@ -386,6 +388,15 @@ class Root:
         return verify_offsets(self.store, version, progress=progress)
 
 
+def _location(url: str | os.PathLike[str] | Store) -> str | Store:
+    """A URL or store; a local path made absolute (the store layer wants absolute paths)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if isinstance(url, str) and "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    return url
+
+
 def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  # noqa: A001
     """Open the dataset root at ``url``.
 
@@ -405,8 +416,4 @@ def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  
         The root; opening makes no request (a missing bucket or bad credentials surface on
         first use).
     """
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
-    if isinstance(url, str) and "://" not in url:
-        url = os.path.abspath(os.path.expanduser(url))
-    return Root(open_store(url, storage_options or None))
+    return Root(open_store(_location(url), storage_options or None))

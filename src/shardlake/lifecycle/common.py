@@ -61,7 +61,7 @@ def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
 
 
 def versions_for(store: Store, version: str | None, all_versions: bool) -> list[Version]:
-    """The versions a command works on: ``--all`` live versions, else one tag (``latest``)."""
+    """The versions an operation works on: every live version, else one tag (``latest``)."""
     if all_versions:
         state = read_state(store)
         return [load_version_by_hash(store, tag, h) for tag, h in state.versions.items()]

@@ -241,7 +241,7 @@ def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:
 
 
 def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> RootState:
-    """Release whatever gc lock the root holds (the operator's ``gc --break-lock``).
+    """Release whatever gc lock the root holds (the operator's last resort).
 
     Only for a gc that is known to be dead: a live gc keeps deleting until its own lease runs
     out. Returns the state that held the lock; :class:`UsageError` if none is held.
@@ -257,7 +257,7 @@ def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = Non
             return state
         except ConflictError:
             continue
-    raise ConflictError(f"{store.url}: the commit log kept moving; re-run gc --break-lock")
+    raise ConflictError(f"{store.url}: the commit log kept moving; break the gc lock again")
 
 
 def _unlock(store: Store, lock: dict[str, Any]) -> None:

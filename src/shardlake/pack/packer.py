@@ -118,11 +118,11 @@ def _mp_context(name: str | None) -> Any:
 def make_executor(
     spec: ExecutorSpec, workers: int | None, mp_context: str | None = None
 ) -> tuple[cf.Executor, Callable[[], None]]:
-    """``(executor, close)`` for ``--executor``: process (default), thread, inline, dask://HOST:PORT,
+    """``(executor, close)`` for an executor spec: process (default), thread, inline, dask://HOST:PORT,
     or an Executor instance (used as-is, never shut down here)."""
     n = workers or os.cpu_count() or 1
     if n < 1:
-        raise UsageError("--workers must be >= 1")
+        raise UsageError("workers must be >= 1", options=("workers",))
     if isinstance(spec, cf.Executor):
         return spec, lambda: None
     if spec in (None, "process"):
@@ -138,17 +138,21 @@ def make_executor(
             import distributed
         except ImportError as exc:
             raise UsageError(
-                "--executor dask:// needs the 'dask' extra (pip install shardlake[dask])"
+                "a dask:// executor needs the 'dask' extra (pip install shardlake[dask])"
             ) from exc
         address = "tcp://" + spec.split("://", 1)[1]
         try:
             client = distributed.Client(address, timeout="30s")
         except OSError as exc:
             raise UsageError(
-                f"--executor {spec}: cannot connect to the Dask scheduler ({exc})"
+                f"executor {spec}: cannot connect to the Dask scheduler ({exc})",
+                options=("executor",),
             ) from exc
         return client.get_executor(pure=False), client.close
-    raise UsageError(f"--executor {spec!r}: use process, thread, inline or dask://HOST:PORT")
+    raise UsageError(
+        f"executor {spec!r}: use process, thread, inline or dask://HOST:PORT",
+        options=("executor",),
+    )
 
 
 def _describe(part: SourcePartition) -> str:
