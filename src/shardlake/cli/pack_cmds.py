@@ -100,6 +100,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="flat: <log_dir>/ frames; converter: <location>/<split>/<date>/<time>/ frames plus "
         "routes/*.json, like Diffusion-Planner's converter",
     )
+    add_json_flag(p)
     p.set_defaults(func=cmd_synth)
 
     p = sub.add_parser("pack", help="pack a source tree into a new version of a dataset root")
@@ -224,6 +225,16 @@ def cmd_synth(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.json:
+        print_json(
+            {
+                "root": str(result.root),
+                "samples": result.samples,
+                "skipped": result.skipped,
+                "partitions": result.partitions,
+            }
+        )
+        return 0
     print(
         f"wrote {result.samples} frames ({result.skipped} skipped) in "
         f"{len(result.partitions)} partitions under {result.root}"
