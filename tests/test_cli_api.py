@@ -38,7 +38,7 @@ def test_every_report_command_has_json_and_root_commands_take_storage_options() 
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for name, child in sub.choices.items():
         takes_root = any(a.dest == "root" and not a.option_strings for a in child._actions)
-        if takes_root and name != "bench":
+        if takes_root:
             for leaf, options in leaves.items():
                 if leaf.split()[0] == name:
                     assert "--storage-option" in options, leaf
