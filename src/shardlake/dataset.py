@@ -71,11 +71,13 @@ class Dataset:
         return self.version.hash
 
     def __len__(self) -> int:
+        """The number of samples in the version."""
         return self.version.samples
 
     # --- partitions and manifests --------------------------------------------------------------
 
     def partition(self, pid: str) -> dict[str, Any]:
+        """The version's entry of partition ``pid`` (:class:`NotFoundError` if it has none)."""
         try:
             return self._by_id[pid]
         except KeyError:
@@ -84,6 +86,7 @@ class Dataset:
             ) from None
 
     def shard_key(self, pid: str, shard_index: int) -> str:
+        """The store key of shard ``shard_index`` of partition ``pid``."""
         return str(self.partition(pid)["shards"][shard_index]["key"])
 
     def manifest(self, pid: str) -> pa.Table:
@@ -222,7 +225,25 @@ class Dataset:
         )
 
     def get(self, key: str) -> dict[str, np.ndarray[Any, Any]]:
-        """The arrays of sample ``key`` (bit-exact: dtype, shape and bytes as packed)."""
+        """The arrays of sample ``key``, fetched with one ranged read and checked.
+
+        Parameters
+        ----------
+        key
+            The sample key: its source path without ``.npz``.
+
+        Returns
+        -------
+        dict[str, numpy.ndarray]
+            The arrays in their stored order, bit-exact (dtype, shape and bytes as packed).
+
+        Raises
+        ------
+        NotFoundError
+            The version has no sample ``key``.
+        IntegrityError
+            The stored bytes do not match their checksum (after one re-read).
+        """
         row = self.locate(key)
         return self._decoder.decode(self.read_payload(row), f"{self.store.url} key {key!r}")
 
