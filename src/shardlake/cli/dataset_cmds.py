@@ -16,6 +16,12 @@ SHOW_MAX = 20
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_query(sub)
+    _add_get(sub)
+    _add_keyset(sub)
+
+
+def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "query",
         help="run a sandboxed SQL WHERE over a version's manifests",
@@ -35,6 +41,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_query)
 
+
+def _add_get(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "get",
         help="fetch samples by key (one ranged read each) and show or save their arrays",
@@ -53,6 +61,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_get)
 
+
+def _add_keyset(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "keyset",
         help="named, immutable sample selections bound to one version",

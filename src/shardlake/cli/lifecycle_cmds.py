@@ -23,6 +23,16 @@ def _workers_flag(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_remove(sub)
+    _add_prune_version(sub)
+    _add_gc(sub)
+    _add_scrub(sub)
+    _add_export(sub)
+    _add_verify(sub)
+    _add_verify_offsets(sub)
+
+
+def _add_remove(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "remove",
         help="publish a new version without some partitions or samples",
@@ -41,6 +51,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_remove)
 
+
+def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("prune-version", help="retire version tags (gc reclaims their bytes)")
     p.add_argument("root", metavar="ROOT")
     p.add_argument("tags", metavar="TAG", nargs="+")
@@ -49,6 +61,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_prune)
 
+
+def _add_gc(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "gc",
         help="delete objects no live version or keyset references",
@@ -69,6 +83,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_gc)
 
+
+def _add_scrub(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("scrub", help="re-read every payload and check its checksums")
     p.add_argument("root", metavar="ROOT")
     which = p.add_mutually_exclusive_group()
@@ -80,6 +96,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_scrub)
 
+
+def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "export",
         help="copy a version to another store (or write it out as npz + json)",
@@ -107,6 +125,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_export)
 
+
+def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "verify",
         help="prove a version equals its source tree, bit for bit",
@@ -140,6 +160,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_verify)
 
+
+def _add_verify_offsets(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "verify-offsets",
         help="check manifest offsets against tar headers and manifests against the version",

@@ -76,6 +76,14 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_inspect(sub)
+    _add_synth(sub)
+    _add_pack(sub)
+    _add_versions(sub)
+    _add_show(sub)
+
+
+def _add_inspect(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("inspect", help="report the partitions of a source tree (read-only)")
     p.add_argument("source", metavar="SOURCE")
     _add_rule_options(p)
@@ -83,6 +91,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_inspect)
 
+
+def _add_synth(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("synth", help="write a synthetic driving-frame corpus")
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("--partitions", type=int, required=True)
@@ -103,6 +113,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_json_flag(p)
     p.set_defaults(func=cmd_synth)
 
+
+def _add_pack(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("pack", help="pack a source tree into a new version of a dataset root")
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("root", metavar="ROOT", help="dataset root URL (path, s3://, gs://, memory://)")
@@ -136,12 +148,16 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=cmd_pack)
 
+
+def _add_versions(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("versions", help="list the versions of a dataset root")
     p.add_argument("root", metavar="ROOT")
     add_json_flag(p)
     add_storage_flags(p)
     p.set_defaults(func=cmd_versions)
 
+
+def _add_show(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("show", help="describe one version (default: latest)")
     p.add_argument("root", metavar="ROOT")
     p.add_argument("tag", metavar="TAG", nargs="?", default="latest")

@@ -95,6 +95,13 @@ def _mixing(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_demo(sub)
+    _add_compare_runs(sub)
+    _add_mixing(sub)
+    _add_bench(sub)
+
+
+def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "demo",
         help="end-to-end demo: synth -> pack -> keysets -> incremental version -> DDP training",
@@ -130,6 +137,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_json_flag(p)
     p.set_defaults(func=_demo)
 
+
+def _add_compare_runs(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "compare-runs",
         help="does a candidate run's loss plateau lie inside the baseline's own noise band?",
@@ -172,6 +181,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_json_flag(p)
     p.set_defaults(func=_compare_runs)
 
+
+def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "mixing",
         help="how well the loader's batches mix partitions (from the plan; reads no shards)",
@@ -203,6 +214,8 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     add_storage_flags(p)
     p.set_defaults(func=_mixing)
 
+
+def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "bench",
         help="pack and load benchmarks with JSON output, against any root URL",
