@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
@@ -17,6 +17,20 @@ if TYPE_CHECKING:
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def finish_command(
+    parser: argparse.ArgumentParser,
+    func: Callable[[argparse.Namespace], int],
+    *,
+    opens_root: bool = True,
+) -> None:
+    """What every report command shares: ``--json``, ``--storage-option`` where it opens a
+    root, and the function that runs it."""
+    add_json_flag(parser)
+    if opens_root:
+        add_storage_flags(parser)
+    parser.set_defaults(func=func)
 
 
 def print_json(obj: Any) -> None:

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-from .common import add_json_flag, add_storage_flags, open_root, print_json
+from .common import add_storage_flags, finish_command, open_root, print_json
 
 SHOW_MAX = 20
 
@@ -57,9 +57,7 @@ def _add_get(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument("--out", metavar="FILE.npz", help="write the (single) sample to this npz file")
     p.add_argument("--out-dir", metavar="DIR", help="write <key>.npz (+ .json) for every key")
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_get)
+    finish_command(p, cmd_get)
 
 
 def _add_keyset(sub: argparse._SubParsersAction[Any]) -> None:
@@ -91,25 +89,17 @@ def _add_keyset(sub: argparse._SubParsersAction[Any]) -> None:
         help="accept exactly N entries that match no key (default 0)",
     )
     c.add_argument("--version", dest="tag", default="latest", metavar="TAG")
-    add_json_flag(c)
-    add_storage_flags(c)
-    c.set_defaults(func=cmd_keyset_create)
+    finish_command(c, cmd_keyset_create)
     c = ks.add_parser("list", help="list the keysets of the root")
-    add_json_flag(c)
-    add_storage_flags(c)
-    c.set_defaults(func=cmd_keyset_list)
+    finish_command(c, cmd_keyset_list)
     c = ks.add_parser("show", help="describe one keyset")
     c.add_argument("name", metavar="NAME")
     c.add_argument("--keys", dest="show_keys", action="store_true", help="print every key")
-    add_json_flag(c)
-    add_storage_flags(c)
-    c.set_defaults(func=cmd_keyset_show)
+    finish_command(c, cmd_keyset_show)
     c = ks.add_parser("check", help="prove two keysets disjoint (exit 1 if they overlap)")
     c.add_argument("a", metavar="A")
     c.add_argument("b", metavar="B")
-    add_json_flag(c)
-    add_storage_flags(c)
-    c.set_defaults(func=cmd_keyset_check)
+    finish_command(c, cmd_keyset_check)
 
 
 # --- query / get -------------------------------------------------------------------------------

@@ -6,7 +6,12 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_json_flag, add_storage_flags, open_root, print_json, progress_wanted
+from .common import (
+    finish_command,
+    open_root,
+    print_json,
+    progress_wanted,
+)
 
 SHOW_MAX = 20
 
@@ -47,9 +52,7 @@ def _add_remove(sub: argparse._SubParsersAction[Any]) -> None:
     what.add_argument("--keys", dest="keys_file", metavar="FILE", help="file of keys to drop")
     what.add_argument("--where", metavar="SQL", help="drop the samples matching this expression")
     p.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_remove)
+    finish_command(p, cmd_remove)
 
 
 def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
@@ -57,9 +60,7 @@ def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("tags", metavar="TAG", nargs="+")
     p.add_argument("--force", action="store_true", help="also retire the version 'latest' names")
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_prune)
+    finish_command(p, cmd_prune)
 
 
 def _add_gc(sub: argparse._SubParsersAction[Any]) -> None:
@@ -79,9 +80,7 @@ def _add_gc(sub: argparse._SubParsersAction[Any]) -> None:
         help="only release the lock of a gc that died (publishes wait for it until it expires)",
     )
     p.add_argument("--yes", action="store_true", help="with --break-lock: do not ask")
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_gc)
+    finish_command(p, cmd_gc)
 
 
 def _add_scrub(sub: argparse._SubParsersAction[Any]) -> None:
@@ -92,9 +91,7 @@ def _add_scrub(sub: argparse._SubParsersAction[Any]) -> None:
     which.add_argument("--all", action="store_true", help="every live version")
     _progress_flag(p)
     _workers_flag(p)
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_scrub)
+    finish_command(p, cmd_scrub)
 
 
 def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
@@ -121,9 +118,7 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
         help="fsspec storage option for DEST (repeatable; like --storage-option)",
     )
     _progress_flag(p)
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_export)
+    finish_command(p, cmd_export)
 
 
 def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
@@ -156,9 +151,7 @@ def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
     _progress_flag(p)
     _workers_flag(p)
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_verify)
+    finish_command(p, cmd_verify)
 
 
 def _add_verify_offsets(sub: argparse._SubParsersAction[Any]) -> None:
@@ -169,9 +162,7 @@ def _add_verify_offsets(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     _progress_flag(p)
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_verify_offsets)
+    finish_command(p, cmd_verify_offsets)
 
 
 def cmd_remove(args: argparse.Namespace) -> int:

@@ -9,7 +9,12 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .common import add_json_flag, add_storage_flags, open_root, print_json, progress_wanted
+from .common import (
+    finish_command,
+    open_root,
+    print_json,
+    progress_wanted,
+)
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 SHOW_MAX = 20
@@ -88,8 +93,7 @@ def _add_inspect(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("source", metavar="SOURCE")
     _add_rule_options(p)
     p.add_argument("--out", metavar="TSV", help="also write the per-partition table as TSV")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_inspect)
+    finish_command(p, cmd_inspect, opens_root=False)
 
 
 def _add_synth(sub: argparse._SubParsersAction[Any]) -> None:
@@ -110,8 +114,7 @@ def _add_synth(sub: argparse._SubParsersAction[Any]) -> None:
         help="flat: <log_dir>/ frames; converter: <location>/<split>/<date>/<time>/ frames plus "
         "routes/*.json, like Diffusion-Planner's converter",
     )
-    add_json_flag(p)
-    p.set_defaults(func=cmd_synth)
+    finish_command(p, cmd_synth, opens_root=False)
 
 
 def _add_pack(sub: argparse._SubParsersAction[Any]) -> None:
@@ -144,26 +147,20 @@ def _add_pack(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--heartbeat", type=float, default=60.0, help="seconds without progress before a heartbeat"
     )
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_pack)
+    finish_command(p, cmd_pack)
 
 
 def _add_versions(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("versions", help="list the versions of a dataset root")
     p.add_argument("root", metavar="ROOT")
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_versions)
+    finish_command(p, cmd_versions)
 
 
 def _add_show(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("show", help="describe one version (default: latest)")
     p.add_argument("root", metavar="ROOT")
     p.add_argument("tag", metavar="TAG", nargs="?", default="latest")
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_show)
+    finish_command(p, cmd_show)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_json_flag, add_storage_flags, open_root, print_json
+from .common import finish_command, open_root, print_json
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
@@ -134,8 +134,7 @@ def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo, CPU)")
     p.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
     p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
-    add_json_flag(p)
-    p.set_defaults(func=_demo)
+    finish_command(p, _demo, opens_root=False)
 
 
 def _add_compare_runs(sub: argparse._SubParsersAction[Any]) -> None:
@@ -178,8 +177,7 @@ def _add_compare_runs(sub: argparse._SubParsersAction[Any]) -> None:
         help="let this args.json key differ (repeatable; only for settings that cannot shift a "
         "loss)",
     )
-    add_json_flag(p)
-    p.set_defaults(func=_compare_runs)
+    finish_command(p, _compare_runs, opens_root=False)
 
 
 def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
@@ -210,9 +208,7 @@ def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
     )
-    add_json_flag(p)
-    add_storage_flags(p)
-    p.set_defaults(func=_mixing)
+    finish_command(p, _mixing)
 
 
 def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
