@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from .lifecycle.scrub import ScrubReport
     from .lifecycle.verify import OffsetsReport, VerifyReport
     from .pack import PackOptions, PackReport
+
+_DOCUMENT_READERS = 16
 
 
 @dataclass(frozen=True)
@@ -118,12 +121,16 @@ class Root:
     # --- versions ------------------------------------------------------------------------------
 
     def versions(self) -> list[VersionInfo]:
-        """Every live version, in publish order."""
+        """Every live version, in publish order (their documents read concurrently)."""
         state = read_state(self.store)
-        return [
-            VersionInfo.of(load_version_by_hash(self.store, tag, h), tag == state.latest)
-            for tag, h in state.versions.items()
-        ]
+
+        def info(item: tuple[str, str]) -> VersionInfo:
+            tag, version_hash = item
+            version = load_version_by_hash(self.store, tag, version_hash)
+            return VersionInfo.of(version, tag == state.latest)
+
+        with ThreadPoolExecutor(max_workers=_DOCUMENT_READERS) as pool:
+            return list(pool.map(info, state.versions.items()))
 
     @property
     def latest(self) -> VersionInfo:

@@ -88,7 +88,7 @@ class Selection:
             return sql.select_mask(table, self.where)
         wanted = self.wanted_keys()
         if wanted is None:
-            return pa.array([True] * table.num_rows, pa.bool_())
+            return pa.repeat(pa.scalar(True), table.num_rows)
         value_set = pa.array(wanted, pa.string())
         return pc.fill_null(pc.is_in(table.column("key"), value_set=value_set), False)
 

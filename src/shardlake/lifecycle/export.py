@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..dataset import Dataset
 from ..errors import (
     AlreadyExistsError,
     ConflictError,
@@ -234,9 +235,7 @@ def export_npz(
     ver = load_version(src, version)
     wanted: set[str] | None = None
     if keyset is not None:
-        ks = load_keyset(src, keyset)
-        ks.check_version(ver)
-        wanted = set(ks.keys)
+        wanted = set(Dataset(src, ver).select(keyset=keyset).wanted_keys() or ())
     report = NpzExportReport(dest.url, ver.tag)
     decoder = Decoder()
     bar = Progress(len(wanted) if wanted is not None else ver.samples, "export", enabled=progress)
