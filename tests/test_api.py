@@ -127,6 +127,10 @@ def test_to_torch_is_lazy_and_selects(tmp_path: Path) -> None:
     ds = root.dataset("v1")
     torch_ds = ds.to_torch(batch_size=2, keys=ds.keys()[:4], num_workers=0, shuffle=False)
     assert sorted(torch_ds.table.keys) == sorted(ds.keys()[:4])
+    selection = ds.select(where="NOT is_skipped")
+    chosen = selection.to_torch(batch_size=2, num_workers=0)
+    assert sorted(chosen.table.keys) == sorted(selection.key_list())
+    assert chosen.selection_desc == selection.describe()
 
 
 def test_errors_carry_options_and_the_cli_shows_flags(

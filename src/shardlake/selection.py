@@ -19,6 +19,7 @@ from .errors import SelectionError
 
 if TYPE_CHECKING:
     from .dataset import Dataset
+    from .torch import ShardDataset
 
 SHOW_MAX = 20
 
@@ -146,6 +147,13 @@ class Selection:
 
     def __len__(self) -> int:
         return int(self._selected().num_rows)
+
+    def to_torch(self, *, batch_size: int, **options: Any) -> ShardDataset:
+        """A :class:`shardlake.torch.ShardDataset` over exactly this selection (see
+        :meth:`shardlake.Dataset.to_torch` for ``options``)."""
+        chosen = {"where": self.where, "keys": self.keys, "keyset": self.keyset}
+        chosen = {name: value for name, value in chosen.items() if value is not None}
+        return self.dataset.to_torch(batch_size=batch_size, **chosen, **options)
 
     def _what(self) -> str:
         kind, value = next(iter(self.describe().items()))
