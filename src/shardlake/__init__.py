@@ -9,7 +9,8 @@ Start with :func:`shardlake.open`::
     sample = root.dataset("v1").get(key)
 """
 
-from .dataset import Dataset
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     ConflictError,
     FormatError,
@@ -22,11 +23,39 @@ from .errors import (
     UsageError,
     VersionNotFoundError,
 )
-from .keysets import Keyset
-from .pack import PackOptions, PackReport
-from .root import Root, VersionInfo, open
-from .selection import Selection
 from .store import Store, open_store
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+    from .keysets import Keyset
+    from .pack import PackOptions, PackReport
+    from .root import Root, VersionInfo, open
+    from .selection import Selection
+
+# Imported on first use: ``import shardlake`` stays cheap (no pyarrow compute, DuckDB or pack
+# machinery until a root is opened), which every CLI call and worker process pays.
+_LAZY = {
+    "Dataset": "dataset",
+    "Keyset": "keysets",
+    "PackOptions": "pack",
+    "PackReport": "pack",
+    "Root": "root",
+    "Selection": "selection",
+    "VersionInfo": "root",
+    "open": "root",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardlake' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
