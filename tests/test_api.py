@@ -180,3 +180,20 @@ def test_cli_reads_fsspec_environment_config(tmp_path: Path, store_servers: obje
     done = subprocess.run(cli, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert [v["tag"] for v in json.loads(done.stdout)] == ["v1"]
+
+
+def test_one_error_hierarchy_without_twins() -> None:
+    import pickle
+
+    from shardlake import errors
+
+    assert issubclass(errors.KeyNotFoundError, errors.NotFoundError)
+    assert issubclass(errors.KeyNotFoundError, FileNotFoundError)
+    assert issubclass(errors.AlreadyExistsError, errors.ConflictError)
+    assert issubclass(errors.AlreadyExistsError, FileExistsError)
+    assert issubclass(errors.IntegrityError, shardlake.ShardlakeError)
+    assert not hasattr(errors, "VerificationError")  # never raised: gone
+    exc = errors.KeyNotFoundError("s3://b/k: no such key", options=("version",))
+    again = pickle.loads(pickle.dumps(exc))  # crosses worker processes intact
+    assert type(again) is errors.KeyNotFoundError and again.options == ("version",)
+    assert str(again) == "s3://b/k: no such key"
