@@ -63,15 +63,19 @@ def resolve_local_paths(args: argparse.Namespace) -> None:
             setattr(args, name, os.path.abspath(os.path.expanduser(value)))
 
 
-def add_storage_flags(parser: argparse.ArgumentParser) -> None:
-    """``--storage-option KEY=VALUE`` (repeatable) for a command that opens a root."""
+def add_storage_flags(
+    parser: argparse.ArgumentParser, prefix: str = "", what: str = "the root"
+) -> None:
+    """``--storage-option KEY=VALUE`` (repeatable) for what a command opens; with ``prefix``
+    (``dest``) the flag is ``--dest-storage-option`` for that other store."""
+    flag = f"--{prefix}-storage-option" if prefix else "--storage-option"
     parser.add_argument(
-        "--storage-option",
-        dest="storage_options",
+        flag,
+        dest=f"{prefix}_storage_options" if prefix else "storage_options",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec storage option for the root (repeatable; VALUE is parsed as JSON when it "
+        help=f"fsspec storage option for {what} (repeatable; VALUE is parsed as JSON when it "
         "parses, else taken as a string); fsspec config files and FSSPEC_<PROTOCOL>_<OPTION> "
         "environment variables apply too",
     )

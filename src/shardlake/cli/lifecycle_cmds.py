@@ -7,8 +7,10 @@ import sys
 from typing import Any
 
 from .common import (
+    add_storage_flags,
     finish_command,
     open_root,
+    parse_storage_options,
     print_json,
     progress_wanted,
 )
@@ -109,14 +111,7 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
         "--keyset", action="append", metavar="NAME", help="keyset(s) to carry (npz: to select)"
     )
     p.add_argument("--format", choices=("root", "npz"), default="root")
-    p.add_argument(
-        "--dest-storage-option",
-        dest="dest_storage_options",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec storage option for DEST (repeatable; like --storage-option)",
-    )
+    add_storage_flags(p, "dest", "DEST")
     _progress_flag(p)
     finish_command(p, cmd_export)
 
@@ -128,6 +123,7 @@ def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--source", required=True, metavar="SOURCE")
+    add_storage_flags(p, "source", "SOURCE")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument(
         "--path-list",
@@ -273,7 +269,6 @@ def cmd_scrub(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..cli.common import parse_storage_options
     from ..lifecycle.export import ExportReport
 
     report = open_root(args).export(
@@ -310,6 +305,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         strip_prefix=args.strip_prefix,
         include=args.include,
         exclude=args.exclude,
+        source_options=parse_storage_options(args.source_storage_options) or None,
         progress=progress_wanted(args),
         workers=args.workers,
     )
