@@ -18,8 +18,8 @@ from shardlake.errors import (
     StorePermissionError,
     UsageError,
 )
-from shardlake.store import RetryPolicy, open_store
-from shardlake.testing.faults import FaultPlan, FaultyStore
+from shardlake.store import RequestCounter, RetryPolicy, open_store
+from shardlake.testing.faults import FaultInjector, FaultPlan
 
 SECRET = "SUPERSECRET-9f3a"
 
@@ -140,7 +140,9 @@ def test_secrets_never_in_repr_errors_or_logs(store_servers, caplog) -> None:
     messages = []
     for candidate in (
         open_store(server.url("redact"), unreachable, retry=policy),
-        FaultyStore.wrap(store, FaultPlan(fail_rate=1.0), policy),
+        open_store(server.url("redact"), options, retry=policy).with_layers(
+            FaultInjector(FaultPlan(fail_rate=1.0))
+        ),
     ):
         with pytest.raises(StoreError) as caught:
             candidate.read("k")
@@ -153,11 +155,14 @@ def test_secrets_never_in_repr_errors_or_logs(store_servers, caplog) -> None:
 def test_retry_limits_are_configurable(monkeypatch) -> None:
     monkeypatch.setenv("SHARDLAKE_RETRY_ATTEMPTS", "2")
     monkeypatch.setenv("SHARDLAKE_RETRY_BASE_DELAY", "0")
-    store = FaultyStore("memory://retry-env", plan=FaultPlan(fail_rate=1.0))
+    counter = RequestCounter()
+    store = open_store("memory://retry-env").with_layers(
+        counter, FaultInjector(FaultPlan(fail_rate=1.0))
+    )
     assert store.retry.attempts == 2
     with pytest.raises(RetriesExhaustedError) as caught:
         store.read("k")
-    assert "2 attempt(s)" in str(caught.value) and store.stats.requests["read"] == 2
+    assert "2 attempt(s)" in str(caught.value) and counter.requests["read"] == 2
     monkeypatch.setenv("SHARDLAKE_RETRY_ATTEMPTS", "many")
     with pytest.raises(UsageError):
         open_store("memory://retry-env")
