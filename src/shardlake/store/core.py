@@ -341,7 +341,7 @@ class Store:
         where = f"create {redact(self.key_url(key))}"
         try:
             ours = self._holds(key, payload, retry=False)
-        except KeyNotFoundError:
+        except FileNotFoundError:
             raise gave_up from None  # nothing landed: a plain failure
         except Exception as exc:  # noqa: BLE001 - any failure leaves the outcome open
             raise OutcomeUnknownError(
