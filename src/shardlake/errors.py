@@ -79,8 +79,8 @@ class OutcomeUnknownError(StoreError):
     it may or may not have taken effect."""
 
 
-class BucketNotFoundError(KeyNotFoundError):
-    """The bucket a store URL names does not exist."""
+class BucketNotFoundError(StoreError, FileNotFoundError):
+    """The bucket a store URL names does not exist (never mistaken for an absent key)."""
 
 
 class EndpointError(StoreError):

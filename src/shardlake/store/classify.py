@@ -140,11 +140,34 @@ def classify(exc: BaseException) -> Verdict:
         return Verdict.TRANSIENT
     if isinstance(exc, ShardlakeError):
         return Verdict.PERMANENT
-    for cause in causes(exc):
+    chain = list(causes(exc))
+    for cause in chain:  # an HTTP status says most (s3fs raises OSError(EIO) from a 404 page)
+        status = http_status(cause)
+        if status is not None and status >= 400:
+            return _by_status(status)
+    for cause in chain:
         verdict = _classify_one(cause)
         if verdict is not None:
             return verdict
     return _by_text(exc)
+
+
+def _by_status(status: int) -> Verdict:
+    if status in _REFUSED_STATUS:
+        return Verdict.TRANSIENT
+    if status in _MAYBE_ACTED_STATUS:
+        return Verdict.AMBIGUOUS
+    return Verdict.PERMANENT
+
+
+def s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code (``NoSuchBucket``, ``InvalidAccessKeyId``...) behind ``exc``, if any."""
+    for cause in causes(exc):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            code = response["Error"].get("Code")
+            return str(code) if code is not None else None
+    return None
 
 
 def _classify_one(exc: BaseException) -> Verdict | None:
@@ -157,13 +180,6 @@ def _classify_one(exc: BaseException) -> Verdict | None:
         return Verdict.TRANSIENT
     if isinstance(exc, (ConnectionError, TimeoutError)):
         return Verdict.AMBIGUOUS
-    status = http_status(exc)
-    if status is not None:
-        if status in _REFUSED_STATUS:
-            return Verdict.TRANSIENT
-        if status in _MAYBE_ACTED_STATUS:
-            return Verdict.AMBIGUOUS
-        return Verdict.PERMANENT
     if isinstance(exc, _PERMANENT_TYPES):
         return Verdict.PERMANENT
     if isinstance(exc, OSError) and exc.errno is not None:

@@ -198,16 +198,25 @@ def _mtime_of(info: dict[str, Any]) -> float | None:
     return None
 
 
+class EndpointMismatch(OSError):
+    """The endpoint answered, but not in the store's protocol (a web page where S3 was expected)."""
+
+
 class BucketBackend(Backend):
     """Object stores: listing caches are dropped before every check, and a request that fails
-    because the bucket does not exist says so (not "no such key", not an empty listing)."""
+    permanently is explained (:meth:`explain`): a missing bucket says so (not "no such key",
+    not an empty listing)."""
 
     _bucket_seen = False
 
     def _fresh(self, path: str | None = None) -> None:
         self.fs.invalidate_cache(path)
 
-    def _check_bucket(self, path: str) -> None:
+    def explain(self, path: str, exc: BaseException | None) -> None:
+        """Raise what a failure (or an empty listing: ``exc`` None) at ``path`` really means,
+        when that is more than the reply said; return to let the original stand."""
+        if exc is not None and not isinstance(exc, FileNotFoundError):
+            return
         if self._bucket_seen:
             return
         bucket = path.split("/", 1)[0]
@@ -216,37 +225,42 @@ class BucketBackend(Backend):
         self._bucket_seen = True  # buckets rarely vanish; one check per filesystem suffices
 
     def list(self, prefix_path: str) -> list[Entry]:
-        out = super().list(prefix_path)
+        try:
+            out = super().list(prefix_path)
+        except Exception as exc:
+            self.explain(prefix_path, exc)
+            raise
         if not out:
-            self._check_bucket(prefix_path)
+            self.explain(prefix_path, None)
         return out
 
     def read(self, path: str) -> bytes:
         try:
             return super().read(path)
-        except FileNotFoundError:
-            self._check_bucket(path)
+        except Exception as exc:
+            self.explain(path, exc)
             raise
 
     def stat(self, path: str) -> tuple[int, float | None]:
         try:
             return super().stat(path)
-        except FileNotFoundError:
-            self._check_bucket(path)
+        except Exception as exc:
+            self.explain(path, exc)
             raise
 
     def write(self, path: str, data: bytes) -> None:
         try:
             super().write(path, data)
-        except FileNotFoundError:
-            self._check_bucket(path)
+        except Exception as exc:
+            self.explain(path, exc)
             raise
 
     def create(self, path: str, data: bytes) -> None:
         try:
             self._create(path, data)
-        except FileNotFoundError:
-            self._check_bucket(path)
+        except Exception as exc:
+            if not isinstance(exc, FileExistsError):
+                self.explain(path, exc)
             raise
         self._fresh(path)
 

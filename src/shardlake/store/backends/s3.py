@@ -6,8 +6,21 @@ from typing import Any
 
 import fsspec
 
+from ..classify import causes, is_transient, s3_error_code
 from ..retry import RetryPolicy
-from .base import BucketBackend, Leftover
+from ..url import redact
+from .base import BucketBackend, EndpointMismatch, Leftover
+
+# S3 error codes meaning the credentials themselves are wrong (not merely lacking permission).
+CREDENTIAL_REJECTED_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+    }
+)
 
 
 class S3Backend(BucketBackend):
@@ -19,6 +32,34 @@ class S3Backend(BucketBackend):
     """
 
     fast_reads: Any = None  # read.obstore_client.ObstoreReads with read_client="obstore"
+    _endpoint_checked = False
+
+    def explain(self, path: str, exc: BaseException | None) -> None:
+        # A HEAD reply has no body (a 403 cannot say "credentials rejected"), and a web server
+        # that is not S3 answers with pages, not S3 errors: one ListObjectsV2 tells them apart.
+        if self._endpoint_checked:
+            return
+        if exc is not None and (isinstance(exc, FileExistsError) or is_transient(exc)):
+            return
+        bucket = path.split("/", 1)[0]
+        try:
+            reply = self.fs.call_s3("list_objects_v2", Bucket=bucket, MaxKeys=1)
+        except Exception as probe_exc:
+            code = s3_error_code(probe_exc)
+            if code == "NoSuchBucket":
+                raise FileNotFoundError(f"bucket does not exist: {bucket}") from probe_exc
+            if code in CREDENTIAL_REJECTED_CODES:
+                raise probe_exc
+            if not _from_s3(probe_exc):
+                raise EndpointMismatch(self._not_s3()) from probe_exc
+            return  # the probe cannot tell more than the original error
+        if "Name" not in reply and not _s3_headers(reply):
+            raise EndpointMismatch(self._not_s3()) from exc
+        self._endpoint_checked = True
+
+    def _not_s3(self) -> str:
+        endpoint = getattr(self.fs, "endpoint_url", None) or "the S3 endpoint"
+        return f"endpoint {redact(str(endpoint))} does not speak the S3 API"
 
     @classmethod
     def make_filesystem(
@@ -72,3 +113,19 @@ class S3Backend(BucketBackend):
         self.fs.call_s3(
             "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=leftover.upload_id
         )
+
+
+def _s3_headers(reply: Any) -> bool:
+    meta = reply.get("ResponseMetadata") if isinstance(reply, dict) else None
+    headers = meta.get("HTTPHeaders") if isinstance(meta, dict) else None
+    return isinstance(headers, dict) and any(str(h).startswith("x-amz-") for h in headers)
+
+
+def _from_s3(exc: BaseException) -> bool:
+    """Whether a failed reply came from S3: an S3 error code or S3's own headers."""
+    for cause in causes(exc):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            code = str(response.get("Error", {}).get("Code") or "")
+            return (bool(code) and not code.isdigit()) or _s3_headers(response)
+    return True  # not an HTTP reply at all (no credentials, connection): nothing to say
