@@ -12,9 +12,10 @@ manifest's embedded metadata against the version entry naming it (a swapped mani
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from ..format.layout import member_name
 from ..format.manifest import METADATA_MISMATCH, entry_mismatches, read_entry_manifest
 from ..format.npz import load_npz
 from ..format.tar import iter_members
+from ..read.payloads import DEFAULT_REREADS, TRANSPORT
 from ..store import Store, open_store
 from ..versions import load_version
 from .common import (
@@ -337,13 +339,38 @@ def verify_offsets(
             bar.update()
             rows = groups.get(index, [])
             report.rows += len(rows)
-            report.problems.extend(_check_shard(store, pid, shard, rows))
+            report.problems.extend(check_shard_headers(store, pid, shard, rows))
     bar.close()
     return report
 
 
-def _check_shard(
-    store: Store, pid: str, shard: dict[str, Any], rows: list[dict[str, Any]]
+def check_shard_headers(
+    store: Store,
+    pid: str,
+    shard: Mapping[str, Any],
+    rows: list[dict[str, Any]],
+    *,
+    rereads: int = DEFAULT_REREADS,
+) -> list[Problem]:
+    """Problems of one shard's tar headers against its manifest rows (empty: all agree).
+
+    A shard with problems is read again (up to ``rereads`` times): problems are reported only
+    when no read is clean, as corrupt at rest when every read found the same ones, else as
+    transport errors (a header damaged in transit is not a damaged shard).
+    """
+    seen: list[list[Problem]] = []
+    for _ in range(1 + rereads):
+        problems = _shard_header_problems(store, pid, shard, rows)
+        if not problems:
+            return []
+        seen.append(problems)
+    if all(found == seen[0] for found in seen):
+        return seen[-1]
+    return [dataclasses.replace(p, kind=TRANSPORT) for p in seen[-1]]
+
+
+def _shard_header_problems(
+    store: Store, pid: str, shard: Mapping[str, Any], rows: list[dict[str, Any]]
 ) -> list[Problem]:
     key = shard["key"]
     url = store.key_url(key)
