@@ -24,6 +24,15 @@ from .payloads import CORRUPT_AT_REST, DEFAULT_REREADS, TRANSPORT
 T = TypeVar("T")
 
 
+class RefusedObjectError(FormatError):
+    """A metadata object whose bytes never checked out; ``kind`` says whether every read agreed
+    (:data:`CORRUPT_AT_REST`) or not (:data:`TRANSPORT`)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 def read_verified(
     store: Store,
     key: str,
@@ -34,7 +43,7 @@ def read_verified(
     """``(check(data), data)`` for the first read of ``key`` whose bytes pass ``check``.
 
     ``check`` raises :class:`FormatError` for bytes it refuses. After ``rereads`` extra reads
-    the last error is raised again, with the verdict appended: ``corrupt at rest`` when every
+    the last error is raised again as :class:`RefusedObjectError`, with the verdict appended: ``corrupt at rest`` when every
     read returned the same bytes, ``transport error`` when they differed. A missing object
     (:class:`~shardlake.errors.KeyNotFoundError`) and store errors propagate unchanged.
     """
@@ -46,7 +55,8 @@ def read_verified(
         except FormatError as exc:
             seen.append(data)
             if len(seen) > rereads:
-                raise FormatError(f"{exc} ({verdict(seen)}; read {len(seen)} times)") from exc
+                kind = verdict(seen)
+                raise RefusedObjectError(f"{exc} ({kind}; read {len(seen)} times)", kind) from exc
 
 
 def verdict(reads: list[bytes]) -> str:
