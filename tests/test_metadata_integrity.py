@@ -229,3 +229,18 @@ def test_scrub_rereads_a_manifest_and_names_a_transport_error(tmp_path: Path) ->
     report = scrub(store, workers=1)
     assert [p.kind for p in report.problems] == [TRANSPORT]
     assert report.to_json()["transport_errors"] == 1 and report.to_json()["corrupt_at_rest"] == 0
+
+
+def test_golden_root_with_record_digests_is_checked(tmp_path: Path) -> None:
+    import shutil
+
+    golden = Path(__file__).parent / "data" / "golden" / "v1-record-digests" / "root"
+    shutil.copytree(golden, tmp_path / "root")
+    store = Store(str(tmp_path / "root"))
+    assert RECORD_DIGEST in json.loads(store.read(commit_key(2)))
+    keyset = pq.read_schema(pa.BufferReader(store.read(keyset_key("turns"))))
+    assert b"shardlake.content_sha256" in (keyset.metadata or {})
+    assert read_state(store).latest == "v2" and load_keyset(store, "turns")
+    _rewrite(store, commit_key(2), b'"latest":"v2"', b'"latest":"v1"')
+    with pytest.raises(FormatError, match=RECORD_DIGEST):
+        read_state(store)
