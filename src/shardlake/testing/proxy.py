@@ -24,7 +24,8 @@ Fault kinds (:data:`FAULT_KINDS`):
 Body faults (``reset``, ``truncate``, ``flip``) need a response body; a request without one
 gets a ``503`` instead. Decisions are deterministic for a seed: the n-th request with the same
 method and path gets the same fate whatever the thread interleaving. ``stall_all`` makes the
-whole endpoint stall (a hung server).
+whole endpoint stall (a hung server). :meth:`FaultProxy.inject` aims one fault at the next
+matching requests (e.g. lose the reply to gc's lock commit), ahead of the seeded schedule.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import struct
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -102,6 +104,7 @@ class FaultProxy:
         self.stall_all = False
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        self._aimed: list[_Aimed] = []
         self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -140,6 +143,14 @@ class FaultProxy:
             self._thread.join(timeout=10)
         self._server.server_close()
 
+    def inject(self, kind: str, *, method: str, path_contains: str, times: int = 1) -> None:
+        """Give the next ``times`` requests with ``method`` whose path contains
+        ``path_contains`` the fault ``kind`` (before the seeded schedule is consulted)."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; use {FAULT_KINDS}")
+        with self._lock:
+            self._aimed.append(_Aimed(kind, method, path_contains, times))
+
     def decide(self, method: str, path: str) -> str | None:
         """The fault for this request (None: forward it untouched); counts what it injects."""
         with self._lock:
@@ -147,6 +158,11 @@ class FaultProxy:
             if self.stall_all:
                 self.injected["stall"] += 1
                 return "stall"
+            for aimed in self._aimed:
+                if aimed.left > 0 and aimed.method == method and aimed.path_contains in path:
+                    aimed.left -= 1
+                    self.injected[aimed.kind] += 1
+                    return aimed.kind
             what = f"{method} {path}"
             n = self._seen[what]
             self._seen[what] += 1
@@ -161,6 +177,16 @@ class FaultProxy:
 
     def wait_or_stop(self, seconds: float) -> None:
         self._stop.wait(seconds)
+
+
+@dataclass
+class _Aimed:
+    """A fault aimed at the next ``left`` requests matching ``method`` and a path part."""
+
+    kind: str
+    method: str
+    path_contains: str
+    left: int
 
 
 class _Server(ThreadingHTTPServer):
