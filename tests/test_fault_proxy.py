@@ -123,5 +123,12 @@ def test_aimed_fault_hits_the_next_matching_requests_only(s3: S3Server) -> None:
             assert _request(proxy.endpoint_url, "PUT", f"/{s3.bucket}/aimed/k", b"x")[0] == 503
         assert _request(proxy.endpoint_url, "PUT", f"/{s3.bucket}/aimed/k", b"x")[0] == 200
     assert proxy.injected == {"503": 2}
+    with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:  # in order: the 500 waits its turn
+        proxy.inject("503", method="PUT", path_contains="/aimed/")
+        proxy.inject("500", path_contains="/aimed/")
+        assert _request(proxy.endpoint_url, "GET", f"/{s3.bucket}/aimed/k")[0] == 200
+        assert _request(proxy.endpoint_url, "PUT", f"/{s3.bucket}/aimed/k", b"x")[0] == 503
+        assert _request(proxy.endpoint_url, "GET", f"/{s3.bucket}/aimed/k")[0] == 500
+    assert [fault for _m, _p, fault in proxy.history] == [None, "503", "500"]
     with pytest.raises(ValueError):
         proxy.inject("nonsense", method="GET", path_contains="/")
