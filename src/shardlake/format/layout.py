@@ -17,7 +17,7 @@ import re
 
 from ..errors import UsageError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 ROOT_MARKER = "shardlake.json"
 DATA_DIR = "data"
 VERSIONS_DIR = "versions"

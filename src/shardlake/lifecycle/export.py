@@ -180,6 +180,8 @@ def export_version(
     for keyset in chosen:
         _copy_small(src, dest, keyset_key(keyset.name), report)
         report.keysets.append(keyset.name)
+    for ref in ver.catalog_objects():  # before the record that references them
+        ref.check(_copy_small(src, dest, ref.key, report), src.key_url(ref.key))
     doc_key = version_key(ver.tag, ver.hash)
     _copy_small(src, dest, doc_key, report)
     state = read_state(dest)
