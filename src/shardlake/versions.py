@@ -42,7 +42,7 @@ from .format.documents import (
 from .format.layout import (
     COMMITS_DIR,
     DATA_DIR,
-    FORMAT_VERSION,
+    RECORD_FORMAT_VERSION,
     ROOT_MARKER,
     check_name,
     commit_key,
@@ -191,7 +191,7 @@ def ensure_root(store: Store, dataset_id: str | None = None) -> dict[str, Any]:
     if marker is None:
         candidate = {
             "format": ROOT_SCHEMA,
-            "format_version": FORMAT_VERSION,
+            "format_version": RECORD_FORMAT_VERSION,
             "dataset_id": dataset_id or uuid.uuid4().hex,
             "created_at": utc_now(),
         }
@@ -267,7 +267,7 @@ def build_version_doc(
     """Serialise a format-2 version record (``body``'s fields, the partition count and sample
     total of ``partitions``, and the ``catalog`` reference) to its canonical bytes."""
     doc = {k: v for k, v in body.items() if k not in _COMPUTED_FIELDS}
-    doc.update({"format": VERSION_SCHEMA, "format_version": FORMAT_VERSION, "tag": tag})
+    doc.update({"format": VERSION_SCHEMA, "format_version": RECORD_FORMAT_VERSION, "tag": tag})
     doc["partition_count"] = len(partitions)
     doc["samples"] = sum(int(p["samples"]) for p in partitions)
     doc["catalog"] = catalog.to_json()
