@@ -166,7 +166,7 @@ def decode_partitions(data: bytes, where: str) -> list[dict[str, Any]]:
     missing = [n for n in PARTITIONS_SCHEMA.names if n not in table.column_names]
     if missing:
         raise FormatError(f"{where}: partitions table lacks column(s) {', '.join(missing)}")
-    entries = table.select(PARTITIONS_SCHEMA.names).to_pylist()
+    entries: list[dict[str, Any]] = table.select(PARTITIONS_SCHEMA.names).to_pylist()
     for entry in entries:
         for name in ("manifest_sha256", "manifest_size", "source_fingerprint", "npz_fingerprint"):
             if entry[name] is None:
