@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 # when those are less than half the object.
 WHOLE_READ_BYTES = 8 * 2**20
 RANGE_GAP_BYTES = 2**20
+# Ranged reads only when the wanted column chunks are at most this fraction of the segment.
+RANGED_MAX_FRACTION = 0.5
 _MANIFEST_READERS = 16
 _BUILT_CACHE = 4  # in-memory catalogs of format-1 versions kept per process
 
@@ -109,7 +111,7 @@ def _open_segment(
         buf[ref.size - footer :] = store.read_range(ref.key, ref.size - footer, ref.size)
     meta = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buf))).metadata
     ranges = coalesce(column_ranges(meta, row_groups_for(meta, pids), columns), RANGE_GAP_BYTES)
-    if sum(e - s for s, e in ranges) * 2 > ref.size:
+    if sum(e - s for s, e in ranges) > RANGED_MAX_FRACTION * ref.size:
         return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
     for (start, end), data in zip(
         ranges, store.read_ranges([(ref.key, s, e) for s, e in ranges]), strict=True

@@ -285,7 +285,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
     store = open_store(args.root)
     rows = []
     for tag, version_hash, is_latest in list_versions(store):
-        doc = load_version_by_hash(store, tag, version_hash).doc
+        version = load_version_by_hash(store, tag, version_hash)
+        doc = version.header_doc  # the small header: no partition list is read
         rows.append(
             {
                 "tag": tag,
@@ -293,8 +294,8 @@ def cmd_versions(args: argparse.Namespace) -> int:
                 "latest": is_latest,
                 "created_at": doc.get("created_at"),
                 "base": doc.get("base"),
-                "partitions": len(doc["partitions"]),
-                "samples": doc["samples"],
+                "partitions": version.partition_count,
+                "samples": version.samples,
             }
         )
     if args.json:
