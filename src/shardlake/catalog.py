@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -354,3 +355,27 @@ def attach_catalog(store: Store, version: Version) -> CatalogRef:
     with contextlib.suppress(AlreadyExistsError):  # a concurrent attach: equivalent content
         store.create(attached_catalog_key(version.tag, version.hash), data)
     return ref
+
+
+def rows_by_partition(table: pa.Table) -> dict[str, pa.Table]:
+    """Zero-copy slices of catalog rows (ordered by partition, as readers return them) per
+    partition id."""
+    if table.num_rows == 0:
+        return {}
+    codes = table.column("partition").combine_chunks().dictionary_encode()
+    index = codes.indices.to_numpy(zero_copy_only=False)
+    names = codes.dictionary.to_pylist()
+    starts = [0, *(int(i) + 1 for i in np.flatnonzero(index[1:] != index[:-1]))]
+    ends = [*starts[1:], table.num_rows]
+    return {names[index[s]]: table.slice(s, e - s) for s, e in zip(starts, ends, strict=True)}
+
+
+def catalog_mismatch(catalog_part: pa.Table | None, manifest: pa.Table) -> str | None:
+    """Why a partition's catalog rows are not its manifest's (core columns), or ``None``."""
+    if catalog_part is None:
+        return "the version's catalog holds no rows of this partition"
+    cols = [c for c in CORE_SCHEMA.names if c in manifest.column_names]
+    got = catalog_part.select(cols).cast(manifest.select(cols).schema)
+    if got.num_rows != manifest.num_rows or not got.equals(manifest.select(cols)):
+        return f"the version's catalog rows ({got.num_rows}) differ from the manifest's"
+    return None
