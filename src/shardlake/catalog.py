@@ -60,19 +60,17 @@ _BUILT_CACHE = 4  # in-memory catalogs of format-1 versions kept per process
 
 
 def read_object(store: Store, ref: ObjectRef, where: str) -> bytes:
-    """One catalog object by one GET, checked against its digest (re-read once on a mismatch)."""
-    for attempt in range(2):
-        try:
+    """One catalog object by one GET, checked against its digest (re-read once on a mismatch:
+    a transport flip; a second mismatch is refused)."""
+    url = store.key_url(ref.key)
+    try:
+        data = store.read(ref.key)
+        if len(data) != ref.size or sha256_hex(data) != ref.sha256:
             data = store.read(ref.key)
-        except KeyNotFoundError as exc:
-            raise FormatError(f"{store.key_url(ref.key)}: {where}: catalog object missing") from exc
-        try:
-            ref.check(data, store.key_url(ref.key))
-            return data
-        except IntegrityError:
-            if attempt:
-                raise
-    raise AssertionError("unreachable")
+    except KeyNotFoundError as exc:
+        raise FormatError(f"{url}: {where}: catalog object missing") from exc
+    ref.check(data, url)
+    return data
 
 
 def write_object(store: Store, key_of: Any, data: bytes, rows: int) -> ObjectRef:
@@ -153,8 +151,9 @@ class Catalog:
         by_segment: dict[str, list[str]] = {}
         segment_of = {e["id"]: e["segment"] for e in self.entries}
         for pid in wanted:
-            if segment_of[pid]:  # None: a partition without rows
-                by_segment.setdefault(segment_of[pid], []).append(pid)
+            digest = segment_of.get(pid)  # None: a partition without rows (or not in it)
+            if digest:
+                by_segment.setdefault(digest, []).append(pid)
         tables = []
         for digest, seg_pids in sorted(by_segment.items()):
             ref = self.ref.segment(digest, self.label)
