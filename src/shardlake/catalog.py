@@ -98,7 +98,7 @@ def _open_segment(
 ) -> pq.ParquetFile:
     """The segment as a parquet file: whole (digest-checked) or, when a projection or pruning
     leaves less than half of a large one, only its footer and wanted column chunks (parquet
-    page checksums guard those)."""
+    page checksums guard those). Empty ``pids``: every row group is wanted."""
     where = store.key_url(ref.key)
     if ref.size <= WHOLE_READ_BYTES:
         return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
@@ -109,7 +109,8 @@ def _open_segment(
     if footer > tail:
         buf[ref.size - footer :] = store.read_range(ref.key, ref.size - footer, ref.size)
     meta = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buf))).metadata
-    ranges = coalesce(column_ranges(meta, row_groups_for(meta, pids), columns), RANGE_GAP_BYTES)
+    groups = row_groups_for(meta, pids or None)
+    ranges = coalesce(column_ranges(meta, groups, columns), RANGE_GAP_BYTES)
     if sum(e - s for s, e in ranges) > RANGED_MAX_FRACTION * ref.size:
         return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
     for (start, end), data in zip(
@@ -154,11 +155,14 @@ class Catalog:
             digest = segment_of.get(pid)  # None: a partition without rows (or not in it)
             if digest:
                 by_segment.setdefault(digest, []).append(pid)
+        samples = {e["id"]: int(e["samples"]) for e in self.entries}
         tables = []
         for digest, seg_pids in sorted(by_segment.items()):
             ref = self.ref.segment(digest, self.label)
-            source = _open_segment(self.store, ref, columns, seg_pids)
-            tables.append(decode_segment(source, self.store.key_url(ref.key), columns, seg_pids))
+            every_row = sum(samples[p] for p in seg_pids) == ref.rows
+            source = _open_segment(self.store, ref, columns, [] if every_row else seg_pids)
+            url = self.store.key_url(ref.key)
+            tables.append(decode_segment(source, url, columns, seg_pids, every_row))
         return _ordered(tables, columns)
 
 

@@ -135,8 +135,15 @@ class CatalogRef:
 
 
 def _parquet_bytes(table: pa.Table, row_group_size: int | None = None) -> bytes:
+    # Page checksums guard the pages a ranged read fetches (the digest covers whole reads).
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", row_group_size=row_group_size)
+    pq.write_table(
+        table,
+        sink,
+        compression="zstd",
+        row_group_size=row_group_size,
+        write_page_checksum=True,
+    )
     return sink.getvalue()
 
 
@@ -201,19 +208,28 @@ def row_groups_for(meta: pq.FileMetaData, pids: Sequence[str] | None) -> list[in
 
 
 def decode_segment(
-    source: pq.ParquetFile, where: str, columns: Sequence[str] | None, pids: Sequence[str]
+    source: pq.ParquetFile,
+    where: str,
+    columns: Sequence[str] | None,
+    pids: Sequence[str],
+    every_row: bool = False,
 ) -> pa.Table:
-    """The rows of ``pids`` in a segment, with ``columns`` (all when ``None``) present in it."""
+    """The rows of ``pids`` in a segment, with ``columns`` (all when ``None``) present in it.
+
+    ``every_row``: the caller knows the segment holds only rows of ``pids`` (their sample
+    counts add up to its rows), so no row group is skipped and no row filtered.
+    """
     try:
         names = source.schema_arrow.names
         wanted = None if columns is None else [c for c in columns if c in names]
         read = None if wanted is None else list(dict.fromkeys([*wanted, "partition"]))
-        groups = row_groups_for(source.metadata, pids)
+        groups = row_groups_for(source.metadata, None if every_row else pids)
         table = source.read_row_groups(groups, columns=read, use_threads=False)
     except (pa.ArrowInvalid, OSError) as exc:
         raise FormatError(f"{where}: catalog segment is not readable parquet ({exc})") from exc
-    mask = pc.is_in(table.column("partition"), value_set=pa.array(list(pids), pa.string()))
-    table = table.filter(mask)
+    if not every_row:
+        mask = pc.is_in(table.column("partition"), value_set=pa.array(list(pids), pa.string()))
+        table = table.filter(mask)
     return table if wanted is None else table.select(wanted)
 
 
