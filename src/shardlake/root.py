@@ -63,15 +63,15 @@ class VersionInfo:
 
     @classmethod
     def of(cls, version: Version, is_latest: bool) -> VersionInfo:
-        record = version.record
+        header = version.header  # the small record header: no partition list is read
         return cls(
             tag=version.tag,
             hash=version.hash,
-            created=_parse_time(record.created_at),
-            samples=record.samples,
-            partitions=len(record.partitions),
+            created=_parse_time(header.created_at),
+            samples=header.samples,
+            partitions=header.partition_count,
             is_latest=is_latest,
-            base=record.base,
+            base=header.base,
         )
 
     def to_json(self) -> dict[str, Any]:
