@@ -155,7 +155,9 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.out and len(keys) != 1:
         raise UsageError("one output file holds one sample", options=("out_dir",))
     ds = open_root(args).dataset(args.tag)
-    rows = {key: ds.locate(key) for key in keys}  # every key checked before anything is written
+    ds.require_keys(keys)  # every key checked before anything is written
+    table = ds.select(keys=keys).rows() if args.out_dir else None
+    rows = {row["key"]: row for row in table.to_pylist()} if table is not None else {}
     described: list[dict[str, Any]] = []
     for key, arrays in ds.iter_samples(keys):
         if args.out:
