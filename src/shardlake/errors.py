@@ -97,6 +97,27 @@ class CapabilityError(StoreError):
     """The store does not keep a promise shardlake needs (e.g. it ignores If-None-Match)."""
 
 
+class OutcomeUnknownError(StoreError):
+    """A write whose reply was lost and whose effect could not be read back before the deadline:
+    it may or may not have taken effect."""
+
+
+class BucketNotFoundError(StoreError, FileNotFoundError):
+    """The bucket a store URL names does not exist (never mistaken for an absent key)."""
+
+
+class EndpointError(StoreError):
+    """The endpoint does not speak the store's protocol (e.g. a web server that is not S3)."""
+
+
+class CredentialsMissingError(StorePermissionError):
+    """No credentials were found for the store."""
+
+
+class CredentialsRejectedError(StorePermissionError):
+    """The store rejected the credentials themselves (unknown key id, wrong secret)."""
+
+
 # --- datasets --------------------------------------------------------------------------------
 
 

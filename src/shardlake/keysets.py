@@ -11,6 +11,7 @@ For the loader: ``load_keyset(store, name)`` returns a :class:`Keyset` with ``ve
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -32,8 +33,9 @@ from .errors import (
     SourceError,
 )
 from .format.layout import KEYSETS_DIR, check_name, keyset_key
+from .read.verified import read_verified
 from .store import Store, open_store
-from .versions import Version, ensure_root, utc_now
+from .versions import Version, canonical_json, ensure_root, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
@@ -228,6 +230,11 @@ def _encode(
         "created_at": utc_now(),
         "samples": str(rows.num_rows),
     }
+    meta[CONTENT_DIGEST] = content_digest(
+        {k: str(v) for k, v in meta.items()},
+        rows.column("key").to_pylist(),
+        rows.column("partition").to_pylist(),
+    )
     kv = {(_PREFIX + k).encode(): str(v).encode() for k, v in meta.items()}
     sink = io.BytesIO()
     pq.write_table(rows.replace_schema_metadata(kv), sink, compression="zstd")
@@ -300,6 +307,21 @@ def _publish(
     return decode_keyset(data, name, store.key_url(key))
 
 
+# The keyset's digest over its own content (docs/format.md, "Integrity"); older keysets lack it.
+CONTENT_DIGEST = "content_sha256"
+
+
+def content_digest(meta: Mapping[str, str], keys: list[str], partitions: list[str]) -> str:
+    """sha256 of the canonical JSON of a keyset's rows and ``shardlake.*`` metadata (without
+    the digest itself): any flipped byte that parquet decodes anyway changes it."""
+    body = {
+        "keys": keys,
+        "partitions": partitions,
+        "metadata": {k: v for k, v in meta.items() if k != CONTENT_DIGEST},
+    }
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
 def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
     try:
         # A C++ buffer, not a Python file object: pq.read_table(BytesIO) let an Arrow pool thread
@@ -328,6 +350,9 @@ def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
         raise FormatError(f"{where}: keyset is unreadable ({exc})") from exc
     if int(kv.get("samples", len(keyset.keys))) != len(keyset.keys):
         raise FormatError(f"{where}: keyset row count does not match its metadata")
+    digest = kv.get(CONTENT_DIGEST)
+    if digest is not None and digest != content_digest(kv, keyset.keys, keyset.partitions):
+        raise FormatError(f"{where}: keyset content does not match its {CONTENT_DIGEST}")
     return keyset
 
 
@@ -337,14 +362,19 @@ def load_keyset(
     """Read keyset ``name``; :class:`NotFoundError` if there is none."""
     check_name("keyset", name)
     store = open_store(url, storage_options)
-    key = keyset_key(name)
     try:
-        data = store.read(key)
+        return load_keyset_bytes(store, name)[0]
     except FileNotFoundError:
         available = list_keyset_names(store)
         hint = f"; keysets here: {', '.join(available[:20])}" if available else "; there are none"
         raise NotFoundError(f"{store.url}: no keyset {name!r}{hint}") from None
-    return decode_keyset(data, name, store.key_url(key))
+
+
+def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:
+    """Keyset ``name`` and its verified bytes (a mismatch is re-read, then refused)."""
+    key = keyset_key(name)
+    where = store.key_url(key)
+    return read_verified(store, key, lambda data: decode_keyset(data, name, where))
 
 
 def list_keyset_names(store: Store) -> list[str]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import IntegrityError, KeyNotFoundError
+from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
 from ..format.layout import version_key
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
@@ -51,6 +51,13 @@ class Problem:
             "message": self.message,
             "kind": self.kind,
         }
+
+
+def manifest_problem(pid: str, manifest_url: str, exc: FormatError) -> Problem:
+    """The problem of a manifest that could not be used: corrupt at rest unless its reads
+    disagreed (a manifest damaged in transit on every read is not a damaged manifest)."""
+    message = str(exc).removeprefix(f"{manifest_url}: ")
+    return Problem(pid, manifest_url, None, None, message, getattr(exc, "kind", CORRUPT_AT_REST))
 
 
 def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConflictError
+from ..errors import ConflictError, OutcomeUnknownError
 from ..lifecycle.gc import describe_lock
 from ..store import Store
 from ..versions import RootState, Version, publish_version, read_state
@@ -25,6 +25,11 @@ def publish(
     for _ in range(PUBLISH_ATTEMPTS):
         try:
             return publish_version(store, tag, body, state)
+        except OutcomeUnknownError as exc:
+            raise OutcomeUnknownError(
+                f"{store.url}: publishing version {tag!r}: outcome unknown; run `shardlake "
+                f"versions` to see whether {tag} exists ({exc})"
+            ) from exc
         except ConflictError as exc:
             state = read_state(store)
             if state.gc_locked():
