@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .torch import ShardDataset
 
 _MANIFEST_READERS = 16
+_PAYLOAD_COLUMNS = ["key", "partition", "shard", "offset", "size", "crc32"]
 # Payload bytes fetched per batched read in iter_samples (bounds memory).
 BATCH_BYTES = 64 * 2**20
 
@@ -176,8 +177,9 @@ class Dataset:
         missing = self.select(keys=keys).missing()
         if missing:
             raise NotFoundError(
-                f"{self.store.url}: version {self.version.tag!r} lacks {len(missing)} key(s): "
+                f"{self.store.url}: version {self.version.tag!r} has no sample(s) "
                 + ", ".join(repr(k) for k in missing[:20])
+                + (f" ({len(missing)} in all)" if len(missing) > 20 else "")
             )
 
     def to_torch(self, *, batch_size: int, **options: Any) -> ShardDataset:
@@ -267,7 +269,7 @@ class Dataset:
     ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
         """``(key, arrays)`` for ``keys`` (default: every sample, in manifest order), fetching
         payloads in batched multi-range reads of about ``batch_bytes``."""
-        rows = self._all_rows() if keys is None else (self.locate(key) for key in keys)
+        rows = self._all_rows() if keys is None else self._rows_of(list(keys))
         batch: list[dict[str, Any]] = []
         size = 0
         for row in rows:
@@ -280,9 +282,17 @@ class Dataset:
             yield from self._fetch(batch)
 
     def _all_rows(self) -> Iterator[dict[str, Any]]:
-        columns = ["key", "partition", "shard", "offset", "size", "crc32"]
         for entry in self.partitions:
-            yield from self.manifest(entry["id"]).select(columns).to_pylist()
+            yield from self.manifest(entry["id"]).select(_PAYLOAD_COLUMNS).to_pylist()
+
+    def _rows_of(self, keys: list[str]) -> list[dict[str, Any]]:
+        """The payload rows of ``keys``, in their order; one pass over the manifests."""
+        if not keys:
+            return []
+        self.require_keys(keys)
+        table = self.select(keys=keys).rows(_PAYLOAD_COLUMNS)
+        by_key = {row["key"]: row for row in table.to_pylist()}
+        return [by_key[key] for key in keys]
 
     def _fetch(
         self, rows: list[dict[str, Any]]
