@@ -106,3 +106,26 @@ def test_persistent_mismatch_fails_after_two_reads(
     size = int(ds.table.size[row])
     sizes = [int(line.split()[1]) for line in Path(log).read_text().splitlines()]
     assert sizes.count(size) >= 2  # the first read and exactly one re-read of that payload
+
+
+def test_checksummed_frames_get_no_separate_crc_pass(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zstd checks its frame checksum while decoding; the CRC-32 is for the cache only."""
+    import shardlake.torch.reader as reader
+
+    _, root = corpus
+    calls: list[int] = []
+    real = reader.payload_checksum
+
+    def counting(payload: bytes | memoryview) -> int:
+        calls.append(len(payload))
+        return real(payload)
+
+    monkeypatch.setattr(reader, "payload_checksum", counting)
+    ds = ShardDataset(str(root), batch_size=4)
+    assert sum(len(b["lanes"]) for b in ds.loader(num_workers=0)) == len(ds)
+    assert calls == []
+    cached = ShardDataset(str(root), batch_size=4, cache_dir=tmp_path / "cache")
+    assert sum(len(b["lanes"]) for b in cached.loader(num_workers=0)) == len(cached)
+    assert len(calls) >= len(cached.table)  # every payload checked before the cache keeps it

@@ -69,7 +69,11 @@ class PayloadDecoder:
             raise IntegrityError(f"{self._where(row)}: {exc} (on two reads)") from exc
 
     def arrays(self, row: int, payload: bytes | memoryview) -> dict[str, np.ndarray[Any, Any]]:
-        return decode_safetensors(self.raw(row, payload), self._where(row))
+        raw = self.raw(row, payload)
+        try:
+            return decode_safetensors(raw, "decoded payload")
+        except IntegrityError as exc:  # the location is built only when needed
+            raise IntegrityError(f"{self._where(row)}: {exc}") from exc
 
 
 def make_sample(

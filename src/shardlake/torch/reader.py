@@ -9,10 +9,13 @@ request of several MB and a sparse selection fetches little beyond its members. 
 ``max_inflight`` chunks (sized from a throughput target) are fetched by a thread pool while the
 caller decodes; read-ahead stops when ``max_buffer_bytes`` of payloads are held.
 
-Retries of failed requests belong to the store layer (its retry policy). The reader checks each
-payload against the manifest's CRC-32 as it arrives and re-reads a mismatching payload once
-(:meth:`SlotReader.refetch`, also used when a zstd frame fails its checksum at decode time);
-a second mismatch is an ``IntegrityError`` naming the store URL, shard, key and offset.
+Retries of failed requests belong to the store layer (its retry policy). Integrity is checked
+once per payload: a zstd frame carrying a content checksum (every frame shardlake writes) is
+verified while it is decompressed, so the loader makes no separate CRC-32 pass over it; other
+payloads, and those bound for the epoch cache, are checked against the manifest's CRC-32 as
+they arrive. A payload failing either check is re-read once (:meth:`SlotReader.refetch`, which
+checks the CRC-32); a second mismatch is an ``IntegrityError`` naming the store URL, shard, key
+and offset.
 
 With an :class:`~shardlake.read.cache.EpochCache`, payloads are looked up there first and the
 fetched ones are stored there (after their CRC check) for the next epoch.
@@ -29,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IntegrityError
-from ..format.codec import payload_checksum
+from ..format.codec import frame_has_checksum, payload_checksum
 from ..read.cache import EpochCache
 from ..store import Store
 
@@ -215,12 +218,23 @@ class SlotReader:
                 rel = offsets[i] - start
                 row = missing[i]
                 payload: Payload = view[rel : rel + sizes[i]]
-                if len(payload) != sizes[i] or payload_checksum(payload) != int(t.crc32[row]):
+                if len(payload) != sizes[i] or not self._trusted(payload, row):
                     payload = self.refetch(row)
                 out[row] = payload
                 if cache is not None:
                     cache.put(*self._member(row), payload)
         return out
+
+    def _trusted(self, payload: Payload, row: int) -> bool:
+        """Whether ``payload`` may go to the decoder without a CRC-32 pass of its own.
+
+        A zstd frame with a content checksum is checked while it is decompressed (a bad one is
+        re-read through :meth:`refetch`), so a second pass over its bytes here is waste. A payload
+        bound for the epoch cache is checked now: the cache must never keep bad bytes.
+        """
+        if self.cache is None and frame_has_checksum(payload):
+            return True
+        return payload_checksum(payload) == int(self.table.crc32[row])
 
     def refetch(self, row: int) -> bytes:
         """Re-read one payload from the store once; ``IntegrityError`` if it still mismatches.
