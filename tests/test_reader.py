@@ -129,3 +129,17 @@ def test_checksummed_frames_get_no_separate_crc_pass(
     cached = ShardDataset(str(root), batch_size=4, cache_dir=tmp_path / "cache")
     assert sum(len(b["lanes"]) for b in cached.loader(num_workers=0)) == len(cached)
     assert len(calls) >= len(cached.table)  # every payload checked before the cache keeps it
+
+
+def test_request_bytes_sets_the_chunk_size_and_the_default_caps_it(
+    corpus: tuple[Path, Path],
+) -> None:
+    from shardlake.torch.plan import DEFAULT_CHUNK_SIZE
+
+    _, root = corpus
+    table = ShardDataset(str(root), batch_size=4).table
+    tiny = ReadOptions(request_bytes=int(table.size.mean()) * 40)
+    assert ShardDataset(str(root), batch_size=4).params.chunk_size <= DEFAULT_CHUNK_SIZE
+    # An explicit target is honoured beyond the default cap (bigger GETs, e.g. for S3).
+    assert request_chunk_size(table, tiny) == 40
+    assert ShardDataset(str(root), batch_size=4, read_options=tiny).params.chunk_size == 40

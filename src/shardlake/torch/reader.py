@@ -35,8 +35,10 @@ from ..errors import IntegrityError
 from ..format.codec import frame_has_checksum, payload_checksum
 from ..read.cache import EpochCache
 from ..store import Store
+from .plan import DEFAULT_CHUNK_SIZE
 
 MiB = 1 << 20
+DEFAULT_REQUEST_BYTES = 8 * MiB
 Payload = bytes | memoryview
 
 
@@ -47,13 +49,16 @@ class ReadOptions:
     ``request_bytes`` is the target size of one ranged GET (AWS recommends 8-16 MB ranges); the
     loader cuts the plan's chunks to about this much payload, so a worker holds about
     ``interleave * request_bytes`` of payload while it reads ``interleave`` chunks at a time.
+    Left at ``None``, the target is :data:`DEFAULT_REQUEST_BYTES` but a chunk holds at most
+    ``DEFAULT_CHUNK_SIZE`` samples (a chunk is read in order, so longer chunks mix fewer
+    partitions into a batch); set it to get requests of that size whatever the sample size.
     ``max_skim_fraction`` bounds the unselected bytes a coalesced request reads over, relative
     to its selected bytes; gaps up to ``skim_gap`` (tar headers between consecutive members) are
     always read over. ``max_inflight`` chunk fetches run at once: by default enough to sustain
     ``target_bytes_per_s`` at ``connection_bytes_per_s`` per connection.
     """
 
-    request_bytes: int = 8 * MiB
+    request_bytes: int | None = None
     max_skim_fraction: float = 0.1
     skim_gap: int = 8 * 1024
     target_bytes_per_s: float = 1e9  # per worker
@@ -86,9 +91,15 @@ class RowTable:
 
 
 def request_chunk_size(table: RowTable, options: ReadOptions) -> int:
-    """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET."""
+    """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET.
+
+    With ``request_bytes`` unset: :data:`DEFAULT_REQUEST_BYTES`, at most ``DEFAULT_CHUNK_SIZE``
+    samples.
+    """
+    target = options.request_bytes or DEFAULT_REQUEST_BYTES
     mean = float(table.size.mean()) if len(table) else 1.0
-    return max(1, min(4096, round(options.request_bytes / max(mean, 1.0))))
+    samples = max(1, min(4096, round(target / max(mean, 1.0))))
+    return samples if options.request_bytes else min(DEFAULT_CHUNK_SIZE, samples)
 
 
 def selection_members(table: RowTable) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
