@@ -7,12 +7,49 @@ import platform
 import resource
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...store import Store
 
 MB = 1_000_000
+
+
+def process_tree_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (DataLoader or pack workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def decode_cpu_s_per_sample(store: Store, table: Any, samples: int = 64) -> float:
+    """CPU seconds to decode one payload (zstd + safetensors), over up to ``samples`` of ``table``.
+
+    The payloads are fetched first; only the decoding is timed, on this thread.
+    """
+    import numpy as np
+
+    from ...format.codec import Decoder, decode_safetensors
+
+    n = len(table)
+    if n == 0:
+        return 0.0
+    rows = np.linspace(0, n - 1, min(samples, n)).astype(np.int64)
+    spans = [
+        (
+            table.shard_keys[int(table.shard[r])],
+            int(table.offset[r]),
+            int(table.offset[r] + table.size[r]),
+        )
+        for r in rows
+    ]
+    payloads = store.read_ranges(spans)
+    decoder = Decoder()
+    c0 = time.process_time()
+    for payload in payloads:
+        decode_safetensors(decoder.decompress(payload))
+    return (time.process_time() - c0) / len(payloads)
 
 
 def peak_rss_bytes(children: bool = False) -> int:
