@@ -107,7 +107,7 @@ def encode_safetensors(arrays: Mapping[str, np.ndarray[Any, Any]], where: str = 
 
 
 TensorSpec = tuple[str, np.dtype[Any], tuple[int, ...], int, int]  # name, dtype, shape, start, end
-_LAYOUTS: dict[bytes, tuple[TensorSpec, ...]] = {}
+_LAYOUTS: dict[bytes, tuple[tuple[TensorSpec, ...], int]] = {}  # header -> (specs, data end)
 _MAX_LAYOUTS = 256  # distinct headers remembered (samples of one dataset share a few)
 
 
@@ -144,18 +144,19 @@ def safetensors_layout(
     try:
         (header_len,) = struct.unpack_from("<Q", view, 0)
         header_bytes = bytes(view[8 : 8 + header_len])
-        specs = _LAYOUTS.get(header_bytes)
-        if specs is None:
+        found = _LAYOUTS.get(header_bytes)
+        if found is None:
             specs = _parse_layout(header_bytes)
+            found = specs, max((end for *_, end in specs), default=0)
             if len(_LAYOUTS) >= _MAX_LAYOUTS:
                 _LAYOUTS.clear()
-            _LAYOUTS[header_bytes] = specs
+            _LAYOUTS[header_bytes] = found
     except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         raise IntegrityError(f"{where}: invalid safetensors header ({exc})") from exc
     body = 8 + header_len
-    if specs and body + max(end for *_, end in specs) > len(view):
+    if body + found[1] > len(view):
         raise IntegrityError(f"{where}: safetensors data is shorter than its header says")
-    return body, specs
+    return body, found[0]
 
 
 def decode_safetensors(data: bytes | memoryview, where: str = "sample") -> dict[str, Any]:
