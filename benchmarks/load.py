@@ -85,7 +85,8 @@ def measure(
                 n += count(batch)
         total = time.perf_counter() - t0
     extra_cpu = sum(sum(p.cpu_times()[:2]) for p in extra) - extra0
-    cpu = _cpu_seconds() - cpu0 + extra_cpu
+    # The memory sampler's own CPU (reading every process's smaps) is not the loader's.
+    cpu = _cpu_seconds() - cpu0 - mem.cpu_s + extra_cpu
     rate = n / total
     first_n = count(first)
     steady = (n - first_n) / max(total - ttfb, 1e-9)  # after the first batch

@@ -90,7 +90,7 @@ def bench_load(
         mixing = mixing_summary(ds, num_workers=num_workers, rank=rank)
         selection_payload = int(ds.table.size.sum())
         loader = ds.loader()
-        cpu0 = process_tree_cpu_s()
+        cpu0, sampler0 = process_tree_cpu_s(), mem.cpu_s
         samples = batches = decoded = 0
         # Rates exclude the first batch: its cost is startup, reported as time to first batch.
         first_samples = first_decoded = 0
@@ -117,7 +117,8 @@ def bench_load(
             if max_batches is not None and batches >= max_batches:
                 break
         seconds = time.perf_counter() - t_first
-        loader_cpu = process_tree_cpu_s() - cpu0
+        # Less the memory sampler's own CPU (it reads every process's smaps).
+        loader_cpu = process_tree_cpu_s() - cpu0 - (mem.cpu_s - sampler0)
         mem.stop()
         # Payload of the yielded samples, estimated from the selection's mean member size.
         mean_member = selection_payload / max(1, len(ds.table))
