@@ -154,7 +154,7 @@ class FaultProxy:
         draw, pick = struct.unpack(">QQ", digest[:16])
         if draw / 2**64 >= self.rate:
             return None
-        kind = self.kinds[pick % len(self.kinds)]
+        kind: str = self.kinds[pick % len(self.kinds)]
         with self._lock:
             self.injected[kind] += 1
         return kind

@@ -248,7 +248,7 @@ def _train(
         f"{cfg.num_workers} loader worker(s) per rank, keyset train-v2 of v2"
     )
     try:
-        mp.start_processes(
+        mp.start_processes(  # type: ignore[attr-defined,no-untyped-call]
             _train_rank,
             args=(cfg.nproc, asdict_light(cfg), root, so, str(results), n_valid),
             nprocs=cfg.nproc,
