@@ -33,6 +33,22 @@ def test_version_record_typed() -> None:
     assert PartitionEntry.from_json(first.to_json(), "x") == first
 
 
+def test_partition_entry_keeps_its_catalog_segment() -> None:
+    doc = _version_doc()["partitions"][0]
+    assert "segment" not in PartitionEntry.from_json(doc, "x").to_json()  # format 1: none
+    entry = PartitionEntry.from_json({**doc, "segment": "ab" * 32}, "x")
+    assert entry.segment == "ab" * 32 and PartitionEntry.from_json(entry.to_json(), "x") == entry
+    with pytest.raises(FormatError, match="field 'segment' has the wrong type"):
+        PartitionEntry.from_json({**doc, "segment": 3}, "x")
+
+
+def test_version_entries_are_the_typed_partition_list() -> None:
+    store = open_store(str(GOLDEN))
+    version = load_version(store, "v2")
+    assert version.entries == version.record.partitions
+    assert [e.to_json() for e in version.entries] == version.partitions
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [

@@ -20,6 +20,7 @@ from . import sql
 from .catalog import catalog_rows
 from .errors import FormatError, IntegrityError, NotFoundError
 from .format.codec import Decoder
+from .format.documents import PartitionEntry
 from .format.manifest import entry_mismatches, read_entry_manifest
 from .read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from .store import Store, open_store
@@ -52,8 +53,10 @@ class Dataset:
     def __init__(self, store: Store, version: Version) -> None:
         self.store = store
         self.version = version
+        self.entries: tuple[PartitionEntry, ...] = version.entries
+        # The entries as stored (dicts), for callers not yet on :attr:`entries`.
         self.partitions: list[dict[str, Any]] = version.partitions
-        self._by_id = {p["id"]: p for p in self.partitions}
+        self._by_id = {e.id: e for e in self.entries}
         self._manifests: dict[str, pa.Table] = {}
         self._table: pa.Table | None = None  # every row, every column: read once per Dataset
         self._key_index: dict[str, tuple[str, int]] | None = None
@@ -79,7 +82,7 @@ class Dataset:
 
     # --- partitions and manifests --------------------------------------------------------------
 
-    def partition(self, pid: str) -> dict[str, Any]:
+    def partition(self, pid: str) -> PartitionEntry:
         """The version's entry of partition ``pid`` (:class:`NotFoundError` if it has none)."""
         try:
             return self._by_id[pid]
@@ -90,7 +93,7 @@ class Dataset:
 
     def shard_key(self, pid: str, shard_index: int) -> str:
         """The store key of shard ``shard_index`` of partition ``pid``."""
-        return str(self.partition(pid)["shards"][shard_index]["key"])
+        return self.partition(pid).shards[shard_index].key
 
     def manifest(self, pid: str) -> pa.Table:
         """The manifest of partition ``pid``, checked against the version entry naming it."""
@@ -103,7 +106,7 @@ class Dataset:
         problems = entry_mismatches(entry, table, meta)
         if problems:
             raise FormatError(
-                f"{self.store.key_url(entry['manifest'])}: version {self.version.tag!r}: "
+                f"{self.store.key_url(entry.manifest)}: version {self.version.tag!r}: "
                 + "; ".join(problems)
             )
         with self._lock:
@@ -124,7 +127,7 @@ class Dataset:
             return catalog_rows(
                 self.store, self.version, columns, pids=None if pids is None else list(pids)
             )
-        wanted = list(pids) if pids is not None else [p["id"] for p in self.partitions]
+        wanted = list(pids) if pids is not None else [e.id for e in self.entries]
         with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
             tables = list(pool.map(self.manifest, wanted))
         if columns is not None:
@@ -214,10 +217,9 @@ class Dataset:
         that partition's manifest is read. The full key index is the fallback for partition rules
         that do not nest that way.
         """
-        for entry in self.partitions:
-            path = str(entry.get("path") or "")
-            if path and key.startswith(path.rstrip("/") + "/"):
-                table = self.manifest(entry["id"])
+        for entry in self.entries:
+            if entry.path and key.startswith(entry.path.rstrip("/") + "/"):
+                table = self.manifest(entry.id)
                 rows = table.filter(pc.equal(table.column("key"), key))
                 if rows.num_rows:
                     return {name: rows.column(name)[0].as_py() for name in rows.column_names}
@@ -282,8 +284,8 @@ class Dataset:
             yield from self._fetch(batch)
 
     def _all_rows(self) -> Iterator[dict[str, Any]]:
-        for entry in self.partitions:
-            yield from self.manifest(entry["id"]).select(_PAYLOAD_COLUMNS).to_pylist()
+        for entry in self.entries:
+            yield from self.manifest(entry.id).select(_PAYLOAD_COLUMNS).to_pylist()
 
     def _rows_of(self, keys: list[str]) -> list[dict[str, Any]]:
         """The payload rows of ``keys``, in their order; one pass over the manifests."""

@@ -36,6 +36,7 @@ from .format.documents import (
     COMMIT_SCHEMA,
     VERSION_SCHEMA,
     CommitRecord,
+    PartitionEntry,
     VersionHeader,
     VersionRecord,
 )
@@ -154,6 +155,11 @@ class Version:
     @cached_property
     def record(self) -> VersionRecord:
         return VersionRecord.from_json(self.doc, f"version {self.tag!r} ({self.hash})")
+
+    @property
+    def entries(self) -> tuple[PartitionEntry, ...]:
+        """The partition entries, typed and validated (parsed once, with :attr:`record`)."""
+        return self.record.partitions
 
     @property
     def samples(self) -> int:

@@ -93,6 +93,8 @@ class PartitionEntry:
     # sha256 and byte size of the manifest, recorded at publish; absent in older versions.
     manifest_sha256: str | None = None
     manifest_size: int | None = None
+    # Format 2: the catalog segment holding the partition's rows (None: it has no rows there).
+    segment: str | None = None
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> PartitionEntry:
@@ -117,6 +119,7 @@ class PartitionEntry:
             npz_fingerprint=doc.get("npz_fingerprint"),
             manifest_sha256=_optional(doc, "manifest_sha256", str, here),
             manifest_size=_optional(doc, "manifest_size", int, here),
+            segment=_optional(doc, "segment", str, here),
         )
         # ``remove`` drops keys without rewriting shards, so a shard may hold unlisted members.
         members = sum(s.members for s in entry.shards)
@@ -128,9 +131,13 @@ class PartitionEntry:
         return entry
 
     def to_json(self) -> dict[str, Any]:
-        digest = {"manifest_sha256": self.manifest_sha256, "manifest_size": self.manifest_size}
+        optional = {
+            "manifest_sha256": self.manifest_sha256,
+            "manifest_size": self.manifest_size,
+            "segment": self.segment,
+        }
         return {
-            **{k: v for k, v in digest.items() if v is not None},
+            **{k: v for k, v in optional.items() if v is not None},
             "id": self.id,
             "path": self.path,
             "data_rev": self.data_rev,

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from ..errors import FormatError, KeyNotFoundError, SourceError
 from ..read.verified import read_verified
 from ..store import Store
+from .documents import PartitionEntry
 from .layout import FORMAT_VERSION
 
 CORE_SCHEMA = pa.schema(
@@ -171,20 +172,31 @@ def read_manifest(
         raise FormatError(f"{where}: manifest is missing") from exc
 
 
-def read_entry_manifest(store: Store, entry: Mapping[str, Any]) -> tuple[pa.Table, ManifestMeta]:
+def read_entry_manifest(
+    store: Store, entry: PartitionEntry | Mapping[str, Any]
+) -> tuple[pa.Table, ManifestMeta]:
     """The manifest a version's partition entry names, checked against its recorded digest
     (entries written before digests were recorded have none)."""
-    return read_manifest(store, entry["manifest"], sha256=entry.get("manifest_sha256"))
+    doc = _entry_doc(entry)
+    return read_manifest(store, doc["manifest"], sha256=doc.get("manifest_sha256"))
+
+
+def _entry_doc(entry: PartitionEntry | Mapping[str, Any]) -> Mapping[str, Any]:
+    # Transitional: callers still holding stored dicts pass them as they are.
+    return entry.to_json() if isinstance(entry, PartitionEntry) else entry
 
 
 METADATA_MISMATCH = "manifest metadata does not match the version entry"
 
 
-def entry_mismatches(entry: Mapping[str, Any], table: pa.Table, meta: ManifestMeta) -> list[str]:
+def entry_mismatches(
+    entry: PartitionEntry | Mapping[str, Any], table: pa.Table, meta: ManifestMeta
+) -> list[str]:
     """What is wrong with a manifest against the version entry naming it (metadata first).
 
     Catches a manifest swapped in from another partition or build; empty when it matches.
     """
+    entry = _entry_doc(entry)
     pid = entry["id"]
     expect = {
         "partition_id": (meta.partition_id, pid),
