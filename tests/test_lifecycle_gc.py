@@ -241,7 +241,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
 
 
 def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
-    from shardlake.versions import RootState, _commit
+    from shardlake.versions import RootState, commit_state
 
     location = StoreLocation("local", str(tmp_path / "root"))
     src = tmp_path / "src"
@@ -252,7 +252,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     state = read_state(store)
     lock = {"id": "test", "expires_at": time.time() + 600}
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
-    _commit(store, state, locked, "gc-lock", {})
+    commit_state(store, state, locked, "gc-lock", {})
     with pytest.raises(ConflictError, match="gc is deleting"):
         remove(store, "v2", keys=[keys[0]])
     with pytest.raises(ConflictError, match="gc holds the root until"):
@@ -268,7 +268,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
         state.latest,
         {"id": "test", "expires_at": time.time() - 1},
     )
-    _commit(store, read_state(store), expired, "gc-lock", {})
+    commit_state(store, read_state(store), expired, "gc-lock", {})
     assert remove(store, "v2", keys=[keys[0]])[0].tag == "v2"
     report = collect_garbage(store, grace_s=0)
     assert [o.key for o in report.garbage] == ["data/junk/x/shard-000000.tar"]

@@ -18,7 +18,7 @@ from shardlake.lifecycle.gc import new_lock
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
-from shardlake.versions import RootState, _commit, read_commit, read_state
+from shardlake.versions import RootState, commit_state, read_commit, read_state
 
 JUNK = "data/junk/x/shard-000000.tar"
 
@@ -47,7 +47,7 @@ def _hold(store: Store, expires_in: float, owner: str = "alice@host pid 1") -> R
     state = read_state(store)
     lock = {**new_lock(), "owner": owner, "expires_at": time.time() + expires_in}
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
-    return _commit(store, state, locked, "gc-lock", {})
+    return commit_state(store, state, locked, "gc-lock", {})
 
 
 def test_lost_reply_on_gcs_own_lock_is_settled_by_reading_back(tmp_path: Path) -> None:

@@ -167,7 +167,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
     results: dict[str, object] = {}
     import shardlake.versions as versions_mod
 
-    real_commit = versions_mod._commit
+    real_commit = versions_mod.commit_state
 
     def gated(store, base, new, op, detail):  # type: ignore[no-untyped-def]
         if not getattr(gated_once, "done", False):
@@ -202,7 +202,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
     def do_remove():  # type: ignore[no-untyped-def]
         return remove(location.url, "r2", keys=[keys[1]])[0]
 
-    versions_mod._commit = gated  # type: ignore[assignment]
+    versions_mod.commit_state = gated  # type: ignore[assignment]
     try:
         threads = [
             threading.Thread(target=run, args=("pack", do_pack)),
@@ -213,7 +213,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
         for t in threads:
             t.join(timeout=60)
     finally:
-        versions_mod._commit = real_commit  # type: ignore[assignment]
+        versions_mod.commit_state = real_commit  # type: ignore[assignment]
     assert sorted(first_round) == ["lost", "won"], first_round
     published = [v for v in results.values() if isinstance(v, str)]
     failed = [v for v in results.values() if isinstance(v, ConflictError)]

@@ -184,7 +184,7 @@ def _unmatched_message(
     notes = []
     if skipped:
         notes.append(f"{len(skipped)} of them are is_skipped frames")
-    left_out = skipped_note(ds.version.doc)
+    left_out = skipped_note(ds.version.record)
     if left_out:
         notes.append(left_out + ", or allow exactly that many unmatched entries")
     if allow is not None:

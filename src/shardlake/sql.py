@@ -109,6 +109,17 @@ def select_mask(
     double quotes for names containing dots (``"skipping_info.label" = 3``).
     """
     expr = check_expression_syntax(where)
+    result = _run_with_timeout(
+        table, f'SELECT ({expr}) AS "{_MASK}" FROM "{VIEW}"', where, timeout, threads
+    )
+    return _as_mask(result, table.num_rows, where)
+
+
+def _run_with_timeout(
+    table: pa.Table, query: str, where: str, timeout: float | None, threads: int
+) -> pa.Table:
+    """``query`` over ``table`` (as the view ``manifest``) in a sandboxed connection, interrupted
+    after ``timeout`` seconds; DuckDB's errors become :class:`SelectionError` naming ``where``."""
     con = _connect(threads)
     timer: threading.Timer | None = None
     timed_out = threading.Event()
@@ -123,9 +134,8 @@ def select_mask(
             timer = threading.Timer(timeout, _interrupt)
             timer.daemon = True
             timer.start()
-        query = f'SELECT ({expr}) AS "{_MASK}" FROM "{VIEW}"'
         try:
-            result = con.sql(query).to_arrow_table()
+            return con.sql(query).to_arrow_table()
         except duckdb.PermissionException as exc:
             raise SelectionError(
                 f"selection {where!r} tries to reach outside the manifest (file and network "
@@ -143,14 +153,18 @@ def select_mask(
         if timer is not None:
             timer.cancel()
         con.close()
-    if result.num_columns != 1 or result.num_rows != table.num_rows:
+
+
+def _as_mask(result: pa.Table, rows: int, where: str) -> pa.BooleanArray:
+    """The one boolean column of ``result`` as a mask of ``rows`` rows (NULL: false)."""
+    if result.num_columns != 1 or result.num_rows != rows:
         raise SelectionError(
             f"selection {where!r} must be one per-row boolean expression "
-            f"(got {result.num_columns} column(s), {result.num_rows} row(s) for {table.num_rows})"
+            f"(got {result.num_columns} column(s), {result.num_rows} row(s) for {rows})"
         )
     column = result.column(0)
     if pa.types.is_null(column.type):
-        return pa.array([False] * table.num_rows, type=pa.bool_())
+        return pa.array([False] * rows, type=pa.bool_())
     if not pa.types.is_boolean(column.type):
         raise SelectionError(
             f"selection {where!r} is not a boolean expression (it yields {column.type})"

@@ -275,9 +275,12 @@ def read_commit(store: Store, seq: int) -> RootState:
     )
 
 
-def _commit(
+def commit_state(
     store: Store, base: RootState, new: RootState, op: str, detail: dict[str, Any]
 ) -> RootState:
+    """Commit ``new`` as the root state after ``base`` (operation ``op``, ``detail`` recorded
+    with it): create the next commit record, or :class:`ConflictError` if another writer
+    committed after ``base``."""
     record = {
         "format": COMMIT_SCHEMA,
         "seq": base.seq + 1,
@@ -299,6 +302,9 @@ def _commit(
         ) from exc
     return new
 
+
+# Transitional name for modules not yet on :func:`commit_state` (lifecycle/export.py).
+_commit = commit_state
 
 # Fields of a body that publish computes itself (a body copied from an older record may hold them).
 _COMPUTED_FIELDS = ("partitions", "partition_count", "catalog", "samples", "format")
@@ -456,7 +462,7 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
     versions = dict(base.versions)
     versions[tag] = version_hash
     new = RootState(base.seq + 1, versions, base.retired, tag)
-    _commit(store, base, new, "publish", {"tag": tag, "version": version_hash})
+    commit_state(store, base, new, "publish", {"tag": tag, "version": version_hash})
     return Version.parse(tag, version_hash, data, store.key_url(key), store)
 
 
@@ -478,7 +484,7 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
     if latest in tags:
         latest = next(reversed(versions), None)
     new = RootState(base.seq + 1, versions, tuple(base.retired) + tuple(tags), latest, base.gc_lock)
-    return _commit(store, base, new, "retire", {"tags": list(tags)})
+    return commit_state(store, base, new, "retire", {"tags": list(tags)})
 
 
 def resolve_tag(

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
+from ..format.documents import PartitionEntry
 from ..format.layout import version_key
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from ..store import Store
@@ -79,19 +80,18 @@ def version_closure(store: Store, version: Version) -> dict[str, int | None]:
     """Every object ``version`` needs: key -> expected size (None where unknown)."""
     out: dict[str, int | None] = {version_key(version.tag, version.hash): None}
     out.update({ref.key: ref.size for ref in version.catalog_objects()})
-    for entry in version.partitions:
-        out[entry["manifest"]] = None
-        for shard in entry["shards"]:
-            out[shard["key"]] = int(shard["size"]) if shard.get("size") is not None else None
+    for entry in version.entries:
+        out[entry.manifest] = None
+        out.update((shard.key, shard.size) for shard in entry.shards)
     return out
 
 
-def unique_revisions(versions: Iterable[Version]) -> list[dict[str, Any]]:
+def unique_revisions(versions: Iterable[Version]) -> list[PartitionEntry]:
     """Partition entries of ``versions``, each (partition, manifest) once."""
-    seen: dict[tuple[str, str], dict[str, Any]] = {}
+    seen: dict[tuple[str, str], PartitionEntry] = {}
     for version in versions:
-        for entry in version.partitions:
-            seen.setdefault((entry["id"], entry["manifest"]), entry)
+        for entry in version.entries:
+            seen.setdefault((entry.id, entry.manifest), entry)
     return list(seen.values())
 
 

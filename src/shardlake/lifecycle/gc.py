@@ -47,7 +47,7 @@ from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
 from ..keysets import list_keysets, referenced_versions
 from ..progress import Progress
 from ..store import Leftover, ObjectInfo, Store, open_store
-from ..versions import RootState, _commit, load_version_by_hash, read_commit, read_state
+from ..versions import RootState, commit_state, load_version_by_hash, read_commit, read_state
 from .common import version_closure
 
 DEFAULT_GRACE_S = 6 * 3600.0
@@ -129,6 +129,17 @@ def _delete_order(info: ObjectInfo) -> tuple[int, str]:
     return (0 if first else 1, info.key)
 
 
+@dataclass
+class _Fenced:
+    """A survey taken under a committed gc lock: what to delete, and the lease to do it under."""
+
+    report: GcReport
+    leftovers: list[Leftover]
+    cutoff: float
+    lock: dict[str, Any]
+    locked: RootState
+
+
 def collect_garbage(
     url: str | Store,
     *,
@@ -143,22 +154,45 @@ def collect_garbage(
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     store = open_store(url, storage_options)
+    fenced = _survey_under_lock(store, grace_s, dry_run)
+    if isinstance(fenced, GcReport):
+        return fenced  # a dry run, or nothing to delete
+    report = fenced.report
+    try:
+        deleted = _delete_garbage(store, fenced, progress)
+    finally:
+        _unlock(store, fenced.lock)
+    report.garbage = [info for info in report.garbage if info.key in deleted]
+    _check_after(store, fenced.locked, deleted)
+    return report
+
+
+def _survey(
+    store: Store, state: RootState, grace_s: float, dry_run: bool
+) -> tuple[GcReport, list[Leftover], float]:
+    """Sort every unreferenced object of ``state`` into garbage and young (within grace)."""
+    refs, live = _references(store, state)
+    cutoff = time.time() - grace_s
+    report = GcReport(dry_run, grace_s, live, len(refs))
+    for info in store.list_info(""):
+        if _is_protected(info.key) or info.key in refs:
+            continue
+        # Unknown mtime counts as young unless there is no grace at all.
+        if (info.mtime is None and grace_s > 0) or (
+            info.mtime is not None and info.mtime >= cutoff
+        ):
+            report.young.append(info)
+        else:
+            report.garbage.append(info)
+    return report, store.leftovers(older_than=cutoff), cutoff
+
+
+def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced | GcReport:
+    """Survey, then commit a gc lock on the surveyed state (re-surveying if a writer committed
+    meanwhile); the bare report when there is nothing to delete or this is a dry run."""
     for _attempt in range(FENCE_ATTEMPTS):
         state = read_state(store)
-        refs, live = _references(store, state)
-        cutoff = time.time() - grace_s
-        report = GcReport(dry_run, grace_s, live, len(refs))
-        for info in store.list_info(""):
-            if _is_protected(info.key) or info.key in refs:
-                continue
-            # Unknown mtime counts as young unless there is no grace at all.
-            if (info.mtime is None and grace_s > 0) or (
-                info.mtime is not None and info.mtime >= cutoff
-            ):
-                report.young.append(info)
-            else:
-                report.garbage.append(info)
-        leftovers = store.leftovers(older_than=cutoff)
+        report, leftovers, cutoff = _survey(store, state, grace_s, dry_run)
         if dry_run:
             report.leftovers = leftovers
             return report
@@ -170,18 +204,21 @@ def collect_garbage(
         lock = new_lock()
         locked = RootState(state.seq + 1, dict(state.versions), state.retired, state.latest, lock)
         if _take_lock(store, state, locked):
-            break
-        # someone committed while we looked: recompute from the new state
-    else:
-        raise ConflictError(
-            f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run gc later"
-        )
+            return _Fenced(report, leftovers, cutoff, lock, locked)
+    raise ConflictError(
+        f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run gc later"
+    )
+
+
+def _delete_garbage(store: Store, fenced: _Fenced, progress: bool | None) -> set[str]:
+    """Delete the surveyed garbage while the lease holds; the keys deleted."""
+    report = fenced.report
     deleted: set[str] = set()
     bar = Progress(len(report.garbage), "gc", unit="objects", enabled=progress)
     try:
         for info in sorted(report.garbage, key=_delete_order):
             bar.update()
-            if time.time() > float(lock["expires_at"]) - LOCK_MARGIN_S:
+            if time.time() > float(fenced.lock["expires_at"]) - LOCK_MARGIN_S:
                 report.incomplete = True  # never delete without a valid lock; re-run gc
                 break
             # Re-stat right before deleting: a writer may have re-created the same deterministic
@@ -191,20 +228,17 @@ def collect_garbage(
             except KeyNotFoundError:
                 continue
             rewritten = now.size != info.size or now.mtime != info.mtime
-            if rewritten or (now.mtime is not None and now.mtime >= cutoff):
+            if rewritten or (now.mtime is not None and now.mtime >= fenced.cutoff):
                 report.young.append(now)
                 continue
             store.delete(info.key)
             deleted.add(info.key)
-        for leftover in leftovers:
+        for leftover in fenced.leftovers:
             store.discard_leftover(leftover)
             report.leftovers.append(leftover)
     finally:
         bar.close()
-        _unlock(store, lock)
-    report.garbage = [info for info in report.garbage if info.key in deleted]
-    _check_after(store, locked, deleted)
-    return report
+    return deleted
 
 
 def new_lock(ttl_s: float = LOCK_TTL_S) -> dict[str, Any]:
@@ -229,7 +263,7 @@ def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:
     lock id is unique, so finding ours there means we hold it (never refuse ourselves).
     """
     try:
-        _commit(store, state, locked, "gc-lock", {})
+        commit_state(store, state, locked, "gc-lock", {})
         return True
     except ConflictError:
         try:
@@ -253,7 +287,7 @@ def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = Non
             raise UsageError(f"{store.url}: no gc lock is held")
         new = RootState(state.seq + 1, state.versions, state.retired, state.latest)
         try:
-            _commit(store, state, new, "gc-break-lock", {"broken": state.gc_lock})
+            commit_state(store, state, new, "gc-break-lock", {"broken": state.gc_lock})
             return state
         except ConflictError:
             continue
@@ -268,7 +302,7 @@ def _unlock(store: Store, lock: dict[str, Any]) -> None:
             return  # taken over after expiry, or already released
         new = RootState(current.seq + 1, current.versions, current.retired, current.latest)
         try:
-            _commit(store, current, new, "gc-unlock", {})
+            commit_state(store, current, new, "gc-unlock", {})
             return
         except ConflictError:
             continue

@@ -9,6 +9,7 @@ no version references them and ``gc`` runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import pyarrow as pa
@@ -16,6 +17,7 @@ import pyarrow.compute as pc
 
 from ..dataset import Dataset
 from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
+from ..format.documents import PartitionEntry
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, read_entry_manifest, read_manifest, write_manifest
 from ..pack.sidecar import skipped_note
@@ -34,15 +36,15 @@ SHOW_MAX = 20
 
 
 def _new_manifest(
-    store: Store, entry: dict[str, Any], keep: pa.Table, meta: ManifestMeta, removed: list[str]
-) -> dict[str, Any]:
+    store: Store, entry: PartitionEntry, keep: pa.Table, meta: ManifestMeta, removed: list[str]
+) -> PartitionEntry:
     """Write the manifest revision holding ``keep`` and return the updated version entry."""
     # The revision names its parent and exactly what was removed, so the same removal on the
     # same revision is the same object (a re-run after a conflict reuses it).
     # The "r" prefix sorts removal revisions after pack's hex revisions in a revision directory,
     # where pack's reuse path looks for the full manifest first.
     manifest_rev = "r" + short_hash("remove", meta.manifest_rev, *sorted(removed), length=23)
-    key = manifest_key(entry["id"], entry["data_rev"], manifest_rev)
+    key = manifest_key(entry.id, entry.data_rev, manifest_rev)
     new_meta = ManifestMeta(
         meta.partition_id,
         meta.partition_path,
@@ -59,12 +61,13 @@ def _new_manifest(
         table, existing = read_manifest(store, key)
         if existing.manifest_rev != manifest_rev or table.num_rows != keep.num_rows:
             raise
-    out = dict(entry)
-    out["manifest_rev"] = manifest_rev
-    out["manifest"] = key
-    out["samples"] = keep.num_rows
-    out["payload_bytes"] = int(pc.sum(keep.column("size")).as_py() or 0)
-    return out
+    return replace(
+        entry,
+        manifest_rev=manifest_rev,
+        manifest=key,
+        samples=keep.num_rows,
+        payload_bytes=int(pc.sum(keep.column("size")).as_py() or 0),
+    )
 
 
 class RemoveReport(NamedTuple):
@@ -117,7 +120,7 @@ def remove(
     check_new_tag(state, tag, store)
     base_version = load_version(store, base, state)
     ds = Dataset(store, base_version)
-    entries = {e["id"]: e for e in base_version.partitions}
+    entries = {e.id: e for e in base_version.entries}
     dropped_parts: set[str] = set()
     removed_by_part: dict[str, list[str]] = {}
     if key_file is not None:
@@ -161,7 +164,7 @@ def _selected_rows(ds: Dataset, keys: Sequence[str] | None, where: str | None) -
     selection = ds.select(keys=keys, where=where)
     unknown = selection.missing()
     if unknown:
-        note = skipped_note(ds.version.doc)
+        note = skipped_note(ds.version.record)
         raise NotFoundError(
             f"{ds.store.url}: version {ds.version.tag!r} has no sample(s) "
             + ", ".join(repr(k) for k in unknown[:SHOW_MAX])
@@ -176,16 +179,16 @@ def _publish_without(
     state: RootState,
     tag: str,
     base_version: Version,
-    entries: dict[str, dict[str, Any]],
+    entries: dict[str, PartitionEntry],
     dropped_parts: set[str],
     removed_by_part: dict[str, list[str]],
 ) -> RemoveReport:
-    new_entries: list[dict[str, Any]] = []
+    new_entries: list[PartitionEntry] = []
     samples_removed = 0
     manifests_written = 0
     for pid, entry in entries.items():
         if pid in dropped_parts:
-            samples_removed += int(entry["samples"])
+            samples_removed += entry.samples
             continue
         removed = removed_by_part.get(pid)
         if not removed:
@@ -204,7 +207,7 @@ def _publish_without(
         raise SelectionError(f"removing that would leave version {tag!r} empty; nothing published")
 
     body = {k: v for k, v in base_version.doc.items() if k not in _DOC_FIELDS_SET_BY_PUBLISH}
-    body["partitions"] = new_entries
+    body["partitions"] = [e.to_json() for e in new_entries]
     body["base"] = base_version.tag
     body["derived"] = {
         "op": "remove",

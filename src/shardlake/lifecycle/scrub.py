@@ -107,28 +107,28 @@ def scrub(
     versions = versions_for(store, version, all_versions)
     report = ScrubReport([v.tag for v in versions])
     entries = unique_revisions(versions)
-    bar = Progress(sum(int(e["samples"]) for e in entries), "scrub", enabled=progress)
+    bar = Progress(sum(e.samples for e in entries), "scrub", enabled=progress)
     kwargs: dict[str, Any] = {} if batch_bytes is None else {"batch_bytes": batch_bytes}
     tasks: list[tuple[PartitionScrub, str, list[dict[str, Any]]]] = []
     for entry in entries:
-        pid = entry["id"]
+        pid = entry.id
         part = PartitionScrub(pid)
         report.partitions.append(part)
-        murl = store.key_url(entry["manifest"])
+        murl = store.key_url(entry.manifest)
         try:
             table, _meta = read_entry_manifest(store, entry)
         except FormatError as exc:
             report.problems.append(manifest_problem(pid, murl, exc))
             part.problems += 1
             continue
-        shards = entry["shards"]
+        shards = entry.shards
         for shard_index, rows in sorted(rows_by_shard(table).items()):
             if not 0 <= shard_index < len(shards):
                 message = f"shard index {shard_index} is not in the version entry"
                 report.problems.append(Problem(pid, murl, rows[0]["key"], None, message))
                 part.problems += 1
                 continue
-            tasks.append((part, shards[shard_index]["key"], rows))
+            tasks.append((part, shards[shard_index].key, rows))
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = [
             pool.submit(_scrub_shard, store, part.partition, key, rows, kwargs)

@@ -29,7 +29,7 @@ import queue
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, cast
@@ -46,6 +46,7 @@ from ..format.codec import (
     decode_safetensors,
     payload_checksum,
 )
+from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import FORMAT_VERSION, manifest_key, revision_dir, shard_key, short_hash
 from ..format.manifest import (
     CORE_COLUMNS,
@@ -113,7 +114,7 @@ class BuildTask:
 class BuildResult:
     """What a build produced: the version-document entry plus counters for the report."""
 
-    entry: dict[str, Any]
+    entry: PartitionEntry
     built: bool  # shards were written by this build
     manifest_written: bool
     skipped: int = 0
@@ -229,12 +230,12 @@ class _ShardSink:
         self._handle = _BackgroundHandle(self._cm.__enter__())
         self.writer = ShardWriter(cast(BinaryIO, self._handle))
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> ShardEntry:
         """Close the shard (visible from now on); its entry for the version document."""
         self.writer.close()
         self._handle.drain()
         self._cm.__exit__(None, None, None)
-        return {"key": self.key, "size": self.writer.bytes_written, "members": self.writer.members}
+        return ShardEntry(self.key, self.writer.bytes_written, self.writer.members)
 
     def abort(self, exc: BaseException) -> None:
         tb: TracebackType | None = exc.__traceback__
@@ -245,15 +246,15 @@ class _ShardSink:
             self._cm.__exit__(type(exc), exc, tb)
 
 
-def _shards_of(store: Store, pid: str, data_rev: str, table: Any) -> list[dict[str, Any]]:
+def _shards_of(store: Store, pid: str, data_rev: str, table: Any) -> tuple[ShardEntry, ...]:
     members: dict[int, int] = {}
     for shard in table.column("shard").to_pylist():
         members[shard] = members.get(shard, 0) + 1
     out = []
     for index in sorted(members):
         key = shard_key(pid, data_rev, index)
-        out.append({"key": key, "size": store.size(key), "members": members[index]})
-    return out
+        out.append(ShardEntry(key, store.size(key), members[index]))
+    return tuple(out)
 
 
 @dataclass
@@ -301,18 +302,21 @@ def build_partition(task: BuildTask) -> BuildResult:
     manifest_rev = manifest_revision(data_rev, meta_rev)
     mkey = manifest_key(part.id, data_rev, manifest_rev)
     meta = ManifestMeta(part.id, part.path, data_rev, meta_rev, manifest_rev, recipe.to_json())
-    entry = {
-        "id": part.id,
-        "path": part.path,
-        "data_rev": data_rev,
-        "meta_rev": meta_rev,
-        "manifest_rev": manifest_rev,
-        "manifest": mkey,
-        "samples": len(src.included),
-        "skipped": src.skipped,
-        "source_fingerprint": part.fingerprint(),
-        "npz_fingerprint": part.npz_fingerprint(),
-    }
+    # payload_bytes and shards are set once the shards are written (or found).
+    entry = PartitionEntry(
+        id=part.id,
+        path=part.path,
+        data_rev=data_rev,
+        meta_rev=meta_rev,
+        manifest_rev=manifest_rev,
+        manifest=mkey,
+        samples=len(src.included),
+        skipped=src.skipped,
+        payload_bytes=0,
+        shards=(),
+        source_fingerprint=part.fingerprint(),
+        npz_fingerprint=part.npz_fingerprint(),
+    )
     where = str(root / part.path)
     reused = _reuse_revision(store, task, src, meta, entry, where)
     if reused is not None:
@@ -320,8 +324,7 @@ def build_partition(task: BuildTask) -> BuildResult:
     rows, shards = _write_shards(task, root, src, data_rev)
     table = build_manifest_table(rows, [src.sidecars[r["key"]] for r in rows], where=where)
     written = _create_manifest(store, mkey, write_manifest(table, meta))
-    entry["payload_bytes"] = sum(r["size"] for r in rows)
-    entry["shards"] = shards
+    entry = replace(entry, payload_bytes=sum(r["size"] for r in rows), shards=tuple(shards))
     return BuildResult(entry, built=True, manifest_written=written, skipped=src.skipped)
 
 
@@ -330,11 +333,11 @@ def _reuse_revision(
     task: BuildTask,
     src: _Sources,
     meta: ManifestMeta,
-    entry: dict[str, Any],
+    entry: PartitionEntry,
     where: str,
 ) -> BuildResult | None:
     """Reuse a complete revision of the same tensor content (new manifest if sidecars changed)."""
-    pid, data_rev, mkey = task.partition.id, meta.data_rev, entry["manifest"]
+    pid, data_rev, mkey = task.partition.id, meta.data_rev, entry.manifest
     existing = sorted(
         k
         for k in store.list(revision_dir(pid, data_rev) + "/")
@@ -354,8 +357,11 @@ def _reuse_revision(
         new = build_manifest_table(core, [src.sidecars[r["key"]] for r in core], where=where)
         written = _create_manifest(store, mkey, write_manifest(new, meta))
         table = new
-    entry["payload_bytes"] = int(sum(table.column("size").to_pylist()))
-    entry["shards"] = _shards_of(store, pid, data_rev, table)
+    entry = replace(
+        entry,
+        payload_bytes=int(sum(table.column("size").to_pylist())),
+        shards=_shards_of(store, pid, data_rev, table),
+    )
     return BuildResult(entry, built=False, manifest_written=written, skipped=src.skipped)
 
 
@@ -400,13 +406,13 @@ def _rolls(sink: _ShardSink, key: str, payload_size: int, shard_size: int) -> bo
 
 def _write_shards(
     task: BuildTask, root: Path, src: _Sources, data_rev: str
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[dict[str, Any]], list[ShardEntry]]:
     """Encode, verify and append every sample in shuffled order; ``(manifest rows, shards)``."""
     store, pid, recipe = task.store, task.partition.id, task.recipe
     encoder, decoder = Encoder(recipe.level), Decoder()
     sha_of = dict(src.included)
     rows: list[dict[str, Any]] = []
-    shards: list[dict[str, Any]] = []
+    shards: list[ShardEntry] = []
     sink: _ShardSink | None = None
     try:
         for key, blob in _prefetched(root, src, shuffle_order(list(sha_of), recipe.seed)):

@@ -217,7 +217,7 @@ def pack_with_report(
         "partition_rule": settings.rule.to_json(),
         "source_namespace": settings.namespace,
         "keep_skipped": opts.keep_skipped,
-        "partitions": list(plan.entries.values()),
+        "partitions": [e.to_json() for e in plan.entries.values()],
     }
     version = publish(store, tag, body, settings.state, base_tag)
     return PackReport(
@@ -246,7 +246,7 @@ def _collect(plan: PackPlan, results: dict[str, BuildResult]) -> dict[str, Any]:
     built: list[str] = []
     manifest_only: list[str] = []
     resumed: list[str] = []
-    skipped = sum(int(e.get("skipped", 0)) for e in plan.entries.values())
+    skipped = sum(e.skipped for e in plan.entries.values())
     for task in plan.tasks:
         result = results[task.partition.id]
         plan.entries[task.partition.id] = result.entry
@@ -262,11 +262,11 @@ def _collect(plan: PackPlan, results: dict[str, BuildResult]) -> dict[str, Any]:
     # partition paths make keys unique across the version: O(total keys) overall.
     seen_paths: dict[str, str] = {}
     for entry in plan.entries.values():
-        if entry["path"] in seen_paths:
+        if entry.path in seen_paths:
             raise SourceError(
-                f"partition path {entry['path']!r} appears twice (ids {seen_paths[entry['path']]}, {entry['id']})"
+                f"partition path {entry.path!r} appears twice (ids {seen_paths[entry.path]}, {entry.id})"
             )
-        seen_paths[entry["path"]] = entry["id"]
+        seen_paths[entry.path] = entry.id
     return {
         "built": built,
         "manifest_only": manifest_only,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import SourceError, UsageError, VersionNotFoundError
+from ..format.documents import PartitionEntry
 from ..format.layout import check_name
 from ..pathlists import PathEntry, source_npz_paths
 from ..store import Store
@@ -37,13 +38,17 @@ class PackSettings:
     def base_doc(self) -> dict[str, Any] | None:
         return self.base_version.doc if self.base_version is not None else None
 
+    @property
+    def base_entries(self) -> tuple[PartitionEntry, ...]:
+        return self.base_version.entries if self.base_version is not None else ()
+
 
 @dataclass
 class PackPlan:
     """Builds to run plus the version entries already decided without building."""
 
     tasks: list[BuildTask] = field(default_factory=list)
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # partition id -> entry
+    entries: dict[str, PartitionEntry] = field(default_factory=dict)  # partition id -> entry
     reused: list[str] = field(default_factory=list)
     carried: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
@@ -171,9 +176,9 @@ def plan_builds(
     """Reuse unchanged base partitions, carry or drop the rest of the base, build the others."""
     plan = PackPlan()
     base_doc = settings.base_doc
-    base_parts: dict[str, dict[str, Any]] = {}
-    if base_doc is not None and not opts.replace_all:
-        base_parts = {p["id"]: p for p in base_doc["partitions"]}
+    base_parts: dict[str, PartitionEntry] = {}
+    if not opts.replace_all:
+        base_parts = {e.id: e for e in settings.base_entries}
     reusable = (
         base_doc is not None
         and not opts.replace_all
@@ -182,7 +187,7 @@ def plan_builds(
     )
     for part in tree.partitions.values():
         old = base_parts.get(part.id)
-        if reusable and old is not None and old.get("source_fingerprint") == part.fingerprint():
+        if reusable and old is not None and old.source_fingerprint == part.fingerprint():
             plan.entries[part.id] = old
             plan.reused.append(part.path)
         else:
@@ -193,7 +198,7 @@ def plan_builds(
             continue
         if settings.scoped:
             plan.entries[pid] = old
-            plan.carried.append(old["path"])
+            plan.carried.append(old.path)
         else:
-            plan.dropped.append(old["path"])
+            plan.dropped.append(old.path)
     return plan

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import SourceError
+from ..format.documents import VersionRecord
 
 SKIPPED_FIELD = "is_skipped"
 
@@ -66,11 +66,11 @@ def is_skipped(doc: dict[str, Any] | None) -> bool:
     return bool(doc and doc.get(SKIPPED_FIELD) is True)
 
 
-def skipped_note(version_doc: Mapping[str, Any]) -> str:
+def skipped_note(record: VersionRecord) -> str:
     """A clause for "matches no key" reports: how many ``is_skipped`` frames the version left
     out at pack time (they are in the source but not samples), or ``""`` when none were."""
-    left_out = sum(int(p.get("skipped", 0)) for p in version_doc.get("partitions", []))
-    if not left_out or version_doc.get("keep_skipped", False):
+    left_out = sum(p.skipped for p in record.partitions)
+    if not left_out or record.keep_skipped:
         return ""
     return (
         f"the version left out {left_out} is_skipped frame(s) at pack time; drop skipped frames "

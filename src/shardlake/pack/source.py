@@ -287,7 +287,21 @@ def discover(
         chosen = [rel for rel in path_list if _selected(rel, include, exclude)]
         npz, sidecars, unreadable = _stat_listed(root, chosen)
         not_frames, excluded = [], len(path_list) - len(chosen)
-    wanted = set(only_partitions) if only_partitions is not None else None
+    by_path, outside = _group_partitions(root, rule, npz, sidecars, collisions)
+    if only_partitions is not None:
+        by_path = _only(root, by_path, set(only_partitions))
+    partitions = {p.id: p for p in sorted(by_path.values(), key=lambda p: p.path)}
+    return SourceTree(root, rule, partitions, not_frames, sorted(unreadable), outside, excluded)
+
+
+def _group_partitions(
+    root: Path,
+    rule: PartitionRule,
+    npz: dict[str, os.stat_result],
+    sidecars: dict[str, os.stat_result],
+    collisions: list[str] | None,
+) -> tuple[dict[str, SourcePartition], list[str]]:
+    """Frames grouped by partition path (sorted keys), and the frames no partition holds."""
     by_path: dict[str, SourcePartition] = {}
     ids: dict[str, str] = {}
     outside: list[str] = []
@@ -321,15 +335,17 @@ def discover(
                 side.st_mtime_ns if side is not None else None,
             )
         )
-    if wanted is not None:
-        unknown = wanted - {p.id for p in by_path.values()} - set(by_path)
-        if unknown:
-            raise UsageError(
-                f"no partition {sorted(unknown)[0]!r} in {root}", options=("partitions",)
-            )
-        by_path = {k: p for k, p in by_path.items() if p.id in wanted or p.path in wanted}
-    partitions = {p.id: p for p in sorted(by_path.values(), key=lambda p: p.path)}
-    return SourceTree(root, rule, partitions, not_frames, sorted(unreadable), outside, excluded)
+    return by_path, outside
+
+
+def _only(
+    root: Path, by_path: dict[str, SourcePartition], wanted: set[str]
+) -> dict[str, SourcePartition]:
+    """The partitions ``wanted`` names (by id or path); an unknown name is refused."""
+    unknown = wanted - {p.id for p in by_path.values()} - set(by_path)
+    if unknown:
+        raise UsageError(f"no partition {sorted(unknown)[0]!r} in {root}", options=("partitions",))
+    return {k: p for k, p in by_path.items() if p.id in wanted or p.path in wanted}
 
 
 def _scan_tree(
@@ -439,8 +455,6 @@ def inspect_source(
     counts; plus id collisions, unreadable files, files that are not frames, malformed
     sidecars, and a partition-depth suggestion when depth 1 gives very few, very large
     partitions."""
-    from .sidecar import is_skipped, read_sidecar
-
     rule = PartitionRule.from_options(partition_depth, partition_regex) or PartitionRule()
     paths = (
         read_path_list(path_list, source, strip_prefix=strip_prefix)
@@ -452,30 +466,7 @@ def inspect_source(
         source, rule, path_list=paths, collisions=collisions, include=include, exclude=exclude
     )
     bad_sidecars: list[str] = []
-    rows = []
-    for part in tree.partitions.values():
-        skipped = 0
-        sidecar_bytes = 0
-        for f in part.files:
-            if f.sidecar_size is None:
-                continue
-            sidecar_bytes += f.sidecar_size
-            try:
-                skipped += is_skipped(read_sidecar(tree.root / (f.key + SIDECAR)))
-            except SourceError as exc:
-                bad_sidecars.append(str(exc))
-        rows.append(
-            {
-                "id": part.id,
-                "path": part.path,
-                "samples": part.samples,
-                "skipped": skipped,
-                "missing_sidecars": len(part.missing_sidecars),
-                "npz_bytes": part.npz_bytes,
-                "sidecar_bytes": sidecar_bytes,
-                "fingerprint": part.fingerprint(),
-            }
-        )
+    rows = [_inspect_partition(tree.root, part, bad_sidecars) for part in tree.partitions.values()]
     return {
         "source": str(tree.root),
         "partition_rule": rule.to_json(),
@@ -491,4 +482,32 @@ def inspect_source(
         "outside_partitions": tree.outside,
         "bad_sidecars": bad_sidecars,
         "suggestion": suggest_depth(tree),
+    }
+
+
+def _inspect_partition(
+    root: Path, part: SourcePartition, bad_sidecars: list[str]
+) -> dict[str, Any]:
+    """One partition's row of :func:`inspect_source`; unreadable sidecars go to ``bad_sidecars``."""
+    from .sidecar import is_skipped, read_sidecar
+
+    skipped = 0
+    sidecar_bytes = 0
+    for f in part.files:
+        if f.sidecar_size is None:
+            continue
+        sidecar_bytes += f.sidecar_size
+        try:
+            skipped += is_skipped(read_sidecar(root / (f.key + SIDECAR)))
+        except SourceError as exc:
+            bad_sidecars.append(str(exc))
+    return {
+        "id": part.id,
+        "path": part.path,
+        "samples": part.samples,
+        "skipped": skipped,
+        "missing_sidecars": len(part.missing_sidecars),
+        "npz_bytes": part.npz_bytes,
+        "sidecar_bytes": sidecar_bytes,
+        "fingerprint": part.fingerprint(),
     }

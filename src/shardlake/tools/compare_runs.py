@@ -393,12 +393,7 @@ def compare_runs(
     Every argument of the two ``args.json`` must be equal except those in :data:`IGNORED_ARGS`
     or ``ignore_args`` (and not in ``check_args``); see the module docs.
     """
-    if not math.isfinite(k) or k <= 0:
-        raise ComparisonRefusedError(f"--k must be a positive number, got {k:g}")
-    if plateau < 2:
-        raise ComparisonRefusedError(
-            f"--plateau must be at least 2 epochs (a standard deviation needs two), got {plateau}"
-        )
+    _check_band(plateau, k)
     bdir, cdir = Path(baseline_dir), Path(candidate_dir)
     for d in (bdir, cdir):
         if not d.is_dir():
@@ -407,7 +402,41 @@ def compare_runs(
         read_args(bdir), read_args(cdir), ignore_args=ignore_args, check_args=check_args
     )
     blog, clog = read_log(bdir), read_log(cdir)
+    window = _plateau_window(blog, clog, plateau)
+    metrics = _metrics_of(blog, clog, metrics)
+    b_rows = [blog.epochs.index(e) for e in window]
+    c_rows = [clog.epochs.index(e) for e in window]
+    result = Comparison(
+        baseline=str(bdir),
+        candidate=str(cdir),
+        plateau=plateau,
+        k=k,
+        epoch_first=window[0],
+        epoch_last=window[-1],
+        baseline_rows=[r + 1 for r in b_rows],
+        candidate_rows=[r + 1 for r in c_rows],
+        checked_args=checked,
+        arg_differences=differences,
+    )
+    for m in metrics:
+        bvals = [_numeric(blog, r, m) for r in b_rows]
+        cvals = [_numeric(clog, r, m) for r in c_rows]
+        result.metrics.append(_metric_result(m, bvals, cvals, k))
+    return result
 
+
+def _check_band(plateau: int, k: float) -> None:
+    if not math.isfinite(k) or k <= 0:
+        raise ComparisonRefusedError(f"--k must be a positive number, got {k:g}")
+    if plateau < 2:
+        raise ComparisonRefusedError(
+            f"--plateau must be at least 2 epochs (a standard deviation needs two), got {plateau}"
+        )
+
+
+def _plateau_window(blog: RunLog, clog: RunLog, plateau: int) -> list[int]:
+    """The last ``plateau`` epochs, refused unless both logs cover the same, unique, increasing
+    epochs and the window is consecutive."""
     for log in (blog, clog):
         dups = sorted({e for e in log.epochs if log.epochs.count(e) > 1})
         if dups:
@@ -432,12 +461,16 @@ def compare_runs(
         raise ComparisonRefusedError(
             f"--plateau {plateau} needs {plateau} epochs but the baseline has {len(blog.epochs)}"
         )
-    window = blog.epochs[-plateau:]
-    if list(window) != list(range(window[0], window[0] + plateau)):
+    window = list(blog.epochs[-plateau:])
+    if window != list(range(window[0], window[0] + plateau)):
         raise ComparisonRefusedError(
-            f"the plateau epochs {list(window)} are not consecutive: both runs skip an epoch there"
+            f"the plateau epochs {window} are not consecutive: both runs skip an epoch there"
         )
+    return window
 
+
+def _metrics_of(blog: RunLog, clog: RunLog, metrics: Sequence[str] | None) -> list[str]:
+    """The metrics asked for (default: every loss column), refused unless both logs have them."""
     if metrics is None or len(metrics) == 0:
         metrics = default_metrics(blog.columns)
         if not metrics:
@@ -450,37 +483,21 @@ def compare_runs(
                 raise ComparisonRefusedError(
                     f"{log.path}: no column {m!r} (columns: {', '.join(log.columns[1:])})"
                 )
+    return list(metrics)
 
-    b_rows = [blog.epochs.index(e) for e in window]
-    c_rows = [clog.epochs.index(e) for e in window]
-    result = Comparison(
-        baseline=str(bdir),
-        candidate=str(cdir),
-        plateau=plateau,
-        k=k,
-        epoch_first=window[0],
-        epoch_last=window[-1],
-        baseline_rows=[r + 1 for r in b_rows],
-        candidate_rows=[r + 1 for r in c_rows],
-        checked_args=checked,
-        arg_differences=differences,
+
+def _metric_result(metric: str, bvals: list[float], cvals: list[float], k: float) -> MetricResult:
+    """Whether the candidate's plateau mean lies within ``k`` baseline SDs of the baseline's."""
+    bmean, bsd = statistics.fmean(bvals), statistics.stdev(bvals)
+    cmean, csd = statistics.fmean(cvals), statistics.stdev(cvals)
+    low, high = bmean - k * bsd, bmean + k * bsd
+    return MetricResult(
+        metric=metric,
+        baseline_mean=bmean,
+        baseline_sd=bsd,
+        band_low=low,
+        band_high=high,
+        candidate_mean=cmean,
+        candidate_sd=csd,
+        passed=low <= cmean <= high,
     )
-    for m in metrics:
-        bvals = [_numeric(blog, r, m) for r in b_rows]
-        cvals = [_numeric(clog, r, m) for r in c_rows]
-        bmean, bsd = statistics.fmean(bvals), statistics.stdev(bvals)
-        cmean, csd = statistics.fmean(cvals), statistics.stdev(cvals)
-        low, high = bmean - k * bsd, bmean + k * bsd
-        result.metrics.append(
-            MetricResult(
-                metric=m,
-                baseline_mean=bmean,
-                baseline_sd=bsd,
-                band_low=low,
-                band_high=high,
-                candidate_mean=cmean,
-                candidate_sd=csd,
-                passed=low <= cmean <= high,
-            )
-        )
-    return result
