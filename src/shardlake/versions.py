@@ -402,7 +402,9 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
             raise VersionNotFoundError(f"{store.url}: no live version {tag!r}")
     if base.latest in tags and not force:
         raise UsageError(
-            f"{store.url}: version {base.latest!r} is what 'latest' points to; pass --force to retire it"
+            f"{store.url}: version {base.latest!r} is what 'latest' points to; retiring it "
+            "needs force",
+            options=("force",),
         )
     versions = {t: h for t, h in base.versions.items() if t not in tags}
     latest = base.latest

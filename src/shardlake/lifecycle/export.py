@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from ..access import npz_bytes, sidecar_json
+from ..dataset import Dataset
 from ..errors import (
     AlreadyExistsError,
     ConflictError,
@@ -38,7 +38,9 @@ from ..errors import (
 from ..format.codec import Decoder
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
 from ..format.manifest import entry_mismatches, parse_manifest, read_entry_manifest
+from ..format.source_form import npz_bytes, sidecar_json
 from ..keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
+from ..progress import Progress
 from ..read.verified import read_verified
 from ..store import Store, open_store
 from ..versions import (
@@ -53,7 +55,7 @@ from ..versions import (
     read_state,
     resolve_tag,
 )
-from .common import Progress, check_shard_payloads, rows_by_shard
+from .common import check_shard_payloads, rows_by_shard
 from .verify import check_shard_headers
 
 T = TypeVar("T")
@@ -258,7 +260,8 @@ def export_version(
         dest.create(ROOT_MARKER, marker_bytes)
     ensure_root(dest, dataset_id=str(src_marker["dataset_id"]))
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
-    bar = Progress(sum(len(e["shards"]) for e in ver.partitions), "export", enabled=progress)
+    total = sum(len(e["shards"]) for e in ver.partitions)
+    bar = Progress(total, "export", unit="shards", enabled=progress)
     for entry in ver.partitions:
         table, manifest_bytes = _source_manifest(src, entry)
         _put_verified(dest, entry["manifest"], manifest_bytes, report)
@@ -320,16 +323,14 @@ def export_npz(
     """Write ``<key>.npz`` (+ ``<key>.json`` sidecar) for every sample of ``version``.
 
     Arrays come back bit-exact (names, order, dtype, shape, bytes); sidecars are rebuilt from
-    the manifest columns (see :func:`shardlake.access.sidecar_of`).
+    the manifest columns (see :func:`shardlake.format.source_form.sidecar_of`).
     """
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)
     ver = load_version(src, version)
     wanted: set[str] | None = None
     if keyset is not None:
-        ks = load_keyset(src, keyset)
-        ks.check_version(ver)
-        wanted = set(ks.keys)
+        wanted = set(Dataset(src, ver).select(keyset=keyset).wanted_keys() or ())
     report = NpzExportReport(dest.url, ver.tag)
     decoder = Decoder()
     bar = Progress(len(wanted) if wanted is not None else ver.samples, "export", enabled=progress)

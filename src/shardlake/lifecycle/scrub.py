@@ -15,11 +15,11 @@ from typing import Any
 
 from ..errors import FormatError
 from ..format.manifest import read_entry_manifest
+from ..progress import Progress
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
     Problem,
-    Progress,
     check_shard_payloads,
     manifest_problem,
     problem_counts,

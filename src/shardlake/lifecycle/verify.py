@@ -21,12 +21,20 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FormatError, IntegrityError, KeyNotFoundError, ShardlakeError, SourceError
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    KeyNotFoundError,
+    ShardlakeError,
+    SourceError,
+    UsageError,
+)
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.layout import member_name
 from ..format.manifest import METADATA_MISMATCH, entry_mismatches, read_entry_manifest
 from ..format.npz import load_npz
 from ..format.tar import iter_members
+from ..progress import Progress
 from ..read.payloads import DEFAULT_REREADS, TRANSPORT
 from ..store import Store, open_store
 from ..versions import load_version
@@ -34,7 +42,6 @@ from .common import (
     DEFAULT_WORKERS,
     SHOW_MAX,
     Problem,
-    Progress,
     check_shard_payloads,
     manifest_problem,
     problem_counts,
@@ -152,6 +159,8 @@ def verify_source(
 
     ``only_keys`` (a path list's frames, as keys) limits the source to those frames.
     """
+    if allow_missing is not None and allow_missing < 0:
+        raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
     store = open_store(url, storage_options)
     source = open_store(source_url, source_options)
     ver = load_version(store, version)
@@ -312,7 +321,10 @@ def verify_offsets(
     ver = load_version(store, version)
     report = OffsetsReport(ver.tag)
     bar = Progress(
-        sum(len(e["shards"]) for e in ver.partitions), "verify-offsets", enabled=progress
+        sum(len(e["shards"]) for e in ver.partitions),
+        "verify-offsets",
+        unit="shards",
+        enabled=progress,
     )
     for entry in ver.partitions:
         pid = entry["id"]

@@ -1,6 +1,7 @@
 """Pack npz+sidecar source trees into verified, versioned shard datasets (see ``packer``)."""
 
-from .build import Recipe, build_partition, load_npz, verify_sample
+from ..format.npz import load_npz
+from .build import Recipe, build_partition, verify_sample
 from .options import PackOptions
 from .packer import InlineExecutor, PackReport, pack, pack_with_report
 from .source import PartitionRule, discover, inspect_source, read_path_list

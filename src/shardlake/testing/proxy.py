@@ -183,7 +183,8 @@ class FaultProxy:
         draw, pick = struct.unpack(">QQ", digest[:16])
         if draw / 2**64 >= self.rate:
             return None
-        return self.kinds[pick % len(self.kinds)]
+        kind: str = self.kinds[pick % len(self.kinds)]
+        return kind
 
     def wait_or_stop(self, seconds: float) -> None:
         self._stop.wait(seconds)
