@@ -36,7 +36,8 @@ from shardlake.lifecycle import (
     verify_source,
 )
 from shardlake.pack import pack
-from shardlake.store import RetryPolicy, Store, open_store
+from shardlake.store import Store, open_store
+from shardlake.store.classify import Verdict, classify
 from shardlake.testing.proxy import FaultProxy
 from shardlake.testing.servers import S3Server, moto_s3_server
 from shardlake.tools.synth import synth_corpus
@@ -57,13 +58,24 @@ BATCH = 4
 # Failed read-backs after a lost commit reply: more than s3fs's and botocore's own retries.
 FAILED_READBACKS = 8
 
-# The retry policy with a deadline, ambiguous-create read-back and checksum-error classification
-# come from the store layer (#11 findings 1, 3, 6). Until they are in, these tests are expected
-# to fail; once RetryPolicy has a deadline the marker no longer applies and they must pass.
-STORE_POLICY = "deadline" in getattr(RetryPolicy, "__dataclass_fields__", {})
-needs_store_policy = pytest.mark.xfail(
-    not STORE_POLICY,
-    reason="needs the store layer's retry policy with a deadline (#11 findings 1, 3, 6)",
+
+def _cut_bodies_are_retried() -> bool:
+    """Whether the store retries a reply body cut short (aiohttp ``ClientPayloadError`` raised
+    from ``ContentLengthError``, whose ``code`` 400 is aiohttp's, not the server's)."""
+    import aiohttp
+    from aiohttp.http_exceptions import ContentLengthError
+
+    cause = ContentLengthError("Not enough data to satisfy content length header")
+    exc = aiohttp.ClientPayloadError(f"Response payload is not completed: {cause!r}")
+    exc.__cause__ = cause
+    return classify(exc) is not Verdict.PERMANENT
+
+
+# Known gap of the store layer, checked rather than assumed: once it is fixed the mark lifts.
+needs_cut_body_retry = pytest.mark.xfail(
+    not _cut_bodies_are_retried(),
+    reason="store.classify reads aiohttp's ContentLengthError code 400 as an HTTP 400: a body "
+    "cut short by a reset is not retried",
     strict=False,
 )
 
@@ -204,7 +216,7 @@ def faulty(s3: S3Server, seed: int) -> FaultProxy:
     return FaultProxy(s3.endpoint_url, rate=RATE, seed=seed, kinds=KINDS, delay_s=0.2)
 
 
-@needs_store_policy  # today: a checksum error left gc's lock held; export never finished
+@needs_cut_body_retry
 @pytest.mark.parametrize(("seed", "checksums"), [(1, True), (2, False)])
 def test_commands_through_a_faulty_network(
     s3: S3Server, source: Path, tmp_path: Path, seed: int, checksums: bool
@@ -299,7 +311,6 @@ def test_gc_whose_lock_reply_is_lost_still_collects(s3: S3Server, source: Path) 
     assert published(clean, "v2")
 
 
-@needs_store_policy
 def test_pack_whose_commit_reply_is_lost_reports_its_success(s3: S3Server, source: Path) -> None:
     """#11 finding 1: the publishing commit lands, its reply is lost, the read-back fails a
     few times: the pack must report success (or an unknown outcome), never "nothing was
@@ -329,9 +340,7 @@ def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
     return url, (read_state(clean), open_dataset(clean).version.doc, load_keyset(clean, "all"))
 
 
-@pytest.mark.parametrize(
-    "checksums", [pytest.param(True, marks=needs_store_policy), False], ids=["crc", "nocrc"]
-)
+@pytest.mark.parametrize("checksums", [True, False], ids=["crc", "nocrc"])
 @pytest.mark.parametrize("target", ["/versions/", "/commits/", "/manifest-", "/keysets/"])
 def test_a_body_damaged_in_transit_costs_a_reread(
     s3: S3Server, published_root: tuple[str, tuple[Any, ...]], target: str, checksums: bool
@@ -361,7 +370,6 @@ export_version(open_store(sys.argv[1], json.loads(sys.argv[2])), sys.argv[3])
 """
 
 
-@needs_store_policy
 def test_export_killed_through_a_faulty_network_then_rerun(
     s3: S3Server, source: Path, tmp_path: Path
 ) -> None:
@@ -403,11 +411,10 @@ sys.exit(0)
 """
 
 
-@needs_store_policy
 def test_stalled_endpoint_fails_within_the_deadline(s3: S3Server, source: Path) -> None:
     url = s3.fresh_url("stall")
     pack_through(source, open_store(url, s3.storage_options), "v1")()
-    deadline = 4.0
+    deadline, attempt_timeout = 4.0, 1.0
     with FaultProxy(s3.endpoint_url, rate=0.0, stall_s=120) as proxy:
         proxy.stall_all = True  # a hung server: accepts requests, never answers
         options = proxy.storage_options(s3.storage_options)
@@ -415,6 +422,7 @@ def test_stalled_endpoint_fails_within_the_deadline(s3: S3Server, source: Path) 
             os.environ,
             PYTHONPATH=os.pathsep.join(sys.path),
             SHARDLAKE_RETRY_DEADLINE=str(deadline),
+            SHARDLAKE_RETRY_ATTEMPT_TIMEOUT=str(attempt_timeout),
         )
         started = time.monotonic()
         try:
@@ -430,5 +438,6 @@ def test_stalled_endpoint_fails_within_the_deadline(s3: S3Server, source: Path) 
         took = time.monotonic() - started
     assert done.returncode == 1, done.stderr[-2000:]  # a ShardlakeError, not a traceback
     assert done.stdout.strip(), "the error says nothing"
-    # The deadline, plus interpreter start-up and one attempt's timeout at most.
-    assert took < deadline + 15, took
+    # The deadline, plus one attempt in flight when it passed and the interpreter's start-up.
+    assert took < deadline + attempt_timeout + 10, took
+    assert "deadline" in done.stdout, done.stdout
