@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import ShardlakeError, UsageError
-from . import dataset_cmds, lifecycle_cmds, pack_cmds, run_cmds
+from . import catalog_cmds, dataset_cmds, lifecycle_cmds, pack_cmds, run_cmds
 from .common import flag_advice, resolve_local_paths
 
-COMMAND_GROUPS = (pack_cmds, dataset_cmds, lifecycle_cmds, run_cmds)
+COMMAND_GROUPS = (pack_cmds, dataset_cmds, lifecycle_cmds, run_cmds, catalog_cmds)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -78,6 +78,7 @@ def versions_for(store: Store, version: str | None, all_versions: bool) -> list[
 def version_closure(store: Store, version: Version) -> dict[str, int | None]:
     """Every object ``version`` needs: key -> expected size (None where unknown)."""
     out: dict[str, int | None] = {version_key(version.tag, version.hash): None}
+    out.update({ref.key: ref.size for ref in version.catalog_objects()})
     for entry in version.partitions:
         out[entry["manifest"]] = None
         for shard in entry["shards"]:

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..catalog import catalog_mismatch, catalog_rows, rows_by_partition
 from ..errors import (
     FormatError,
     IntegrityError,
@@ -31,7 +32,12 @@ from ..errors import (
 )
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.layout import member_name
-from ..format.manifest import METADATA_MISMATCH, entry_mismatches, read_entry_manifest
+from ..format.manifest import (
+    CORE_COLUMNS,
+    METADATA_MISMATCH,
+    entry_mismatches,
+    read_entry_manifest,
+)
 from ..format.npz import load_npz
 from ..format.tar import iter_members
 from ..progress import Progress
@@ -326,6 +332,12 @@ def verify_offsets(
         unit="shards",
         enabled=progress,
     )
+    # The catalog must agree with the manifests it indexes (one read of it, not one per row).
+    catalog: dict[str, Any] | None = None
+    try:
+        catalog = rows_by_partition(catalog_rows(store, ver, CORE_COLUMNS))
+    except (FormatError, IntegrityError) as exc:
+        report.problems.append(Problem("", store.url, None, None, f"catalog: {exc}"))
     for entry in ver.partitions:
         pid = entry["id"]
         report.partitions += 1
@@ -339,6 +351,9 @@ def verify_offsets(
         report.problems.extend(Problem(pid, murl, None, None, message) for message in problems)
         if problems and problems[0].startswith(METADATA_MISMATCH):
             continue
+        differs = None if catalog is None else catalog_mismatch(catalog.get(pid), table)
+        if differs is not None and not problems:
+            report.problems.append(Problem(pid, murl, None, None, differs))
         groups = rows_by_shard(table)
         for index in sorted(set(groups) - set(range(len(entry["shards"])))):
             report.problems.append(

@@ -38,10 +38,10 @@ from .plan import (
     Rows,
     plan_epoch,
     resolve,
-    selection_digest,
 )
 from .reader import ReadOptions, SlotReader, request_chunk_size, selection_members
 from .sources import Source, combine, epoch_counts, epoch_rows, select_rows
+from .strings import key_digest
 
 if TYPE_CHECKING:
     from .loader import ShardLoader
@@ -203,7 +203,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 "version_tag": r.version_tag,
                 "version_hash": r.version_hash,
                 "selection": r.selection,
-                "selection_digest": selection_digest(r.table.column("key").to_pylist()),
+                "selection_digest": key_digest(r.table.column("key")),
                 "samples": r.table.num_rows,
                 "weight": r.source.weight,
                 "repeat": r.source.repeat,
