@@ -341,7 +341,10 @@ def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
 
 
 @pytest.mark.parametrize("checksums", [True, False], ids=["crc", "nocrc"])
-@pytest.mark.parametrize("target", ["/versions/", "/commits/", "/manifest-", "/keysets/"])
+@pytest.mark.parametrize(
+    "target",
+    ["/versions/", "/commits/", "/catalog/partitions/", "/catalog/segments/", "/keysets/"],
+)
 def test_a_body_damaged_in_transit_costs_a_reread(
     s3: S3Server, published_root: tuple[str, tuple[Any, ...]], target: str, checksums: bool
 ) -> None:
