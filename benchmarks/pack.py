@@ -31,10 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from shardlake.tools.bench.pack import stage_costs
-
-GOAL_VS_WEBDATASET = 2.0
-GOAL_VS_FLOOR = 0.8
+from shardlake.tools.bench.pack import (
+    GOAL_VS_FLOOR,
+    GOAL_VS_WEBDATASET,
+    stage_ceilings,
+    stage_costs,
+)
 
 
 def _wds_partition(args: tuple[str, list[str], str, int, int]) -> tuple[int, int]:
@@ -156,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     costs = stage_costs(src, sorted(src.rglob("*.npz"))[:20], args.level)
     print("per-frame ms (1 thread): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
+    ceil = stage_ceilings(costs)
+    print(
+        f"per-frame ms: floor {ceil['floor_ms']:.2f}, shardlake {ceil['shardlake_ms']:.2f} "
+        f"(floor + read+sha256 + verify), webdataset {ceil['webdataset_ms']:.2f} "
+        f"(np.load + encode + zstd); best ratios these allow: vs floor "
+        f"{ceil['ceiling_vs_floor']:.2f}, vs webdataset {ceil['ceiling_vs_webdataset']:.2f}x"
+    )
 
     best: dict[str, float] = {}
     payload = 0

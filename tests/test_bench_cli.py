@@ -108,6 +108,12 @@ def test_bench_pack_calibrates_and_predicts(tmp_path: Path):
     assert set(doc["stage_ms_per_frame"]) == {
         "read+sha256", "npz_inflate", "safetensors_encode", "zstd", "verify", "np.load",
     }  # fmt: skip
+    goals, stage = doc["goals"], doc["stage_ms_per_frame"]
+    floor = stage["npz_inflate"] + stage["safetensors_encode"] + stage["zstd"]
+    assert goals["floor_ms"] == pytest.approx(floor, abs=2e-3)
+    assert goals["shardlake_ms"] > goals["floor_ms"]  # + hashing and verification
+    assert 0 < goals["ceiling_vs_floor"] < 1 and goals["ceiling_vs_webdataset"] > 0
+    assert goals["pack_vs_floor"] > 0 and goals["pack_vs_floor_goal"] == 0.8
     one, eight = doc["prediction"]["by_workers"]
     assert (one["workers"], eight["workers"]) == (1, 8)
     assert one["partitions"] == 1000 and one["samples"] == 240_000
@@ -154,6 +160,10 @@ def test_bench_load_reports_throughput_bytes_and_mixing(store_location, tmp_path
     assert doc["bytes_fetched"] >= doc["selected_payload_mb"] * 1e6
     assert 1.0 <= doc["fetched_per_payload"] < 1.6
     assert doc["requests_by_op"].get("read_ranges", 0) >= 1
+    goals = doc["goals"]
+    assert goals["decode_limit_samples_per_s"] > 0 and goals["loader_vs_decode_limit"] > 0
+    assert goals["decode_cpu_ms_per_sample"] > 0 and goals["decode_share_of_loader_cpu"] > 0
+    assert goals["mean_mb_per_request"] > 0 and goals["loader_vs_decode_limit_goal"] == 0.75
     mixing = doc["mixing"]
     assert mixing["partitions"] == 2 and mixing["batches"] == 4
     assert 0 <= mixing["js_mean"] <= mixing["js_max"] <= 1

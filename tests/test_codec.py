@@ -69,3 +69,40 @@ def test_corrupt_frame_and_checksum_are_integrity_errors():
         check_payload(bytes(flipped), payload_checksum(payload), "shard-1")
     with pytest.raises(IntegrityError):
         Decoder().decode(bytes(flipped))
+
+
+def test_frames_carry_a_content_checksum_the_decoder_checks() -> None:
+    import zstandard
+
+    from shardlake.format.codec import frame_has_checksum
+
+    st, payload = Encoder().encode(ARRAYS)
+    assert frame_has_checksum(payload) and frame_has_checksum(memoryview(payload))
+    bare = zstandard.ZstdCompressor(write_checksum=False).compress(st)
+    assert not frame_has_checksum(bare)
+    assert not frame_has_checksum(b"not a zstd frame") and not frame_has_checksum(b"")
+    # A payload is exactly one frame: trailing bytes are refused, not ignored.
+    with pytest.raises(IntegrityError):
+        Decoder().decompress(payload + b"\x00")
+
+
+def test_samples_sharing_a_header_share_one_parsed_layout() -> None:
+    from shardlake.format.codec import encode_safetensors, safetensors_layout
+
+    a = encode_safetensors({"x": np.zeros(3, np.float32), "s": np.array("ab")})
+    b = encode_safetensors({"x": np.ones(3, np.float32), "s": np.array("cd")})
+    assert safetensors_layout(a)[1] is safetensors_layout(b)[1]
+    with pytest.raises(IntegrityError, match="shorter"):
+        safetensors_layout(a[:-1], "shard-1")
+
+
+def test_header_offsets_that_disagree_with_the_shape_are_integrity_errors() -> None:
+    import json
+    import struct
+
+    from shardlake.format.codec import decode_safetensors
+
+    header = json.dumps({"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode()
+    data = struct.pack("<Q", len(header)) + header + bytes(16)
+    with pytest.raises(IntegrityError, match="data_offsets"):
+        decode_safetensors(data, "shard-9")

@@ -106,3 +106,40 @@ def test_persistent_mismatch_fails_after_two_reads(
     size = int(ds.table.size[row])
     sizes = [int(line.split()[1]) for line in Path(log).read_text().splitlines()]
     assert sizes.count(size) >= 2  # the first read and exactly one re-read of that payload
+
+
+def test_checksummed_frames_get_no_separate_crc_pass(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zstd checks its frame checksum while decoding; the CRC-32 is for the cache only."""
+    import shardlake.torch.reader as reader
+
+    _, root = corpus
+    calls: list[int] = []
+    real = reader.payload_checksum
+
+    def counting(payload: bytes | memoryview) -> int:
+        calls.append(len(payload))
+        return real(payload)
+
+    monkeypatch.setattr(reader, "payload_checksum", counting)
+    ds = ShardDataset(str(root), batch_size=4)
+    assert sum(len(b["lanes"]) for b in ds.loader(num_workers=0)) == len(ds)
+    assert calls == []
+    cached = ShardDataset(str(root), batch_size=4, cache_dir=tmp_path / "cache")
+    assert sum(len(b["lanes"]) for b in cached.loader(num_workers=0)) == len(cached)
+    assert len(calls) >= len(cached.table)  # every payload checked before the cache keeps it
+
+
+def test_request_bytes_sets_the_chunk_size_and_the_default_caps_it(
+    corpus: tuple[Path, Path],
+) -> None:
+    from shardlake.torch.plan import DEFAULT_CHUNK_SIZE
+
+    _, root = corpus
+    table = ShardDataset(str(root), batch_size=4).table
+    tiny = ReadOptions(request_bytes=int(table.size.mean()) * 40)
+    assert ShardDataset(str(root), batch_size=4).params.chunk_size <= DEFAULT_CHUNK_SIZE
+    # An explicit target is honoured beyond the default cap (bigger GETs, e.g. for S3).
+    assert request_chunk_size(table, tiny) == 40
+    assert ShardDataset(str(root), batch_size=4, read_options=tiny).params.chunk_size == 40

@@ -347,6 +347,38 @@ def _fresh_rows(
     return tables
 
 
+@dataclass(frozen=True)
+class CatalogInfo:
+    """Where a version's catalog lives: ``"in record"`` (format 2) or ``"attached"``."""
+
+    tag: str
+    hash: str
+    catalog: str
+    segments: int
+    rows: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tag": self.tag,
+            "hash": self.hash,
+            "catalog": self.catalog,
+            "segments": self.segments,
+            "rows": self.rows,
+        }
+
+
+def attach_catalogs(store: Store, versions: Sequence[Version]) -> list[CatalogInfo]:
+    """:func:`attach_catalog` for each version; what each one's catalog now is."""
+    out = []
+    for version in versions:
+        native = version.header.catalog is not None
+        ref = attach_catalog(store, version)
+        rows = sum(s.rows for s in ref.segments)
+        where = "in record" if native else "attached"
+        out.append(CatalogInfo(version.tag, version.hash, where, len(ref.segments), rows))
+    return out
+
+
 def attach_catalog(store: Store, version: Version) -> CatalogRef:
     """Write a catalog for a format-1 ``version`` (``shardlake catalog``); later readers of the
     version find it instead of reading every manifest. Idempotent."""

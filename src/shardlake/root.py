@@ -19,6 +19,7 @@ from .store import Store, open_store
 from .versions import Version, load_version, load_version_by_hash, read_state
 
 if TYPE_CHECKING:
+    from .catalog import CatalogInfo
     from .keysets import DisjointReport, Keyset
     from .lifecycle.export import ExportReport, NpzExportReport
     from .lifecycle.gc import GcReport
@@ -394,6 +395,18 @@ class Root:
             only_keys=only_keys,
             **extra,
         )
+
+    def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
+        """Write the catalog of ``version`` (default: every live version) where it was published
+        before format 2 (idempotent: versions with a catalog are reported, not rewritten)."""
+        from .catalog import attach_catalogs
+
+        if version is not None:
+            versions = [load_version(self.store, version)]
+        else:
+            state = read_state(self.store)
+            versions = [load_version_by_hash(self.store, t, h) for t, h in state.versions.items()]
+        return attach_catalogs(self.store, versions)
 
     def verify_offsets(
         self, version: str = "latest", *, progress: bool | None = None

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_json_flag, print_json
+from .common import finish_command, open_root, print_json
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -20,39 +20,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--version", dest="tag", default=None, metavar="TAG", help="only this one")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_catalog)
+    finish_command(p, cmd_catalog)
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from ..catalog import attach_catalog
-    from ..store import open_store
-    from ..versions import load_version, load_version_by_hash, read_state
-
-    store = open_store(args.root)
-    if args.tag is not None:
-        versions = [load_version(store, args.tag)]
-    else:
-        state = read_state(store)
-        versions = [load_version_by_hash(store, t, h) for t, h in state.versions.items()]
-    rows = []
-    for version in versions:
-        native = version.header.catalog is not None
-        ref = attach_catalog(store, version)
-        rows.append(
-            {
-                "tag": version.tag,
-                "hash": version.hash,
-                "catalog": "in record" if native else "attached",
-                "segments": len(ref.segments),
-                "rows": sum(s.rows for s in ref.segments),
-            }
-        )
+    root = open_root(args)
+    rows = [info.to_json() for info in root.attach_catalogs(args.tag)]
     if args.json:
         print_json(rows)
         return 0
     for row in rows:
         print(f"{row['tag']}\t{row['catalog']}\t{row['segments']} segment(s)\t{row['rows']} rows")
     if not rows:
-        print(f"no versions in {store.url}", file=sys.stderr)
+        print(f"no versions in {root.url}", file=sys.stderr)
     return 0

@@ -106,32 +106,70 @@ def encode_safetensors(arrays: Mapping[str, np.ndarray[Any, Any]], where: str = 
     return struct.pack("<Q", len(header_bytes)) + header_bytes + b"".join(blobs)
 
 
+TensorSpec = tuple[str, np.dtype[Any], tuple[int, ...], int, int]  # name, dtype, shape, start, end
+_LAYOUTS: dict[bytes, tuple[tuple[TensorSpec, ...], int]] = {}  # header -> (specs, data end)
+_MAX_LAYOUTS = 256  # distinct headers remembered (samples of one dataset share a few)
+
+
+def _parse_layout(header_bytes: bytes) -> tuple[TensorSpec, ...]:
+    """The tensors of a safetensors header, in the original array order."""
+    header = json.loads(header_bytes)
+    metadata = header.pop("__metadata__", {}) or {}
+    raw = json.loads(metadata.get(META_RAW, "{}"))
+    order = json.loads(metadata.get(META_ORDER, "null")) or sorted(header)
+    specs: list[TensorSpec] = []
+    for name in order:
+        spec = header[name]
+        start, end = (int(x) for x in spec["data_offsets"])
+        if name in raw:
+            dtype_str, shape = raw[name]
+            dtype = np.dtype(dtype_str)
+        else:
+            dtype, shape = _NUMPY_OF[spec["dtype"]], spec["shape"]
+        if end < start or (end - start) != dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+            raise ValueError(f"array {name!r}: data_offsets do not match its dtype and shape")
+        specs.append((name, dtype, tuple(int(x) for x in shape), start, end))
+    return tuple(specs)
+
+
+def safetensors_layout(
+    data: bytes | memoryview, where: str = "sample"
+) -> tuple[int, tuple[TensorSpec, ...]]:
+    """``(body_offset, specs)`` of safetensors bytes; parsed headers are remembered.
+
+    Samples of one dataset share a handful of distinct headers (same names, dtypes, shapes), so
+    the JSON parse is paid once per header, not once per sample.
+    """
+    view = memoryview(data)
+    try:
+        (header_len,) = struct.unpack_from("<Q", view, 0)
+        header_bytes = bytes(view[8 : 8 + header_len])
+        found = _LAYOUTS.get(header_bytes)
+        if found is None:
+            specs = _parse_layout(header_bytes)
+            found = specs, max((end for *_, end in specs), default=0)
+            if len(_LAYOUTS) >= _MAX_LAYOUTS:
+                _LAYOUTS.clear()
+            _LAYOUTS[header_bytes] = found
+    except (struct.error, ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise IntegrityError(f"{where}: invalid safetensors header ({exc})") from exc
+    body = 8 + header_len
+    if body + found[1] > len(view):
+        raise IntegrityError(f"{where}: safetensors data is shorter than its header says")
+    return body, found[0]
+
+
 def decode_safetensors(data: bytes | memoryview, where: str = "sample") -> dict[str, Any]:
     """Parse safetensors bytes into ``{name: ndarray}`` in the original order (zero-copy views).
 
     0-d unicode string arrays are returned as arrays; :func:`to_python_strings` converts them.
     """
-    view = memoryview(data)
-    try:
-        (header_len,) = struct.unpack_from("<Q", view, 0)
-        header = json.loads(bytes(view[8 : 8 + header_len]))
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise IntegrityError(f"{where}: invalid safetensors header ({exc})") from exc
-    metadata = header.pop("__metadata__", {}) or {}
-    raw = json.loads(metadata.get(META_RAW, "{}"))
-    order = json.loads(metadata.get(META_ORDER, "null")) or sorted(header)
-    body = view[8 + header_len :]
-    out: dict[str, Any] = {}
-    for name in order:
-        spec = header[name]
-        start, end = spec["data_offsets"]
-        buf = body[start:end]
-        if name in raw:
-            dtype_str, shape = raw[name]
-            out[name] = np.frombuffer(buf, dtype=np.dtype(dtype_str)).reshape(shape)
-        else:
-            out[name] = np.frombuffer(buf, dtype=_NUMPY_OF[spec["dtype"]]).reshape(spec["shape"])
-    return out
+    body, specs = safetensors_layout(data, where)
+    view = memoryview(data)[body:]
+    return {
+        name: np.frombuffer(view[start:end], dtype=dtype).reshape(shape)
+        for name, dtype, shape, start, end in specs
+    }
 
 
 class Encoder:
@@ -162,13 +200,27 @@ class Decoder:
         self._dctx = zstandard.ZstdDecompressor()
 
     def decompress(self, payload: bytes | memoryview, where: str = "sample") -> bytes:
+        # No bytes after the frame: a payload is exactly one frame.
         try:
-            return self._dctx.decompress(payload)
+            return self._dctx.decompress(payload, allow_extra_data=False)
         except zstandard.ZstdError as exc:
             raise IntegrityError(f"{where}: zstd frame is corrupt ({exc})") from exc
 
     def decode(self, payload: bytes | memoryview, where: str = "sample") -> dict[str, Any]:
         return decode_safetensors(self.decompress(payload, where), where)
+
+
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def frame_has_checksum(payload: bytes | memoryview) -> bool:
+    """Whether ``payload`` is a zstd frame carrying a content checksum (checked on decompress).
+
+    The frame header descriptor's bit 2 says so. Such a payload needs no separate CRC-32 pass
+    before decoding: a damaged frame fails to decompress or fails its checksum, which the
+    decoder reports as :class:`IntegrityError` (Encoder always writes the checksum).
+    """
+    return len(payload) > 4 and payload[:4] == ZSTD_MAGIC and bool(payload[4] & 0x04)
 
 
 def payload_checksum(payload: bytes | memoryview) -> int:

@@ -19,7 +19,7 @@ import torch
 from torch.utils.data import default_collate, get_worker_info
 
 from ..errors import FormatError, IntegrityError
-from ..format.codec import Decoder, decode_safetensors
+from ..format.codec import Decoder, TensorSpec, decode_safetensors, safetensors_layout
 
 RefetchFn = Callable[[int], bytes]
 WhereFn = Callable[[int], str]
@@ -68,8 +68,24 @@ class PayloadDecoder:
         except IntegrityError as exc:
             raise IntegrityError(f"{self._where(row)}: {exc} (on two reads)") from exc
 
+    def where(self, row: int) -> str:
+        return self._where(row)
+
+    def layout(self, row: int, raw: bytes) -> tuple[int, tuple[TensorSpec, ...]]:
+        """``(body offset, tensor specs)`` of decompressed bytes (headers are parsed once)."""
+        try:
+            return safetensors_layout(raw, "decoded payload")
+        except IntegrityError as exc:  # the location is built only when needed
+            raise IntegrityError(f"{self._where(row)}: {exc}") from exc
+
+    def arrays_of(self, row: int, raw: bytes) -> dict[str, np.ndarray[Any, Any]]:
+        try:
+            return decode_safetensors(raw, "decoded payload")
+        except IntegrityError as exc:
+            raise IntegrityError(f"{self._where(row)}: {exc}") from exc
+
     def arrays(self, row: int, payload: bytes | memoryview) -> dict[str, np.ndarray[Any, Any]]:
-        return decode_safetensors(self.raw(row, payload), self._where(row))
+        return self.arrays_of(row, self.raw(row, payload))
 
 
 def make_sample(
@@ -162,8 +178,94 @@ def new_batch_tensors(
     return out, index
 
 
+class _BatchSlots:
+    """One batch's destination: tensors (one shared allocation), string lists, and the byte
+    copies that move a sample with the first sample's header into row ``i``."""
+
+    def __init__(
+        self,
+        n: int,
+        specs: tuple[TensorSpec, ...],
+        drop_keys: frozenset[str],
+        shared: bool,
+        pool: BufferPool | None,
+    ) -> None:
+        # Shapes and dtypes come from the first sample (safetensors header); the others must
+        # match, as for default_collate's stack.
+        self.specs = specs
+        kept = [spec for spec in specs if spec[0] not in drop_keys]
+        self.order = [spec[0] for spec in kept]
+        self.lists: dict[str, list[Any]] = {}
+        self.strings: list[TensorSpec] = []
+        numeric: list[TensorSpec] = []
+        for spec in kept:
+            if spec[1].kind in "US":
+                self.lists[spec[0]] = []
+                self.strings.append(spec)
+            else:
+                numeric.append(spec)
+        made, self.buffer = new_batch_tensors(
+            [((n, *shape), torch_dtype(dtype)) for _, dtype, shape, _, _ in numeric], shared, pool
+        )
+        self.tensors = {spec[0]: t for spec, t in zip(numeric, made, strict=True)}
+        self.views = {name: t.numpy() for name, t in self.tensors.items()}
+        # (destination byte offset of row 0, bytes per row, source offset in the body)
+        self.copies: list[tuple[int, int, int]] = []
+        self.dest: memoryview | None = None
+        if made:
+            storage = made[0].untyped_storage()
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+            self.dest = whole.numpy().data
+            for (_, _, _, start, end), t in zip(numeric, made, strict=True):
+                if end > start:
+                    offset = int(t.storage_offset()) * t.element_size()
+                    self.copies.append((offset, end - start, start))
+
+    def fill(self, i: int, raw: bytes, body: int) -> None:
+        """Row ``i`` from a sample whose header equals the first sample's: plain byte copies."""
+        src = memoryview(raw)
+        dest = self.dest
+        if dest is not None:
+            for base, size, start in self.copies:
+                at = base + i * size
+                dest[at : at + size] = src[body + start : body + start + size]
+        for name, dtype, shape, start, end in self.strings:
+            value = np.frombuffer(src[body + start : body + end], dtype=dtype).reshape(shape)
+            self.lists[name].append(_as_sample_value(value))
+
+    def fill_checked(self, i: int, arrays: dict[str, np.ndarray[Any, Any]], where: str) -> None:
+        """Row ``i`` from a sample with another header: array by array, checking each."""
+        for name in self.order:
+            array = arrays.get(name)
+            if array is None:
+                raise FormatError(
+                    f"{where}: sample has no array {name!r} but the first sample of its batch "
+                    "has; pass transform= to reshape samples, or use a plain DataLoader with a "
+                    "custom collate_fn"
+                )
+            if name in self.lists:
+                self.lists[name].append(_as_sample_value(array))
+                continue
+            out = self.views[name]
+            if array.shape != out.shape[1:] or array.dtype != out.dtype:
+                raise FormatError(
+                    f"{where}: array {name!r} is {array.dtype.str}{list(array.shape)}, the first "
+                    f"sample of its batch has {out.dtype.str}{list(out.shape[1:])}; samples of "
+                    "one batch must match (pass transform= to pad or crop them)"
+                )
+            out[i] = array
+
+    def batch(self) -> dict[str, Any]:
+        return {name: self.tensors.get(name, self.lists.get(name)) for name in self.order}
+
+
 class BatchBuilder:
-    """Assembles one batch by decoding payloads directly into preallocated batch tensors."""
+    """Assembles one batch by decoding payloads directly into preallocated batch tensors.
+
+    Samples whose safetensors header is byte-identical to the batch's first (the usual case:
+    same names, dtypes and shapes) are copied into their rows as raw byte ranges, without
+    building an array per tensor; any other sample is checked array by array.
+    """
 
     def __init__(
         self,
@@ -185,62 +287,23 @@ class BatchBuilder:
         keys: Sequence[str] | None,
         meta: dict[str, Sequence[Any]],
     ) -> dict[str, Any]:
-        n = len(items)
-        tensors: dict[str, torch.Tensor] = {}
-        views: dict[str, np.ndarray[Any, Any]] = {}
-        lists: dict[str, list[Any]] = {}
-        order: list[str] = []
-        buffer = -1
+        slots: _BatchSlots | None = None
         for i, (row, payload) in enumerate(items):
-            arrays = decoder.arrays(row, payload)
-            if i == 0:
-                # Shapes and dtypes come from the first sample (safetensors header); the
-                # others must match, as for default_collate's stack.
-                numeric = []
-                for name, array in arrays.items():
-                    if name in self.drop_keys:
-                        continue
-                    order.append(name)
-                    if array.dtype.kind in "US":
-                        lists[name] = []
-                    else:
-                        numeric.append((name, (n, *array.shape), torch_dtype(array.dtype)))
-                made, buffer = new_batch_tensors(
-                    [(shape, dt) for _, shape, dt in numeric], self.shared, self.pool
-                )
-                for (name, _, _), t in zip(numeric, made, strict=True):
-                    tensors[name] = t
-                    views[name] = t.numpy()
-            for name in order:
-                found = arrays.get(name)
-                if found is None:
-                    raise FormatError(
-                        f"{decoder._where(row)}: sample has no array {name!r} but the first "
-                        "sample of its batch has; pass transform= to reshape samples, or use "
-                        "a plain DataLoader with a custom collate_fn"
-                    )
-                array = found
-                if name in lists:
-                    lists[name].append(_as_sample_value(array))
-                    continue
-                out = views[name]
-                if array.shape != out.shape[1:] or array.dtype != out.dtype:
-                    raise FormatError(
-                        f"{decoder._where(row)}: array {name!r} is {array.dtype.str}"
-                        f"{list(array.shape)}, the first sample of its batch has "
-                        f"{out.dtype.str}{list(out.shape[1:])}; samples of one batch must match "
-                        "(pass transform= to pad or crop them)"
-                    )
-                out[i] = array
-        batch: dict[str, Any] = {}
-        for name in order:
-            batch[name] = tensors[name] if name in tensors else lists[name]
+            raw = decoder.raw(row, payload)
+            body, specs = decoder.layout(row, raw)
+            if slots is None:
+                slots = _BatchSlots(len(items), specs, self.drop_keys, self.shared, self.pool)
+            if specs is slots.specs or specs == slots.specs:
+                slots.fill(i, raw, body)
+            else:
+                slots.fill_checked(i, decoder.arrays_of(row, raw), decoder.where(row))
+        batch = slots.batch() if slots is not None else {}
         if keys is not None:
             batch["__key__"] = list(keys)
         for name, values in meta.items():
             batch[name] = default_collate(list(values))
-        if buffer >= 0:
-            batch[BUFFER_KEY] = buffer
+        if slots is not None and slots.buffer >= 0:
+            batch[BUFFER_KEY] = slots.buffer
         return batch
 
 

@@ -26,7 +26,6 @@ from ..store import Store
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
 from .ddp import dist_info
 from .plan import (
-    DEFAULT_CHUNK_SIZE,
     DEFAULT_INTERLEAVE,
     DEFAULT_MAX_PAD_FRACTION,
     DEFAULT_SHUFFLE_BUFFER,
@@ -170,10 +169,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             seed=seed,
             shuffle=(not exact) if shuffle is None else shuffle,
             max_pad_fraction=max_pad_fraction,
-            # At most DEFAULT_CHUNK_SIZE samples unless asked: bigger chunks mean bigger requests
-            # but batches that mix fewer partitions (a chunk is read in order).
-            chunk_size=chunk_size
-            or min(DEFAULT_CHUNK_SIZE, request_chunk_size(self.table, self.read_options)),
+            # At most DEFAULT_CHUNK_SIZE samples unless asked (ReadOptions.request_bytes).
+            chunk_size=chunk_size or request_chunk_size(self.table, self.read_options),
             interleave=interleave,
             shuffle_buffer=shuffle_buffer,
             exact=exact,

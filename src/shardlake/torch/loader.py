@@ -4,6 +4,7 @@ batches inside the DataLoader workers, resumes exactly (torch.distributed.checkp
 
 from __future__ import annotations
 
+import gc
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, replace
@@ -186,7 +187,7 @@ class ShardLoader:
         loader = DataLoader(
             stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **options
         )
-        it = iter(loader)
+        it = _start_workers(loader)
         try:
             while True:
                 error: BaseException | None = None
@@ -213,6 +214,20 @@ class ShardLoader:
             del it
         # A complete pass: the next iteration is the next epoch.
         self.cursor = Cursor(self.cursor.epoch + 1)
+
+
+def _start_workers(loader: DataLoader[Any]) -> Iterator[Any]:
+    """``iter(loader)``, with the parent's objects frozen while the workers are forked.
+
+    A forked worker's garbage collector would otherwise walk (and so copy-on-write) every page
+    of the parent's objects; frozen objects are left alone in the children. The parent
+    unfreezes at once, so its own collection is unchanged.
+    """
+    gc.freeze()
+    try:
+        return iter(loader)
+    finally:
+        gc.unfreeze()
 
 
 def _release(

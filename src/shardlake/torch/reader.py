@@ -9,10 +9,13 @@ request of several MB and a sparse selection fetches little beyond its members. 
 ``max_inflight`` chunks (sized from a throughput target) are fetched by a thread pool while the
 caller decodes; read-ahead stops when ``max_buffer_bytes`` of payloads are held.
 
-Retries of failed requests belong to the store layer (its retry policy). The reader checks each
-payload against the manifest's CRC-32 as it arrives and re-reads a mismatching payload once
-(:meth:`SlotReader.refetch`, also used when a zstd frame fails its checksum at decode time);
-a second mismatch is an ``IntegrityError`` naming the store URL, shard, key and offset.
+Retries of failed requests belong to the store layer (its retry policy). Integrity is checked
+once per payload: a zstd frame carrying a content checksum (every frame shardlake writes) is
+verified while it is decompressed, so the loader makes no separate CRC-32 pass over it; other
+payloads, and those bound for the epoch cache, are checked against the manifest's CRC-32 as
+they arrive. A payload failing either check is re-read once (:meth:`SlotReader.refetch`, which
+checks the CRC-32); a second mismatch is an ``IntegrityError`` naming the store URL, shard, key
+and offset.
 
 With an :class:`~shardlake.read.cache.EpochCache`, payloads are looked up there first and the
 fetched ones are stored there (after their CRC check) for the next epoch.
@@ -29,11 +32,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import IntegrityError
-from ..format.codec import payload_checksum
+from ..format.codec import frame_has_checksum, payload_checksum
 from ..read.cache import EpochCache
 from ..store import Store
+from .plan import DEFAULT_CHUNK_SIZE
 
 MiB = 1 << 20
+DEFAULT_REQUEST_BYTES = 8 * MiB
 Payload = bytes | memoryview
 
 
@@ -44,13 +49,16 @@ class ReadOptions:
     ``request_bytes`` is the target size of one ranged GET (AWS recommends 8-16 MB ranges); the
     loader cuts the plan's chunks to about this much payload, so a worker holds about
     ``interleave * request_bytes`` of payload while it reads ``interleave`` chunks at a time.
+    Left at ``None``, the target is :data:`DEFAULT_REQUEST_BYTES` but a chunk holds at most
+    ``DEFAULT_CHUNK_SIZE`` samples (a chunk is read in order, so longer chunks mix fewer
+    partitions into a batch); set it to get requests of that size whatever the sample size.
     ``max_skim_fraction`` bounds the unselected bytes a coalesced request reads over, relative
     to its selected bytes; gaps up to ``skim_gap`` (tar headers between consecutive members) are
     always read over. ``max_inflight`` chunk fetches run at once: by default enough to sustain
     ``target_bytes_per_s`` at ``connection_bytes_per_s`` per connection.
     """
 
-    request_bytes: int = 8 * MiB
+    request_bytes: int | None = None
     max_skim_fraction: float = 0.1
     skim_gap: int = 8 * 1024
     target_bytes_per_s: float = 1e9  # per worker
@@ -83,9 +91,15 @@ class RowTable:
 
 
 def request_chunk_size(table: RowTable, options: ReadOptions) -> int:
-    """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET."""
+    """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET.
+
+    With ``request_bytes`` unset: :data:`DEFAULT_REQUEST_BYTES`, at most ``DEFAULT_CHUNK_SIZE``
+    samples.
+    """
+    target = options.request_bytes or DEFAULT_REQUEST_BYTES
     mean = float(table.size.mean()) if len(table) else 1.0
-    return max(1, min(4096, round(options.request_bytes / max(mean, 1.0))))
+    samples = max(1, min(4096, round(target / max(mean, 1.0))))
+    return samples if options.request_bytes else min(DEFAULT_CHUNK_SIZE, samples)
 
 
 def selection_members(table: RowTable) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:
@@ -215,12 +229,23 @@ class SlotReader:
                 rel = offsets[i] - start
                 row = missing[i]
                 payload: Payload = view[rel : rel + sizes[i]]
-                if len(payload) != sizes[i] or payload_checksum(payload) != int(t.crc32[row]):
+                if len(payload) != sizes[i] or not self._trusted(payload, row):
                     payload = self.refetch(row)
                 out[row] = payload
                 if cache is not None:
                     cache.put(*self._member(row), payload)
         return out
+
+    def _trusted(self, payload: Payload, row: int) -> bool:
+        """Whether ``payload`` may go to the decoder without a CRC-32 pass of its own.
+
+        A zstd frame with a content checksum is checked while it is decompressed (a bad one is
+        re-read through :meth:`refetch`), so a second pass over its bytes here is waste. A payload
+        bound for the epoch cache is checked now: the cache must never keep bad bytes.
+        """
+        if self.cache is None and frame_has_checksum(payload):
+            return True
+        return payload_checksum(payload) == int(self.table.crc32[row])
 
     def refetch(self, row: int) -> bytes:
         """Re-read one payload from the store once; ``IntegrityError`` if it still mismatches.

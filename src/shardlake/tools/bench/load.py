@@ -19,7 +19,14 @@ from typing import Any
 
 from ...errors import UsageError
 from ...progress import Progress
-from .measure import MB, MemorySampler, machine_info, rate
+from .measure import (
+    MB,
+    MemorySampler,
+    decode_cpu_s_per_sample,
+    machine_info,
+    process_tree_cpu_s,
+    rate,
+)
 
 
 def bench_load(
@@ -88,6 +95,7 @@ def bench_load(
         mixing = mixing_summary(ds, num_workers=num_workers, rank=rank)
         selection_payload = int(ds.table.size.sum())
         loader = ds.loader()
+        cpu0, sampler0 = process_tree_cpu_s(), mem.cpu_s
         samples = batches = decoded = 0
         # Rates exclude the first batch: its cost is startup, reported as time to first batch.
         first_samples = first_decoded = 0
@@ -123,6 +131,8 @@ def bench_load(
                 break
         seconds = time.perf_counter() - t_first
         bar.close()
+        # Less the memory sampler's own CPU (it reads every process's smaps).
+        loader_cpu = process_tree_cpu_s() - cpu0 - (mem.cpu_s - sampler0)
         mem.stop()
         # Payload of the yielded samples, estimated from the selection's mean member size.
         mean_member = selection_payload / max(1, len(ds.table))
@@ -166,7 +176,33 @@ def bench_load(
             result["requests_by_op"] = log["by_op"]
             # > 1: reads beyond the members (tar headers skimmed, manifests); ~1: exact.
             result["fetched_per_payload"] = round(fetched / payload, 3) if payload else None
+        result["goals"] = load_goals(result, ds, loader_cpu / max(1, samples))
         return result
     finally:
         mem.stop()
         os.unlink(log_path)
+
+
+def load_goals(result: dict[str, Any], ds: Any, loader_cpu_s: float) -> dict[str, Any]:
+    """Issue #14's loader goals, measured here: decode limit and request size.
+
+    The decode limit is zstd + safetensors decoding of the selection's payloads (already in
+    memory) on every core of this machine; ``decode_share_of_loader_cpu`` is the fraction of the
+    loader's CPU per sample (main process and workers) that decoding needs.
+    """
+    decode_s = decode_cpu_s_per_sample(ds.store, ds.table)
+    cores = os.cpu_count() or 1
+    limit = cores / decode_s if decode_s > 0 else None
+    goals: dict[str, Any] = {
+        "decode_limit_samples_per_s": round(limit, 1) if limit else None,
+        "loader_cpu_ms_per_sample": round(loader_cpu_s * 1e3, 3),
+        "decode_cpu_ms_per_sample": round(decode_s * 1e3, 3),
+        "decode_share_of_loader_cpu": round(decode_s / loader_cpu_s, 3) if loader_cpu_s else None,
+        "loader_vs_decode_limit": round(result["samples_per_s"] / limit, 3) if limit else None,
+        "loader_vs_decode_limit_goal": 0.75,
+    }
+    reads = sum(n for op, n in result.get("requests_by_op", {}).items() if op.startswith("read"))
+    if reads:
+        goals["mean_mb_per_request"] = round(result["bytes_fetched"] / reads / MB, 3)
+        goals["mean_mb_per_request_goal"] = 4.0
+    return goals

@@ -7,12 +7,49 @@ import platform
 import resource
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ...store import Store
 
 MB = 1_000_000
+
+
+def process_tree_cpu_s() -> float:
+    """CPU seconds of this process and its waited-for children (DataLoader or pack workers)."""
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def decode_cpu_s_per_sample(store: Store, table: Any, samples: int = 64) -> float:
+    """CPU seconds to decode one payload (zstd + safetensors), over up to ``samples`` of ``table``.
+
+    The payloads are fetched first; only the decoding is timed, on this thread.
+    """
+    import numpy as np
+
+    from ...format.codec import Decoder, decode_safetensors
+
+    n = len(table)
+    if n == 0:
+        return 0.0
+    rows = np.linspace(0, n - 1, min(samples, n)).astype(np.int64)
+    spans = [
+        (
+            table.shard_keys[int(table.shard[r])],
+            int(table.offset[r]),
+            int(table.offset[r] + table.size[r]),
+        )
+        for r in rows
+    ]
+    payloads = store.read_ranges(spans)
+    decoder = Decoder()
+    c0 = time.process_time()
+    for payload in payloads:
+        decode_safetensors(decoder.decompress(payload))
+    return (time.process_time() - c0) / len(payloads)
 
 
 def peak_rss_bytes(children: bool = False) -> int:
@@ -60,12 +97,16 @@ class MemorySampler:
     """Peak RSS and PSS of the process tree, sampled every ``interval`` s on a thread.
 
     Use as a context manager around the measured work; read ``peak_rss``/``peak_pss`` after.
+    A sample reads every process's ``smaps`` (tens of ms of CPU with DataLoader workers), so
+    sampling is sparse and ``cpu_s`` (this sampler's own CPU time) lets a caller take it out of
+    the CPU it charges to the measured work.
     """
 
-    def __init__(self, interval: float = 0.2) -> None:
+    def __init__(self, interval: float = 1.0) -> None:
         self.interval = interval
         self.peak_rss = 0
         self.peak_pss = 0
+        self.cpu_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="shardlake-mem", daemon=True)
 
@@ -78,8 +119,10 @@ class MemorySampler:
         self.peak_pss = max(self.peak_pss, now[1])
 
     def _run(self) -> None:
+        start = time.thread_time()
         while not self._stop.is_set():
             self.sample()
+            self.cpu_s = time.thread_time() - start
             self._stop.wait(self.interval)
 
     def start(self) -> MemorySampler:

@@ -69,6 +69,42 @@ def stage_costs(source: Path, files: list[Path], level: int = 3) -> dict[str, fl
     return {name: round(1000 * value / n, 3) for name, value in totals.items()}
 
 
+GOAL_VS_WEBDATASET = 2.0
+GOAL_VS_FLOOR = 0.8
+
+
+def stage_ceilings(costs: dict[str, float]) -> dict[str, float]:
+    """Per-frame ms of the floor, of shardlake's stages and of the np.load baseline, and the
+    best ratios these stage costs allow (no I/O wait, no per-partition overhead).
+
+    floor = fastest inflate + safetensors encode + zstd; shardlake adds source hashing and the
+    verification of every sample (a zstd decompression + memcmp); the webdataset baseline reads
+    with ``np.load`` and encodes like shardlake.
+    """
+    floor = costs["npz_inflate"] + costs["safetensors_encode"] + costs["zstd"]
+    ours = floor + costs["read+sha256"] + costs["verify"]
+    baseline = costs["np.load"] + costs["safetensors_encode"] + costs["zstd"]
+    return {
+        "floor_ms": round(floor, 3),
+        "shardlake_ms": round(ours, 3),
+        "webdataset_ms": round(baseline, 3),
+        "ceiling_vs_floor": round(floor / ours, 3) if ours else 0.0,
+        "ceiling_vs_webdataset": round(baseline / ours, 3) if ours else 0.0,
+    }
+
+
+def pack_goals(costs: dict[str, float], samples_per_s_1_worker: float) -> dict[str, Any]:
+    """Issue #14's pack goals as far as one machine without webdataset can measure them."""
+    ceilings = stage_ceilings(costs)
+    floor_rate = 1000.0 / ceilings["floor_ms"] if ceilings["floor_ms"] else 0.0
+    return {
+        **ceilings,
+        "pack_vs_floor": round(samples_per_s_1_worker / floor_rate, 3) if floor_rate else None,
+        "pack_vs_floor_goal": GOAL_VS_FLOOR,
+        "ceiling_vs_webdataset_goal": GOAL_VS_WEBDATASET,
+    }
+
+
 def pick_calibration(partitions: list[Any], k: int) -> list[Any]:
     """``k`` partitions spread over the size range (smallest, largest and quantiles between)."""
     ordered = sorted(partitions, key=lambda p: (p.npz_bytes, p.path))
@@ -211,6 +247,9 @@ def bench_pack(
         result["cost_model"] = model.to_json()
         files = [src / f.npz for part in chosen for f in part.files][:stage_frames]
         result["stage_ms_per_frame"] = stage_costs(src, files)
+        result["goals"] = pack_goals(
+            result["stage_ms_per_frame"], result["calibration"]["samples_per_s_1_worker"] or 0.0
+        )
 
         if corpus_sizes is not None:
             sizes, corpus_name = corpus_sizes, str(corpus)
