@@ -46,6 +46,19 @@ def s3_error(code: str, status: int) -> BaseException:
     return translated
 
 
+def payload_error_from_content_length() -> BaseException:
+    """What aiohttp raises for a body cut short: ClientPayloadError from ContentLengthError."""
+    from aiohttp.http_exceptions import ContentLengthError
+
+    try:
+        try:
+            raise ContentLengthError("Not enough data to satisfy content length header")
+        except ContentLengthError as inner:
+            raise aiohttp.client_exceptions.ClientPayloadError("payload not completed") from inner
+    except aiohttp.client_exceptions.ClientPayloadError as outer:
+        return outer
+
+
 CASES = [
     # botocore / s3fs
     (FlexibleChecksumError(error_msg="Expected checksum AAAA did not match BBBB"), "transient"),
@@ -71,6 +84,7 @@ CASES = [
     (ChecksumError("md5 mismatch"), "transient"),
     (aiohttp.client_exceptions.ServerDisconnectedError(), "ambiguous"),
     (aiohttp.client_exceptions.ClientPayloadError("truncated"), "ambiguous"),
+    (payload_error_from_content_length(), "ambiguous"),  # its cause carries code 400
     # local disk and NFS
     (OSError(errno.ESTALE, "Stale file handle"), "transient"),
     (OSError(errno.EIO, "Input/output error"), "ambiguous"),
