@@ -149,6 +149,8 @@ def test_inner_library_retries_are_off(store_servers) -> None:
     gcs = store_servers.get("gcs")
     fs = open_store(gcs.url("inner"), gcs.storage_options).fs
     assert fs.requests_timeout.sock_read == 30.0
+    short = open_store(s3.url("inner"), dict(s3.storage_options, retry_deadline=4))
+    assert short.fs.config_kwargs["read_timeout"] == 4.0  # never longer than the deadline
     assert type(fs).__name__ == "SingleTryGCSFileSystem"
 
 

@@ -86,5 +86,5 @@ def make_backend(
         ) from None
     backend = cls(fs, root)
     if read_client == "obstore" and isinstance(backend, S3Backend):
-        backend.fast_reads = ObstoreReads(storage_options, policy.attempt_timeout)
+        backend.fast_reads = ObstoreReads(storage_options, policy.request_timeout)
     return backend

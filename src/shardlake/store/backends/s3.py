@@ -70,8 +70,8 @@ class S3Backend(BucketBackend):
         options = dict(storage_options)
         config = dict(options.get("config_kwargs") or {})
         config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
-        config.setdefault("connect_timeout", policy.attempt_timeout)
-        config.setdefault("read_timeout", policy.attempt_timeout)
+        config.setdefault("connect_timeout", policy.request_timeout)
+        config.setdefault("read_timeout", policy.request_timeout)
         options["config_kwargs"] = config
         fs = fsspec.filesystem(protocol, **options)
         fs.retries = 1
