@@ -18,7 +18,6 @@ import io
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -29,24 +28,11 @@ from shardlake.format.layout import manifest_key, partition_id, shard_key, short
 from shardlake.format.manifest import ManifestMeta, build_manifest_table, write_manifest
 from shardlake.format.tar import ShardWriter
 from shardlake.keysets import create_keyset
-from shardlake.store import Store, open_store
+from shardlake.store import RequestCounter, Store, open_store
 from shardlake.torch import ShardDataset
 from shardlake.versions import load_version, publish_version, read_state
 
 RECIPE = {"codec": "safetensors+zstd", "format_version": 1, "level": 3, "seed": 0, "shard_size": 1}
-
-
-def _count_requests() -> Counter[str]:
-    """Count every store operation in this process (by op name)."""
-    calls: Counter[str] = Counter()
-    real = Store._call
-
-    def counted(self: Store, op: str, key: str, fn: Any) -> Any:
-        calls[op] += 1
-        return real(self, op, key, fn)
-
-    Store._call = counted  # type: ignore[method-assign]
-    return calls
 
 
 def _partition(store: Store, path: str, samples: int, encoder: Encoder) -> dict[str, Any]:
@@ -112,20 +98,22 @@ def build_root(url: str, partitions: int, per_partition: int) -> Store:
     return store
 
 
-def measure(url: str, partitions: int, per_partition: int, calls: Counter[str]) -> dict[str, Any]:
+def measure(url: str, partitions: int, per_partition: int) -> dict[str, Any]:
     started = time.perf_counter()
     store = build_root(url, partitions, per_partition)
     out: dict[str, Any] = {"N": partitions, "samples": partitions * per_partition}
     out["build_s"] = time.perf_counter() - started
-    calls.clear()
+    counter = RequestCounter()  # every store request below, by operation
+    calls = counter.requests
+    counted = store.with_layers(counter)
     started = time.perf_counter()
-    ds = ShardDataset(url, "v1", batch_size=1, num_workers=0)
+    ds = ShardDataset(counted, "v1", batch_size=1, num_workers=0)
     next(iter(ds))
     out["startup_s"] = time.perf_counter() - started
     out["startup_requests"] = sum(calls.values())
     calls.clear()
     started = time.perf_counter()
-    create_keyset(url, "turns", version="v1", where="scenario = 'turn'")
+    create_keyset(counted, "turns", version="v1", where="scenario = 'turn'")
     out["keyset_where_s"] = time.perf_counter() - started
     out["keyset_requests"] = sum(calls.values())
     version = load_version(store, "v1")
@@ -136,7 +124,7 @@ def measure(url: str, partitions: int, per_partition: int, calls: Counter[str]) 
     body["partitions"] = [*version.partitions, entry]
     calls.clear()
     started = time.perf_counter()
-    publish_version(store, "v2", body, read_state(store))
+    publish_version(counted, "v2", body, read_state(counted))
     out["publish_plus_one_s"] = time.perf_counter() - started
     out["publish_plus_one_requests"] = sum(calls.values())
     return out
@@ -147,7 +135,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--samples-per-partition", type=int, default=3)
     args = parser.parse_args(argv)
-    calls = _count_requests()
     print("command: python benchmarks/scale.py " + " ".join(argv or sys.argv[1:]))
     cols = [
         "N",
@@ -164,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     print(" | ".join(cols))
     for n in args.partitions:
         with tempfile.TemporaryDirectory() as tmp:
-            row = measure(str(Path(tmp) / "root"), n, args.samples_per_partition, calls)
+            row = measure(str(Path(tmp) / "root"), n, args.samples_per_partition)
         print(
             " | ".join(f"{row[c]:.2f}" if isinstance(row[c], float) else str(row[c]) for c in cols)
         )
