@@ -7,9 +7,32 @@ exception means the same thing, the shardlake error also inherits it, so callers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ShardlakeError(Exception):
-    """Root of every error shardlake raises on purpose."""
+    """Root of every error shardlake raises on purpose.
+
+    Parameters
+    ----------
+    *args
+        The message (and any further arguments the built-in base takes).
+    options
+        Names of the settings that would fix the problem, in library terms (keyword arguments
+        such as ``"shard_size"`` or ``"force"``); the CLI shows them as flags.
+    """
+
+    def __init__(self, *args: object, options: Sequence[str] = ()) -> None:
+        super().__init__(*args)
+        self.options: tuple[str, ...] = tuple(options)
+
+
+class NotFoundError(ShardlakeError, LookupError):
+    """A named thing (version tag, keyset, partition, sample key, stored object) does not exist."""
+
+
+class ConflictError(ShardlakeError, FileExistsError):
+    """Another writer got there first (name taken, commit sequence advanced); re-run to retry."""
 
 
 # --- usage and input -------------------------------------------------------------------------
@@ -50,11 +73,11 @@ class StoreError(ShardlakeError, OSError):
     """A storage operation failed."""
 
 
-class KeyNotFoundError(StoreError, FileNotFoundError):
+class KeyNotFoundError(StoreError, NotFoundError, FileNotFoundError):
     """The key does not exist in the store."""
 
 
-class AlreadyExistsError(StoreError, FileExistsError):
+class AlreadyExistsError(StoreError, ConflictError):
     """A create-if-absent write lost: the key already exists."""
 
 
@@ -98,16 +121,8 @@ class CredentialsRejectedError(StorePermissionError):
 # --- datasets --------------------------------------------------------------------------------
 
 
-class NotFoundError(ShardlakeError, LookupError):
-    """A named thing (version tag, keyset, partition, sample key) does not exist."""
-
-
 class VersionNotFoundError(NotFoundError):
     """The version tag is unknown in this root."""
-
-
-class ConflictError(ShardlakeError, FileExistsError):
-    """Another writer published first (tag taken, commit sequence advanced); re-run to retry."""
 
 
 class IntegrityError(ShardlakeError, OSError):
@@ -116,7 +131,3 @@ class IntegrityError(ShardlakeError, OSError):
 
 class PackWorkerError(ShardlakeError, RuntimeError):
     """One or more partition builds failed or their worker died; nothing was published."""
-
-
-class VerificationError(ShardlakeError, ValueError):
-    """A dataset does not match its source, its manifests or its version documents."""

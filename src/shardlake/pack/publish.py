@@ -35,8 +35,9 @@ def publish(
             if state.gc_locked():
                 raise ConflictError(
                     f"{store.url}: {describe_lock(state.gc_lock)}; nothing was published by this "
-                    "run - re-run after that (finished revisions are reused), or run "
-                    "`shardlake gc --break-lock` if that gc is dead"
+                    "run - re-run after that (finished revisions are reused), or break the gc "
+                    "lock if that gc is dead",
+                    options=("break_lock",),
                 ) from exc
             if tag in state.versions or tag in state.retired:
                 raise ConflictError(

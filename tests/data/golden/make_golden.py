@@ -21,8 +21,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 # Each name was written once by the code of its time and is never rewritten:
-# v1: format 1 as first specified; v1-manifest-digests: entries carry manifest_sha256/size.
-ROOTS = ("v1", "v1-manifest-digests")
+# v1: format 1 as first specified; v1-manifest-digests: entries carry manifest_sha256/size;
+# v1-record-digests: commit records carry record_sha256, keysets shardlake.content_sha256.
+ROOTS = ("v1", "v1-manifest-digests", "v1-record-digests")
 
 
 def array_digest(value: Any) -> str:
