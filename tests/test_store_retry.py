@@ -270,3 +270,24 @@ def test_unsettled_publish_says_outcome_unknown(tmp_path) -> None:
     assert "outcome unknown; run `shardlake versions` to see whether v1 exists" in message
     assert "nothing was published" not in message
     assert "v1" in read_state(plain).versions  # it was in fact published
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_silently_truncated_ranges_are_read_again(store_servers, seed: int) -> None:
+    # The proxy sends half the body with a matching Content-Length: the HTTP layer sees a
+    # complete reply. A short range inside the object is retried, never returned.
+    s3 = store_servers.get("s3")
+    blob = bytes(range(256)) * 400  # 102400 bytes
+    open_store(s3.url(f"trunc-{seed}"), s3.storage_options).write("blob", blob)
+    with FaultProxy(s3.endpoint_url, rate=0.5, seed=seed, kinds=("truncate",)) as proxy:
+        store = open_store(
+            s3.url(f"trunc-{seed}"),
+            proxy.storage_options(s3.storage_options),
+            retry=RetryPolicy(base_delay=0.001, max_delay=0.01, deadline=30),
+        )
+        for start in range(0, 100000, 9999):
+            assert store.read_range("blob", start, start + 5000) == blob[start : start + 5000]
+        ranges = [("blob", s, s + 3000) for s in range(0, 99000, 7000)]
+        assert store.read_ranges(ranges) == [blob[s:e] for _, s, e in ranges]
+        assert store.read_range("blob", 100000, 200000) == blob[100000:]  # clipped, not short
+        assert proxy.injected["truncate"] > 0
