@@ -291,3 +291,18 @@ def test_silently_truncated_ranges_are_read_again(store_servers, seed: int) -> N
         assert store.read_ranges(ranges) == [blob[s:e] for _, s, e in ranges]
         assert store.read_range("blob", 100000, 200000) == blob[100000:]  # clipped, not short
         assert proxy.injected["truncate"] > 0
+
+
+def test_streaming_upload_parts_are_retried(store_servers) -> None:
+    # Every request of a multipart upload (create, parts, complete) meets 500s and 503s.
+    s3 = store_servers.get("s3")
+    part = int(s3.storage_options["default_block_size"])
+    blob = bytes(range(256)) * (2 * part // 256 + 100)
+    with FaultProxy(s3.endpoint_url, rate=0.4, seed=5, kinds=("500", "503")) as proxy:
+        options = proxy.storage_options(s3.storage_options)
+        store = open_store(s3.url("streamed"), options, retry=FAST)
+        with store.open_writer("shard.tar") as out:
+            for start in range(0, len(blob), 1 << 20):
+                out.write(blob[start : start + (1 << 20)])
+        assert proxy.injected["500"] + proxy.injected["503"] > 0
+    assert open_store(s3.url("streamed"), s3.storage_options).read("shard.tar") == blob
