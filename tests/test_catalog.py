@@ -223,3 +223,22 @@ def test_verify_offsets_reports_a_catalog_that_disagrees_with_a_manifest(
     assert [p.message for p in report.problems] == [
         "the version's catalog rows (2) differ from the manifest's"
     ]
+
+
+def test_versions_reads_record_headers_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, store = tmp_path / "src", open_store(str(tmp_path / "root"))
+    _pack_logs(src, store, "v1", ["a", "b"], None)
+    _pack_logs(src, store, "v2", ["c"], "v1")
+    keys: list[str] = []
+    real = Store._call
+
+    def recorded(self: Store, op: str, key: str, fn: Any) -> Any:
+        keys.append(key)
+        return real(self, op, key, fn)
+
+    monkeypatch.setattr(Store, "_call", recorded)
+    assert main(["versions", str(tmp_path / "root")]) == 0
+    assert "3 partitions" in capsys.readouterr().out
+    assert keys and not [k for k in keys if k.startswith("catalog/")]
