@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
-from shardlake.access import load_npz
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
+from shardlake.format.npz import load_npz
 from shardlake.keysets import create_keyset, load_keyset
 from shardlake.lifecycle import export_npz, export_version, remove, scrub
 from shardlake.store import Store, open_store

@@ -1,16 +1,22 @@
-"""Read side of a dataset root: one version, its manifests, and single-sample random access."""
+"""``Dataset``: one version of a dataset root, opened for reading.
+
+Its manifests (one parquet table per partition), sandboxed queries over them, selections, and
+sample access (single ranged reads for :meth:`Dataset.get`, batched multi-range reads for
+:meth:`Dataset.iter_samples`). :meth:`Dataset.to_torch` hands a selection to the loader.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import sql
 from .catalog import catalog_rows
 from .errors import FormatError, IntegrityError, NotFoundError
 from .format.codec import Decoder
@@ -19,13 +25,28 @@ from .read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from .store import Store, open_store
 from .versions import Version, load_version
 
+if TYPE_CHECKING:
+    from .selection import Selection
+    from .torch import ShardDataset
+
 _MANIFEST_READERS = 16
 # Payload bytes fetched per batched read in iter_samples (bounds memory).
 BATCH_BYTES = 64 * 2**20
 
 
 class Dataset:
-    """One version of a dataset root, opened for reading."""
+    """One version of a dataset root, opened for reading.
+
+    Get one from :meth:`shardlake.Root.dataset` (or :func:`open_dataset`). Thread-safe for
+    reading; manifests are read once and cached.
+
+    Parameters
+    ----------
+    store
+        The root's store.
+    version
+        The published version to read.
+    """
 
     def __init__(self, store: Store, version: Version) -> None:
         self.store = store
@@ -34,15 +55,31 @@ class Dataset:
         self._by_id = {p["id"]: p for p in self.partitions}
         self._manifests: dict[str, pa.Table] = {}
         self._key_index: dict[str, tuple[str, int]] | None = None
+        self._rows: pa.Table | None = None  # every catalog row, read on first use
         self._lock = threading.Lock()
         self._decoder = Decoder()
 
     def __repr__(self) -> str:
         return f"Dataset({self.store.url!r}, version={self.version.tag!r}, samples={self.version.samples})"
 
+    @property
+    def tag(self) -> str:
+        """The version's tag."""
+        return self.version.tag
+
+    @property
+    def hash(self) -> str:
+        """The version's hash (of its version document)."""
+        return self.version.hash
+
+    def __len__(self) -> int:
+        """The number of samples in the version."""
+        return self.version.samples
+
     # --- partitions and manifests --------------------------------------------------------------
 
     def partition(self, pid: str) -> dict[str, Any]:
+        """The version's entry of partition ``pid`` (:class:`NotFoundError` if it has none)."""
         try:
             return self._by_id[pid]
         except KeyError:
@@ -51,6 +88,7 @@ class Dataset:
             ) from None
 
     def shard_key(self, pid: str, shard_index: int) -> str:
+        """The store key of shard ``shard_index`` of partition ``pid``."""
         return str(self.partition(pid)["shards"][shard_index]["key"])
 
     def manifest(self, pid: str) -> pa.Table:
@@ -76,10 +114,17 @@ class Dataset:
     ) -> pa.Table:
         """All (or the given) partitions' manifest rows as one table, from the version's catalog
         (see :mod:`shardlake.catalog`); a few given partitions are read from their manifests."""
-        if pids is None or self.version.header.catalog is not None:
-            return catalog_rows(
-                self.store, self.version, columns, pids=None if pids is None else list(pids)
-            )
+        if pids is None:
+            # The version's rows are read once per Dataset (callers ask for the columns, then
+            # for rows): one pass over the catalog, then projections of it.
+            with self._lock:
+                if self._rows is None:
+                    self._rows = catalog_rows(self.store, self.version)
+                table = self._rows
+            cols = None if columns is None else [c for c in columns if c in table.column_names]
+            return table if cols is None else table.select(cols)
+        if self.version.header.catalog is not None:
+            return catalog_rows(self.store, self.version, columns, pids=list(pids))
         wanted = list(pids) if pids is not None else [p["id"] for p in self.partitions]
         with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
             tables = list(pool.map(self.manifest, wanted))
@@ -89,6 +134,63 @@ class Dataset:
         if not tables:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
+
+    # --- queries and selections --------------------------------------------------------------
+
+    def query(self, where: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """Manifest rows satisfying ``where`` (a sandboxed SQL boolean expression; None: all).
+
+        Parameters
+        ----------
+        where
+            Boolean expression over the manifest columns, e.g. ``"NOT is_skipped"``; columns
+            with dots need double quotes (``"skipping_info.label" = 3``).
+        columns
+            Columns to return (default: all).
+
+        Returns
+        -------
+        pyarrow.Table
+            The matching rows, in manifest order.
+        """
+        return sql.select(self.manifests(), where, columns)
+
+    def keys(self) -> list[str]:
+        """Every sample key of the version, in manifest order."""
+        return [str(k) for k in self.manifests(columns=["key"]).column("key").to_pylist()]
+
+    def select(
+        self,
+        *,
+        where: str | None = None,
+        keys: Iterable[str] | None = None,
+        keyset: str | None = None,
+    ) -> Selection:
+        """A :class:`~shardlake.Selection` of this version (at most one of the three)."""
+        from .selection import Selection
+
+        return Selection(
+            self, where=where, keys=None if keys is None else tuple(keys), keyset=keyset
+        )
+
+    def require_keys(self, keys: Sequence[str]) -> None:
+        """Raise :class:`NotFoundError` listing (up to 20) of ``keys`` the version lacks."""
+        missing = self.select(keys=keys).missing()
+        if missing:
+            raise NotFoundError(
+                f"{self.store.url}: version {self.version.tag!r} lacks {len(missing)} key(s): "
+                + ", ".join(repr(k) for k in missing[:20])
+            )
+
+    def to_torch(self, *, batch_size: int, **options: Any) -> ShardDataset:
+        """A :class:`shardlake.torch.ShardDataset` over this version (needs the torch extra).
+
+        ``options`` are those of ``ShardDataset``: a selection (``where``, ``keys``,
+        ``keyset``), ``seed``, ``shuffle``, ``num_workers``, ``rank``, ``world_size``, ...
+        """
+        from .torch import ShardDataset  # torch is imported only when asked for
+
+        return ShardDataset(self.store, self.version.tag, batch_size=batch_size, **options)
 
     # --- samples -----------------------------------------------------------------------------
 
@@ -140,18 +242,37 @@ class Dataset:
         )
 
     def get(self, key: str) -> dict[str, np.ndarray[Any, Any]]:
-        """The arrays of sample ``key`` (bit-exact: dtype, shape and bytes as packed)."""
+        """The arrays of sample ``key``, fetched with one ranged read and checked.
+
+        Parameters
+        ----------
+        key
+            The sample key: its source path without ``.npz``.
+
+        Returns
+        -------
+        dict[str, numpy.ndarray]
+            The arrays in their stored order, bit-exact (dtype, shape and bytes as packed).
+
+        Raises
+        ------
+        NotFoundError
+            The version has no sample ``key``.
+        IntegrityError
+            The stored bytes do not match their checksum (after one re-read).
+        """
         row = self.locate(key)
         return self._decoder.decode(self.read_payload(row), f"{self.store.url} key {key!r}")
 
     def iter_samples(
-        self, keys: Iterable[str], *, batch_bytes: int = BATCH_BYTES
+        self, keys: Iterable[str] | None = None, *, batch_bytes: int = BATCH_BYTES
     ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
-        """``(key, arrays)`` for a key list, fetching payloads in batched multi-range reads."""
+        """``(key, arrays)`` for ``keys`` (default: every sample, in manifest order), fetching
+        payloads in batched multi-range reads of about ``batch_bytes``."""
+        rows = self._all_rows() if keys is None else (self.locate(key) for key in keys)
         batch: list[dict[str, Any]] = []
         size = 0
-        for key in keys:
-            row = self.locate(key)
+        for row in rows:
             batch.append(row)
             size += int(row["size"])
             if size >= batch_bytes:
@@ -159,6 +280,11 @@ class Dataset:
                 batch, size = [], 0
         if batch:
             yield from self._fetch(batch)
+
+    def _all_rows(self) -> Iterator[dict[str, Any]]:
+        columns = ["key", "partition", "shard", "offset", "size", "crc32"]
+        for entry in self.partitions:
+            yield from self.manifest(entry["id"]).select(columns).to_pylist()
 
     def _fetch(
         self, rows: list[dict[str, Any]]

@@ -50,6 +50,7 @@ from .format.layout import (
     version_key,
 )
 from .format.manifest import entry_mismatches, parse_manifest
+from .read.verified import read_verified
 from .store import Store
 
 ROOT_SCHEMA = "shardlake.root/1"
@@ -173,11 +174,14 @@ def read_root_marker(store: Store) -> dict[str, Any] | None:
         data = store.read(ROOT_MARKER)
     except KeyNotFoundError:
         return None
-    doc = parse_json(data, store.key_url(ROOT_MARKER))
+    return parse_root_marker(data, store.key_url(ROOT_MARKER))
+
+
+def parse_root_marker(data: bytes, where: str) -> dict[str, Any]:
+    """The root marker document from its bytes; refused unless it is a shardlake root marker."""
+    doc = parse_json(data, where)
     if doc.get("format") != ROOT_SCHEMA:
-        raise FormatError(
-            f"{store.key_url(ROOT_MARKER)}: not a shardlake root (format {doc.get('format')!r})"
-        )
+        raise FormatError(f"{where}: not a shardlake root (format {doc.get('format')!r})")
     return doc
 
 
@@ -217,12 +221,45 @@ def read_state(store: Store) -> RootState:
     return read_commit(store, max(seqs))
 
 
+# A commit record's digest over its own content (docs/format.md, "Integrity"): nothing else
+# references the newest record, so it proves itself. Records written before it have none.
+RECORD_DIGEST = "record_sha256"
+
+
+def seal_record(record: Mapping[str, Any]) -> bytes:
+    """``record``'s bytes with :data:`RECORD_DIGEST` set: the sha256 of its canonical JSON."""
+    body = {k: v for k, v in record.items() if k != RECORD_DIGEST}
+    digest = hashlib.sha256(canonical_json(body)).hexdigest()
+    return canonical_json({**body, RECORD_DIGEST: digest})
+
+
+def parse_sealed(data: bytes, where: str) -> dict[str, Any]:
+    """A JSON document checked against its :data:`RECORD_DIGEST` (when it has one)."""
+    doc = parse_json(data, where)
+    digest = doc.get(RECORD_DIGEST)
+    if digest is None:
+        return doc
+    body = {k: v for k, v in doc.items() if k != RECORD_DIGEST}
+    if hashlib.sha256(canonical_json(body)).hexdigest() != digest:
+        raise FormatError(f"{where}: content does not match its {RECORD_DIGEST}")
+    return doc
+
+
+def read_commit_record(store: Store, seq: int) -> CommitRecord:
+    """Commit ``seq``, verified (digest, schema) before use; a mismatch is re-read, then refused."""
+    key = commit_key(seq)
+    where = store.key_url(key)
+
+    def check(data: bytes) -> CommitRecord:
+        return CommitRecord.from_json(parse_sealed(data, where), where, seq)
+
+    return read_verified(store, key, check)[0]
+
+
 def read_commit(store: Store, seq: int) -> RootState:
     if seq == 0:
         return RootState()
-    key = commit_key(seq)
-    where = store.key_url(key)
-    record = CommitRecord.from_json(parse_json(store.read(key), where), where, seq)
+    record = read_commit_record(store, seq)
     return RootState(
         seq=seq,
         versions=dict(record.versions),
@@ -248,7 +285,7 @@ def _commit(
         **detail,
     }
     try:
-        store.create(commit_key(base.seq + 1), canonical_json(record))
+        store.create(commit_key(base.seq + 1), seal_record(record))
     except AlreadyExistsError as exc:
         raise ConflictError(
             f"{store.url}: another writer committed (commit {base.seq + 1}) while this {op} ran; "
@@ -426,7 +463,9 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
             raise VersionNotFoundError(f"{store.url}: no live version {tag!r}")
     if base.latest in tags and not force:
         raise UsageError(
-            f"{store.url}: version {base.latest!r} is what 'latest' points to; pass --force to retire it"
+            f"{store.url}: version {base.latest!r} is what 'latest' points to; retiring it "
+            "needs force",
+            options=("force",),
         )
     versions = {t: h for t, h in base.versions.items() if t not in tags}
     latest = base.latest
@@ -460,12 +499,21 @@ def load_version(store: Store, tag: str = "latest", state: RootState | None = No
 
 
 def load_version_by_hash(store: Store, tag: str, version_hash: str) -> Version:
+    """The version document ``tag``/``version_hash``, checked against its hash before use
+    (a mismatch is re-read, then refused naming the document)."""
+    return load_version_bytes(store, tag, version_hash)[0]
+
+
+def load_version_bytes(store: Store, tag: str, version_hash: str) -> tuple[Version, bytes]:
+    """:func:`load_version_by_hash` and the verified bytes (export copies exactly these)."""
     key = version_key(tag, version_hash)
+    where = store.key_url(key)
     try:
-        data = store.read(key)
+        return read_verified(
+            store, key, lambda data: Version.parse(tag, version_hash, data, where, store)
+        )
     except KeyNotFoundError as exc:
-        raise FormatError(f"{store.key_url(key)}: version document missing") from exc
-    return Version.parse(tag, version_hash, data, store.key_url(key), store)
+        raise FormatError(f"{where}: version document missing") from exc
 
 
 def list_versions(store: Store) -> list[tuple[str, str, bool]]:

@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_json_flag, print_json
+from .common import add_json_flag, add_storage_flags, open_root, print_json
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -18,18 +18,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "no catalog: readers then read every manifest once per process. This writes a catalog "
         "for each such live version (idempotent; versions that have one are left alone).",
     )
-    p.add_argument("root", metavar="ROOT")
+    p.add_argument("root", metavar="ROOT", help="the dataset root (path or URL)")
     p.add_argument("--version", dest="tag", default=None, metavar="TAG", help="only this one")
     add_json_flag(p)
+    add_storage_flags(p)
     p.set_defaults(func=cmd_catalog)
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
     from ..catalog import attach_catalog
-    from ..store import open_store
     from ..versions import load_version, load_version_by_hash, read_state
 
-    store = open_store(args.root)
+    store = open_root(args).store
     if args.tag is not None:
         versions = [load_version(store, args.tag)]
     else:

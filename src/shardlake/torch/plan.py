@@ -299,8 +299,9 @@ def plan_leg(
             f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
             f"{layout.batch_size} leave {pad} slots to fill by replaying samples "
             f"({pad / max(basis, 1):.1%} of the epoch), more than max_pad_fraction="
-            f"{params.max_pad_fraction:g}; use a smaller batch_size (--batch-size) or fewer "
-            "ranks, or raise max_pad_fraction (--max-pad-fraction)"
+            f"{params.max_pad_fraction:g}; use a smaller batch_size or fewer ranks, or raise "
+            "max_pad_fraction",
+            options=("batch_size", "max_pad_fraction"),
         )
     shuffled = params.shuffle
     rng = _rng(params, epoch, layout, leg, "order") if shuffled else None

@@ -91,39 +91,16 @@ class SourceRows:
 def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
     """Resolve ``source``: open its version and select its manifest rows (the table set-up)."""
     ds = open_dataset(source.url, source.version, source.storage_options)
-    where, keyset, keys = source.where, source.keyset, source.keys
-    table = ds.manifests(columns=None if where else [*CORE_COLUMNS, *meta_columns])
-    missing = [c for c in meta_columns if c not in table.column_names]
+    columns = ds.manifests().column_names
+    missing = [c for c in meta_columns if c not in columns]
     if missing:
         raise SelectionError(
-            f"unknown meta_columns {', '.join(missing)}; manifest columns: "
-            f"{', '.join(table.column_names)}"
+            f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
         )
-    selection: dict[str, Any] = {"all": True}
-    if where is not None:
-        from ..sql import select
-
-        table, selection = select(table, where), {"where": where}
-    elif keyset is not None or keys is not None:
-        if keyset is not None:
-            from ..keysets import load_keyset
-
-            ks = load_keyset(ds.store, keyset)
-            ks.check_version(ds.version)
-            wanted, selection = ks.keys, {"keyset": keyset}
-        else:
-            wanted, selection = list(keys or ()), {"keys": len(keys or ())}
-        mask = pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string()))
-        table = table.filter(mask)
-        if table.num_rows != len(set(wanted)):
-            raise SelectionError(
-                f"{len(set(wanted)) - table.num_rows} selected key(s) are not in version "
-                f"{ds.version.tag!r} of {ds.store.url}"
-            )
-    if table.num_rows == 0:
-        raise SelectionError(
-            f"the selection is empty in version {ds.version.tag!r} of {ds.store.url}"
-        )
+    selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
+    wanted = [*CORE_COLUMNS, *meta_columns]
+    table = selected.rows(None if source.where else [c for c in wanted if c in columns])
+    selection = selected.describe()
     return SourceRows(
         source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
     )

@@ -22,8 +22,9 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 # Each name was written once by the code of its time and is never rewritten:
 # v1: format 1 as first specified; v1-manifest-digests: entries carry manifest_sha256/size;
+# v1-record-digests: commit records carry record_sha256, keysets shardlake.content_sha256;
 # v2-catalog: format 2, partitions and rows in the per-version catalog (docs/format.md).
-ROOTS = ("v1", "v1-manifest-digests", "v2-catalog")
+ROOTS = ("v1", "v1-manifest-digests", "v1-record-digests", "v2-catalog")
 
 
 def array_digest(value: Any) -> str:

@@ -59,9 +59,9 @@ def bench_load(
         store: Any = open_store(url, storage_options)
         if count_bytes:
             # Every request of every process (DataLoader workers too) appends one JSON line.
-            from ...testing.faults import FaultPlan, FaultyStore
+            from ...store import RequestCounter
 
-            store = FaultyStore.wrap(store, FaultPlan(log_path=log_path))
+            store = store.with_layers(RequestCounter(log_path))
         t_open = time.perf_counter()
         ds = ShardDataset(
             store,
@@ -143,9 +143,9 @@ def bench_load(
             "mixing": mixing,
         }
         if count_bytes:
-            from ...testing.faults import summarize_log
+            from ...store.layers import summarize_request_log
 
-            log = summarize_log(log_path)
+            log = summarize_request_log(log_path)
             fetched = int(log["bytes_read"])
             result["bytes_fetched"] = fetched
             result["requests"] = log["requests"]
