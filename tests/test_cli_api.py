@@ -4,6 +4,8 @@ that opens a root takes storage options, and library errors reach the user as fl
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -61,7 +63,7 @@ def test_flag_advice_spells_flags() -> None:
 
 
 def test_library_options_become_flag_advice_without_traceback(
-    tmp_path: object, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     root = str(tmp_path)
     assert main(["get", root]) == 2  # UsageError(options=("keys",)) before the root is read
@@ -70,3 +72,23 @@ def test_library_options_become_flag_advice_without_traceback(
     assert main(["versions", root, "--storage-option", "=1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("shardlake versions: error:") and "Traceback" not in err
+
+
+def test_get_maps_a_training_list_of_absolute_paths(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shardlake
+    from shardlake.tools.synth import synth_corpus
+
+    src = tmp_path / "src"
+    synth_corpus(src, 1, 3, seed=1, neighbors=2, lanes=4)
+    root = shardlake.open(tmp_path / "root")
+    root.pack(src, tag="v1", options=shardlake.PackOptions(executor="inline", workers=1))
+    key = root.dataset().keys()[0]
+    listing = tmp_path / "train.json"
+    listing.write_text(json.dumps([str(src / f"{key}.npz")]))  # as training scripts list them
+    assert main(["get", root.url, "--keys", str(listing), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["key"] == key
+    listing.write_text(json.dumps(["/elsewhere/x.npz"]))
+    assert main(["get", root.url, "--keys", str(listing)]) == 1
+    assert "name no key" in capsys.readouterr().err

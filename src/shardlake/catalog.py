@@ -44,6 +44,7 @@ from .format.catalog import (
     sha256_hex,
 )
 from .format.manifest import CORE_SCHEMA, entry_mismatches, read_entry_manifest
+from .read.verified import RefusedObjectError, read_verified
 from .store import Store
 
 if TYPE_CHECKING:
@@ -63,14 +64,20 @@ def read_object(store: Store, ref: ObjectRef, where: str) -> bytes:
     """One catalog object by one GET, checked against its digest (re-read once on a mismatch:
     a transport flip; a second mismatch is refused)."""
     url = store.key_url(ref.key)
+
+    def check(data: bytes) -> bytes:
+        try:
+            ref.check(data, url)
+        except IntegrityError as exc:
+            raise FormatError(str(exc)) from exc  # read_verified re-reads a FormatError
+        return data
+
     try:
-        data = store.read(ref.key)
-        if len(data) != ref.size or sha256_hex(data) != ref.sha256:
-            data = store.read(ref.key)
+        return read_verified(store, ref.key, check)[0]
     except KeyNotFoundError as exc:
         raise FormatError(f"{url}: {where}: catalog object missing") from exc
-    ref.check(data, url)
-    return data
+    except RefusedObjectError as exc:
+        raise IntegrityError(str(exc)) from exc
 
 
 def write_object(store: Store, key_of: Any, data: bytes, rows: int) -> ObjectRef:

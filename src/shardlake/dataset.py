@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .torch import ShardDataset
 
 _MANIFEST_READERS = 16
+_PAYLOAD_COLUMNS = ["key", "partition", "shard", "offset", "size", "crc32"]
 # Payload bytes fetched per batched read in iter_samples (bounds memory).
 BATCH_BYTES = 64 * 2**20
 
@@ -54,8 +55,8 @@ class Dataset:
         self.partitions: list[dict[str, Any]] = version.partitions
         self._by_id = {p["id"]: p for p in self.partitions}
         self._manifests: dict[str, pa.Table] = {}
+        self._table: pa.Table | None = None  # every row, every column: read once per Dataset
         self._key_index: dict[str, tuple[str, int]] | None = None
-        self._rows: pa.Table | None = None  # every catalog row, read on first use
         self._lock = threading.Lock()
         self._decoder = Decoder()
 
@@ -114,17 +115,18 @@ class Dataset:
     ) -> pa.Table:
         """All (or the given) partitions' manifest rows as one table, from the version's catalog
         (see :mod:`shardlake.catalog`); a few given partitions are read from their manifests."""
-        if pids is None:
-            # The version's rows are read once per Dataset (callers ask for the columns, then
-            # for rows): one pass over the catalog, then projections of it.
+        if pids is None and (columns is None or self._table is not None):
             with self._lock:
-                if self._rows is None:
-                    self._rows = catalog_rows(self.store, self.version)
-                table = self._rows
-            cols = None if columns is None else [c for c in columns if c in table.column_names]
-            return table if cols is None else table.select(cols)
-        if self.version.header.catalog is not None:
-            return catalog_rows(self.store, self.version, columns, pids=list(pids))
+                if self._table is None:
+                    self._table = catalog_rows(self.store, self.version, None)
+            table = self._table
+            if columns is None:
+                return table
+            return table.select([c for c in columns if c in table.column_names])
+        if pids is None or self.version.header.catalog is not None:
+            return catalog_rows(
+                self.store, self.version, columns, pids=None if pids is None else list(pids)
+            )
         wanted = list(pids) if pids is not None else [p["id"] for p in self.partitions]
         with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
             tables = list(pool.map(self.manifest, wanted))
@@ -178,8 +180,9 @@ class Dataset:
         missing = self.select(keys=keys).missing()
         if missing:
             raise NotFoundError(
-                f"{self.store.url}: version {self.version.tag!r} lacks {len(missing)} key(s): "
+                f"{self.store.url}: version {self.version.tag!r} has no sample(s) "
                 + ", ".join(repr(k) for k in missing[:20])
+                + (f" ({len(missing)} in all)" if len(missing) > 20 else "")
             )
 
     def to_torch(self, *, batch_size: int, **options: Any) -> ShardDataset:
@@ -269,7 +272,7 @@ class Dataset:
     ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
         """``(key, arrays)`` for ``keys`` (default: every sample, in manifest order), fetching
         payloads in batched multi-range reads of about ``batch_bytes``."""
-        rows = self._all_rows() if keys is None else (self.locate(key) for key in keys)
+        rows = self._all_rows() if keys is None else self._rows_of(list(keys))
         batch: list[dict[str, Any]] = []
         size = 0
         for row in rows:
@@ -282,9 +285,17 @@ class Dataset:
             yield from self._fetch(batch)
 
     def _all_rows(self) -> Iterator[dict[str, Any]]:
-        columns = ["key", "partition", "shard", "offset", "size", "crc32"]
         for entry in self.partitions:
-            yield from self.manifest(entry["id"]).select(columns).to_pylist()
+            yield from self.manifest(entry["id"]).select(_PAYLOAD_COLUMNS).to_pylist()
+
+    def _rows_of(self, keys: list[str]) -> list[dict[str, Any]]:
+        """The payload rows of ``keys``, in their order; one pass over the manifests."""
+        if not keys:
+            return []
+        self.require_keys(keys)
+        table = self.select(keys=keys).rows(_PAYLOAD_COLUMNS)
+        by_key = {row["key"]: row for row in table.to_pylist()}
+        return [by_key[key] for key in keys]
 
     def _fetch(
         self, rows: list[dict[str, Any]]

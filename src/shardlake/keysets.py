@@ -143,12 +143,6 @@ def keys_from_file(
     return read_key_list(path, strip_prefix=strip_prefix, source=namespace)
 
 
-def read_key_file(path: str, *, strip_prefix: str | None = None) -> tuple[list[str], list[str]]:
-    """:func:`parse_key_list` over a local file (or ``-`` for stdin)."""
-    mapping = read_key_list(path, strip_prefix=strip_prefix)
-    return mapping.keys, mapping.unmapped
-
-
 def match_keys(
     ds: Dataset,
     keys: Sequence[str],

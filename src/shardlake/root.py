@@ -63,7 +63,7 @@ class VersionInfo:
 
     @classmethod
     def of(cls, version: Version, is_latest: bool) -> VersionInfo:
-        header = version.header  # the record's small header: no partition list is read
+        header = version.header  # the small record header: no partition list is read
         return cls(
             tag=version.tag,
             hash=version.hash,
@@ -292,13 +292,22 @@ class Root:
         *,
         all_versions: bool = False,
         workers: int | None = None,
+        batch_bytes: int | None = None,
         progress: bool | None = None,
     ) -> ScrubReport:
-        """Re-read every payload of ``version`` (or every live version) and check it."""
+        """Re-read every payload of ``version`` (or every live version) and check it;
+        ``workers`` shards at once, about ``batch_bytes`` read per request."""
         from .lifecycle.scrub import scrub
 
         extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        return scrub(self.store, version, all_versions=all_versions, progress=progress, **extra)
+        return scrub(
+            self.store,
+            version,
+            all_versions=all_versions,
+            progress=progress,
+            batch_bytes=batch_bytes,
+            **extra,
+        )
 
     def export(
         self,

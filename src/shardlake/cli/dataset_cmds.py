@@ -142,20 +142,29 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
+    from ..errors import SelectionError, UsageError
     from ..format.source_form import npz_bytes, sidecar_json
-    from ..keysets import read_key_file
+    from ..keysets import keys_from_file
 
+    if not args.keys and not args.keys_file:
+        raise UsageError("give at least one KEY", options=("keys",))
+    ds = open_root(args).dataset(args.tag)
     keys = list(args.keys)
     if args.keys_file:
-        listed, _unmapped = read_key_file(args.keys_file)
-        keys.extend(listed)
+        listed = keys_from_file(ds, args.keys_file)
+        if listed.unmapped:
+            raise SelectionError(
+                f"{args.keys_file}: {len(listed.unmapped)} entr(ies) name no key of version "
+                f"{ds.tag!r}, e.g. {listed.unmapped[0]!r}"
+            )
+        keys.extend(listed.keys)
     if not keys:
         raise UsageError("give at least one KEY", options=("keys",))
     if args.out and len(keys) != 1:
         raise UsageError("one output file holds one sample", options=("out_dir",))
-    ds = open_root(args).dataset(args.tag)
-    rows = {key: ds.locate(key) for key in keys}  # every key checked before anything is written
+    ds.require_keys(keys)  # every key checked before anything is written
+    table = ds.select(keys=keys).rows() if args.out_dir else None
+    rows = {row["key"]: row for row in table.to_pylist()} if table is not None else {}
     described: list[dict[str, Any]] = []
     for key, arrays in ds.iter_samples(keys):
         if args.out:

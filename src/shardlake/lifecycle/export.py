@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from ..catalog import read_object
 from ..dataset import Dataset
 from ..errors import (
     AlreadyExistsError,
@@ -36,6 +35,7 @@ from ..errors import (
     KeyNotFoundError,
     NotFoundError,
 )
+from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
 from ..format.manifest import entry_mismatches, parse_manifest, read_entry_manifest
@@ -178,6 +178,19 @@ def _source_manifest(src: Store, entry: Mapping[str, Any]) -> tuple[pa.Table, by
         raise FormatError(f"{where}: manifest is missing") from None
 
 
+def _source_catalog_object(src: Store, ref: ObjectRef) -> bytes:
+    """A catalog object's bytes from ``src``, checked against the digest the record holds."""
+
+    def check(data: bytes) -> bytes:
+        try:
+            ref.check(data, src.key_url(ref.key))
+        except IntegrityError as exc:
+            raise FormatError(str(exc)) from exc  # FormatError: read_verified re-reads it
+        return data
+
+    return read_verified(src, ref.key, check)[0]
+
+
 def _put_verified(dest: Store, key: str, data: bytes, report: ExportReport) -> None:
     """Make ``dest`` hold exactly ``data`` (already verified at the source) at ``key``, and prove
     it by reading it back; a copy that does not read back is refused."""
@@ -275,8 +288,7 @@ def export_version(
         _put_verified(dest, keyset_key(keyset.name), data, report)
         report.keysets.append(keyset.name)
     for ref in ver.catalog_objects():  # before the record that references them
-        data = read_object(src, ref, f"version {ver.tag!r}")
-        _put_verified(dest, ref.key, data, report)
+        _put_verified(dest, ref.key, _source_catalog_object(src, ref), report)
     _put_verified(dest, version_key(ver.tag, ver.hash), doc_bytes, report)
     report.committed = _commit_export(src, dest, ver)
     return report

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ...errors import UsageError
+from ...progress import Progress
 from .measure import MB, MemorySampler, machine_info, rate
 
 
@@ -39,8 +40,12 @@ def bench_load(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | None = None,
     cache_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Iterate the loader and measure it; returns the JSON document ``bench load`` prints."""
+    """Iterate the loader and measure it; returns the JSON document ``bench load`` prints.
+
+    ``progress``: batches on standard error (None: only on a terminal; stdout holds the JSON).
+    """
     import torch
 
     from ...store import open_store
@@ -89,6 +94,13 @@ def bench_load(
         first_batch_s: float | None = None
         t_first = t_opened
         epoch_rates: list[float] = []
+        planned = len(loader) * epochs
+        bar = Progress(
+            planned if max_batches is None else min(planned, max_batches),
+            "bench load",
+            unit="batches",
+            enabled=progress,
+        )
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             t_epoch, epoch_samples = time.perf_counter(), samples
@@ -97,6 +109,7 @@ def bench_load(
                     t_first = time.perf_counter()
                     first_batch_s = t_first - t_open
                 batches += 1
+                bar.update()
                 for value in batch.values():
                     if isinstance(value, torch.Tensor):
                         decoded += value.nbytes
@@ -109,6 +122,7 @@ def bench_load(
             if max_batches is not None and batches >= max_batches:
                 break
         seconds = time.perf_counter() - t_first
+        bar.close()
         mem.stop()
         # Payload of the yielded samples, estimated from the selection's mean member size.
         mean_member = selection_payload / max(1, len(ds.table))
