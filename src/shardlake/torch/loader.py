@@ -223,6 +223,8 @@ def _start_workers(loader: DataLoader[Any]) -> Iterator[Any]:
     of the parent's objects; frozen objects are left alone in the children. The parent
     unfreezes at once, so its own collection is unchanged.
     """
+    if loader.num_workers == 0:
+        return iter(loader)
     gc.freeze()
     try:
         return iter(loader)
