@@ -361,7 +361,7 @@ def s3_goals(
 
 
 def _serve_s3(queue: Any, stop: Any) -> None:
-    from shardlake.testing.servers import moto_s3_server
+    from shardlake.tools.loopback import moto_s3_server
 
     with moto_s3_server(set_env=False) as server:
         queue.put((server.url("bench"), dict(server.storage_options)))

@@ -23,7 +23,7 @@ MiB = 1 << 20
 
 
 def _serve(queue: Any, stop: Any) -> None:
-    from shardlake.testing.servers import moto_s3_server
+    from shardlake.tools.loopback import moto_s3_server
 
     with moto_s3_server(set_env=False) as server:
         queue.put((server.endpoint_url, server.bucket, dict(server.storage_options)))

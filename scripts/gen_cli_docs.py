@@ -28,8 +28,11 @@ traceback; `SHARDLAKE_DEBUG=1` shows one), 2 on a usage error and 130 when inter
 URLs are local paths, `file://`, `s3://bucket/prefix` or `gs://bucket/prefix`; a relative local
 path (of a store root, a source, a list or an output) is resolved against the working directory
 and shown resolved; credentials and endpoints come from the environment (see
-[storage](storage.md)). Concepts are explained in [concepts](concepts.md), the on-disk format in
-[format](format.md).
+[storage](storage.md)), from fsspec's config files and `FSSPEC_<PROTOCOL>_<OPTION>` variables, or
+from `--storage-option KEY=VALUE` (repeatable; JSON values). Every report command takes `--json`.
+An error that a setting would fix ends with the flags to look at, e.g. `(see --shard-size)`; the
+Python API behind every command is in [the API reference](api/index.md). Concepts are explained
+in [concepts](concepts.md), the on-disk format in [format](format.md).
 """
 
 

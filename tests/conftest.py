@@ -1,10 +1,3 @@
-"""Shared fixtures: run any test on every store backend (see shardlake.testing.fixtures)."""
+"""Shared fixtures: run any test on every store backend (see shardlake.testing.pytest_plugin)."""
 
-from shardlake.testing.fixtures import (  # noqa: F401 - pytest finds fixtures by name
-    store,
-    store_factory,
-    store_kind,
-    store_location,
-    store_servers,
-    store_url,
-)
+pytest_plugins = ["shardlake.testing.pytest_plugin"]

@@ -107,4 +107,4 @@ def test_publish_records_manifest_digests_and_readers_refuse_a_flip(tmp_path: Pa
     with pytest.raises(
         FormatError, match=f"{target}: manifest does not match the version entry .its sha256"
     ):
-        open_dataset(store, "v3").manifests()
+        open_dataset(store, "v3").manifest(v3.record.partitions[0].id)

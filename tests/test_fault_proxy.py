@@ -112,3 +112,23 @@ def test_schedule_is_seeded_and_counted(s3: S3Server) -> None:
         with pytest.raises((TimeoutError, OSError)):
             _request(proxy.endpoint_url, "GET", f"/{s3.bucket}/obj", timeout=0.3)
     assert proxy.requests == 4 and proxy.injected == {"stall": 1}
+
+
+def test_aimed_fault_hits_the_next_matching_requests_only(s3: S3Server) -> None:
+    with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:
+        proxy.inject("503", method="PUT", path_contains="/aimed/", times=2)
+        assert _request(proxy.endpoint_url, "GET", f"/{s3.bucket}/obj")[0] == 200
+        assert _request(proxy.endpoint_url, "PUT", f"/{s3.bucket}/other", b"x")[0] == 200
+        for _ in range(2):
+            assert _request(proxy.endpoint_url, "PUT", f"/{s3.bucket}/aimed/k", b"x")[0] == 503
+        assert _request(proxy.endpoint_url, "PUT", f"/{s3.bucket}/aimed/k", b"x")[0] == 200
+    assert proxy.injected == {"503": 2}
+    with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:  # in order: the 500 waits its turn
+        proxy.inject("503", method="PUT", path_contains="/aimed/")
+        proxy.inject("500", path_contains="/aimed/")
+        assert _request(proxy.endpoint_url, "GET", f"/{s3.bucket}/aimed/k")[0] == 200
+        assert _request(proxy.endpoint_url, "PUT", f"/{s3.bucket}/aimed/k", b"x")[0] == 503
+        assert _request(proxy.endpoint_url, "GET", f"/{s3.bucket}/aimed/k")[0] == 500
+    assert [fault for _m, _p, fault in proxy.history] == [None, "503", "500"]
+    with pytest.raises(ValueError):
+        proxy.inject("nonsense", method="GET", path_contains="/")

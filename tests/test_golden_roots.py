@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from shardlake.access import query
 from shardlake.dataset import open_dataset
 from shardlake.keysets import load_keyset
 from shardlake.torch import ShardDataset
@@ -78,7 +77,7 @@ def test_keyset_and_loader(golden: tuple[str, dict[str, Any]]) -> None:
         ds = open_dataset(root, info["version"])
         keyset = load_keyset(ds.store, name)
         keyset.check_version(ds.version)
-        wanted = sorted(query(ds, info["where"]).column("key").to_pylist())
+        wanted = sorted(ds.query(info["where"]).column("key").to_pylist())
         assert sorted(keyset.keys) == wanted and wanted
         loader = ShardDataset(
             root, info["version"], keyset=name, batch_size=1, num_workers=0, include_key=True

@@ -192,7 +192,8 @@ def test_verify_membership_and_exact_allow_missing(
     # A source array changed after packing: the bit-exact compare names the key and array.
     import numpy as np
 
-    from shardlake.access import load_npz, npz_bytes
+    from shardlake.format.npz import load_npz
+    from shardlake.format.source_form import npz_bytes
 
     arrays = load_npz((src / f"{keys[2]}.npz").read_bytes(), "x")
     arrays["ego_current_state"] = arrays["ego_current_state"] + np.float32(1)

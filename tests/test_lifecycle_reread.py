@@ -112,3 +112,29 @@ def test_corrupt_at_rest_is_reported_as_such(
     ver = verify_source(store, str(src), workers=1)
     assert ver.to_json()["corrupt_at_rest"] == 1
     assert "1 corrupt at rest" in ver.failures()[0]
+
+
+class FlakyHeaders(Store):
+    """A local store whose first ``bad_reads`` reads from a shard's start flip a byte of the
+    first tar header (the member name): only a header check can see it."""
+
+    bad_reads = 0
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        data = super().read_range(key, start, end)
+        if self.bad_reads <= 0 or start != 0 or not key.endswith(".tar"):
+            return data
+        self.bad_reads -= 1
+        return bytes([data[0] ^ (0x04 + self.bad_reads)]) + data[1:]
+
+
+def test_verify_offsets_rereads_a_header_damaged_in_transit(tmp_path: Path) -> None:
+    from shardlake.lifecycle import verify_offsets
+
+    _store, _src = _root(tmp_path)
+    store = FlakyHeaders(_store.url)
+    store.bad_reads = 2  # two bad reads of the first header, then a good one
+    assert verify_offsets(store).ok
+    store.bad_reads = 3  # every read damaged, each differently: not the shard's fault
+    problems = verify_offsets(store).problems
+    assert problems and {p.kind for p in problems} == {TRANSPORT}

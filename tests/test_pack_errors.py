@@ -183,7 +183,7 @@ def test_existing_tag_and_unknown_base(tmp_path: Path) -> None:
     state = read_state(store)
     with pytest.raises(ConflictError, match="'v1' already exists"):
         pack(src, store, tag="v1", executor="inline")
-    with pytest.raises(VersionNotFoundError, match="unknown --base 'nope'"):
+    with pytest.raises(VersionNotFoundError, match="unknown base version 'nope'"):
         pack(src, store, tag="v2", base="nope", executor="inline")
     assert read_state(store) == state
 

@@ -189,7 +189,7 @@ def test_changed_rule_or_location_refused_with_both_remedies(tmp_path: Path) -> 
         source = kwargs.pop("source")
         with pytest.raises(UsageError, match=what) as info:
             pack(source, store, tag="v2", base="v1", executor="inline", **kwargs)
-        assert "--replace-all" in str(info.value) and "--source-namespace" in str(info.value)
+        assert info.value.options == ("replace_all", "source_namespace")
     # The remedies work: relocation with the base's namespace; or a full rebuild.
     v2 = pack(
         moved, store, tag="v2", base="v1", executor="inline", source_namespace=str(src.resolve())

@@ -19,7 +19,7 @@ from test_pack_support import assert_consistent, make_source, read_all, small_fr
 
 from shardlake.errors import PackWorkerError
 from shardlake.pack import pack, pack_with_report
-from shardlake.pack.progress import Progress
+from shardlake.progress import Progress
 from shardlake.store import open_store
 from shardlake.versions import read_state
 
@@ -102,9 +102,18 @@ def test_dask_local_cluster(tmp_path: Path) -> None:
 def test_progress_weighted_with_eta_and_heartbeat() -> None:
     now = [0.0]
     out = io.StringIO()
-    progress = Progress(100, 2, stream=out, heartbeat_s=60, interval_s=0, clock=lambda: now[0])
+    progress = Progress(
+        100,
+        "shardlake pack",
+        groups=2,
+        enabled=True,
+        stream=out,
+        heartbeat_s=60,
+        interval_s=0,
+        clock=lambda: now[0],
+    )
     now[0] = 10.0
-    progress.partition_done(90)
+    progress.update(90, groups=1)
     assert "1/2 partitions, 90/100 samples (90.0%)" in out.getvalue()
     assert "9.0 samples/s" in out.getvalue() and "ETA 0:00:01" in out.getvalue()
     now[0] = 69.0
@@ -116,8 +125,8 @@ def test_progress_weighted_with_eta_and_heartbeat() -> None:
     progress.poll(lambda: ["big (abc)"])
     assert progress.heartbeats == 1  # not again until another heartbeat interval passes
     quiet = io.StringIO()
-    q = Progress(1, 1, stream=quiet, quiet=True)
-    q.partition_done(1)
+    q = Progress(1, "shardlake pack", groups=1, stream=quiet, enabled=False)
+    q.update(1, groups=1)
     assert quiet.getvalue() == ""
 
 

@@ -17,13 +17,13 @@ from shardlake.versions import RootState, publish_version, read_state
 
 def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Counter[tuple[str, str]]:
     calls: Counter[tuple[str, str]] = Counter()
-    real = store._call
+    real = store._attempt  # every attempt of every request passes here (see store/core.py)
 
-    def counted(op: str, key: str, fn: Any) -> Any:
+    def counted(op: str, key: str, *args: Any) -> Any:
         calls[(op, key)] += 1
-        return real(op, key, fn)
+        return real(op, key, *args)
 
-    monkeypatch.setattr(store, "_call", counted)
+    monkeypatch.setattr(store, "_attempt", counted)
     return calls
 
 

@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from lifecycle_support import pack_small
 
-from shardlake.access import load_npz, npz_bytes, query, sidecar_of
 from shardlake.cli.main import main
 from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
+from shardlake.format.npz import load_npz
+from shardlake.format.source_form import npz_bytes, sidecar_of
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 
@@ -38,10 +39,10 @@ def test_query_get_iterate_on_every_backend(store_location: StoreLocation, tmp_p
     src = tmp_path / "src"
     _packed(store_location, src)
     ds = open_dataset(store_location.url, storage_options=store_location.storage_options)
-    table = query(ds, '"skipping_info.label" >= 0 AND NOT is_skipped', columns=["key", "size"])
+    table = ds.query('"skipping_info.label" >= 0 AND NOT is_skipped', columns=["key", "size"])
     assert table.column_names == ["key", "size"]
     assert 0 < table.num_rows <= 6
-    keys = sorted(query(ds, None, ["key"]).column("key").to_pylist())
+    keys = sorted(ds.query(None, ["key"]).column("key").to_pylist())
     assert len(keys) == 6
     for key in keys[:2]:
         _assert_same(ds.get(key), _source_arrays(src, key))
@@ -128,7 +129,7 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     with pytest.raises(VersionNotFoundError):
         open_dataset(root, "v9")
     with pytest.raises(SelectionError):
-        query(ds, "(SELECT 1 FROM read_csv('/etc/passwd')) = 1")
+        ds.query("(SELECT 1 FROM read_csv('/etc/passwd')) = 1")
     cases = [
         (["get", root, "nope/nothing"], "no sample"),
         (["get", root, "x", "--version", "v9"], "unknown version"),
@@ -149,8 +150,11 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     fresh = open_dataset(root)
     with pytest.raises(FormatError, match="manifest"):
         fresh.manifest(entry["id"])
+    # Queries read the catalog, not manifests: a corrupted segment is refused by its digest.
+    segment = fresh.version.catalog_objects()[1]
+    ds.store.write(segment.key, b"not parquet at all")
     assert main(["query", root, "--count"]) == 1
-    assert "manifest" in capsys.readouterr().err
+    assert "catalog object does not match" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("store_kind", ["s3"])

@@ -3,12 +3,18 @@
 import errno
 import logging
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from shardlake.errors import (
     AlreadyExistsError,
+    BucketNotFoundError,
     CapabilityError,
+    CredentialsMissingError,
+    CredentialsRejectedError,
+    EndpointError,
     InvalidKeyError,
     InvalidURLError,
     KeyNotFoundError,
@@ -18,8 +24,9 @@ from shardlake.errors import (
     StorePermissionError,
     UsageError,
 )
-from shardlake.store import RetryPolicy, open_store
-from shardlake.testing.faults import FaultPlan, FaultyStore
+from shardlake.store import RequestCounter, RetryPolicy, open_store
+from shardlake.testing.faults import FaultInjector, FaultPlan
+from shardlake.tools.loopback import s3_storage_options
 
 SECRET = "SUPERSECRET-9f3a"
 
@@ -101,10 +108,11 @@ def test_bad_key_is_refused_and_nothing_written(store, key: str) -> None:
 def test_missing_bucket_names_the_bucket(store_servers, store_kind: str) -> None:
     server = store_servers.get(store_kind)
     store = open_store(f"{server.scheme}://no-such-bucket-123/prefix", server.storage_options)
-    for attempt in (lambda: store.write("k", b"x"), lambda: store.read("k"), lambda: store.list()):
-        with pytest.raises(KeyNotFoundError) as caught:
+    for op, attempt in _every_op(store).items():
+        with pytest.raises(BucketNotFoundError) as caught:
             attempt()
-        assert "bucket 'no-such-bucket-123' does not exist" in str(caught.value)
+        assert not isinstance(caught.value, KeyNotFoundError)  # not an absent key
+        assert "bucket 'no-such-bucket-123' does not exist" in str(caught.value), op
     assert not open_store(server.url(), server.storage_options).exists("prefix/k")
 
 
@@ -118,9 +126,9 @@ def test_missing_s3_credentials_say_what_to_set(store_servers, monkeypatch) -> N
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
     monkeypatch.setenv("AWS_CONFIG_FILE", os.devnull)
     store = open_store(server.url("nocreds"), {"endpoint_url": server.endpoint_url})
-    with pytest.raises(StorePermissionError) as caught:
+    with pytest.raises(CredentialsMissingError) as caught:
         store.write("k", b"x")
-    assert "no credentials" in str(caught.value) and "AWS_ACCESS_KEY_ID" in str(caught.value)
+    assert "credentials missing" in str(caught.value) and "AWS_ACCESS_KEY_ID" in str(caught.value)
     assert open_store(server.url("nocreds"), server.storage_options).list() == []
 
 
@@ -140,7 +148,9 @@ def test_secrets_never_in_repr_errors_or_logs(store_servers, caplog) -> None:
     messages = []
     for candidate in (
         open_store(server.url("redact"), unreachable, retry=policy),
-        FaultyStore.wrap(store, FaultPlan(fail_rate=1.0), policy),
+        open_store(server.url("redact"), options, retry=policy).with_layers(
+            FaultInjector(FaultPlan(fail_rate=1.0))
+        ),
     ):
         with pytest.raises(StoreError) as caught:
             candidate.read("k")
@@ -153,11 +163,14 @@ def test_secrets_never_in_repr_errors_or_logs(store_servers, caplog) -> None:
 def test_retry_limits_are_configurable(monkeypatch) -> None:
     monkeypatch.setenv("SHARDLAKE_RETRY_ATTEMPTS", "2")
     monkeypatch.setenv("SHARDLAKE_RETRY_BASE_DELAY", "0")
-    store = FaultyStore("memory://retry-env", plan=FaultPlan(fail_rate=1.0))
+    counter = RequestCounter()
+    store = open_store("memory://retry-env").with_layers(
+        counter, FaultInjector(FaultPlan(fail_rate=1.0))
+    )
     assert store.retry.attempts == 2
     with pytest.raises(RetriesExhaustedError) as caught:
         store.read("k")
-    assert "2 attempt(s)" in str(caught.value) and store.stats.requests["read"] == 2
+    assert "2 attempt(s)" in str(caught.value) and counter.requests["read"] == 2
     monkeypatch.setenv("SHARDLAKE_RETRY_ATTEMPTS", "many")
     with pytest.raises(UsageError):
         open_store("memory://retry-env")
@@ -200,3 +213,127 @@ def test_local_without_hard_links_is_a_capability_error(tmp_path, monkeypatch) -
         store.create("k", b"x")
     assert "hard links" in str(caught.value)
     assert store.list() == [] and os.listdir(tmp_path) == []
+
+
+class PlainServer:
+    """A loopback http.server answering every request the same way: a web page (not S3) or
+    an S3 XML error with S3's headers (HEAD replies carry no body, as on S3)."""
+
+    def __init__(self) -> None:
+        self.reply: tuple[int, str, bytes, dict[str, str]] = (200, "text/html", b"", {})
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+            def handle_any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                status, ctype, body, headers = owner.reply
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = handle_any
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def web_page(self, status: int) -> None:
+        self.reply = (status, "text/html", b"<html><body>It works!</body></html>", {})
+
+    def s3_error(self, code: str, status: int = 403) -> None:
+        body = (
+            f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+            f"<Message>{code}</Message><RequestId>R1</RequestId></Error>"
+        ).encode()
+        self.reply = (status, "application/xml", body, {"x-amz-request-id": "R1"})
+
+    def store(self, secret: str = "not-the-secret"):
+        options = dict(s3_storage_options(self.endpoint), secret=secret, retry_deadline=5)
+        return open_store("s3://bucket/prefix", options)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def plain_server():
+    server = PlainServer()
+    yield server
+    server.close()
+
+
+def _every_op(store):
+    return {
+        "read": lambda: store.read("k"),
+        "stat": lambda: store.stat("k"),
+        "write": lambda: store.write("k", b"x"),
+        "create": lambda: store.create("k", b"x"),
+        "list": lambda: store.list(),
+    }
+
+
+@pytest.mark.parametrize("status", [404, 403, 405])
+def test_endpoint_that_is_not_s3_says_so(plain_server, status: int) -> None:
+    plain_server.web_page(status)
+    for op, attempt in _every_op(plain_server.store()).items():
+        with pytest.raises(EndpointError) as caught:
+            attempt()
+        message = str(caught.value)
+        assert f"endpoint {plain_server.endpoint} does not speak the S3 API" in message, op
+        assert "does not exist" not in message
+
+
+def test_web_server_answering_200_is_not_s3(plain_server) -> None:
+    plain_server.web_page(200)
+    with pytest.raises(EndpointError):
+        plain_server.store().list()  # every command lists the commit log first
+
+
+@pytest.mark.parametrize("code", ["InvalidAccessKeyId", "SignatureDoesNotMatch"])
+def test_rejected_credentials_are_not_access_denied(plain_server, code: str) -> None:
+    plain_server.s3_error(code)
+    store = plain_server.store(secret=SECRET)
+    for op, attempt in _every_op(store).items():  # HEAD (read/stat) replies have no code
+        with pytest.raises(CredentialsRejectedError) as caught:
+            attempt()
+        assert "credentials rejected" in str(caught.value), op
+        assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
+
+
+def test_access_denied_names_what_was_denied(plain_server) -> None:
+    plain_server.s3_error("AccessDenied")
+    for op, attempt in _every_op(plain_server.store()).items():
+        with pytest.raises(StorePermissionError) as caught:
+            attempt()
+        assert not isinstance(caught.value, CredentialsRejectedError), op
+        assert "access denied to s3://bucket/prefix" in str(caught.value)
+
+
+def test_export_to_a_missing_bucket_names_the_bucket(store_servers, tmp_path) -> None:
+    from test_pack_support import make_source, small_frame
+
+    from shardlake.lifecycle.export import export_version
+    from shardlake.pack import pack
+
+    src = make_source(tmp_path / "src", {"log0/s0": small_frame(0)})
+    pack(src, str(tmp_path / "root"), tag="v1", executor="inline")
+    server = store_servers.get("s3")
+    dest = f"s3://no-such-bucket-456/{tmp_path.name}"
+    with pytest.raises(BucketNotFoundError) as caught:
+        export_version(str(tmp_path / "root"), dest, dest_options=server.storage_options)
+    assert "bucket 'no-such-bucket-456' does not exist" in str(caught.value)
+    assert "not a shardlake root" not in str(caught.value)

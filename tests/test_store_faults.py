@@ -1,41 +1,59 @@
-"""The fault-injecting store wrapper (shardlake.testing.faults) and the loopback servers."""
+"""Store layers (request counter, fault injector) and the loopback servers."""
 
 import multiprocessing
 import os
+import subprocess
+import sys
 import urllib.request
 
 import pytest
 
-from shardlake.store import RetryPolicy, open_store
-from shardlake.testing.faults import FaultPlan, FaultyStore, read_request_log, summarize_log
+from shardlake.store import RequestCounter, RetryPolicy, open_store
+from shardlake.store.layers import read_request_log, summarize_request_log
+from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.testing.servers import fake_gcs_server, moto_s3_server
 from shardlake.testing.workers import read_key
 
 
-def test_faults_from_environment_reach_open_store(monkeypatch, tmp_path) -> None:
+def test_production_code_reads_no_fault_env_and_imports_no_test_machinery(tmp_path) -> None:
+    code = (
+        "import sys; from shardlake.store import open_store; "
+        f"s = open_store({str(tmp_path / 'root')!r}); s.write('k', b'v'); assert s.read('k') == b'v'; "
+        "assert type(s).__name__ == 'Store' and s.layers == (), s; "
+        "bad = [m for m in sys.modules if m.startswith('shardlake.testing') or m == 'pytest']; "
+        "assert not bad, bad"
+    )
+    env = dict(os.environ, SHARDLAKE_TEST_FAULTS='{"fail_rate": 1.0}')
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=60)
+
+
+def test_counter_and_injector_layers(tmp_path) -> None:
     log = tmp_path / "requests.jsonl"
-    plan = FaultPlan(fail_rate=0.5, seed=3, max_consecutive=2, log_path=str(log))
-    monkeypatch.setenv(*next(iter(plan.env().items())))
+    counter = RequestCounter(str(log))
+    injector = FaultInjector(FaultPlan(fail_rate=0.5, seed=3, max_consecutive=2))
     store = open_store(str(tmp_path / "root"), retry=RetryPolicy(attempts=4, base_delay=0))
-    assert isinstance(store, FaultyStore)
+    faulty = store.with_layers(counter, injector)
+    assert store.layers == () and faulty.layers == (counter, injector)
     for i in range(10):
-        store.write(f"k{i}", b"12345")
-        assert store.read(f"k{i}") == b"12345"
-    summary = summarize_log(str(log))
-    assert summary["faults"] == store.stats.injected.total() > 0
-    assert summary["requests"] == store.stats.total_requests == 20 + summary["faults"]
-    assert summary["bytes_read"] == 50 and summary["processes"] == 1
+        faulty.write(f"k{i}", b"12345")
+        assert faulty.read(f"k{i}") == b"12345"
+    summary = summarize_request_log(str(log))
+    assert summary["failures"] == injector.injected.total() == counter.failures.total() > 0
+    assert summary["requests"] == counter.total_requests == 20 + summary["failures"]
+    assert summary["bytes_read"] == 50 == counter.bytes_read and summary["processes"] == 1
+    assert counter.bytes_written == 50
 
 
 def test_fault_decisions_are_deterministic_per_seed() -> None:
     def run(seed: int) -> list[int]:
-        store = FaultyStore(
-            "memory://det", plan=FaultPlan(fail_rate=0.4, seed=seed), retry=RetryPolicy(8, 0, 0)
+        counter, injector = RequestCounter(), FaultInjector(FaultPlan(fail_rate=0.4, seed=seed))
+        store = open_store("memory://det", retry=RetryPolicy(8, 0, 0)).with_layers(
+            counter, injector
         )
         store.write("k", b"v")
         for _ in range(20):
             store.read("k")
-        return [store.stats.requests["read"], store.stats.injected["read"]]
+        return [counter.requests["read"], injector.injected["read"]]
 
     assert run(5) == run(5)
     assert run(5) != run(6)
@@ -43,7 +61,7 @@ def test_fault_decisions_are_deterministic_per_seed() -> None:
 
 def test_request_log_spans_spawned_processes(tmp_path) -> None:
     log = tmp_path / "requests.jsonl"
-    store = FaultyStore(str(tmp_path / "root"), plan=FaultPlan(log_path=str(log)))
+    store = open_store(str(tmp_path / "root")).with_layers(RequestCounter(str(log)))
     store.write("shard", b"x" * 1000)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:
@@ -51,7 +69,7 @@ def test_request_log_spans_spawned_processes(tmp_path) -> None:
     records = read_request_log(str(log))
     assert [(r["op"], r["bytes"]) for r in records] == [("write", 0), ("read", 1000)]
     assert records[1]["pid"] != os.getpid()
-    assert summarize_log(str(log))["processes"] == 2
+    assert summarize_request_log(str(log))["processes"] == 2
 
 
 def test_plan_rejects_nonsense_rates() -> None:

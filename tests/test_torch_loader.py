@@ -19,8 +19,9 @@ from test_torch_support import (
 from torch.utils.data import DataLoader
 
 from shardlake.errors import IntegrityError, PlanError, SelectionError
-from shardlake.store import open_store
-from shardlake.testing.faults import FaultPlan, FaultyStore, summarize_log
+from shardlake.store import RequestCounter, open_store
+from shardlake.store.layers import summarize_request_log
+from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.torch import ReadOptions, ShardDataset, train_valid
 from shardlake.torch.mixing import batch_mixing, js_distance, plan_mixing
 
@@ -128,7 +129,7 @@ def test_resume_mid_epoch_with_workers_running(
             break
     assert before == full[:3]
     log = tmp_path / "requests.jsonl"
-    store = FaultyStore.wrap(open_store(str(root)), FaultPlan(log_path=str(log)))
+    store = open_store(str(root)).with_layers(RequestCounter(str(log)))
     fresh = ShardDataset(store, batch_size=8, num_workers=workers_after, include_key=True)
     resumed = fresh.loader()
     resumed.load_state_dict(state)
@@ -174,22 +175,22 @@ def test_transient_failures_same_samples(corpus: tuple[Path, Path], tmp_path: Pa
         b for b in ShardDataset(str(root), batch_size=8, include_key=True).loader(num_workers=2)
     ]
     log = tmp_path / "requests.jsonl"
-    store = FaultyStore.wrap(
-        open_store(str(root)), FaultPlan(fail_rate=0.1, seed=3, log_path=str(log))
+    store = open_store(str(root)).with_layers(
+        RequestCounter(str(log)), FaultInjector(FaultPlan(fail_rate=0.1, seed=3))
     )
     ds = ShardDataset(store, batch_size=8, include_key=True, read_options=FAST)
     faulty = list(ds.loader(num_workers=2))
     assert keys_of(faulty) == keys_of(clean)
     for a, b in zip(faulty, clean, strict=True):
         assert_batch_equal(a, {k: v for k, v in b.items() if k != "__key__"})
-    summary = summarize_log(str(log))
-    assert summary["faults"] > 0 and summary["processes"] >= 2
+    summary = summarize_request_log(str(log))
+    assert summary["failures"] > 0 and summary["processes"] >= 2
 
 
 def test_sparse_selection_fetches_only_its_bytes(corpus: tuple[Path, Path], tmp_path: Path) -> None:
     _, root = corpus
     log = tmp_path / "requests.jsonl"
-    store = FaultyStore.wrap(open_store(str(root)), FaultPlan(log_path=str(log)))
+    store = open_store(str(root)).with_layers(RequestCounter(str(log)))
     probe = ShardDataset(str(root), batch_size=4, num_workers=0)
     keys = probe.table.keys[::3]
     ds = ShardDataset(store, batch_size=4, keys=keys, include_key=True, max_pad_fraction=0.5)

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from test_torch_support import assert_batch_equal, make_root
 
-from shardlake.store import open_store
-from shardlake.testing.faults import FaultPlan, FaultyStore
+from shardlake.store import RequestCounter, open_store
 from shardlake.testing.fixtures import new_location, shared_servers
 from shardlake.torch import ShardDataset
 
@@ -40,7 +39,7 @@ def test_remote_batches_equal_local_and_bytes_fetched_match_selection(
     want = list(ShardDataset(str(local_root), batch_size=BATCH, include_key=True).loader())
 
     log = tmp_path / "requests.jsonl"
-    store = FaultyStore.wrap(remote, FaultPlan(log_path=str(log)))
+    store = remote.with_layers(RequestCounter(str(log)))
     ds = ShardDataset(store, batch_size=BATCH, include_key=True)
     assert ds.version_hash == ShardDataset(str(local_root), batch_size=BATCH).version_hash
     log.unlink(missing_ok=True)  # count the loader's reads, not opening the version

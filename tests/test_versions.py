@@ -78,8 +78,9 @@ def test_racing_publishers_exactly_one_wins(store):
 def test_retire_requires_force_for_latest(store):
     publish_version(store, "v1", _body(1), read_state(store))
     publish_version(store, "v2", _body(2), read_state(store))
-    with pytest.raises(UsageError, match="--force"):
+    with pytest.raises(UsageError, match="needs force") as refused:
         retire_versions(store, ["v2"])
+    assert refused.value.options == ("force",)  # the CLI shows it as --force
     retire_versions(store, ["v2"], force=True)
     assert read_state(store).latest == "v1"
     with pytest.raises(VersionNotFoundError, match="retired"):

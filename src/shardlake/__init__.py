@@ -1,8 +1,84 @@
-"""shardlake: versioned, verifiable, cloud-portable shard datasets."""
+"""shardlake: versioned, verifiable, cloud-portable shard datasets.
 
-from .errors import ShardlakeError
+Start with :func:`shardlake.open`::
+
+    import shardlake
+
+    root = shardlake.open("s3://bucket/dataset")
+    root.versions()
+    sample = root.dataset("v1").get(key)
+"""
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import (
+    ConflictError,
+    FormatError,
+    IntegrityError,
+    NotFoundError,
+    SelectionError,
+    ShardlakeError,
+    SourceError,
+    StoreError,
+    UsageError,
+    VersionNotFoundError,
+)
 from .store import Store, open_store
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+    from .keysets import Keyset
+    from .pack import PackOptions, PackReport
+    from .root import Root, VersionInfo, open
+    from .selection import Selection
+
+# Imported on first use: ``import shardlake`` stays cheap (no pyarrow compute, DuckDB or pack
+# machinery until a root is opened), which every CLI call and worker process pays.
+_LAZY = {
+    "Dataset": "dataset",
+    "Keyset": "keysets",
+    "PackOptions": "pack",
+    "PackReport": "pack",
+    "Root": "root",
+    "Selection": "selection",
+    "VersionInfo": "root",
+    "open": "root",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'shardlake' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __version__ = "0.1.0"
 
-__all__ = ["ShardlakeError", "Store", "__version__", "open_store"]
+__all__ = [
+    "ConflictError",
+    "Dataset",
+    "FormatError",
+    "IntegrityError",
+    "Keyset",
+    "NotFoundError",
+    "PackOptions",
+    "PackReport",
+    "Root",
+    "Selection",
+    "SelectionError",
+    "ShardlakeError",
+    "SourceError",
+    "Store",
+    "StoreError",
+    "UsageError",
+    "VersionInfo",
+    "VersionNotFoundError",
+    "__version__",
+    "open",
+    "open_store",
+]

@@ -1,16 +1,23 @@
-"""Read side of a dataset root: one version, its manifests, and single-sample random access."""
+"""``Dataset``: one version of a dataset root, opened for reading.
+
+Its manifests (one parquet table per partition), sandboxed queries over them, selections, and
+sample access (single ranged reads for :meth:`Dataset.get`, batched multi-range reads for
+:meth:`Dataset.iter_samples`). :meth:`Dataset.to_torch` hands a selection to the loader.
+"""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import sql
+from .catalog import catalog_rows
 from .errors import FormatError, IntegrityError, NotFoundError
 from .format.codec import Decoder
 from .format.manifest import entry_mismatches, read_entry_manifest
@@ -18,13 +25,29 @@ from .read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from .store import Store, open_store
 from .versions import Version, load_version
 
+if TYPE_CHECKING:
+    from .selection import Selection
+    from .torch import ShardDataset
+
 _MANIFEST_READERS = 16
+_PAYLOAD_COLUMNS = ["key", "partition", "shard", "offset", "size", "crc32"]
 # Payload bytes fetched per batched read in iter_samples (bounds memory).
 BATCH_BYTES = 64 * 2**20
 
 
 class Dataset:
-    """One version of a dataset root, opened for reading."""
+    """One version of a dataset root, opened for reading.
+
+    Get one from :meth:`shardlake.Root.dataset` (or :func:`open_dataset`). Thread-safe for
+    reading; manifests are read once and cached.
+
+    Parameters
+    ----------
+    store
+        The root's store.
+    version
+        The published version to read.
+    """
 
     def __init__(self, store: Store, version: Version) -> None:
         self.store = store
@@ -32,6 +55,7 @@ class Dataset:
         self.partitions: list[dict[str, Any]] = version.partitions
         self._by_id = {p["id"]: p for p in self.partitions}
         self._manifests: dict[str, pa.Table] = {}
+        self._table: pa.Table | None = None  # every row, every column: read once per Dataset
         self._key_index: dict[str, tuple[str, int]] | None = None
         self._lock = threading.Lock()
         self._decoder = Decoder()
@@ -39,9 +63,24 @@ class Dataset:
     def __repr__(self) -> str:
         return f"Dataset({self.store.url!r}, version={self.version.tag!r}, samples={self.version.samples})"
 
+    @property
+    def tag(self) -> str:
+        """The version's tag."""
+        return self.version.tag
+
+    @property
+    def hash(self) -> str:
+        """The version's hash (of its version document)."""
+        return self.version.hash
+
+    def __len__(self) -> int:
+        """The number of samples in the version."""
+        return self.version.samples
+
     # --- partitions and manifests --------------------------------------------------------------
 
     def partition(self, pid: str) -> dict[str, Any]:
+        """The version's entry of partition ``pid`` (:class:`NotFoundError` if it has none)."""
         try:
             return self._by_id[pid]
         except KeyError:
@@ -50,6 +89,7 @@ class Dataset:
             ) from None
 
     def shard_key(self, pid: str, shard_index: int) -> str:
+        """The store key of shard ``shard_index`` of partition ``pid``."""
         return str(self.partition(pid)["shards"][shard_index]["key"])
 
     def manifest(self, pid: str) -> pa.Table:
@@ -73,7 +113,17 @@ class Dataset:
     def manifests(
         self, columns: Sequence[str] | None = None, pids: Iterable[str] | None = None
     ) -> pa.Table:
-        """All (or the given) partitions' manifests as one table, read concurrently."""
+        """All (or the given) partitions' manifest rows as one table, from the version's catalog
+        (see :mod:`shardlake.catalog`); a few given partitions are read from their manifests."""
+        if pids is None and (columns is None or self._table is not None):
+            with self._lock:
+                if self._table is None:
+                    self._table = catalog_rows(self.store, self.version, None)
+            return self._table if columns is None else self._table.select(list(columns))
+        if pids is None or self.version.header.catalog is not None:
+            return catalog_rows(
+                self.store, self.version, columns, pids=None if pids is None else list(pids)
+            )
         wanted = list(pids) if pids is not None else [p["id"] for p in self.partitions]
         with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
             tables = list(pool.map(self.manifest, wanted))
@@ -84,15 +134,76 @@ class Dataset:
             return pa.table({})
         return pa.concat_tables(tables, promote_options="permissive")
 
+    # --- queries and selections --------------------------------------------------------------
+
+    def query(self, where: str | None = None, columns: Sequence[str] | None = None) -> pa.Table:
+        """Manifest rows satisfying ``where`` (a sandboxed SQL boolean expression; None: all).
+
+        Parameters
+        ----------
+        where
+            Boolean expression over the manifest columns, e.g. ``"NOT is_skipped"``; columns
+            with dots need double quotes (``"skipping_info.label" = 3``).
+        columns
+            Columns to return (default: all).
+
+        Returns
+        -------
+        pyarrow.Table
+            The matching rows, in manifest order.
+        """
+        return sql.select(self.manifests(), where, columns)
+
+    def keys(self) -> list[str]:
+        """Every sample key of the version, in manifest order."""
+        return [str(k) for k in self.manifests(columns=["key"]).column("key").to_pylist()]
+
+    def select(
+        self,
+        *,
+        where: str | None = None,
+        keys: Iterable[str] | None = None,
+        keyset: str | None = None,
+    ) -> Selection:
+        """A :class:`~shardlake.Selection` of this version (at most one of the three)."""
+        from .selection import Selection
+
+        return Selection(
+            self, where=where, keys=None if keys is None else tuple(keys), keyset=keyset
+        )
+
+    def require_keys(self, keys: Sequence[str]) -> None:
+        """Raise :class:`NotFoundError` listing (up to 20) of ``keys`` the version lacks."""
+        missing = self.select(keys=keys).missing()
+        if missing:
+            raise NotFoundError(
+                f"{self.store.url}: version {self.version.tag!r} has no sample(s) "
+                + ", ".join(repr(k) for k in missing[:20])
+                + (f" ({len(missing)} in all)" if len(missing) > 20 else "")
+            )
+
+    def to_torch(self, *, batch_size: int, **options: Any) -> ShardDataset:
+        """A :class:`shardlake.torch.ShardDataset` over this version (needs the torch extra).
+
+        ``options`` are those of ``ShardDataset``: a selection (``where``, ``keys``,
+        ``keyset``), ``seed``, ``shuffle``, ``num_workers``, ``rank``, ``world_size``, ...
+        """
+        from .torch import ShardDataset  # torch is imported only when asked for
+
+        return ShardDataset(self.store, self.version.tag, batch_size=batch_size, **options)
+
     # --- samples -----------------------------------------------------------------------------
 
     def _index(self) -> dict[str, tuple[str, int]]:
         if self._key_index is None:
             index: dict[str, tuple[str, int]] = {}
-            for entry in self.partitions:
-                keys = self.manifest(entry["id"]).column("key").to_pylist()
-                for row, key in enumerate(keys):
-                    index[key] = (entry["id"], row)
+            table = self.manifests(columns=["key", "partition"])
+            row_in: dict[str, int] = {}
+            for key, pid in zip(
+                table.column("key").to_pylist(), table.column("partition").to_pylist(), strict=True
+            ):
+                index[key] = (pid, row_in.get(pid, 0))
+                row_in[pid] = row_in.get(pid, 0) + 1
             self._key_index = index
         return self._key_index
 
@@ -131,18 +242,37 @@ class Dataset:
         )
 
     def get(self, key: str) -> dict[str, np.ndarray[Any, Any]]:
-        """The arrays of sample ``key`` (bit-exact: dtype, shape and bytes as packed)."""
+        """The arrays of sample ``key``, fetched with one ranged read and checked.
+
+        Parameters
+        ----------
+        key
+            The sample key: its source path without ``.npz``.
+
+        Returns
+        -------
+        dict[str, numpy.ndarray]
+            The arrays in their stored order, bit-exact (dtype, shape and bytes as packed).
+
+        Raises
+        ------
+        NotFoundError
+            The version has no sample ``key``.
+        IntegrityError
+            The stored bytes do not match their checksum (after one re-read).
+        """
         row = self.locate(key)
         return self._decoder.decode(self.read_payload(row), f"{self.store.url} key {key!r}")
 
     def iter_samples(
-        self, keys: Iterable[str], *, batch_bytes: int = BATCH_BYTES
+        self, keys: Iterable[str] | None = None, *, batch_bytes: int = BATCH_BYTES
     ) -> Iterator[tuple[str, dict[str, np.ndarray[Any, Any]]]]:
-        """``(key, arrays)`` for a key list, fetching payloads in batched multi-range reads."""
+        """``(key, arrays)`` for ``keys`` (default: every sample, in manifest order), fetching
+        payloads in batched multi-range reads of about ``batch_bytes``."""
+        rows = self._all_rows() if keys is None else self._rows_of(list(keys))
         batch: list[dict[str, Any]] = []
         size = 0
-        for key in keys:
-            row = self.locate(key)
+        for row in rows:
             batch.append(row)
             size += int(row["size"])
             if size >= batch_bytes:
@@ -150,6 +280,19 @@ class Dataset:
                 batch, size = [], 0
         if batch:
             yield from self._fetch(batch)
+
+    def _all_rows(self) -> Iterator[dict[str, Any]]:
+        for entry in self.partitions:
+            yield from self.manifest(entry["id"]).select(_PAYLOAD_COLUMNS).to_pylist()
+
+    def _rows_of(self, keys: list[str]) -> list[dict[str, Any]]:
+        """The payload rows of ``keys``, in their order; one pass over the manifests."""
+        if not keys:
+            return []
+        self.require_keys(keys)
+        table = self.select(keys=keys).rows(_PAYLOAD_COLUMNS)
+        by_key = {row["key"]: row for row in table.to_pylist()}
+        return [by_key[key] for key in keys]
 
     def _fetch(
         self, rows: list[dict[str, Any]]

@@ -7,9 +7,32 @@ exception means the same thing, the shardlake error also inherits it, so callers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ShardlakeError(Exception):
-    """Root of every error shardlake raises on purpose."""
+    """Root of every error shardlake raises on purpose.
+
+    Parameters
+    ----------
+    *args
+        The message (and any further arguments the built-in base takes).
+    options
+        Names of the settings that would fix the problem, in library terms (keyword arguments
+        such as ``"shard_size"`` or ``"force"``); the CLI shows them as flags.
+    """
+
+    def __init__(self, *args: object, options: Sequence[str] = ()) -> None:
+        super().__init__(*args)
+        self.options: tuple[str, ...] = tuple(options)
+
+
+class NotFoundError(ShardlakeError, LookupError):
+    """A named thing (version tag, keyset, partition, sample key, stored object) does not exist."""
+
+
+class ConflictError(ShardlakeError, FileExistsError):
+    """Another writer got there first (name taken, commit sequence advanced); re-run to retry."""
 
 
 # --- usage and input -------------------------------------------------------------------------
@@ -50,11 +73,11 @@ class StoreError(ShardlakeError, OSError):
     """A storage operation failed."""
 
 
-class KeyNotFoundError(StoreError, FileNotFoundError):
+class KeyNotFoundError(StoreError, NotFoundError, FileNotFoundError):
     """The key does not exist in the store."""
 
 
-class AlreadyExistsError(StoreError, FileExistsError):
+class AlreadyExistsError(StoreError, ConflictError):
     """A create-if-absent write lost: the key already exists."""
 
 
@@ -74,19 +97,32 @@ class CapabilityError(StoreError):
     """The store does not keep a promise shardlake needs (e.g. it ignores If-None-Match)."""
 
 
+class OutcomeUnknownError(StoreError):
+    """A write whose reply was lost and whose effect could not be read back before the deadline:
+    it may or may not have taken effect."""
+
+
+class BucketNotFoundError(StoreError, FileNotFoundError):
+    """The bucket a store URL names does not exist (never mistaken for an absent key)."""
+
+
+class EndpointError(StoreError):
+    """The endpoint does not speak the store's protocol (e.g. a web server that is not S3)."""
+
+
+class CredentialsMissingError(StorePermissionError):
+    """No credentials were found for the store."""
+
+
+class CredentialsRejectedError(StorePermissionError):
+    """The store rejected the credentials themselves (unknown key id, wrong secret)."""
+
+
 # --- datasets --------------------------------------------------------------------------------
-
-
-class NotFoundError(ShardlakeError, LookupError):
-    """A named thing (version tag, keyset, partition, sample key) does not exist."""
 
 
 class VersionNotFoundError(NotFoundError):
     """The version tag is unknown in this root."""
-
-
-class ConflictError(ShardlakeError, FileExistsError):
-    """Another writer published first (tag taken, commit sequence advanced); re-run to retry."""
 
 
 class IntegrityError(ShardlakeError, OSError):
@@ -95,7 +131,3 @@ class IntegrityError(ShardlakeError, OSError):
 
 class PackWorkerError(ShardlakeError, RuntimeError):
     """One or more partition builds failed or their worker died; nothing was published."""
-
-
-class VerificationError(ShardlakeError, ValueError):
-    """A dataset does not match its source, its manifests or its version documents."""

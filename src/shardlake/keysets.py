@@ -11,6 +11,7 @@ For the loader: ``load_keyset(store, name)`` returns a :class:`Keyset` with ``ve
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -21,7 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import pathlists, sql
+from . import pathlists
 from .dataset import Dataset, open_dataset
 from .errors import (
     AlreadyExistsError,
@@ -32,8 +33,9 @@ from .errors import (
     SourceError,
 )
 from .format.layout import KEYSETS_DIR, check_name, keyset_key
+from .read.verified import read_verified
 from .store import Store, open_store
-from .versions import Version, ensure_root, utc_now
+from .versions import Version, canonical_json, ensure_root, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
@@ -129,10 +131,16 @@ def read_key_list(
     return _map(data, path, strip_prefix, source)
 
 
-def read_key_file(path: str, *, strip_prefix: str | None = None) -> tuple[list[str], list[str]]:
-    """:func:`parse_key_list` over a local file (or ``-`` for stdin)."""
-    mapping = read_key_list(path, strip_prefix=strip_prefix)
-    return mapping.keys, mapping.unmapped
+def keys_from_file(
+    ds: Dataset, path: str, *, strip_prefix: str | None = None
+) -> pathlists.KeyMapping:
+    """The keys a local key-list file names in version ``ds`` (``-``: stdin).
+
+    Absolute entries map to keys by ``strip_prefix`` or, without one, by the version's source
+    namespace (the packed source's path), so a training list of absolute paths needs nothing
+    more."""
+    namespace = None if strip_prefix is not None else ds.version.record.source_namespace
+    return read_key_list(path, strip_prefix=strip_prefix, source=namespace)
 
 
 def match_keys(
@@ -150,17 +158,14 @@ def match_keys(
     and the first 20, naming those that are ``is_skipped`` frames (known from the sidecar beside
     the listed file, ``local_paths``) and how many frames the version left out as skipped.
     """
-    table = ds.manifests(columns=["key", "partition"])
-    known = dict(
-        zip(table.column("key").to_pylist(), table.column("partition").to_pylist(), strict=True)
-    )
-    wanted = list(dict.fromkeys(keys))  # duplicates in a training list select once
-    unmatched = list(unmapped) + [k for k in wanted if k not in known]
-    allowed = allow_unmatched or 0
-    if len(unmatched) != allowed:
-        raise SelectionError(_unmatched_message(ds, unmatched, allow_unmatched, local_paths or {}))
-    found = [k for k in wanted if k in known]
-    return pa.table({"key": pa.array(found, pa.string()), "partition": [known[k] for k in found]})
+    selection = ds.select(keys=keys)
+    unmatched = list(unmapped) + selection.missing()
+    if len(unmatched) != (allow_unmatched or 0):
+        raise SelectionError(
+            _unmatched_message(ds, unmatched, allow_unmatched, local_paths or {}),
+            options=("allow_unmatched",),
+        )
+    return selection.rows(["key", "partition"], allow_missing=None)
 
 
 def _unmatched_message(
@@ -181,9 +186,9 @@ def _unmatched_message(
         notes.append(f"{len(skipped)} of them are is_skipped frames")
     left_out = skipped_note(ds.version.doc)
     if left_out:
-        notes.append(left_out + ", or pass --allow-unmatched N")
+        notes.append(left_out + ", or allow exactly that many unmatched entries")
     if allow is not None:
-        notes.append(f"--allow-unmatched says exactly {allow}")
+        notes.append(f"allow_unmatched is {allow}")
     if notes:
         what += " (" + "; ".join(notes) + ")"
     return what + (f": {shown}" if shown else "")
@@ -219,6 +224,11 @@ def _encode(
         "created_at": utc_now(),
         "samples": str(rows.num_rows),
     }
+    meta[CONTENT_DIGEST] = content_digest(
+        {k: str(v) for k, v in meta.items()},
+        rows.column("key").to_pylist(),
+        rows.column("partition").to_pylist(),
+    )
     kv = {(_PREFIX + k).encode(): str(v).encode() for k, v in meta.items()}
     sink = io.BytesIO()
     pq.write_table(rows.replace_schema_metadata(kv), sink, compression="zstd")
@@ -232,20 +242,28 @@ def create_keyset(
     version: str = "latest",
     where: str | None = None,
     keys: Sequence[str] | None = None,
+    key_file: str | None = None,
+    strip_prefix: str | None = None,
     unmapped: Sequence[str] = (),
     allow_unmatched: int | None = None,
     storage_options: dict[str, Any] | None = None,
     local_paths: Mapping[str, str] | None = None,
 ) -> Keyset:
-    """Select samples of ``version`` by ``where`` or ``keys`` and publish keyset ``name``.
+    """Select samples of ``version`` by ``where``, ``keys`` or ``key_file`` and publish keyset
+    ``name``.
 
-    Exactly one of ``where`` and ``keys``. Refused with :class:`ConflictError` if the name is
-    taken (keysets are immutable); nothing is written on any error. ``local_paths`` (key ->
-    listed local npz) lets an unmatched key be named as an ``is_skipped`` frame.
+    Exactly one of the three (``key_file``: see :func:`keys_from_file`). Refused with
+    :class:`ConflictError` if the name is taken (keysets are immutable); nothing is written on
+    any error. ``local_paths`` (key -> listed local npz) lets an unmatched key be named as an
+    ``is_skipped`` frame.
     """
     check_name("keyset", name)
-    if (where is None) == (keys is None):
-        raise SelectionError("give exactly one of a WHERE expression and a key list")
+    if sum(x is not None for x in (where, keys, key_file)) != 1:
+        raise SelectionError(
+            "give exactly one of where, keys and key_file", options=("where", "keys", "key_file")
+        )
+    if allow_unmatched is not None and allow_unmatched < 0:
+        raise SelectionError("allow_unmatched must be >= 0", options=("allow_unmatched",))
     store = open_store(url, storage_options)
     key = keyset_key(name)
     if store.exists(key):
@@ -253,9 +271,11 @@ def create_keyset(
             f"{store.key_url(key)}: keyset {name!r} already exists; keysets are immutable"
         )
     ds = open_dataset(store, version)
+    if key_file is not None:
+        listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
+        keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
     if where is not None:
-        manifests = ds.manifests()
-        rows = sql.select(manifests, where, columns=["key", "partition"])
+        rows = ds.select(where=where).rows(["key", "partition"])
         recipe: dict[str, Any] = {"where": where}
     else:
         keys = keys or []
@@ -263,10 +283,15 @@ def create_keyset(
             ds, keys, unmapped, allow_unmatched=allow_unmatched, local_paths=local_paths
         )
         recipe = {"keys": len(keys), "unmatched": len(unmapped) + len(keys) - rows.num_rows}
-    if rows.num_rows == 0:
-        raise SelectionError(f"keyset {name!r} would be empty: the selection matches no sample")
+    return _publish(store, name, rows, ds.version, recipe)
+
+
+def _publish(
+    store: Store, name: str, rows: pa.Table, version: Version, recipe: dict[str, Any]
+) -> Keyset:
+    key = keyset_key(name)
     marker = ensure_root(store)
-    data = _encode(name, rows, ds.version, str(marker["dataset_id"]), recipe)
+    data = _encode(name, rows, version, str(marker["dataset_id"]), recipe)
     try:
         store.create(key, data)
     except AlreadyExistsError as exc:
@@ -274,6 +299,21 @@ def create_keyset(
             f"{store.key_url(key)}: keyset {name!r} was created by another writer meanwhile"
         ) from exc
     return decode_keyset(data, name, store.key_url(key))
+
+
+# The keyset's digest over its own content (docs/format.md, "Integrity"); older keysets lack it.
+CONTENT_DIGEST = "content_sha256"
+
+
+def content_digest(meta: Mapping[str, str], keys: list[str], partitions: list[str]) -> str:
+    """sha256 of the canonical JSON of a keyset's rows and ``shardlake.*`` metadata (without
+    the digest itself): any flipped byte that parquet decodes anyway changes it."""
+    body = {
+        "keys": keys,
+        "partitions": partitions,
+        "metadata": {k: v for k, v in meta.items() if k != CONTENT_DIGEST},
+    }
+    return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
 def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
@@ -304,6 +344,9 @@ def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
         raise FormatError(f"{where}: keyset is unreadable ({exc})") from exc
     if int(kv.get("samples", len(keyset.keys))) != len(keyset.keys):
         raise FormatError(f"{where}: keyset row count does not match its metadata")
+    digest = kv.get(CONTENT_DIGEST)
+    if digest is not None and digest != content_digest(kv, keyset.keys, keyset.partitions):
+        raise FormatError(f"{where}: keyset content does not match its {CONTENT_DIGEST}")
     return keyset
 
 
@@ -313,14 +356,19 @@ def load_keyset(
     """Read keyset ``name``; :class:`NotFoundError` if there is none."""
     check_name("keyset", name)
     store = open_store(url, storage_options)
-    key = keyset_key(name)
     try:
-        data = store.read(key)
+        return load_keyset_bytes(store, name)[0]
     except FileNotFoundError:
         available = list_keyset_names(store)
         hint = f"; keysets here: {', '.join(available[:20])}" if available else "; there are none"
         raise NotFoundError(f"{store.url}: no keyset {name!r}{hint}") from None
-    return decode_keyset(data, name, store.key_url(key))
+
+
+def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:
+    """Keyset ``name`` and its verified bytes (a mismatch is re-read, then refused)."""
+    key = keyset_key(name)
+    where = store.key_url(key)
+    return read_verified(store, key, lambda data: decode_keyset(data, name, where))
 
 
 def list_keyset_names(store: Store) -> list[str]:

@@ -130,10 +130,13 @@ def source_npz_paths(
     for entry in entries:
         rel = _relative(entry, root, prefix)
         if rel is None:
-            how = f"--strip-prefix {strip_prefix}" if strip_prefix else f"the source {root or '?'}"
+            how = (
+                f"the strip_prefix {strip_prefix}" if strip_prefix else f"the source {root or '?'}"
+            )
             raise SourceError(
-                f"{entry.where}: {shorten(entry.text)} is absolute but not under {how}; pass "
-                "--strip-prefix OLD_ROOT when the list was written for another location"
+                f"{entry.where}: {shorten(entry.text)} is absolute but not under {how}; give the "
+                "old root as strip_prefix when the list was written for another location",
+                options=("strip_prefix",),
             )
         if not rel.endswith(NPZ):
             raise SourceError(f"{entry.where}: {shorten(entry.text)} is not an .npz path")

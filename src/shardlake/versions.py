@@ -14,11 +14,15 @@ import hashlib
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import cached_property
 from typing import Any
 
+import pyarrow as pa
+
+from .catalog import Catalog, load_catalog, publish_catalog, read_partitions
 from .errors import (
     AlreadyExistsError,
     ConflictError,
@@ -27,11 +31,18 @@ from .errors import (
     UsageError,
     VersionNotFoundError,
 )
-from .format.documents import COMMIT_SCHEMA, VERSION_SCHEMA, CommitRecord, VersionRecord
+from .format.catalog import CatalogRef, ObjectRef
+from .format.documents import (
+    COMMIT_SCHEMA,
+    VERSION_SCHEMA,
+    CommitRecord,
+    VersionHeader,
+    VersionRecord,
+)
 from .format.layout import (
     COMMITS_DIR,
     DATA_DIR,
-    FORMAT_VERSION,
+    RECORD_FORMAT_VERSION,
     ROOT_MARKER,
     check_name,
     commit_key,
@@ -39,6 +50,7 @@ from .format.layout import (
     version_key,
 )
 from .format.manifest import entry_mismatches, parse_manifest
+from .read.verified import read_verified
 from .store import Store
 
 ROOT_SCHEMA = "shardlake.root/1"
@@ -100,31 +112,61 @@ class RootState:
 
 @dataclass(frozen=True)
 class Version:
-    """A published version: its tag, hash and parsed document."""
+    """A published version: its tag, hash and record header; the partition list is read from
+    the catalog's partitions table on first use (format 2) or is inline (format 1)."""
 
     tag: str
     hash: str
-    doc: dict[str, Any]
-    record: VersionRecord  # the document, parsed and validated once
+    header_doc: dict[str, Any]  # the record as stored (format 2: no partition list)
+    header: VersionHeader  # the record, validated
+    store: Store | None = field(default=None, compare=False, repr=False)
 
     @classmethod
-    def parse(cls, tag: str, version_hash: str, data: bytes, where: str) -> Version:
-        """A version from its document bytes, checked against its hash, tag and schema."""
+    def parse(
+        cls, tag: str, version_hash: str, data: bytes, where: str, store: Store | None = None
+    ) -> Version:
+        """A version from its record bytes, checked against its hash, tag and schema."""
         if hash_bytes(data) != version_hash:
             raise FormatError(f"{where}: version document does not match its hash")
         doc = parse_json(data, where)
-        record = VersionRecord.from_json(doc, where)
-        if record.tag != tag:
-            raise FormatError(f"{where}: document is for tag {record.tag!r}, not {tag!r}")
-        return cls(tag, version_hash, doc, record)
+        header = VersionHeader.from_json(doc, where)
+        if header.tag != tag:
+            raise FormatError(f"{where}: document is for tag {header.tag!r}, not {tag!r}")
+        if header.catalog is not None and store is None:
+            raise FormatError(f"{where}: a format-2 version needs its store to read its catalog")
+        return cls(tag, version_hash, doc, header, store)
 
-    @property
+    @cached_property
     def partitions(self) -> list[dict[str, Any]]:
-        return list(self.doc["partitions"])
+        """Partition entries (format 2: with the ``segment`` holding their catalog rows)."""
+        ref = self.header.catalog
+        if ref is None:
+            return list(self.header_doc["partitions"])
+        if self.store is None:  # parse refuses this; a hand-built Version may not
+            raise FormatError(f"version {self.tag!r}: no store to read its catalog from")
+        return read_partitions(self.store, ref.partitions, f"version {self.tag!r}")
+
+    @cached_property
+    def doc(self) -> dict[str, Any]:
+        """The record with its partition list (the format-1 shape, for every format)."""
+        return {**self.header_doc, "partitions": self.partitions}
+
+    @cached_property
+    def record(self) -> VersionRecord:
+        return VersionRecord.from_json(self.doc, f"version {self.tag!r} ({self.hash})")
 
     @property
     def samples(self) -> int:
-        return self.record.samples
+        return self.header.samples
+
+    @property
+    def partition_count(self) -> int:
+        return self.header.partition_count
+
+    def catalog_objects(self) -> list[ObjectRef]:
+        """The catalog objects the record references (none for format 1)."""
+        ref = self.header.catalog
+        return [] if ref is None else [ref.partitions, *ref.segments]
 
 
 def read_root_marker(store: Store) -> dict[str, Any] | None:
@@ -132,11 +174,14 @@ def read_root_marker(store: Store) -> dict[str, Any] | None:
         data = store.read(ROOT_MARKER)
     except KeyNotFoundError:
         return None
-    doc = parse_json(data, store.key_url(ROOT_MARKER))
+    return parse_root_marker(data, store.key_url(ROOT_MARKER))
+
+
+def parse_root_marker(data: bytes, where: str) -> dict[str, Any]:
+    """The root marker document from its bytes; refused unless it is a shardlake root marker."""
+    doc = parse_json(data, where)
     if doc.get("format") != ROOT_SCHEMA:
-        raise FormatError(
-            f"{store.key_url(ROOT_MARKER)}: not a shardlake root (format {doc.get('format')!r})"
-        )
+        raise FormatError(f"{where}: not a shardlake root (format {doc.get('format')!r})")
     return doc
 
 
@@ -150,7 +195,7 @@ def ensure_root(store: Store, dataset_id: str | None = None) -> dict[str, Any]:
     if marker is None:
         candidate = {
             "format": ROOT_SCHEMA,
-            "format_version": FORMAT_VERSION,
+            "format_version": RECORD_FORMAT_VERSION,
             "dataset_id": dataset_id or uuid.uuid4().hex,
             "created_at": utc_now(),
         }
@@ -176,12 +221,45 @@ def read_state(store: Store) -> RootState:
     return read_commit(store, max(seqs))
 
 
+# A commit record's digest over its own content (docs/format.md, "Integrity"): nothing else
+# references the newest record, so it proves itself. Records written before it have none.
+RECORD_DIGEST = "record_sha256"
+
+
+def seal_record(record: Mapping[str, Any]) -> bytes:
+    """``record``'s bytes with :data:`RECORD_DIGEST` set: the sha256 of its canonical JSON."""
+    body = {k: v for k, v in record.items() if k != RECORD_DIGEST}
+    digest = hashlib.sha256(canonical_json(body)).hexdigest()
+    return canonical_json({**body, RECORD_DIGEST: digest})
+
+
+def parse_sealed(data: bytes, where: str) -> dict[str, Any]:
+    """A JSON document checked against its :data:`RECORD_DIGEST` (when it has one)."""
+    doc = parse_json(data, where)
+    digest = doc.get(RECORD_DIGEST)
+    if digest is None:
+        return doc
+    body = {k: v for k, v in doc.items() if k != RECORD_DIGEST}
+    if hashlib.sha256(canonical_json(body)).hexdigest() != digest:
+        raise FormatError(f"{where}: content does not match its {RECORD_DIGEST}")
+    return doc
+
+
+def read_commit_record(store: Store, seq: int) -> CommitRecord:
+    """Commit ``seq``, verified (digest, schema) before use; a mismatch is re-read, then refused."""
+    key = commit_key(seq)
+    where = store.key_url(key)
+
+    def check(data: bytes) -> CommitRecord:
+        return CommitRecord.from_json(parse_sealed(data, where), where, seq)
+
+    return read_verified(store, key, check)[0]
+
+
 def read_commit(store: Store, seq: int) -> RootState:
     if seq == 0:
         return RootState()
-    key = commit_key(seq)
-    where = store.key_url(key)
-    record = CommitRecord.from_json(parse_json(store.read(key), where), where, seq)
+    record = read_commit_record(store, seq)
     return RootState(
         seq=seq,
         versions=dict(record.versions),
@@ -207,7 +285,7 @@ def _commit(
         **detail,
     }
     try:
-        store.create(commit_key(base.seq + 1), canonical_json(record))
+        store.create(commit_key(base.seq + 1), seal_record(record))
     except AlreadyExistsError as exc:
         raise ConflictError(
             f"{store.url}: another writer committed (commit {base.seq + 1}) while this {op} ran; "
@@ -216,12 +294,20 @@ def _commit(
     return new
 
 
-def build_version_doc(tag: str, body: Mapping[str, Any]) -> bytes:
-    """Serialise a version document (``body`` plus the schema fields) to its canonical bytes."""
-    doc = dict(body)
-    doc.update({"format": VERSION_SCHEMA, "format_version": FORMAT_VERSION, "tag": tag})
-    doc["partitions"] = sorted(doc.get("partitions", []), key=lambda p: p["id"])
-    doc["samples"] = sum(int(p["samples"]) for p in doc["partitions"])
+# Fields of a body that publish computes itself (a body copied from an older record may hold them).
+_COMPUTED_FIELDS = ("partitions", "partition_count", "catalog", "samples", "format")
+
+
+def build_version_doc(
+    tag: str, body: Mapping[str, Any], partitions: Sequence[Mapping[str, Any]], catalog: CatalogRef
+) -> bytes:
+    """Serialise a format-2 version record (``body``'s fields, the partition count and sample
+    total of ``partitions``, and the ``catalog`` reference) to its canonical bytes."""
+    doc = {k: v for k, v in body.items() if k not in _COMPUTED_FIELDS}
+    doc.update({"format": VERSION_SCHEMA, "format_version": RECORD_FORMAT_VERSION, "tag": tag})
+    doc["partition_count"] = len(partitions)
+    doc["samples"] = sum(int(p["samples"]) for p in partitions)
+    doc["catalog"] = catalog.to_json()
     doc.setdefault("created_at", utc_now())
     return canonical_json(doc)
 
@@ -247,12 +333,17 @@ def _referenced(partitions: Iterable[Mapping[str, Any]]) -> set[str]:
     return keys
 
 
-def _base_partitions(store: Store, body: Mapping[str, Any], state: RootState) -> list[Any]:
-    """The partition entries of the live base version ``body`` names (none without one)."""
+def _base_catalog(store: Store, body: Mapping[str, Any], state: RootState) -> Catalog | None:
+    """The catalog of the live base version ``body`` names (none without one).
+
+    Reading it costs the base record and its partitions table (segments are read only if a
+    merge needs them); a format-1 base without an attached catalog has none to reuse.
+    """
     base_tag = body.get("base")
     if base_tag is None or base_tag not in state.versions:
-        return []
-    return load_version_by_hash(store, base_tag, state.versions[base_tag]).partitions
+        return None
+    base = load_version_by_hash(store, base_tag, state.versions[base_tag])
+    return load_catalog(store, base, build=False)
 
 
 def _missing_objects(store: Store, body: Mapping[str, Any], base_parts: list[Any]) -> list[str]:
@@ -276,7 +367,7 @@ def _missing_objects(store: Store, body: Mapping[str, Any], base_parts: list[Any
 
 def _with_manifest_digests(
     store: Store, partitions: list[Any], base_parts: list[Any]
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], dict[str, pa.Table]]:
     """``partitions`` with each entry's ``manifest_sha256``/``manifest_size`` set.
 
     A manifest the base already records keeps its digest; any other is read once, checked
@@ -289,8 +380,10 @@ def _with_manifest_digests(
         if e.get("manifest_sha256")
     }
     out = []
+    fresh: dict[str, pa.Table] = {}
     for entry in partitions:
         entry = dict(entry)
+        entry.pop("segment", None)  # publish decides where this version's rows live
         key = entry.get("manifest")
         if key:
             if key in known:
@@ -302,10 +395,11 @@ def _with_manifest_digests(
                 if problems:
                     raise FormatError(f"{store.key_url(key)}: " + "; ".join(problems))
                 digest, size = hashlib.sha256(data).hexdigest(), len(data)
+                fresh[entry["id"]] = table
             entry["manifest_sha256"] = digest
             entry["manifest_size"] = size
         out.append(entry)
-    return out
+    return out, fresh
 
 
 def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootState) -> Version:
@@ -328,7 +422,8 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
             f"{store.url}: gc is deleting unreferenced objects (commit {current.seq}); nothing "
             "was published by this run - re-run it when gc has finished"
         )
-    base_parts = _base_partitions(store, body, current)
+    base_catalog = _base_catalog(store, body, current)
+    base_parts = base_catalog.entries if base_catalog is not None else []
     missing = _missing_objects(store, body, base_parts)
     if missing:
         # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
@@ -337,9 +432,12 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
             f"{store.url}: {len(missing)} object(s) this version references are gone (e.g. "
             f"{missing[0]}; deleted by gc?); nothing was published by this run - re-run it"
         )
-    body = dict(body)
-    body["partitions"] = _with_manifest_digests(store, body.get("partitions", []), base_parts)
-    data = build_version_doc(tag, body)
+    parts, fresh = _with_manifest_digests(store, body.get("partitions", []), base_parts)
+    ids = [p["id"] for p in parts]
+    if len(set(ids)) != len(ids):
+        raise FormatError(f"{store.url}: version {tag!r} lists a partition twice")
+    catalog, parts = publish_catalog(store, parts, base_catalog, fresh)
+    data = build_version_doc(tag, body, parts, catalog)
     version_hash = hash_bytes(data)
     key = version_key(tag, version_hash)
     try:
@@ -353,7 +451,7 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
     versions[tag] = version_hash
     new = RootState(base.seq + 1, versions, base.retired, tag)
     _commit(store, base, new, "publish", {"tag": tag, "version": version_hash})
-    return Version.parse(tag, version_hash, data, store.key_url(key))
+    return Version.parse(tag, version_hash, data, store.key_url(key), store)
 
 
 def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> RootState:
@@ -365,7 +463,9 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
             raise VersionNotFoundError(f"{store.url}: no live version {tag!r}")
     if base.latest in tags and not force:
         raise UsageError(
-            f"{store.url}: version {base.latest!r} is what 'latest' points to; pass --force to retire it"
+            f"{store.url}: version {base.latest!r} is what 'latest' points to; retiring it "
+            "needs force",
+            options=("force",),
         )
     versions = {t: h for t, h in base.versions.items() if t not in tags}
     latest = base.latest
@@ -399,12 +499,21 @@ def load_version(store: Store, tag: str = "latest", state: RootState | None = No
 
 
 def load_version_by_hash(store: Store, tag: str, version_hash: str) -> Version:
+    """The version document ``tag``/``version_hash``, checked against its hash before use
+    (a mismatch is re-read, then refused naming the document)."""
+    return load_version_bytes(store, tag, version_hash)[0]
+
+
+def load_version_bytes(store: Store, tag: str, version_hash: str) -> tuple[Version, bytes]:
+    """:func:`load_version_by_hash` and the verified bytes (export copies exactly these)."""
     key = version_key(tag, version_hash)
+    where = store.key_url(key)
     try:
-        data = store.read(key)
+        return read_verified(
+            store, key, lambda data: Version.parse(tag, version_hash, data, where, store)
+        )
     except KeyNotFoundError as exc:
-        raise FormatError(f"{store.key_url(key)}: version document missing") from exc
-    return Version.parse(tag, version_hash, data, store.key_url(key))
+        raise FormatError(f"{where}: version document missing") from exc
 
 
 def list_versions(store: Store) -> list[tuple[str, str, bool]]:

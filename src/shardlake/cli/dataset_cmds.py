@@ -9,13 +9,19 @@ import os
 import sys
 from typing import Any
 
-from .common import add_json_flag, print_json
+from .common import add_storage_flags, finish_command, open_root, print_json
 
 SHOW_MAX = 20
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_query(sub)
+    _add_get(sub)
+    _add_keyset(sub)
+
+
+def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "query",
         help="run a sandboxed SQL WHERE over a version's manifests",
@@ -32,8 +38,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     fmt.add_argument("--json", action="store_true", help="JSON lines, one object per row")
     fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
     fmt.add_argument("--count", action="store_true", help="print only the number of rows")
+    add_storage_flags(p)
     p.set_defaults(func=cmd_query)
 
+
+def _add_get(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "get",
         help="fetch samples by key (one ranged read each) and show or save their arrays",
@@ -48,9 +57,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument("--out", metavar="FILE.npz", help="write the (single) sample to this npz file")
     p.add_argument("--out-dir", metavar="DIR", help="write <key>.npz (+ .json) for every key")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_get)
+    finish_command(p, cmd_get)
 
+
+def _add_keyset(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "keyset",
         help="named, immutable sample selections bound to one version",
@@ -79,21 +89,17 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="accept exactly N entries that match no key (default 0)",
     )
     c.add_argument("--version", dest="tag", default="latest", metavar="TAG")
-    add_json_flag(c)
-    c.set_defaults(func=cmd_keyset_create)
+    finish_command(c, cmd_keyset_create)
     c = ks.add_parser("list", help="list the keysets of the root")
-    add_json_flag(c)
-    c.set_defaults(func=cmd_keyset_list)
+    finish_command(c, cmd_keyset_list)
     c = ks.add_parser("show", help="describe one keyset")
     c.add_argument("name", metavar="NAME")
     c.add_argument("--keys", dest="show_keys", action="store_true", help="print every key")
-    add_json_flag(c)
-    c.set_defaults(func=cmd_keyset_show)
+    finish_command(c, cmd_keyset_show)
     c = ks.add_parser("check", help="prove two keysets disjoint (exit 1 if they overlap)")
     c.add_argument("a", metavar="A")
     c.add_argument("b", metavar="B")
-    add_json_flag(c)
-    c.set_defaults(func=cmd_keyset_check)
+    finish_command(c, cmd_keyset_check)
 
 
 # --- query / get -------------------------------------------------------------------------------
@@ -102,13 +108,11 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 def cmd_query(args: argparse.Namespace) -> int:
     import pyarrow.csv as pacsv
 
-    from ..access import query
-    from ..dataset import open_dataset
     from ..errors import UsageError
 
     if args.limit is not None and args.limit < 0:
-        raise UsageError("--limit must be >= 0")
-    table = query(open_dataset(args.root, args.tag), args.where, args.columns)
+        raise UsageError("the row limit must be >= 0", options=("limit",))
+    table = open_root(args).dataset(args.tag).query(args.where, args.columns)
     if args.count:
         print(table.num_rows)
         return 0
@@ -138,21 +142,29 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_get(args: argparse.Namespace) -> int:
-    from ..access import npz_bytes, sidecar_json
-    from ..dataset import open_dataset
-    from ..errors import UsageError
-    from ..keysets import read_key_file
+    from ..errors import SelectionError, UsageError
+    from ..format.source_form import npz_bytes, sidecar_json
+    from ..keysets import keys_from_file
 
+    if not args.keys and not args.keys_file:
+        raise UsageError("give at least one KEY", options=("keys",))
+    ds = open_root(args).dataset(args.tag)
     keys = list(args.keys)
     if args.keys_file:
-        listed, _unmapped = read_key_file(args.keys_file)
-        keys.extend(listed)
+        listed = keys_from_file(ds, args.keys_file)
+        if listed.unmapped:
+            raise SelectionError(
+                f"{args.keys_file}: {len(listed.unmapped)} entr(ies) name no key of version "
+                f"{ds.tag!r}, e.g. {listed.unmapped[0]!r}"
+            )
+        keys.extend(listed.keys)
     if not keys:
-        raise UsageError("give at least one KEY (or --keys FILE)")
+        raise UsageError("give at least one KEY", options=("keys",))
     if args.out and len(keys) != 1:
-        raise UsageError("--out writes one sample; use --out-dir for several keys")
-    ds = open_dataset(args.root, args.tag)
-    rows = {key: ds.locate(key) for key in keys}  # every key checked before anything is written
+        raise UsageError("one output file holds one sample", options=("out_dir",))
+    ds.require_keys(keys)  # every key checked before anything is written
+    table = ds.select(keys=keys).rows() if args.out_dir else None
+    rows = {row["key"]: row for row in table.to_pylist()} if table is not None else {}
     described: list[dict[str, Any]] = []
     for key, arrays in ds.iter_samples(keys):
         if args.out:
@@ -187,30 +199,19 @@ def _write_file(path: str, data: bytes) -> None:
 
 def cmd_keyset_create(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from ..keysets import create_keyset, read_key_list
 
-    if args.allow_unmatched is not None and args.allow_unmatched < 0:
-        raise UsageError("--allow-unmatched must be >= 0")
     if args.where is not None and (args.strip_prefix or args.allow_unmatched is not None):
-        raise UsageError("--strip-prefix and --allow-unmatched go with --keys")
-    keys = unmapped = local_paths = None
-    if args.keys_file is not None:
-        namespace = None
-        if args.strip_prefix is None:  # absolute entries under the packed source map by themselves
-            from ..dataset import open_dataset
-
-            namespace = open_dataset(args.root, args.tag).version.doc.get("source_namespace")
-        listed = read_key_list(args.keys_file, strip_prefix=args.strip_prefix, source=namespace)
-        keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
-    keyset = create_keyset(
-        args.root,
+        raise UsageError(
+            "strip_prefix and allow_unmatched go with a key list",
+            options=("keys", "strip_prefix", "allow_unmatched"),
+        )
+    keyset = open_root(args).create_keyset(
         args.name,
         version=args.tag,
         where=args.where,
-        keys=keys,
-        unmapped=unmapped or (),
+        key_file=args.keys_file,
+        strip_prefix=args.strip_prefix,
         allow_unmatched=args.allow_unmatched,
-        local_paths=local_paths,
     )
     if args.json:
         print_json(keyset.info())
@@ -223,9 +224,7 @@ def cmd_keyset_create(args: argparse.Namespace) -> int:
 
 
 def cmd_keyset_list(args: argparse.Namespace) -> int:
-    from ..keysets import list_keysets
-
-    keysets = list_keysets(args.root)
+    keysets = open_root(args).keysets()
     if args.json:
         print_json([k.info() for k in keysets])
     else:
@@ -235,9 +234,7 @@ def cmd_keyset_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keyset_show(args: argparse.Namespace) -> int:
-    from ..keysets import load_keyset
-
-    keyset = load_keyset(args.root, args.name)
+    keyset = open_root(args).keyset(args.name)
     info = keyset.info()
     keys = keyset.keys if args.show_keys else keyset.keys[:SHOW_MAX]
     if args.json:
@@ -255,9 +252,7 @@ def cmd_keyset_show(args: argparse.Namespace) -> int:
 
 
 def cmd_keyset_check(args: argparse.Namespace) -> int:
-    from ..keysets import check_disjoint
-
-    report = check_disjoint(args.root, args.a, args.b)
+    report = open_root(args).check_disjoint(args.a, args.b)
     if args.json:
         print_json(report.to_json())
     elif report.disjoint:

@@ -6,7 +6,14 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_json_flag, print_json
+from .common import (
+    add_storage_flags,
+    finish_command,
+    open_root,
+    parse_storage_options,
+    print_json,
+    progress_wanted,
+)
 
 SHOW_MAX = 20
 
@@ -23,6 +30,16 @@ def _workers_flag(p: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_remove(sub)
+    _add_prune_version(sub)
+    _add_gc(sub)
+    _add_scrub(sub)
+    _add_export(sub)
+    _add_verify(sub)
+    _add_verify_offsets(sub)
+
+
+def _add_remove(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "remove",
         help="publish a new version without some partitions or samples",
@@ -37,16 +54,18 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     what.add_argument("--keys", dest="keys_file", metavar="FILE", help="file of keys to drop")
     what.add_argument("--where", metavar="SQL", help="drop the samples matching this expression")
     p.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_remove)
+    finish_command(p, cmd_remove)
 
+
+def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("prune-version", help="retire version tags (gc reclaims their bytes)")
     p.add_argument("root", metavar="ROOT")
     p.add_argument("tags", metavar="TAG", nargs="+")
     p.add_argument("--force", action="store_true", help="also retire the version 'latest' names")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_prune)
+    finish_command(p, cmd_prune)
 
+
+def _add_gc(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "gc",
         help="delete objects no live version or keyset references",
@@ -63,9 +82,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="only release the lock of a gc that died (publishes wait for it until it expires)",
     )
     p.add_argument("--yes", action="store_true", help="with --break-lock: do not ask")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_gc)
+    finish_command(p, cmd_gc)
 
+
+def _add_scrub(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("scrub", help="re-read every payload and check its checksums")
     p.add_argument("root", metavar="ROOT")
     which = p.add_mutually_exclusive_group()
@@ -73,9 +93,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     which.add_argument("--all", action="store_true", help="every live version")
     _progress_flag(p)
     _workers_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_scrub)
+    finish_command(p, cmd_scrub)
 
+
+def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "export",
         help="copy a version to another store (or write it out as npz + json)",
@@ -90,16 +111,19 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "--keyset", action="append", metavar="NAME", help="keyset(s) to carry (npz: to select)"
     )
     p.add_argument("--format", choices=("root", "npz"), default="root")
+    add_storage_flags(p, "dest", "DEST")
     _progress_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_export)
+    finish_command(p, cmd_export)
 
+
+def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "verify",
         help="prove a version equals its source tree, bit for bit",
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--source", required=True, metavar="SOURCE")
+    add_storage_flags(p, "source", "SOURCE")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument(
         "--path-list",
@@ -123,9 +147,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
     _progress_flag(p)
     _workers_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_verify)
+    finish_command(p, cmd_verify)
 
+
+def _add_verify_offsets(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "verify-offsets",
         help="check manifest offsets against tar headers and manifests against the version",
@@ -133,67 +158,39 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     _progress_flag(p)
-    add_json_flag(p)
-    p.set_defaults(func=cmd_verify_offsets)
-
-
-def _progress(args: argparse.Namespace) -> bool | None:
-    return False if getattr(args, "quiet", False) or getattr(args, "json", False) else None
+    finish_command(p, cmd_verify_offsets)
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    from ..errors import NotFoundError
-    from ..keysets import read_key_list
-    from ..lifecycle import remove
-
-    keys = None
-    if args.keys_file:
-        prefix = args.strip_prefix
-        namespace = None
-        if prefix is None:  # absolute entries under the packed source map by themselves
-            from ..dataset import open_dataset
-
-            namespace = open_dataset(args.root, args.base).version.doc.get("source_namespace")
-        listed = read_key_list(args.keys_file, strip_prefix=prefix, source=namespace)
-        keys, unmapped = listed.keys, listed.unmapped
-        if unmapped:
-            raise NotFoundError(
-                f"{len(unmapped)} entr{'y' if len(unmapped) == 1 else 'ies'} of {args.keys_file} "
-                f"do not start with {prefix or namespace}: "
-                + ", ".join(repr(e) for e in unmapped[:SHOW_MAX])
-            )
-    version, counts = remove(
-        args.root, args.tag, base=args.base, partitions=args.partition, keys=keys, where=args.where
+    report = open_root(args).remove(
+        args.tag,
+        base=args.base,
+        partitions=args.partition,
+        key_file=args.keys_file,
+        strip_prefix=args.strip_prefix,
+        where=args.where,
     )
     if args.json:
-        print_json(
-            {"tag": version.tag, "version": version.hash, "samples": version.samples, **counts}
-        )
+        print_json(report.to_json())
     else:
-        print(
-            f"published {version.tag} ({version.hash}): {version.samples} samples; removed "
-            f"{counts['samples_removed']} sample(s), {counts['partitions_removed']} partition(s); "
-            f"{counts['manifests_written']} new manifest revision(s), no new shards"
-        )
+        print(report.summary())
     return 0
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    from ..lifecycle import prune_versions
-
-    state = prune_versions(args.root, args.tags, force=args.force)
+    report = open_root(args).prune(args.tags, force=args.force)
     if args.json:
-        print_json({"retired": args.tags, "latest": state.latest, "live": list(state.versions)})
+        print_json(report.to_json())
     else:
-        print(f"retired {', '.join(args.tags)}; latest is now {state.latest or '(none)'}")
+        print(f"retired {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
         print("run 'shardlake gc' to reclaim their storage")
     return 0
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from ..lifecycle import collect_garbage
-    from ..lifecycle.common import human_bytes
     from ..lifecycle.gc import parse_duration
+    from ..progress import human_bytes
 
     if args.break_lock:
         return _break_lock(args)
@@ -217,36 +214,36 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _break_lock(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from ..lifecycle.gc import break_lock, describe_lock
-    from ..store import open_store
-    from ..versions import read_state
+    from ..lifecycle.gc import describe_lock
 
-    store = open_store(args.root)
-    lock = read_state(store).gc_lock
+    root = open_root(args)
+    lock = root.gc_lock()
     if lock is None:
-        raise UsageError(f"{store.url}: no gc lock is held; nothing to break")
+        raise UsageError(f"{root.url}: no gc lock is held; nothing to break")
     if not args.yes:
         if not sys.stdin.isatty():
-            raise UsageError("--break-lock needs confirmation: pass --yes (stdin is no terminal)")
+            raise UsageError(
+                "breaking the gc lock needs confirmation (stdin is no terminal)", options=("yes",)
+            )
         answer = input(f"{describe_lock(lock)}. Break it only if that gc is dead. Break? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("lock kept", file=sys.stderr)
             return 1
-    held = break_lock(store)
+    broken = root.break_gc_lock()
     if args.json:
-        print_json({"broken": held.gc_lock})
+        print_json({"broken": broken})
     else:
-        print(f"broke the gc lock: {describe_lock(held.gc_lock)}")
+        print(f"broke the gc lock: {describe_lock(broken)}")
     return 0
 
 
 def cmd_scrub(args: argparse.Namespace) -> int:
-    from ..lifecycle import scrub
-    from ..lifecycle.common import human_bytes, problem_counts
+    from ..lifecycle.common import problem_counts
+    from ..progress import human_bytes
     from ..read.payloads import CORRUPT_AT_REST
 
-    report = scrub(
-        args.root, args.tag, all_versions=args.all, progress=_progress(args), workers=args.workers
+    report = open_root(args).scrub(
+        args.tag, all_versions=args.all, progress=progress_wanted(args), workers=args.workers
     )
     if args.json:
         print_json(report.to_json())
@@ -272,29 +269,22 @@ def cmd_scrub(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..lifecycle import export_npz, export_version
+    from ..lifecycle.export import ExportReport
 
-    if args.format == "npz":
-        if args.keyset and len(args.keyset) > 1:
-            raise UsageError("--format npz takes at most one --keyset")
-        npz = export_npz(
-            args.root,
-            args.dest,
-            version=args.tag,
-            keyset=args.keyset[0] if args.keyset else None,
-            progress=_progress(args),
-        )
-        if args.json:
-            print_json(npz.to_json())
-        else:
-            print(f"wrote {npz.samples} npz file(s) and {npz.sidecars} sidecar(s) to {npz.dest}")
-        return 0
-    report = export_version(
-        args.root, args.dest, version=args.tag, keysets=args.keyset, progress=_progress(args)
+    report = open_root(args).export(
+        args.dest,
+        version=args.tag,
+        keysets=args.keyset,
+        format=args.format,
+        dest_options=parse_storage_options(args.dest_storage_options) or None,
+        progress=progress_wanted(args),
     )
     if args.json:
         print_json(report.to_json())
+    elif not isinstance(report, ExportReport):
+        print(
+            f"wrote {report.samples} npz file(s) and {report.sidecars} sidecar(s) to {report.dest}"
+        )
     else:
         print(
             f"exported {report.version} ({report.version_hash}) to {report.dest}: copied "
@@ -306,29 +296,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..lifecycle import verify_source
-
-    if args.allow_missing is not None and args.allow_missing < 0:
-        raise UsageError("--allow-missing must be >= 0")
-    from ..pack.source import scoped_frame_keys
-
-    only_keys = scoped_frame_keys(
-        args.source,
-        path_list=args.path_list,
-        strip_prefix=args.strip_prefix,
-        include=args.include,
-        exclude=args.exclude,
-    )
-    report = verify_source(
-        args.root,
+    report = open_root(args).verify(
         args.source,
         version=args.tag,
         allow_missing=args.allow_missing,
         expected_partitions=args.expected_partitions,
-        progress=_progress(args),
+        path_list=args.path_list,
+        strip_prefix=args.strip_prefix,
+        include=args.include,
+        exclude=args.exclude,
+        source_options=parse_storage_options(args.source_storage_options) or None,
+        progress=progress_wanted(args),
         workers=args.workers,
-        only_keys=only_keys,
     )
     if args.json:
         print_json(report.to_json())
@@ -352,9 +331,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_offsets(args: argparse.Namespace) -> int:
-    from ..lifecycle import verify_offsets
-
-    report = verify_offsets(args.root, args.tag, progress=_progress(args))
+    report = open_root(args).verify_offsets(args.tag, progress=progress_wanted(args))
     if args.json:
         print_json(report.to_json())
         return 0 if report.ok else 1

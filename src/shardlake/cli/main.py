@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import ShardlakeError, UsageError
-from . import dataset_cmds, lifecycle_cmds, pack_cmds, run_cmds
-from .common import resolve_local_paths
+from . import catalog_cmds, dataset_cmds, lifecycle_cmds, pack_cmds, run_cmds
+from .common import flag_advice, resolve_local_paths
 
-COMMAND_GROUPS = (pack_cmds, dataset_cmds, lifecycle_cmds, run_cmds)
+COMMAND_GROUPS = (pack_cmds, dataset_cmds, lifecycle_cmds, run_cmds, catalog_cmds)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,12 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     resolve_local_paths(args)
     try:
         code = args.func(args)
-    except UsageError as exc:
-        print(f"shardlake {args.command}: error: {exc}", file=sys.stderr)
-        return 2
     except ShardlakeError as exc:
-        print(f"shardlake {args.command}: error: {exc}", file=sys.stderr)
-        return 1
+        print(f"shardlake {args.command}: error: {_with_advice(exc, parser)}", file=sys.stderr)
+        return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         print(f"shardlake {args.command}: interrupted; nothing was published", file=sys.stderr)
         return 130
@@ -61,6 +58,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return int(code or 0)
+
+
+def _option_flags(parser: argparse.ArgumentParser) -> set[str]:
+    """Every ``--flag`` of the parser and its subcommands."""
+    flags: set[str] = set()
+    for action in parser._actions:
+        flags.update(o for o in action.option_strings if o.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                flags |= _option_flags(child)
+    return flags
+
+
+def _with_advice(exc: ShardlakeError, parser: argparse.ArgumentParser) -> str:
+    """The error's message, plus the flags that set the options it names (library terms)."""
+    known = _option_flags(parser)
+    flags = [f for f in flag_advice(exc.options).split(", ") if f in known]
+    return f"{exc} (see {', '.join(flags)})" if flags else str(exc)
 
 
 if __name__ == "__main__":

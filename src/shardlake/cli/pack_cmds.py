@@ -9,7 +9,12 @@ import sys
 from typing import Any
 
 from ..errors import UsageError
-from .common import add_json_flag, print_json
+from .common import (
+    finish_command,
+    open_root,
+    print_json,
+    progress_wanted,
+)
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 SHOW_MAX = 20
@@ -76,13 +81,22 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_inspect(sub)
+    _add_synth(sub)
+    _add_pack(sub)
+    _add_versions(sub)
+    _add_show(sub)
+
+
+def _add_inspect(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("inspect", help="report the partitions of a source tree (read-only)")
     p.add_argument("source", metavar="SOURCE")
     _add_rule_options(p)
     p.add_argument("--out", metavar="TSV", help="also write the per-partition table as TSV")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_inspect)
+    finish_command(p, cmd_inspect, opens_root=False)
 
+
+def _add_synth(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("synth", help="write a synthetic driving-frame corpus")
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("--partitions", type=int, required=True)
@@ -100,8 +114,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="flat: <log_dir>/ frames; converter: <location>/<split>/<date>/<time>/ frames plus "
         "routes/*.json, like Diffusion-Planner's converter",
     )
-    p.set_defaults(func=cmd_synth)
+    finish_command(p, cmd_synth, opens_root=False)
 
+
+def _add_pack(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("pack", help="pack a source tree into a new version of a dataset root")
     p.add_argument("source", metavar="SOURCE")
     p.add_argument("root", metavar="ROOT", help="dataset root URL (path, s3://, gs://, memory://)")
@@ -131,19 +147,20 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument(
         "--heartbeat", type=float, default=60.0, help="seconds without progress before a heartbeat"
     )
-    add_json_flag(p)
-    p.set_defaults(func=cmd_pack)
+    finish_command(p, cmd_pack)
 
+
+def _add_versions(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("versions", help="list the versions of a dataset root")
     p.add_argument("root", metavar="ROOT")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_versions)
+    finish_command(p, cmd_versions)
 
+
+def _add_show(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("show", help="describe one version (default: latest)")
     p.add_argument("root", metavar="ROOT")
     p.add_argument("tag", metavar="TAG", nargs="?", default="latest")
-    add_json_flag(p)
-    p.set_defaults(func=cmd_show)
+    finish_command(p, cmd_show)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -221,6 +238,16 @@ def cmd_synth(args: argparse.Namespace) -> int:
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
+    if args.json:
+        print_json(
+            {
+                "root": str(result.root),
+                "samples": result.samples,
+                "skipped": result.skipped,
+                "partitions": result.partitions,
+            }
+        )
+        return 0
     print(
         f"wrote {result.samples} frames ({result.skipped} skipped) in "
         f"{len(result.partitions)} partitions under {result.root}"
@@ -229,13 +256,9 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..pack import pack_with_report
+    from ..pack import PackOptions
 
-    report = pack_with_report(
-        args.source,
-        args.root,
-        tag=args.tag,
-        base=args.base,
+    options = PackOptions(
         workers=args.workers,
         executor=args.executor,
         partition_depth=args.partition_depth,
@@ -253,55 +276,26 @@ def cmd_pack(args: argparse.Namespace) -> int:
         require_sidecars=args.require_sidecars,
         replace_all=args.replace_all,
         source_namespace=args.source_namespace,
-        progress=not args.quiet,
-        heartbeat_s=args.heartbeat,
+        progress=progress_wanted(args),
+    )
+    report = open_root(args).pack(
+        args.source, tag=args.tag, base=args.base, options=options, heartbeat_s=args.heartbeat
     )
     if args.json:
-        print_json(
-            {
-                "tag": report.version.tag,
-                "hash": report.version.hash,
-                "samples": report.version.samples,
-                "partitions": len(report.version.partitions),
-                "built": report.built,
-                "manifest_only": report.manifest_only,
-                "resumed": report.resumed,
-                "reused": report.reused,
-                "carried": report.carried,
-                "dropped": report.dropped,
-                "skipped_samples": report.skipped_samples,
-                "seconds": round(report.seconds, 3),
-            }
-        )
+        print_json(report.to_json())
     else:
         print(report.summary())
     return 0
 
 
 def cmd_versions(args: argparse.Namespace) -> int:
-    from ..store import open_store
-    from ..versions import list_versions, load_version_by_hash
-
-    store = open_store(args.root)
-    rows = []
-    for tag, version_hash, is_latest in list_versions(store):
-        doc = load_version_by_hash(store, tag, version_hash).doc
-        rows.append(
-            {
-                "tag": tag,
-                "hash": version_hash,
-                "latest": is_latest,
-                "created_at": doc.get("created_at"),
-                "base": doc.get("base"),
-                "partitions": len(doc["partitions"]),
-                "samples": doc["samples"],
-            }
-        )
+    root = open_root(args)
+    rows = [info.to_json() for info in root.versions()]
     if args.json:
         print_json(rows)
         return 0
     if not rows:
-        print(f"no versions in {store.url}", file=sys.stderr)
+        print(f"no versions in {root.url}", file=sys.stderr)
     for row in rows:
         mark = "*" if row["latest"] else " "
         print(
@@ -312,31 +306,26 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from ..store import open_store
-    from ..versions import load_version
-
-    store = open_store(args.root)
-    version = load_version(store, args.tag)
-    doc = version.doc
+    version = open_root(args).dataset(args.tag).version
     if args.json:
-        print_json({"tag": version.tag, "hash": version.hash, **doc})
+        print_json({"tag": version.tag, "hash": version.hash, **version.doc})
         return 0
-    parts = doc["partitions"]
-    shards = sum(len(p["shards"]) for p in parts)
-    payload = sum(int(p.get("payload_bytes", 0)) for p in parts)
+    record = version.record
+    parts = record.partitions
+    shards = sum(len(p.shards) for p in parts)
+    payload = sum(p.payload_bytes for p in parts)
     print(f"version {version.tag} ({version.hash})")
-    print(f"created_at      {doc.get('created_at')}")
-    print(f"base            {doc.get('base')}")
-    print(f"format_version  {doc.get('format_version')}")
-    print(f"recipe          {doc.get('recipe')}")
-    print(f"partition_rule  {doc.get('partition_rule')}")
-    print(f"source          {doc.get('source_namespace')}")
+    print(f"created_at      {record.created_at}")
+    print(f"base            {record.base}")
+    print(f"format_version  {record.format_version}")
+    print(f"recipe          {dict(record.recipe)}")
+    print(f"partition_rule  {dict(record.partition_rule)}")
+    print(f"source          {record.source_namespace}")
     print(
-        f"samples         {doc['samples']} in {len(parts)} partitions, {shards} shards, {payload} payload bytes"
+        f"samples         {record.samples} in {len(parts)} partitions, {shards} shards, "
+        f"{payload} payload bytes"
     )
     print("id\tpath\tsamples\tshards\tdata_rev\tmeta_rev")
     for p in parts:
-        print(
-            f"{p['id']}\t{p['path']}\t{p['samples']}\t{len(p['shards'])}\t{p['data_rev']}\t{p['meta_rev']}"
-        )
+        print(f"{p.id}\t{p.path}\t{p.samples}\t{len(p.shards)}\t{p.data_rev}\t{p.meta_rev}")
     return 0

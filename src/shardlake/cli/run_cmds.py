@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from .common import add_json_flag, print_json
+from .common import finish_command, open_root, print_json
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
@@ -54,23 +54,24 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _mixing(args: argparse.Namespace) -> int:
     from ..tools.bench.mixing import mixing_summary
-    from ..torch import ShardDataset
     from ..torch.plan import DEFAULT_MAX_PAD_FRACTION
 
-    ds = ShardDataset(
-        args.root,
-        args.version,
-        keyset=args.keyset,
-        where=args.where,
-        batch_size=args.batch_size,
-        seed=args.seed,
-        shuffle=not args.no_shuffle,
-        num_workers=args.num_workers,
-        world_size=args.world_size,
-        rank=0,
-        max_pad_fraction=(
-            DEFAULT_MAX_PAD_FRACTION if args.max_pad_fraction is None else args.max_pad_fraction
-        ),
+    ds = (
+        open_root(args)
+        .dataset(args.version)
+        .to_torch(
+            keyset=args.keyset,
+            where=args.where,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            shuffle=not args.no_shuffle,
+            num_workers=args.num_workers,
+            world_size=args.world_size,
+            rank=0,
+            max_pad_fraction=(
+                DEFAULT_MAX_PAD_FRACTION if args.max_pad_fraction is None else args.max_pad_fraction
+            ),
+        )
     )
     doc = mixing_summary(
         ds,
@@ -94,6 +95,13 @@ def _mixing(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
+    _add_demo(sub)
+    _add_compare_runs(sub)
+    _add_mixing(sub)
+    _add_bench(sub)
+
+
+def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "demo",
         help="end-to-end demo: synth -> pack -> keysets -> incremental version -> DDP training",
@@ -126,9 +134,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo, CPU)")
     p.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
     p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
-    add_json_flag(p)
-    p.set_defaults(func=_demo)
+    finish_command(p, _demo, opens_root=False)
 
+
+def _add_compare_runs(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "compare-runs",
         help="does a candidate run's loss plateau lie inside the baseline's own noise band?",
@@ -168,9 +177,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="let this args.json key differ (repeatable; only for settings that cannot shift a "
         "loss)",
     )
-    add_json_flag(p)
-    p.set_defaults(func=_compare_runs)
+    finish_command(p, _compare_runs, opens_root=False)
 
+
+def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "mixing",
         help="how well the loader's batches mix partitions (from the plan; reads no shards)",
@@ -198,9 +208,10 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         default=None,
         help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
     )
-    add_json_flag(p)
-    p.set_defaults(func=_mixing)
+    finish_command(p, _mixing)
 
+
+def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser(
         "bench",
         help="pack and load benchmarks with JSON output, against any root URL",

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import FormatError
+from .catalog import CatalogRef
 
-VERSION_SCHEMA = "shardlake.version/1"
+VERSION_SCHEMA_1 = "shardlake.version/1"  # partitions listed inline (format 1)
+VERSION_SCHEMA = "shardlake.version/2"  # partitions in the catalog the record references
+VERSION_SCHEMAS = (VERSION_SCHEMA_1, VERSION_SCHEMA)
 COMMIT_SCHEMA = "shardlake.commit/1"
 
 
@@ -160,8 +163,10 @@ class VersionRecord:
 
     @classmethod
     def from_json(cls, doc: Any, where: str) -> VersionRecord:
+        """A full record: the document with its ``partitions`` list (read from the catalog's
+        partitions table for format 2)."""
         doc = _obj(doc, where, "a version document")
-        if doc.get("format") != VERSION_SCHEMA:
+        if doc.get("format") not in VERSION_SCHEMAS:
             raise FormatError(f"{where}: unknown version format {doc.get('format')!r}")
         raw_parts = _field(doc, "partitions", list, where)
         parts = tuple(PartitionEntry.from_json(p, where) for p in raw_parts)
@@ -189,6 +194,51 @@ class VersionRecord:
             if entry.id == pid:
                 return entry
         return None
+
+
+@dataclass(frozen=True)
+class VersionHeader:
+    """What a version record says without its partition list: small for any version size.
+
+    Format 2 records hold exactly this plus the recipe fields; format 1 records also list every
+    partition inline (``catalog`` is then ``None``: the catalog is attached or built on use).
+    """
+
+    tag: str
+    created_at: str
+    base: str | None
+    samples: int
+    partition_count: int
+    catalog: CatalogRef | None
+    format_version: int
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> VersionHeader:
+        doc = _obj(doc, where, "a version document")
+        schema = doc.get("format")
+        if schema not in VERSION_SCHEMAS:
+            raise FormatError(f"{where}: unknown version format {schema!r}")
+        if schema == VERSION_SCHEMA_1:
+            record = VersionRecord.from_json(doc, where)
+            count, catalog = len(record.partitions), None
+        else:
+            count = _count(doc, "partition_count", where)
+            catalog = CatalogRef.from_json(_field(doc, "catalog", dict, where), where)
+            if catalog.partitions.rows != count:
+                raise FormatError(
+                    f"{where}: partitions table holds {catalog.partitions.rows} row(s), the "
+                    f"record says {count} partition(s)"
+                )
+        base = doc.get("base")
+        return cls(
+            tag=_field(doc, "tag", str, where),
+            created_at=str(doc.get("created_at", "")),
+            base=None if base is None else str(base),
+            samples=_count(doc, "samples", where),
+            partition_count=count,
+            catalog=catalog,
+            format_version=int(doc.get("format_version", 1)),
+        )
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,10 @@
     shardlake.json                                   root marker (format, dataset_id)
     data/<pid>/<data_rev>/shard-000000.tar           shards of one partition revision
     data/<pid>/<data_rev>/manifest-<manifest_rev>.parquet
-    versions/<tag>/<version_hash>.json               version documents (immutable)
+    versions/<tag>/<version_hash>.json               version records (immutable)
+    catalog/partitions/<sha256>.parquet              partitions table of a version (format 2)
+    catalog/segments/<sha256>.parquet                catalog rows, log-structured (format 2)
+    catalog/versions/<tag>/<version_hash>.json       catalog attached to a format-1 version
     commits/<seq:012d>.json                          commit log; the highest seq is "latest"
     keysets/<name>.parquet                           keysets (immutable, create-if-absent)
 """
@@ -17,7 +20,10 @@ import re
 
 from ..errors import UsageError
 
+# Format of shards and manifests (part of a pack recipe: a change rebuilds every revision).
 FORMAT_VERSION = 1
+# Format of version records and the root (2: partitions and rows in the per-version catalog).
+RECORD_FORMAT_VERSION = 2
 ROOT_MARKER = "shardlake.json"
 DATA_DIR = "data"
 VERSIONS_DIR = "versions"

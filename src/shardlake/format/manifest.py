@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import FormatError, KeyNotFoundError, SourceError
+from ..read.verified import read_verified
 from ..store import Store
 from .layout import FORMAT_VERSION
 
@@ -150,21 +151,24 @@ def read_manifest(
 ) -> tuple[pa.Table, ManifestMeta]:
     """Read and check the manifest at ``key``; :class:`FormatError` names the key if unreadable.
 
-    With ``sha256`` (the digest the version entry records) the bytes must match it: a mismatch
-    is re-read once (a transport flip), then refused - a manifest that differs is never used.
+    With ``sha256`` (the digest the version entry records) the bytes must match it. Bytes that
+    do not check out are re-read (bounded), then refused - a manifest that differs is never
+    used (see :func:`shardlake.read.verified.read_verified`).
     """
     where = store.key_url(key)
-    for _ in range(2):
-        try:
-            data = store.read(key)
-        except KeyNotFoundError as exc:
-            raise FormatError(f"{where}: manifest is missing") from exc
-        if sha256 is None or hashlib.sha256(data).hexdigest() == sha256:
-            return parse_manifest(data, where)
-    raise FormatError(
-        f"{where}: manifest does not match the version entry (its sha256 is not the recorded "
-        f"{str(sha256)[:12]}...); refusing a corrupt manifest"
-    )
+
+    def check(data: bytes) -> tuple[pa.Table, ManifestMeta]:
+        if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+            raise FormatError(
+                f"{where}: manifest does not match the version entry (its sha256 is not the "
+                f"recorded {sha256[:12]}...); refusing a corrupt manifest"
+            )
+        return parse_manifest(data, where)
+
+    try:
+        return read_verified(store, key, check)[0]
+    except KeyNotFoundError as exc:
+        raise FormatError(f"{where}: manifest is missing") from exc
 
 
 def read_entry_manifest(store: Store, entry: Mapping[str, Any]) -> tuple[pa.Table, ManifestMeta]:

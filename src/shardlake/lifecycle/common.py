@@ -1,16 +1,14 @@
-"""Helpers shared by the lifecycle operations: version closures, batched payload checks, progress."""
+"""Helpers shared by the lifecycle operations: version closures and batched payload checks."""
 
 from __future__ import annotations
 
-import sys
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, TextIO
+from typing import Any
 
 import pyarrow as pa
 
-from ..errors import IntegrityError, KeyNotFoundError
+from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
 from ..format.layout import version_key
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
@@ -55,6 +53,13 @@ class Problem:
         }
 
 
+def manifest_problem(pid: str, manifest_url: str, exc: FormatError) -> Problem:
+    """The problem of a manifest that could not be used: corrupt at rest unless its reads
+    disagreed (a manifest damaged in transit on every read is not a damaged manifest)."""
+    message = str(exc).removeprefix(f"{manifest_url}: ")
+    return Problem(pid, manifest_url, None, None, message, getattr(exc, "kind", CORRUPT_AT_REST))
+
+
 def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
     """``{"corrupt_at_rest": n, "transport_errors": m}`` for a report's problems."""
     problems = list(problems)
@@ -63,7 +68,7 @@ def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
 
 
 def versions_for(store: Store, version: str | None, all_versions: bool) -> list[Version]:
-    """The versions a command works on: ``--all`` live versions, else one tag (``latest``)."""
+    """The versions an operation works on: every live version, else one tag (``latest``)."""
     if all_versions:
         state = read_state(store)
         return [load_version_by_hash(store, tag, h) for tag, h in state.versions.items()]
@@ -73,6 +78,7 @@ def versions_for(store: Store, version: str | None, all_versions: bool) -> list[
 def version_closure(store: Store, version: Version) -> dict[str, int | None]:
     """Every object ``version`` needs: key -> expected size (None where unknown)."""
     out: dict[str, int | None] = {version_key(version.tag, version.hash): None}
+    out.update({ref.key: ref.size for ref in version.catalog_objects()})
     for entry in version.partitions:
         out[entry["manifest"]] = None
         for shard in entry["shards"]:
@@ -165,45 +171,3 @@ def _decode_problem(decoder: Decoder, payload: bytes, row: dict[str, Any]) -> st
     if row.get("raw_size") is not None and len(raw) != int(row["raw_size"]):
         return f"decompressed size {len(raw)}, manifest says {row['raw_size']}"
     return None
-
-
-class Progress:
-    """A minimal progress line on stderr (only when it is a terminal, or when forced)."""
-
-    def __init__(
-        self, total: int, what: str, *, enabled: bool | None = None, stream: TextIO | None = None
-    ) -> None:
-        self.total = max(total, 0)
-        self.done = 0
-        self.what = what
-        self.stream = stream or sys.stderr
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self._last = 0.0
-        self._start = time.monotonic()
-
-    def update(self, n: int = 1) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and (now - self._last > 0.5 or self.done >= self.total):
-            self._last = now
-            pct = 100.0 * self.done / self.total if self.total else 100.0
-            rate = self.done / max(now - self._start, 1e-6)
-            eta = (self.total - self.done) / rate if rate > 0 else 0.0
-            self.stream.write(
-                f"\r{self.what}: {self.done}/{self.total} ({pct:5.1f}%) eta {eta:6.0f}s"
-            )
-            self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"

@@ -4,18 +4,29 @@ A closure export makes the destination a self-contained root: same ``dataset_id`
 document byte for byte (so the same hash), its manifests and shards, its keysets, and a fresh
 commit log whose ``latest`` is the exported version. The root marker is written first (so a
 re-run recognises its own partial export) and the commit last (so nothing half-copied is ever
-referenced). Every shard is verified at the destination against the manifest's CRC-32s;
-objects already present and verified are skipped, which makes a re-run resume.
+referenced). Nothing unverified is copied or trusted (docs/format.md, "Integrity"):
+
+* metadata (root marker, manifests, keysets, version document) is read through
+  :func:`~shardlake.read.verified.read_verified` - checked against its digest, re-read on a
+  mismatch, refused if it never checks out - written, and read back from the destination;
+* every shard copy is checked at the destination (size, every payload against the manifest's
+  CRC-32, every tar header against the manifest) and copied again if it is damaged.
+
+Objects already present at the destination and verified are skipped, so a re-run after a
+crash (even ``kill -9``) resumes, and the commit that makes the copy visible comes last.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from ..access import npz_bytes, sidecar_json
+import pyarrow as pa
+
+from ..dataset import Dataset
 from ..errors import (
     AlreadyExistsError,
     ConflictError,
@@ -24,13 +35,34 @@ from ..errors import (
     KeyNotFoundError,
     NotFoundError,
 )
+from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
-from ..format.manifest import parse_manifest, read_entry_manifest
-from ..keysets import Keyset, list_keysets, load_keyset
+from ..format.manifest import entry_mismatches, parse_manifest, read_entry_manifest
+from ..format.source_form import npz_bytes, sidecar_json
+from ..keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
+from ..progress import Progress
+from ..read.verified import read_verified
 from ..store import Store, open_store
-from ..versions import RootState, _commit, ensure_root, load_version, read_root_marker, read_state
-from .common import Progress, check_shard_payloads, rows_by_shard
+from ..versions import (
+    RootState,
+    Version,
+    _commit,
+    ensure_root,
+    load_version,
+    load_version_bytes,
+    parse_root_marker,
+    read_root_marker,
+    read_state,
+    resolve_tag,
+)
+from .common import check_shard_payloads, rows_by_shard
+from .verify import check_shard_headers
+
+T = TypeVar("T")
+RowList = list[dict[str, Any]]
+# Copies of one shard before export gives up on it (each copy is verified at the destination).
+SHARD_COPIES = 3
 
 
 @dataclass
@@ -59,17 +91,26 @@ class ExportReport:
         }
 
 
-def _select_keysets(src: Store, version_hash: str, names: Sequence[str] | None) -> list[Keyset]:
+def _select_keysets(
+    src: Store, version_hash: str, names: Sequence[str] | None
+) -> list[tuple[Keyset, bytes]]:
+    """The keysets to copy with their verified bytes: ``names``, or all bound to the version."""
     if names is None:
-        return [k for k in list_keysets(src) if k.version_hash == version_hash]
+        names = list_keyset_names(src)
+        loaded = [load_keyset_bytes(src, name) for name in names]
+        return [(k, data) for k, data in loaded if k.version_hash == version_hash]
     out = []
     for name in names:
-        keyset = load_keyset(src, name)
+        try:
+            keyset, data = load_keyset_bytes(src, name)
+        except KeyNotFoundError:
+            load_keyset(src, name)  # raises NotFoundError listing the keysets there
+            raise
         if keyset.version_hash != version_hash:
             raise ConflictError(
                 f"keyset {name!r} is bound to version {keyset.version_tag!r}, not the exported one"
             )
-        out.append(keyset)
+        out.append((keyset, data))
     return out
 
 
@@ -89,28 +130,124 @@ def _check_dest(src_marker: dict[str, Any], dest: Store) -> None:
         )
 
 
-def _copy_small(src: Store, dest: Store, key: str, report: ExportReport) -> bytes:
-    """Copy a small immutable object (manifest, keyset) unless the same bytes are there."""
-    data = src.read(key)
+def _agreeing(parse: Callable[[bytes], T]) -> Callable[[bytes], T]:
+    """A check for objects that carry no digest: accept bytes only once two reads agree."""
+    previous: list[bytes] = []
+
+    def check(data: bytes) -> T:
+        if not previous or previous[-1] != data:
+            previous.append(data)
+            raise FormatError("two reads disagree (or only one read so far)")
+        return parse(data)
+
+    return check
+
+
+def _read_marker(src: Store) -> tuple[dict[str, Any], bytes]:
+    """The source's root marker and its bytes (no digest: two reads must agree)."""
+    where = src.key_url(ROOT_MARKER)
     try:
-        if dest.read(key) == data:
-            report.skipped.append(key)
-            return data
+        marker, data = read_verified(
+            src, ROOT_MARKER, _agreeing(lambda d: parse_root_marker(d, where)), rereads=3
+        )
     except KeyNotFoundError:
-        pass
+        raise NotFoundError(f"{src.url} is not a shardlake root (no {ROOT_MARKER})") from None
+    return marker, data
+
+
+def _source_manifest(src: Store, entry: Mapping[str, Any]) -> tuple[pa.Table, bytes]:
+    """The manifest ``entry`` names, verified: against the entry's digest where it records one
+    (two agreeing reads where it does not), its metadata and row count against the entry."""
+    key = entry["manifest"]
+    where = src.key_url(key)
+    digest = entry.get("manifest_sha256")
+
+    def parse(data: bytes) -> pa.Table:
+        if digest is not None and hashlib.sha256(data).hexdigest() != digest:
+            raise FormatError(f"{where}: manifest does not match the version entry's sha256")
+        table, meta = parse_manifest(data, where)
+        problems = entry_mismatches(entry, table, meta)
+        if problems:
+            raise FormatError(f"{where}: " + "; ".join(problems))
+        return table
+
+    check = parse if digest is not None else _agreeing(parse)
+    try:
+        return read_verified(src, key, check, rereads=2 if digest is not None else 3)
+    except KeyNotFoundError:
+        raise FormatError(f"{where}: manifest is missing") from None
+
+
+def _source_catalog_object(src: Store, ref: ObjectRef) -> bytes:
+    """A catalog object's bytes from ``src``, checked against the digest the record holds."""
+
+    def check(data: bytes) -> bytes:
+        try:
+            ref.check(data, src.key_url(ref.key))
+        except IntegrityError as exc:
+            raise FormatError(str(exc)) from exc  # FormatError: read_verified re-reads it
+        return data
+
+    return read_verified(src, ref.key, check)[0]
+
+
+def _put_verified(dest: Store, key: str, data: bytes, report: ExportReport) -> None:
+    """Make ``dest`` hold exactly ``data`` (already verified at the source) at ``key``, and prove
+    it by reading it back; a copy that does not read back is refused."""
+
+    def same(got: bytes) -> bytes:
+        if got != data:
+            raise FormatError(f"{dest.key_url(key)}: copy does not read back as written")
+        return got
+
+    try:
+        read_verified(dest, key, same, rereads=0)
+        report.skipped.append(key)
+        return
+    except (KeyNotFoundError, FormatError):
+        pass  # absent, or not (yet) the right bytes: write it
     dest.write(key, data)
+    read_verified(dest, key, same)
     report.copied.append(key)
     report.bytes_copied += len(data)
-    return data
 
 
-def _shard_ok(dest: Store, pid: str, key: str, size: int, rows: list[dict[str, Any]]) -> bool:
+def _shard_problem(dest: Store, pid: str, shard: Mapping[str, Any], rows: RowList) -> str | None:
+    """What is wrong with the shard copy at ``dest`` (None when it is intact): its size, every
+    listed payload against the manifest's CRC-32, every tar header against the manifest."""
+    key, size = shard["key"], int(shard["size"])
     try:
         if dest.size(key) != size:
-            return False
+            return f"size differs from {size}"
     except KeyNotFoundError:
-        return False
-    return all(p is None for _r, _b, p in check_shard_payloads(dest, pid, key, rows, decode=False))
+        return "missing"
+    for _row, _payload, problem in check_shard_payloads(dest, pid, key, rows, decode=False):
+        if problem is not None:
+            return str(problem)
+    headers = check_shard_headers(dest, pid, shard, rows)
+    return str(headers[0]) if headers else None
+
+
+def _export_shard(
+    src: Store, dest: Store, pid: str, shard: Mapping[str, Any], rows: RowList, report: ExportReport
+) -> None:
+    """Copy one shard unless an intact copy is there; verify the copy, re-copying a bad one."""
+    key = shard["key"]
+    if _shard_problem(dest, pid, shard, rows) is None:
+        report.skipped.append(key)
+        return
+    problem: str | None = None
+    for _attempt in range(SHARD_COPIES):
+        src.copy_to(dest, key)
+        problem = _shard_problem(dest, pid, shard, rows)
+        if problem is None:
+            report.copied.append(key)
+            report.bytes_copied += int(shard["size"])
+            return
+    dest.delete(key)  # never leave a bad copy for a resume to trust
+    source_bad = [p for _r, _b, p in check_shard_payloads(src, pid, key, rows, decode=False) if p]
+    where, detail = ("source", str(source_bad[0])) if source_bad else ("copy", str(problem))
+    raise IntegrityError(f"export of {src.key_url(key)} failed verification ({where}): {detail}")
 
 
 def export_version(
@@ -126,73 +263,49 @@ def export_version(
     """Copy ``version``'s closure from ``src_url`` to ``dest_url``; see the module docs."""
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)
-    src_marker = read_root_marker(src)
-    if src_marker is None:
-        raise NotFoundError(f"{src.url} is not a shardlake root")
-    ver = load_version(src, version)
+    src_marker, marker_bytes = _read_marker(src)
+    ver, doc_bytes = load_version_bytes(src, *resolve_tag(src, version))
     chosen = _select_keysets(src, ver.hash, keysets)
     _check_dest(src_marker, dest)
     # The marker goes first and byte for byte (same dataset_id and created_at), so a re-run
     # recognises its own partial export and the copy is indistinguishable from the source.
     dest.ensure_create_enforced()
     with contextlib.suppress(AlreadyExistsError):
-        dest.create(ROOT_MARKER, src.read(ROOT_MARKER))
+        dest.create(ROOT_MARKER, marker_bytes)
     ensure_root(dest, dataset_id=str(src_marker["dataset_id"]))
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
     total = sum(len(e["shards"]) for e in ver.partitions)
-    bar = Progress(total, "export", enabled=progress)
+    bar = Progress(total, "export", unit="shards", enabled=progress)
     for entry in ver.partitions:
-        pid = entry["id"]
-        data = _copy_small(src, dest, entry["manifest"], report)
-        table, meta = parse_manifest(data, dest.key_url(entry["manifest"]))
-        if meta.partition_id != pid or meta.manifest_rev != entry["manifest_rev"]:
-            raise FormatError(
-                f"{src.key_url(entry['manifest'])}: manifest does not belong to partition {pid} "
-                f"revision {entry['manifest_rev']}"
-            )
+        table, manifest_bytes = _source_manifest(src, entry)
+        _put_verified(dest, entry["manifest"], manifest_bytes, report)
         groups = rows_by_shard(table)
         for index, shard in enumerate(entry["shards"]):
-            key, size = shard["key"], int(shard["size"])
-            rows = groups.get(index, [])
-            if _shard_ok(dest, pid, key, size, rows):
-                report.skipped.append(key)
-                bar.update()
-                continue
-            src.copy_to(dest, key)
-            report.copied.append(key)
-            report.bytes_copied += size
-            problems = [
-                p for _r, _b, p in check_shard_payloads(dest, pid, key, rows, decode=False) if p
-            ]
-            if problems or dest.size(key) != size:
-                dest.delete(key)  # never leave a bad copy for a resume to trust
-                source_bad = [
-                    p for _r, _b, p in check_shard_payloads(src, pid, key, rows, decode=False) if p
-                ]
-                first = source_bad or problems
-                where = "source" if source_bad else "copy"
-                detail = str(first[0]) if first else f"size differs from {size}"
-                raise IntegrityError(
-                    f"export of {src.key_url(key)} failed verification ({where}): {detail}"
-                )
+            _export_shard(src, dest, entry["id"], shard, groups.get(index, []), report)
             bar.update()
     bar.close()
-    for keyset in chosen:
-        _copy_small(src, dest, keyset_key(keyset.name), report)
+    for keyset, data in chosen:
+        _put_verified(dest, keyset_key(keyset.name), data, report)
         report.keysets.append(keyset.name)
-    doc_key = version_key(ver.tag, ver.hash)
-    _copy_small(src, dest, doc_key, report)
+    for ref in ver.catalog_objects():  # before the record that references them
+        _put_verified(dest, ref.key, _source_catalog_object(src, ref), report)
+    _put_verified(dest, version_key(ver.tag, ver.hash), doc_bytes, report)
+    report.committed = _commit_export(src, dest, ver)
+    return report
+
+
+def _commit_export(src: Store, dest: Store, ver: Version) -> bool:
+    """Publish the copied version at ``dest`` (False: an earlier run already did)."""
     state = read_state(dest)
     if state.versions.get(ver.tag) == ver.hash and state.latest == ver.tag:
-        return report  # an earlier run already committed it
+        return False
     if ver.tag in state.versions or ver.tag in state.retired:
         raise ConflictError(f"{dest.url}: already has a different version tagged {ver.tag!r}")
     versions = dict(state.versions)
     versions[ver.tag] = ver.hash
     new = RootState(state.seq + 1, versions, state.retired, ver.tag)
     _commit(dest, state, new, "export", {"tag": ver.tag, "version": ver.hash, "source": src.url})
-    report.committed = True
-    return report
+    return True
 
 
 @dataclass
@@ -226,16 +339,14 @@ def export_npz(
     """Write ``<key>.npz`` (+ ``<key>.json`` sidecar) for every sample of ``version``.
 
     Arrays come back bit-exact (names, order, dtype, shape, bytes); sidecars are rebuilt from
-    the manifest columns (see :func:`shardlake.access.sidecar_of`).
+    the manifest columns (see :func:`shardlake.format.source_form.sidecar_of`).
     """
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)
     ver = load_version(src, version)
     wanted: set[str] | None = None
     if keyset is not None:
-        ks = load_keyset(src, keyset)
-        ks.check_version(ver)
-        wanted = set(ks.keys)
+        wanted = set(Dataset(src, ver).select(keyset=keyset).wanted_keys() or ())
     report = NpzExportReport(dest.url, ver.tag)
     decoder = Decoder()
     bar = Progress(len(wanted) if wanted is not None else ver.samples, "export", enabled=progress)

@@ -45,6 +45,7 @@ from typing import Any
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
 from ..keysets import list_keysets, referenced_versions
+from ..progress import Progress
 from ..store import Leftover, ObjectInfo, Store, open_store
 from ..versions import RootState, _commit, load_version_by_hash, read_commit, read_state
 from .common import version_closure
@@ -134,8 +135,11 @@ def collect_garbage(
     grace_s: float = DEFAULT_GRACE_S,
     dry_run: bool = False,
     storage_options: dict[str, Any] | None = None,
+    progress: bool | None = None,
 ) -> GcReport:
-    """Delete (or with ``dry_run`` only list) unreferenced objects older than ``grace_s``."""
+    """Delete (or with ``dry_run`` only list) unreferenced objects older than ``grace_s``.
+
+    ``progress``: show deletions on standard error (None: only on a terminal)."""
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     store = open_store(url, storage_options)
@@ -173,8 +177,10 @@ def collect_garbage(
             f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run gc later"
         )
     deleted: set[str] = set()
+    bar = Progress(len(report.garbage), "gc", unit="objects", enabled=progress)
     try:
         for info in sorted(report.garbage, key=_delete_order):
+            bar.update()
             if time.time() > float(lock["expires_at"]) - LOCK_MARGIN_S:
                 report.incomplete = True  # never delete without a valid lock; re-run gc
                 break
@@ -194,6 +200,7 @@ def collect_garbage(
             store.discard_leftover(leftover)
             report.leftovers.append(leftover)
     finally:
+        bar.close()
         _unlock(store, lock)
     report.garbage = [info for info in report.garbage if info.key in deleted]
     _check_after(store, locked, deleted)
@@ -234,7 +241,7 @@ def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:
 
 
 def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> RootState:
-    """Release whatever gc lock the root holds (the operator's ``gc --break-lock``).
+    """Release whatever gc lock the root holds (the operator's last resort).
 
     Only for a gc that is known to be dead: a live gc keeps deleting until its own lease runs
     out. Returns the state that held the lock; :class:`UsageError` if none is held.
@@ -250,7 +257,7 @@ def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = Non
             return state
         except ConflictError:
             continue
-    raise ConflictError(f"{store.url}: the commit log kept moving; re-run gc --break-lock")
+    raise ConflictError(f"{store.url}: the commit log kept moving; break the gc lock again")
 
 
 def _unlock(store: Store, lock: dict[str, Any]) -> None:

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
 from ..store import Store, open_store
 from ..versions import RootState, retire_versions
+
+
+@dataclass(frozen=True)
+class PruneReport:
+    """What a prune did: the tags it retired, the live tags left and what ``latest`` names."""
+
+    retired: list[str]
+    live: list[str]
+    latest: str | None
+
+    @classmethod
+    def of(cls, retired: list[str], state: RootState) -> PruneReport:
+        return cls(retired, list(state.versions), state.latest)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"retired": self.retired, "latest": self.latest, "live": self.live}
 
 
 def prune_versions(
@@ -20,7 +37,7 @@ def prune_versions(
     """Retire ``tags`` in one commit. Retiring the version ``latest`` points to needs ``force``
     (``latest`` then moves to the newest remaining version). Unknown tags are refused."""
     if not tags:
-        raise UsageError("name at least one version tag to retire")
+        raise UsageError("name at least one version tag to retire", options=("tags",))
     store = open_store(url, storage_options)
     store.ensure_create_enforced()
     return retire_versions(store, list(dict.fromkeys(tags)), force=force)

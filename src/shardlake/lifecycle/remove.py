@@ -9,19 +9,25 @@ no version references them and ``gc`` runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import sql
 from ..dataset import Dataset
 from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, read_entry_manifest, read_manifest, write_manifest
 from ..pack.sidecar import skipped_note
 from ..store import Store, open_store
-from ..versions import Version, check_new_tag, load_version, publish_version, read_state
+from ..versions import (
+    RootState,
+    Version,
+    check_new_tag,
+    load_version,
+    publish_version,
+    read_state,
+)
 
 _DOC_FIELDS_SET_BY_PUBLISH = ("format", "format_version", "tag", "samples", "created_at")
 SHOW_MAX = 20
@@ -61,6 +67,25 @@ def _new_manifest(
     return out
 
 
+class RemoveReport(NamedTuple):
+    """What :func:`remove` published: the new version and what it left out."""
+
+    version: Version
+    counts: dict[str, int]  # partitions_removed, samples_removed, manifests_written
+
+    def to_json(self) -> dict[str, Any]:
+        v = self.version
+        return {"tag": v.tag, "version": v.hash, "samples": v.samples, **self.counts}
+
+    def summary(self) -> str:
+        v, c = self.version, self.counts
+        return (
+            f"published {v.tag} ({v.hash}): {v.samples} samples; removed "
+            f"{c['samples_removed']} sample(s), {c['partitions_removed']} partition(s); "
+            f"{c['manifests_written']} new manifest revision(s), no new shards"
+        )
+
+
 def remove(
     url: str | Store,
     tag: str,
@@ -69,17 +94,24 @@ def remove(
     partitions: Sequence[str] | None = None,
     keys: Sequence[str] | None = None,
     where: str | None = None,
+    key_file: str | None = None,
+    strip_prefix: str | None = None,
     storage_options: dict[str, Any] | None = None,
-) -> tuple[Version, dict[str, int]]:
+) -> RemoveReport:
     """Publish ``tag``: ``base`` without ``partitions``, ``keys`` or the rows matching ``where``.
 
-    Returns the new version and counts (``partitions_removed``, ``samples_removed``,
-    ``manifests_written``). Unknown partitions or keys are refused before anything is written;
-    a version that would be empty is refused; a racing writer yields :class:`ConflictError`.
+    ``key_file`` names a local key list instead of ``keys`` (see
+    :func:`shardlake.keysets.keys_from_file`). Returns the new version and counts
+    (``partitions_removed``, ``samples_removed``, ``manifests_written``). Unknown partitions or
+    keys are refused before anything is written; a version that would be empty is refused; a
+    racing writer yields :class:`ConflictError`.
     """
-    chosen = [x is not None for x in (partitions, keys, where)]
+    chosen = [x is not None for x in (partitions, keys, where, key_file)]
     if sum(chosen) != 1:
-        raise UsageError("give exactly one of --partition, --keys and --where")
+        raise UsageError(
+            "remove takes exactly one of partitions, keys, key_file and where",
+            options=("partitions", "keys", "key_file", "where"),
+        )
     store = open_store(url, storage_options)
     state = read_state(store)  # the base of the commit; a racing commit makes the publish fail
     check_new_tag(state, tag, store)
@@ -88,7 +120,8 @@ def remove(
     entries = {e["id"]: e for e in base_version.partitions}
     dropped_parts: set[str] = set()
     removed_by_part: dict[str, list[str]] = {}
-
+    if key_file is not None:
+        keys = _keys_of_file(ds, key_file, strip_prefix)
     if partitions is not None:
         unknown = [p for p in partitions if p not in entries]
         if unknown:
@@ -98,30 +131,55 @@ def remove(
             )
         dropped_parts = set(partitions)
     else:
-        table = ds.manifests(columns=None if where is not None else ["key", "partition"])
-        if where is not None:
-            hit = sql.select(table, where, columns=["key", "partition"])
-        else:
-            wanted = list(dict.fromkeys(keys or []))
-            present = pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string()))
-            hit = table.filter(present).select(["key", "partition"])
-            if hit.num_rows != len(wanted):
-                found = set(hit.column("key").to_pylist())
-                unknown = [k for k in wanted if k not in found]
-                note = skipped_note(base_version.doc)
-                raise NotFoundError(
-                    f"{store.url}: version {base_version.tag!r} has no sample(s) "
-                    + ", ".join(repr(k) for k in unknown[:SHOW_MAX])
-                    + (f" (and {len(unknown) - SHOW_MAX} more)" if len(unknown) > SHOW_MAX else "")
-                    + (f" ({note})" if note else "")
-                )
-        if hit.num_rows == 0:
-            raise SelectionError("the selection matches no sample; nothing to remove")
+        hit = _selected_rows(ds, keys, where)
         for key, pid in zip(
             hit.column("key").to_pylist(), hit.column("partition").to_pylist(), strict=True
         ):
             removed_by_part.setdefault(pid, []).append(key)
+    return _publish_without(
+        store, state, tag, base_version, entries, dropped_parts, removed_by_part
+    )
 
+
+def _keys_of_file(ds: Dataset, key_file: str, strip_prefix: str | None) -> list[str]:
+    from ..keysets import keys_from_file
+
+    listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
+    if listed.unmapped:
+        prefix = strip_prefix or ds.version.record.source_namespace
+        raise NotFoundError(
+            f"{len(listed.unmapped)} entr{'y' if len(listed.unmapped) == 1 else 'ies'} of "
+            f"{key_file} do not start with {prefix}: "
+            + ", ".join(repr(e) for e in listed.unmapped[:SHOW_MAX]),
+            options=("strip_prefix",),
+        )
+    return listed.keys
+
+
+def _selected_rows(ds: Dataset, keys: Sequence[str] | None, where: str | None) -> pa.Table:
+    """The (key, partition) rows to remove; unknown keys are refused, naming them."""
+    selection = ds.select(keys=keys, where=where)
+    unknown = selection.missing()
+    if unknown:
+        note = skipped_note(ds.version.doc)
+        raise NotFoundError(
+            f"{ds.store.url}: version {ds.version.tag!r} has no sample(s) "
+            + ", ".join(repr(k) for k in unknown[:SHOW_MAX])
+            + (f" (and {len(unknown) - SHOW_MAX} more)" if len(unknown) > SHOW_MAX else "")
+            + (f" ({note})" if note else "")
+        )
+    return selection.rows(["key", "partition"])
+
+
+def _publish_without(
+    store: Store,
+    state: RootState,
+    tag: str,
+    base_version: Version,
+    entries: dict[str, dict[str, Any]],
+    dropped_parts: set[str],
+    removed_by_part: dict[str, list[str]],
+) -> RemoveReport:
     new_entries: list[dict[str, Any]] = []
     samples_removed = 0
     manifests_written = 0
@@ -160,4 +218,4 @@ def remove(
         "samples_removed": samples_removed,
         "manifests_written": manifests_written,
     }
-    return version, counts
+    return RemoveReport(version, counts)

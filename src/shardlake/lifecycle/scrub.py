@@ -15,12 +15,13 @@ from typing import Any
 
 from ..errors import FormatError
 from ..format.manifest import read_entry_manifest
+from ..progress import Progress
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
     Problem,
-    Progress,
     check_shard_payloads,
+    manifest_problem,
     problem_counts,
     rows_by_shard,
     unique_revisions,
@@ -117,7 +118,7 @@ def scrub(
         try:
             table, _meta = read_entry_manifest(store, entry)
         except FormatError as exc:
-            report.problems.append(Problem(pid, murl, None, None, str(exc).split(": ", 1)[-1]))
+            report.problems.append(manifest_problem(pid, murl, exc))
             part.problems += 1
             continue
         shards = entry["shards"]

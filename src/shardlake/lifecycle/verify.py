@@ -12,27 +12,44 @@ manifest's embedded metadata against the version entry naming it (a swapped mani
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import io
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FormatError, IntegrityError, KeyNotFoundError, ShardlakeError, SourceError
+from ..catalog import catalog_mismatch, catalog_rows, rows_by_partition
+from ..errors import (
+    FormatError,
+    IntegrityError,
+    KeyNotFoundError,
+    ShardlakeError,
+    SourceError,
+    UsageError,
+)
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.layout import member_name
-from ..format.manifest import METADATA_MISMATCH, entry_mismatches, read_entry_manifest
+from ..format.manifest import (
+    CORE_COLUMNS,
+    METADATA_MISMATCH,
+    entry_mismatches,
+    read_entry_manifest,
+)
 from ..format.npz import load_npz
 from ..format.tar import iter_members
+from ..progress import Progress
+from ..read.payloads import DEFAULT_REREADS, TRANSPORT
 from ..store import Store, open_store
 from ..versions import load_version
 from .common import (
     DEFAULT_WORKERS,
     SHOW_MAX,
     Problem,
-    Progress,
     check_shard_payloads,
+    manifest_problem,
     problem_counts,
     rows_by_shard,
 )
@@ -148,6 +165,8 @@ def verify_source(
 
     ``only_keys`` (a path list's frames, as keys) limits the source to those frames.
     """
+    if allow_missing is not None and allow_missing < 0:
+        raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
     store = open_store(url, storage_options)
     source = open_store(source_url, source_options)
     ver = load_version(store, version)
@@ -169,7 +188,7 @@ def verify_source(
         try:
             table, _meta = read_entry_manifest(store, entry)
         except FormatError as exc:
-            report.problems.append(Problem(pid, murl, None, None, str(exc)))
+            report.problems.append(manifest_problem(pid, murl, exc))
             continue
         for index, rows in sorted(rows_by_shard(table).items()):
             if not 0 <= index < len(entry["shards"]):
@@ -245,6 +264,7 @@ class _RangeFile(io.RawIOBase):
         self._store, self._key = store, key
         self._size = store.size(key)
         self._pos = 0
+        self.digest = hashlib.sha256()  # of every (position, bytes) read: do two reads agree?
 
     def readable(self) -> bool:
         return True
@@ -266,6 +286,7 @@ class _RangeFile(io.RawIOBase):
         if end <= self._pos:
             return 0
         data = self._store.read_range(self._key, self._pos, end)
+        self.digest.update(self._pos.to_bytes(8, "little") + data)
         view[: len(data)] = data
         self._pos += len(data)
         return len(data)
@@ -306,8 +327,17 @@ def verify_offsets(
     ver = load_version(store, version)
     report = OffsetsReport(ver.tag)
     bar = Progress(
-        sum(len(e["shards"]) for e in ver.partitions), "verify-offsets", enabled=progress
+        sum(len(e["shards"]) for e in ver.partitions),
+        "verify-offsets",
+        unit="shards",
+        enabled=progress,
     )
+    # The catalog must agree with the manifests it indexes (one read of it, not one per row).
+    catalog: dict[str, Any] | None = None
+    try:
+        catalog = rows_by_partition(catalog_rows(store, ver, CORE_COLUMNS))
+    except (FormatError, IntegrityError) as exc:
+        report.problems.append(Problem("", store.url, None, None, f"catalog: {exc}"))
     for entry in ver.partitions:
         pid = entry["id"]
         report.partitions += 1
@@ -315,12 +345,15 @@ def verify_offsets(
         try:
             table, meta = read_entry_manifest(store, entry)
         except FormatError as exc:
-            report.problems.append(Problem(pid, murl, None, None, str(exc).split(": ", 1)[-1]))
+            report.problems.append(manifest_problem(pid, murl, exc))
             continue
         problems = entry_mismatches(entry, table, meta)
         report.problems.extend(Problem(pid, murl, None, None, message) for message in problems)
         if problems and problems[0].startswith(METADATA_MISMATCH):
             continue
+        differs = None if catalog is None else catalog_mismatch(catalog.get(pid), table)
+        if differs is not None and not problems:
+            report.problems.append(Problem(pid, murl, None, None, differs))
         groups = rows_by_shard(table)
         for index in sorted(set(groups) - set(range(len(entry["shards"])))):
             report.problems.append(
@@ -337,21 +370,53 @@ def verify_offsets(
             bar.update()
             rows = groups.get(index, [])
             report.rows += len(rows)
-            report.problems.extend(_check_shard(store, pid, shard, rows))
+            report.problems.extend(check_shard_headers(store, pid, shard, rows))
     bar.close()
     return report
 
 
-def _check_shard(
-    store: Store, pid: str, shard: dict[str, Any], rows: list[dict[str, Any]]
+def check_shard_headers(
+    store: Store,
+    pid: str,
+    shard: Mapping[str, Any],
+    rows: list[dict[str, Any]],
+    *,
+    rereads: int = DEFAULT_REREADS,
 ) -> list[Problem]:
+    """Problems of one shard's tar headers against its manifest rows (empty: all agree).
+
+    A shard with problems is read again (up to ``rereads`` times): problems are reported only
+    when no read is clean, as corrupt at rest when every read found the same ones, else as
+    transport errors (a header damaged in transit is not a damaged shard).
+    """
+    seen: list[tuple[list[Problem], str]] = []
+    for _ in range(1 + rereads):
+        problems, read_digest = _shard_header_problems(store, pid, shard, rows)
+        if not problems:
+            return []
+        seen.append((problems, read_digest))
+    if all(found == seen[0] for found in seen):
+        return seen[-1][0]
+    return [dataclasses.replace(p, kind=TRANSPORT) for p in seen[-1][0]]
+
+
+def _shard_header_problems(
+    store: Store, pid: str, shard: Mapping[str, Any], rows: list[dict[str, Any]]
+) -> tuple[list[Problem], str]:
+    """The problems found in one read of the shard's headers, and a digest of what was read."""
     key = shard["key"]
     url = store.key_url(key)
-    out: list[Problem] = []
     try:
         raw = _RangeFile(store, key)
     except KeyNotFoundError:
-        return [Problem(pid, url, None, None, "shard is missing")]
+        return [Problem(pid, url, None, None, "shard is missing")], ""
+    return _header_problems(raw, pid, url, shard, rows), raw.digest.hexdigest()
+
+
+def _header_problems(
+    raw: _RangeFile, pid: str, url: str, shard: Mapping[str, Any], rows: list[dict[str, Any]]
+) -> list[Problem]:
+    out: list[Problem] = []
     if shard.get("size") is not None and raw._size != int(shard["size"]):
         out.append(
             Problem(

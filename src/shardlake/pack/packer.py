@@ -35,6 +35,7 @@ from ..errors import (
     SourceError,
     UsageError,
 )
+from ..progress import DEFAULT_HEARTBEAT_S, Progress
 from ..store import Store, open_store
 from ..versions import (
     Version,
@@ -42,7 +43,6 @@ from ..versions import (
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
-from .progress import DEFAULT_HEARTBEAT_S, Progress
 from .publish import publish
 from .source import SourcePartition
 
@@ -76,6 +76,24 @@ class PackReport:
     skipped_samples: int = 0
     seconds: float = 0.0
 
+    def to_json(self) -> dict[str, Any]:
+        """The report as the ``pack --json`` document."""
+        v = self.version
+        return {
+            "tag": v.tag,
+            "hash": v.hash,
+            "samples": v.samples,
+            "partitions": len(v.partitions),
+            "built": self.built,
+            "manifest_only": self.manifest_only,
+            "resumed": self.resumed,
+            "reused": self.reused,
+            "carried": self.carried,
+            "dropped": self.dropped,
+            "skipped_samples": self.skipped_samples,
+            "seconds": round(self.seconds, 3),
+        }
+
     def summary(self) -> str:
         v = self.version
         return (
@@ -100,11 +118,11 @@ def _mp_context(name: str | None) -> Any:
 def make_executor(
     spec: ExecutorSpec, workers: int | None, mp_context: str | None = None
 ) -> tuple[cf.Executor, Callable[[], None]]:
-    """``(executor, close)`` for ``--executor``: process (default), thread, inline, dask://HOST:PORT,
+    """``(executor, close)`` for an executor spec: process (default), thread, inline, dask://HOST:PORT,
     or an Executor instance (used as-is, never shut down here)."""
     n = workers or os.cpu_count() or 1
     if n < 1:
-        raise UsageError("--workers must be >= 1")
+        raise UsageError("workers must be >= 1", options=("workers",))
     if isinstance(spec, cf.Executor):
         return spec, lambda: None
     if spec in (None, "process"):
@@ -120,17 +138,21 @@ def make_executor(
             import distributed
         except ImportError as exc:
             raise UsageError(
-                "--executor dask:// needs the 'dask' extra (pip install shardlake[dask])"
+                "a dask:// executor needs the 'dask' extra (pip install shardlake[dask])"
             ) from exc
         address = "tcp://" + spec.split("://", 1)[1]
         try:
             client = distributed.Client(address, timeout="30s")
         except OSError as exc:
             raise UsageError(
-                f"--executor {spec}: cannot connect to the Dask scheduler ({exc})"
+                f"executor {spec}: cannot connect to the Dask scheduler ({exc})",
+                options=("executor",),
             ) from exc
         return client.get_executor(pure=False), client.close
-    raise UsageError(f"--executor {spec!r}: use process, thread, inline or dask://HOST:PORT")
+    raise UsageError(
+        f"executor {spec!r}: use process, thread, inline or dask://HOST:PORT",
+        options=("executor",),
+    )
 
 
 def _describe(part: SourcePartition) -> str:
@@ -175,16 +197,18 @@ def pack_with_report(
     plan = plan_builds(store, tree, settings, opts)
     progress = Progress(
         sum(t.partition.samples for t in plan.tasks),
-        len(plan.tasks),
+        "shardlake pack",
+        groups=len(plan.tasks),
+        enabled=opts.progress,
         stream=progress_stream,
-        quiet=not opts.progress,
         heartbeat_s=heartbeat_s,
     )
     progress.message(
         f"{tree.samples} samples in {len(tree.partitions)} partitions; building "
         f"{len(plan.tasks)}, reusing {len(plan.reused)}, carrying {len(plan.carried)}"
     )
-    results = _run_builds(plan.tasks, executor, opts.workers, opts.mp_context, progress, poll_s)
+    with progress:
+        results = _run_builds(plan.tasks, executor, opts.workers, opts.mp_context, progress, poll_s)
     outcome = _collect(plan, results)
     base_tag = settings.base_version.tag if settings.base_version is not None else None
     body = {
@@ -344,7 +368,7 @@ def _wait_builds(
                 failures.append(f"{_describe(task.partition)}: {_error_text(exc)}")
                 continue
             results[task.partition.id] = result
-            progress.partition_done(task.partition.samples, reused=not result.built)
+            progress.update(task.partition.samples, groups=1)
         progress.poll(in_flight)
 
 

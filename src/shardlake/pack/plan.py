@@ -53,12 +53,14 @@ def check_options(source: str | os.PathLike[str], tag: str, opts: PackOptions) -
     """Refuse bad options with one line, before opening anything."""
     check_name("tag", tag)
     if opts.shard_size is not None and opts.shard_size < 1:
-        raise UsageError("--shard-size must be >= 1 byte")
+        raise UsageError("shard_size must be >= 1 byte", options=("shard_size",))
     if opts.level is not None and not 1 <= opts.level <= 22:
-        raise UsageError("--level must be between 1 and 22")
+        raise UsageError("the zstd level must be between 1 and 22", options=("level",))
     if opts.replace_all and (opts.path_list is not None or opts.partitions is not None):
         raise UsageError(
-            "--replace-all rebuilds every partition; it cannot be combined with --path-list or --partition"
+            "replace_all rebuilds every partition; it cannot be combined with a path_list or "
+            "partitions",
+            options=("replace_all", "path_list", "partitions"),
         )
     if not os.path.isdir(source):
         raise SourceError(f"{source}: source is not a directory")
@@ -76,7 +78,9 @@ def resolve_settings(
         try:
             base_version = load_version(store, base, state)
         except VersionNotFoundError as exc:
-            raise VersionNotFoundError(f"unknown --base {base!r}: {exc}") from exc
+            raise VersionNotFoundError(
+                f"unknown base version {base!r}: {exc}", options=("base",)
+            ) from exc
     base_doc = base_version.doc if base_version is not None else None
     base_recipe = Recipe.from_json(base_doc["recipe"]) if base_doc else Recipe()
     rule = PartitionRule.from_options(opts.partition_depth, opts.partition_regex) or (
@@ -115,14 +119,16 @@ def _check_incremental(settings: PackSettings, base: str, base_doc: dict[str, An
         )
     if problems:
         raise UsageError(
-            f"cannot pack incrementally on --base {base!r}: {'; '.join(problems)}. Pass "
-            "--replace-all to rebuild every partition, or --source-namespace NS (the base's "
-            "namespace) if the same source was only relocated"
+            f"cannot pack incrementally on base version {base!r}: {'; '.join(problems)}. "
+            "Rebuild every partition (replace_all), or give the base's source_namespace if the "
+            "same source was only relocated",
+            options=("replace_all", "source_namespace"),
         )
     if settings.scoped and settings.recipe != settings.base_recipe:
         raise UsageError(
-            "a scoped pack (--path-list/--partition) must use the base's recipe "
-            f"{settings.base_recipe.to_json()}"
+            "a scoped pack (path_list or partitions) must use the base's recipe "
+            f"{settings.base_recipe.to_json()}",
+            options=("shard_size", "level", "seed"),
         )
 
 
@@ -152,8 +158,9 @@ def scan_source(
             missing = part.missing_sidecars
             if missing:
                 raise SourceError(
-                    f"{tree.root / missing[0]}: no sidecar (--require-sidecars; partition "
-                    f"{part.path} ({part.id}) lacks {len(missing)})"
+                    f"{tree.root / missing[0]}: no sidecar (sidecars are required; partition "
+                    f"{part.path} ({part.id}) lacks {len(missing)})",
+                    options=("require_sidecars",),
                 )
     return tree
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConflictError
+from ..errors import ConflictError, OutcomeUnknownError
 from ..lifecycle.gc import describe_lock
 from ..store import Store
 from ..versions import RootState, Version, publish_version, read_state
@@ -25,13 +25,19 @@ def publish(
     for _ in range(PUBLISH_ATTEMPTS):
         try:
             return publish_version(store, tag, body, state)
+        except OutcomeUnknownError as exc:
+            raise OutcomeUnknownError(
+                f"{store.url}: publishing version {tag!r}: outcome unknown; run `shardlake "
+                f"versions` to see whether {tag} exists ({exc})"
+            ) from exc
         except ConflictError as exc:
             state = read_state(store)
             if state.gc_locked():
                 raise ConflictError(
                     f"{store.url}: {describe_lock(state.gc_lock)}; nothing was published by this "
-                    "run - re-run after that (finished revisions are reused), or run "
-                    "`shardlake gc --break-lock` if that gc is dead"
+                    "run - re-run after that (finished revisions are reused), or break the gc "
+                    "lock if that gc is dead",
+                    options=("break_lock",),
                 ) from exc
             if tag in state.versions or tag in state.retired:
                 raise ConflictError(

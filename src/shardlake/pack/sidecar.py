@@ -74,5 +74,5 @@ def skipped_note(version_doc: Mapping[str, Any]) -> str:
         return ""
     return (
         f"the version left out {left_out} is_skipped frame(s) at pack time; drop skipped frames "
-        "from the list or pack with --keep-skipped"
+        "from the list or pack with keep_skipped"
     )

@@ -45,20 +45,25 @@ class PartitionRule:
                 compiled = re.compile(self.regex)
             except re.error as exc:
                 raise UsageError(
-                    f"--partition-regex {self.regex!r} is not a valid regex ({exc})"
+                    f"partition_regex {self.regex!r} is not a valid regex ({exc})",
+                    options=("partition_regex",),
                 ) from exc
             if "partition" not in compiled.groupindex:
                 raise UsageError(
-                    f"--partition-regex {self.regex!r} needs a named group (?P<partition>...)"
+                    f"partition_regex {self.regex!r} needs a named group (?P<partition>...)",
+                    options=("partition_regex",),
                 )
         elif self.depth is None or self.depth < 1:
-            raise UsageError("--partition-depth must be >= 1")
+            raise UsageError("partition_depth must be >= 1", options=("partition_depth",))
 
     @classmethod
     def from_options(cls, depth: int | None, regex: str | None) -> PartitionRule | None:
         """The rule the options ask for, or None when neither is given (inherit / default)."""
         if depth is not None and regex is not None:
-            raise UsageError("--partition-depth and --partition-regex cannot be combined")
+            raise UsageError(
+                "partition_depth and partition_regex cannot be combined",
+                options=("partition_depth", "partition_regex"),
+            )
         if regex is not None:
             return cls(depth=None, regex=regex)
         if depth is not None:
@@ -75,9 +80,7 @@ class PartitionRule:
         return {"regex": self.regex} if self.regex is not None else {"depth": self.depth}
 
     def describe(self) -> str:
-        return (
-            f"--partition-regex {self.regex!r}" if self.regex else f"--partition-depth {self.depth}"
-        )
+        return f"partition_regex {self.regex!r}" if self.regex else f"partition_depth {self.depth}"
 
     def partition_of(self, relpath: str) -> str | None:
         """The partition path of ``relpath`` (``/``-separated), or None if it is in none."""
@@ -172,8 +175,9 @@ class SourceTree:
         if strict and self.not_frames:
             raise SourceError(
                 f"{self.root / self.not_frames[0]}: not a frame (.npz) nor a frame's sidecar "
-                f"({len(self.not_frames)} such file(s)); --strict refuses them: drop --strict to "
-                "ignore them, or leave them out with --exclude GLOB"
+                f"({len(self.not_frames)} such file(s)); strict discovery refuses them: pack "
+                "without strict to ignore them, or leave them out with an exclude glob",
+                options=("strict", "exclude"),
             )
         if self.outside:
             raise SourceError(
@@ -320,7 +324,9 @@ def discover(
     if wanted is not None:
         unknown = wanted - {p.id for p in by_path.values()} - set(by_path)
         if unknown:
-            raise UsageError(f"--partition: no partition {sorted(unknown)[0]!r} in {root}")
+            raise UsageError(
+                f"no partition {sorted(unknown)[0]!r} in {root}", options=("partitions",)
+            )
         by_path = {k: p for k, p in by_path.items() if p.id in wanted or p.path in wanted}
     partitions = {p.id: p for p in sorted(by_path.values(), key=lambda p: p.path)}
     return SourceTree(root, rule, partitions, not_frames, sorted(unreadable), outside, excluded)
@@ -413,8 +419,8 @@ def suggest_depth(tree: SourceTree) -> str | None:
     largest = max(p.samples for p in tree.partitions.values())
     sizes = sorted(counts.values())
     return (
-        f"--partition-depth 1 gives {shallow} partition(s) of up to {largest} frames; the frames "
-        f"sit {depth} directories deep: --partition-depth {depth} gives {len(counts)} partitions "
+        f"partition_depth 1 gives {shallow} partition(s) of up to {largest} frames; the frames "
+        f"sit {depth} directories deep: partition_depth {depth} gives {len(counts)} partitions "
         f"of {sizes[0]}..{sizes[-1]} frames (median {sizes[len(sizes) // 2]})"
     )
 

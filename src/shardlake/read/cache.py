@@ -144,6 +144,8 @@ class EpochCache:
             with open(temp, "wb") as fh:
                 fh.write(data)
             with self._ledger() as ledger:
+                if path.exists():  # another process stored it meanwhile: count it once
+                    return True
                 if ledger.used + size > self.cache_bytes:
                     ledger.used = self._scan()
                     if ledger.used + size > self.cache_bytes:

@@ -8,6 +8,7 @@ when complete) differ per backend; :mod:`shardlake.store.backends` implements th
 from __future__ import annotations
 
 import builtins
+import functools
 import os
 import sys
 import threading
@@ -18,17 +19,24 @@ from typing import Any, BinaryIO, TypeVar
 
 import fsspec
 
-from ..errors import CapabilityError, StoreError, UsageError
+from ..errors import (
+    AlreadyExistsError,
+    CapabilityError,
+    KeyNotFoundError,
+    OutcomeUnknownError,
+    RetriesExhaustedError,
+    StoreError,
+    UsageError,
+)
 from .backends import Backend, Leftover, is_already_exists, make_backend
+from .classify import Verdict, classify
 from .errors import translate_error
 from .keys import check_key, check_prefix
-from .retry import RetryPolicy, call_with_retry
+from .layers import Request, StoreLayer
+from .retry import RetryLoop, RetryPolicy, split_retry_options
 from .url import ParsedURL, parse_url, redact
 
 T = TypeVar("T")
-
-# Environment variable naming a fault plan (JSON) for tests; see shardlake.testing.faults.
-FAULTS_ENV = "SHARDLAKE_TEST_FAULTS"
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,10 @@ class Store:
     receiving process, and a store inherited through ``fork`` rebuilds its filesystem on first use
     in the child (an fsspec async filesystem must not cross a fork).  Storage options travel with
     the pickle (they may hold credentials), but never appear in ``repr`` or error messages.
+
+    Every request is retried by one :class:`RetryPolicy` (``retry``; the storage options
+    ``retry_deadline`` / ``retry_attempt_timeout`` adjust it) and passes through the store's
+    layers (:meth:`with_layers`).
     """
 
     def __init__(
@@ -55,14 +67,39 @@ class Store:
         storage_options: dict[str, Any] | None = None,
         *,
         retry: RetryPolicy | None = None,
+        layers: Sequence[StoreLayer] = (),
     ) -> None:
         self._parsed: ParsedURL = parse_url(url)
-        self._storage_options = dict(storage_options or {})
-        self.retry = retry or RetryPolicy.from_env()
+        options = dict(storage_options or {})
+        self.retry = (retry or RetryPolicy.from_env()).with_options(options)
+        self._storage_options = split_retry_options(options)
+        self._layers: tuple[StoreLayer, ...] = tuple(layers)
         self._backend: Backend | None = None
         self._backend_pid = -1
         self._create_checked = False
         self._lock = threading.Lock()
+
+    def with_layers(self, *layers: StoreLayer) -> Store:
+        """A twin of this store (same location, options and policy) whose requests also pass
+        through ``layers``, outermost first, outside this store's own layers."""
+        state = self.__getstate__()
+        state["layers"] = tuple(layers) + self._layers
+        state["create_checked"] = False  # a layer may change what a create does: probe afresh
+        twin = type(self).__new__(type(self))
+        twin.__setstate__(state)
+        return twin
+
+    def with_retry(self, policy: RetryPolicy) -> Store:
+        """A twin of this store (same location, options and layers) retrying per ``policy``."""
+        state = self.__getstate__()
+        state["retry"] = policy
+        twin = type(self).__new__(type(self))
+        twin.__setstate__(state)
+        return twin
+
+    @property
+    def layers(self) -> tuple[StoreLayer, ...]:
+        return self._layers
 
     # --- identity ----------------------------------------------------------------------------
 
@@ -92,6 +129,7 @@ class Store:
             "parsed": self._parsed,
             "storage_options": self._storage_options,
             "retry": self.retry,
+            "layers": self._layers,
             "create_checked": self._create_checked,
         }
 
@@ -99,6 +137,7 @@ class Store:
         self._parsed = state["parsed"]
         self._storage_options = state["storage_options"]
         self.retry = state["retry"]
+        self._layers = tuple(state.get("layers", ()))
         self._create_checked = state["create_checked"]
         self._backend = None
         self._backend_pid = -1
@@ -110,7 +149,7 @@ class Store:
         if self._backend is None or self._backend_pid != pid:
             if self._backend_pid not in (-1, pid):
                 self._lock = threading.Lock()  # forked: the parent's lock may be held forever
-            backend = make_backend(self.protocol, self.root, self._storage_options)
+            backend = make_backend(self.protocol, self.root, self._storage_options, self.retry)
             self._backend, self._backend_pid = backend, pid
             return backend
         return self._backend
@@ -133,23 +172,50 @@ class Store:
         """A redacted URL naming ``key`` in this store, for messages."""
         return f"{self.url.rstrip('/')}/{key}"
 
-    def _call(self, op: str, key: str, fn: Callable[[], T]) -> T:
-        """Run one backend request with retries and error translation (the fault-injection hook)."""
-        return call_with_retry(
-            fn,
-            self.retry,
-            describe=lambda: f"{op} {redact(self.key_url(key))}",
-            translate=lambda exc: translate_error(
-                exc, op, self.key_url(key), self._parsed.bucket, self.protocol
-            ),
-        )
+    def _describe(self, op: str, key: str) -> Callable[[], str]:
+        return lambda: f"{op} {redact(self.key_url(key))}"
+
+    def _translate(self, exc: BaseException, op: str, key: str) -> BaseException:
+        return translate_error(exc, op, self.key_url(key), self._parsed.bucket, self.protocol)
+
+    def _attempt(
+        self, op: str, key: str, path: str, action: Callable[[Backend], T], data: bytes | None
+    ) -> T:
+        """Send one attempt of a request through the store's layers to the backend."""
+        backend = self.backend
+        request = Request(op, key, path, data, backend)
+
+        def send() -> T:
+            return action(backend)
+
+        for layer in reversed(self._layers):
+            send = functools.partial(layer, request, send)
+        return send()
+
+    def _send(
+        self,
+        op: str,
+        key: str,
+        path: str,
+        action: Callable[[Backend], T],
+        data: bytes | None = None,
+    ) -> T:
+        """Run one request under the retry policy; raise permanent failures translated."""
+        loop = RetryLoop(self.retry, self._describe(op, key))
+        while True:
+            try:
+                return self._attempt(op, key, path, action, data)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if classify(exc) is Verdict.PERMANENT:
+                    raise self._translate(exc, op, key) from exc
+                loop.backoff(exc)
 
     # --- reads -------------------------------------------------------------------------------
 
     def read(self, key: str) -> bytes:
         """The whole object at ``key``; :class:`KeyNotFoundError` if absent."""
         path = self.path(key)
-        return self._call("read", key, lambda: self.backend.read(path))
+        return self._send("read", key, path, lambda b: b.read(path))
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of ``key``, clipped at the object's end (past the end: ``b""``)."""
@@ -158,7 +224,7 @@ class Store:
             self.stat(key)  # a zero-length range of a missing key is still an error
             return b""
         path = self.path(key)
-        return self._call("read_range", key, lambda: self.backend.read_range(path, start, end))
+        return self._send("read_range", key, path, lambda b: b.read_range(path, start, end))
 
     def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Many ``(key, start, end)`` ranges in one call (fsspec ``cat_ranges``), in order.
@@ -177,8 +243,8 @@ class Store:
             paths = [self.path(k) for _, k, _, _ in wanted]
             starts = [s for _, _, s, _ in wanted]
             ends = [e for _, _, _, e in wanted]
-            found = self._call(
-                "read_ranges", wanted[0][1], lambda: self.backend.read_ranges(paths, starts, ends)
+            found = self._send(
+                "read_ranges", wanted[0][1], paths[0], lambda b: b.read_ranges(paths, starts, ends)
             )
             for (i, _, _, _), data in zip(wanted, found, strict=True):
                 out[i] = data
@@ -186,7 +252,7 @@ class Store:
 
     def stat(self, key: str) -> ObjectInfo:
         path = self.path(key)
-        size, mtime = self._call("stat", key, lambda: self.backend.stat(path))
+        size, mtime = self._send("stat", key, path, lambda b: b.stat(path))
         return ObjectInfo(key, size, mtime)
 
     def size(self, key: str) -> int:
@@ -194,13 +260,13 @@ class Store:
 
     def exists(self, key: str) -> bool:
         path = self.path(key)
-        return self._call("exists", key, lambda: self.backend.exists(path))
+        return self._send("exists", key, path, lambda b: b.exists(path))
 
     def list_info(self, prefix: str = "") -> list[ObjectInfo]:
         """Every object under the directory ``prefix`` (``a/`` never lists ``ab/``), sorted."""
         prefix = check_prefix(prefix)
         base = self._dir_path(prefix)
-        entries = self._call("list", prefix, lambda: self.backend.list(base))
+        entries = self._send("list", prefix, base, lambda b: b.list(base))
         root_len = len(self._dir_path(""))
         out = [ObjectInfo(path[root_len:], size, mtime) for path, size, mtime in entries]
         out.sort(key=lambda info: info.key)
@@ -215,39 +281,87 @@ class Store:
         """Atomic overwrite: readers see the old bytes or the new ones, never a mix."""
         path = self.path(key)
         payload = bytes(data)
-        self._call("write", key, lambda: self.backend.write(path, payload))
+        self._send("write", key, path, lambda b: b.write(path, payload), payload)
 
     def create(self, key: str, data: bytes) -> None:
         """Create-if-absent: :class:`AlreadyExistsError` if ``key`` exists, atomic on every backend.
 
         The winner's bytes are complete the first moment anyone can see the key.  Creating a key
         that already holds exactly ``data`` succeeds: a create whose reply was lost and that was
-        re-sent (by us, the HTTP client or the NFS client) must not report a loss it did not have.
+        re-sent must not report a loss it did not have.  Such a create is settled by reading back
+        what is there (retried like any read); if that cannot be done before the deadline the
+        store raises :class:`OutcomeUnknownError` rather than guess.
         """
         path = self.path(key)
         payload = bytes(data)
-        backend_create = self.backend.create
-
-        def create_once() -> None:
+        loop = RetryLoop(self.retry, self._describe("create", key))
+        maybe_landed = False  # an earlier attempt may have created the key before failing
+        while True:
             try:
-                backend_create(path, payload)
-            except Exception as exc:
-                if not is_already_exists(exc) or self._holds(path, payload) is not True:
-                    raise
+                self._attempt("create", key, path, lambda b: b.create(path, payload), payload)
+                return
+            except Exception as exc:  # noqa: BLE001 - classified below
+                if is_already_exists(exc):
+                    self._settle_refused_create(key, payload, exc, maybe_landed)
+                    return
+                verdict = classify(exc)
+                if verdict is Verdict.PERMANENT:
+                    raise self._translate(exc, "create", key) from exc
+                maybe_landed = maybe_landed or verdict is Verdict.AMBIGUOUS
+                try:
+                    loop.backoff(exc)
+                except RetriesExhaustedError as gave_up:
+                    if not maybe_landed:
+                        raise
+                    self._settle_lost_create(key, payload, gave_up)
+                    return
 
-        self._call("create", key, create_once)
-
-    def _holds(self, path: str, payload: bytes) -> bool | None:
-        """Whether ``path`` holds exactly ``payload`` (None: it could not be read)."""
+    def _settle_refused_create(
+        self, key: str, payload: bytes, refusal: Exception, maybe_landed: bool
+    ) -> None:
+        """``key`` exists: return if it holds ``payload`` (ours), else raise AlreadyExistsError."""
+        where = f"create {redact(self.key_url(key))}"
         try:
-            # Size first: a conflicting large object is not read just to learn it differs.
-            if self.backend.stat(path)[0] != len(payload):
-                return False
-            return self.backend.read(path) == payload
+            ours = self._holds(key, payload)
+        except KeyNotFoundError:
+            ours = False  # deleted since: whatever was there was not created by this call
+        except (RetriesExhaustedError, StoreError) as exc:
+            if not maybe_landed:
+                # No attempt of ours can have landed: the refusal is the answer.
+                raise AlreadyExistsError(f"{where}: already exists") from refusal
+            raise OutcomeUnknownError(
+                f"{where}: outcome unknown - a reply was lost and what the key holds could not "
+                f"be read back ({exc})"
+            ) from exc
+        if not ours:
+            raise AlreadyExistsError(f"{where}: already exists") from refusal
+
+    def _settle_lost_create(self, key: str, payload: bytes, gave_up: Exception) -> None:
+        """The deadline passed after a reply was lost: one last look at what the key holds."""
+        where = f"create {redact(self.key_url(key))}"
+        try:
+            ours = self._holds(key, payload, retry=False)
         except FileNotFoundError:
+            raise gave_up from None  # nothing landed: a plain failure
+        except Exception as exc:  # noqa: BLE001 - any failure leaves the outcome open
+            raise OutcomeUnknownError(
+                f"{where}: outcome unknown - replies were lost and the deadline passed before "
+                f"the key could be read back ({gave_up})"
+            ) from exc
+        if not ours:
+            raise AlreadyExistsError(f"{where}: already exists") from gave_up
+
+    def _holds(self, key: str, payload: bytes, *, retry: bool = True) -> bool:
+        """Whether ``key`` holds exactly ``payload``; a conflicting large object is not read just
+        to learn that it differs."""
+        if retry:
+            if self.stat(key).size != len(payload):
+                return False
+            return self.read(key) == payload
+        path = self.path(key)
+        if self._attempt("stat", key, path, lambda b: b.stat(path), None)[0] != len(payload):
             return False
-        except Exception:  # noqa: BLE001 - the caller reports the original refusal
-            return None
+        return self._attempt("read", key, path, lambda b: b.read(path), None) == payload
 
     @contextmanager
     def open_writer(self, key: str) -> Iterator[BinaryIO]:
@@ -282,24 +396,24 @@ class Store:
                 raise translated from exc
 
     def _translated(self, exc: Exception, op: str, key: str) -> BaseException:
-        translated = translate_error(exc, op, self.key_url(key), self._parsed.bucket, self.protocol)
+        translated = self._translate(exc, op, key)
         return translated if isinstance(translated, StoreError) else exc
 
     def delete(self, key: str) -> None:
         """Delete ``key``; a missing key is not an error."""
         path = self.path(key)
-        self._call("delete", key, lambda: self.backend.delete(path))
+        self._send("delete", key, path, lambda b: b.delete(path))
 
     def leftovers(self, older_than: float) -> builtins.list[Leftover]:
         """Staging of killed streaming writers under this root, started before ``older_than``
         (epoch seconds): local temp files, unfinished S3 multipart uploads. Never visible as keys.
         """
-        found = self._call("leftovers", ".", lambda: self.backend.leftovers(self.root + "/"))
+        found = self._send("leftovers", ".", self.root, lambda b: b.leftovers(self.root + "/"))
         return [item for item in found if item.started is not None and item.started < older_than]
 
     def discard_leftover(self, leftover: Leftover) -> None:
         """Remove one leftover (unlink the temp file, abort the multipart upload)."""
-        self._call("discard_leftover", ".", lambda: self.backend.discard_leftover(leftover))
+        self._send("discard_leftover", ".", leftover.path, lambda b: b.discard_leftover(leftover))
 
     def copy_to(self, dest: Store, key: str, dest_key: str | None = None) -> None:
         """Copy ``key`` to ``dest`` (any backend), streaming; atomic at the destination."""
@@ -358,14 +472,6 @@ def open_store(
     """
     if isinstance(url, Store):
         return url
-    faults = os.environ.get(FAULTS_ENV)
-    if faults:  # test-only: every store this process opens injects faults
-        from ..testing.faults import FaultPlan, FaultyStore
-
-        store: Store = FaultyStore(
-            url, storage_options, plan=FaultPlan.from_json(faults), retry=retry
-        )
-    else:
-        store = Store(url, storage_options, retry=retry)
+    store = Store(url, storage_options, retry=retry)
     store.backend  # noqa: B018 - fail now on unknown protocols, missing packages, bad options
     return store

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 from ..errors import (
     AlreadyExistsError,
+    BucketNotFoundError,
+    CredentialsMissingError,
+    CredentialsRejectedError,
+    EndpointError,
     KeyNotFoundError,
     ShardlakeError,
     StoreError,
     StorePermissionError,
 )
 from .backends import is_already_exists
+from .backends.base import EndpointMismatch
+from .backends.s3 import CREDENTIAL_REJECTED_CODES
+from .classify import causes, http_status, s3_error_code
 from .url import redact
 
 _NO_CREDENTIALS = (
@@ -27,10 +34,10 @@ _BAD_CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken
 
 
 def _status(exc: BaseException) -> int | None:
-    for attr in ("status", "status_code", "code"):
-        value = getattr(exc, attr, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
+    for cause in causes(exc):
+        status = http_status(cause)
+        if status is not None:
+            return status
     return None
 
 
@@ -65,23 +72,32 @@ def translate_error(
     text = f"{type(exc).__name__} {exc}"
     lowered = text.lower()
     status = _status(exc)
+    code = s3_error_code(exc)
     if any(marker in lowered for marker in _NO_CREDENTIALS):
         family = {"s3a": "s3", "gcs": "gs"}.get(protocol or "", protocol or "")
         hint = _CREDENTIAL_HINTS.get(family, "configure the backend's credentials")
-        return StorePermissionError(f"{where}: no credentials found - {hint}")
-    if any(marker in lowered for marker in _BAD_CREDENTIALS):
-        return StorePermissionError(f"{where}: credentials rejected - check the key and secret")
+        return CredentialsMissingError(f"{where}: credentials missing - {hint}")
+    if (
+        code in CREDENTIAL_REJECTED_CODES
+        or status == 401
+        or any(marker in lowered for marker in _BAD_CREDENTIALS)
+    ):
+        return CredentialsRejectedError(
+            f"{where}: credentials rejected - the store does not accept this key id or secret"
+        )
+    if isinstance(exc, EndpointMismatch):
+        return EndpointError(f"{where}: {exc}")
     if is_already_exists(exc):
         return AlreadyExistsError(f"{where}: already exists")
-    if bucket is not None and _is_missing_bucket(exc, text):
-        return KeyNotFoundError(
+    if bucket is not None and (code == "NoSuchBucket" or _is_missing_bucket(exc, text)):
+        return BucketNotFoundError(
             f"{where}: bucket {bucket!r} does not exist - create it or fix the store URL"
         )
     if isinstance(exc, FileNotFoundError) or status == 404 or "nosuchkey" in lowered:
         return KeyNotFoundError(f"{where}: no such key")
     if isinstance(exc, PermissionError) or status in (401, 403):
         return StorePermissionError(
-            f"{where}: access denied - check the credentials and their permissions"
+            f"{where}: access denied to {redact(url)} - the credentials lack permission"
         )
     if isinstance(exc, NotADirectoryError):
         return StoreError(f"{where}: a parent of this key is an object, not a directory")

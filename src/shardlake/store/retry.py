@@ -1,94 +1,106 @@
-"""Bounded, jittered exponential backoff for transient storage failures."""
+"""The one retry policy of every storage request: a deadline, per-attempt timeouts, full jitter.
+
+Retries live here and nowhere else: the backends turn their libraries' own retries off (botocore,
+s3fs, gcsfs) and hand them :attr:`RetryPolicy.attempt_timeout` as their request timeout, so one
+operation costs at most :attr:`RetryPolicy.deadline` seconds however the network misbehaves.
+"""
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar
 
-from ..errors import (
-    AlreadyExistsError,
-    KeyNotFoundError,
-    RetriesExhaustedError,
-    ShardlakeError,
-    StorePermissionError,
-    TransientStoreError,
-    UsageError,
-)
+from ..errors import RetriesExhaustedError, UsageError
+from .classify import Verdict, classify
 from .url import redact
 
 T = TypeVar("T")
 
 log = logging.getLogger("shardlake.store")
 
-_TRANSIENT_ERRNOS = {
-    errno.ESTALE,
-    errno.ECONNRESET,
-    errno.ECONNABORTED,
-    errno.ECONNREFUSED,
-    errno.ETIMEDOUT,
-    errno.EAGAIN,
-    errno.EPIPE,
-    errno.EIO,
+DEFAULT_DEADLINE = 120.0
+DEFAULT_ATTEMPT_TIMEOUT = 30.0
+
+# Storage options the store consumes itself (never passed to the fsspec filesystem).
+DEADLINE_OPTION = "retry_deadline"
+ATTEMPT_TIMEOUT_OPTION = "retry_attempt_timeout"
+_ENV = {
+    "attempts": "SHARDLAKE_RETRY_ATTEMPTS",
+    "base_delay": "SHARDLAKE_RETRY_BASE_DELAY",
+    "max_delay": "SHARDLAKE_RETRY_MAX_DELAY",
+    "deadline": "SHARDLAKE_RETRY_DEADLINE",
+    "attempt_timeout": "SHARDLAKE_RETRY_ATTEMPT_TIMEOUT",
 }
-_TRANSIENT_MARKERS = (
-    "slowdown",
-    "slow down",
-    "throttl",
-    "toomanyrequests",
-    "too many requests",
-    "internalerror",
-    "internal error",
-    "service unavailable",
-    "serviceunavailable",
-    "bad gateway",
-    "gateway timeout",
-    "requesttimeout",
-    "connection reset",
-    "connection aborted",
-    "server disconnected",
-    "timed out",
-    "timeout",
-)
-_TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How often and how long to retry a transient failure.
+    """How long and how often one storage operation may be retried.
 
-    ``attempts`` counts every try, the first included. The delay before retry ``n`` (1-based) is
-    uniform in ``[0, min(max_delay, base_delay * 2**(n-1))]`` ("full jitter").
+    Parameters
+    ----------
+    attempts
+        Most tries, the first included (``None``: as many as the deadline allows).
+    base_delay, max_delay
+        The pause before retry ``n`` (1-based) is uniform in
+        ``[0, min(max_delay, base_delay * 2**(n-1))]`` ("full jitter").
+    deadline
+        Seconds one operation may take, all attempts and pauses together; no retry starts
+        after it and no pause runs past it.
+    attempt_timeout
+        Seconds one request may wait to connect or for the next bytes of its reply (handed to
+        botocore / gcsfs as their timeouts).
     """
 
-    attempts: int = 5
+    attempts: int | None = None
     base_delay: float = 0.1
     max_delay: float = 5.0
+    deadline: float = DEFAULT_DEADLINE
+    attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT
 
     def __post_init__(self) -> None:
-        if self.attempts < 1:
+        if self.attempts is not None and self.attempts < 1:
             raise UsageError("RetryPolicy.attempts must be >= 1")
         if self.base_delay < 0 or self.max_delay < 0:
             raise UsageError("RetryPolicy delays must be >= 0")
+        if self.deadline <= 0 or self.attempt_timeout <= 0:
+            raise UsageError("RetryPolicy.deadline and attempt_timeout must be > 0 seconds")
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
-        """The default policy, overridable by ``SHARDLAKE_RETRY_ATTEMPTS``,
-        ``SHARDLAKE_RETRY_BASE_DELAY`` and ``SHARDLAKE_RETRY_MAX_DELAY`` (seconds)."""
-        defaults = cls()
+        """The default policy, overridable by ``SHARDLAKE_RETRY_DEADLINE``,
+        ``SHARDLAKE_RETRY_ATTEMPT_TIMEOUT``, ``SHARDLAKE_RETRY_ATTEMPTS``,
+        ``SHARDLAKE_RETRY_BASE_DELAY`` and ``SHARDLAKE_RETRY_MAX_DELAY``."""
+        found = {field: os.environ[name] for field, name in _ENV.items() if os.environ.get(name)}
         try:
-            return cls(
-                attempts=int(os.environ.get("SHARDLAKE_RETRY_ATTEMPTS", defaults.attempts)),
-                base_delay=float(os.environ.get("SHARDLAKE_RETRY_BASE_DELAY", defaults.base_delay)),
-                max_delay=float(os.environ.get("SHARDLAKE_RETRY_MAX_DELAY", defaults.max_delay)),
-            )
+            values: dict[str, Any] = {
+                field: int(text) if field == "attempts" else float(text)
+                for field, text in found.items()
+            }
         except ValueError as exc:
             raise UsageError(f"invalid SHARDLAKE_RETRY_* setting: {exc}") from None
+        return cls(**values)
+
+    def with_options(self, options: Mapping[str, Any]) -> RetryPolicy:
+        """This policy with ``retry_deadline`` / ``retry_attempt_timeout`` storage options."""
+        changes: dict[str, Any] = {}
+        for option, field in (
+            (DEADLINE_OPTION, "deadline"),
+            (ATTEMPT_TIMEOUT_OPTION, "attempt_timeout"),
+        ):
+            if option in options:
+                try:
+                    changes[field] = float(options[option])
+                except (TypeError, ValueError):
+                    raise UsageError(
+                        f"storage option {option}={options[option]!r}: expected seconds"
+                    ) from None
+        return replace(self, **changes) if changes else self
 
     def delay(self, retry_number: int) -> float:
         cap = min(self.max_delay, self.base_delay * (2 ** (retry_number - 1)))
@@ -98,41 +110,54 @@ class RetryPolicy:
 NO_RETRY = RetryPolicy(attempts=1)
 
 
-def _status_of(exc: BaseException) -> int | None:
-    for attr in ("status", "status_code", "code"):
-        value = getattr(exc, attr, None)
-        if isinstance(value, int) and 100 <= value < 600:
-            return value
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):
-        meta = response.get("ResponseMetadata", {})
-        status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
-        if isinstance(status, int):
-            return status
-    return None
+def split_retry_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without the ones the store's retry policy consumes."""
+    return {k: v for k, v in options.items() if k not in (DEADLINE_OPTION, ATTEMPT_TIMEOUT_OPTION)}
 
 
-def is_transient(exc: BaseException) -> bool:
-    """True for failures worth retrying: 5xx/429, throttling, resets, timeouts, ``ESTALE``."""
-    if isinstance(exc, TransientStoreError):
-        return True
-    if isinstance(
-        exc, (ShardlakeError, KeyNotFoundError, AlreadyExistsError, StorePermissionError)
-    ):
-        return False
-    if isinstance(exc, (ValueError, TypeError, NotADirectoryError)):
-        return False
-    if isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError)):
-        return False
-    if isinstance(exc, (TimeoutError, ConnectionError)):
-        return True
-    status = _status_of(exc)
-    if status is not None:
-        return status in _TRANSIENT_STATUS
-    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
-        return True
-    text = f"{type(exc).__name__} {exc}".lower()
-    return any(marker in text for marker in _TRANSIENT_MARKERS)
+class RetryLoop:
+    """The attempts of one operation: call :meth:`backoff` after each retryable failure."""
+
+    def __init__(
+        self,
+        policy: RetryPolicy,
+        describe: Callable[[], str],
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.describe = describe
+        self.attempts = 0
+        self._sleep = sleep
+        self._clock = clock
+        self._started = clock()
+
+    @property
+    def elapsed(self) -> float:
+        return self._clock() - self._started
+
+    def backoff(self, exc: BaseException) -> None:
+        """Pause before the next attempt, or raise :class:`RetriesExhaustedError` (from ``exc``)
+        when the attempts or the deadline are spent."""
+        self.attempts += 1
+        policy = self.policy
+        pause = policy.delay(self.attempts)
+        left = policy.deadline - self.elapsed
+        if (policy.attempts is not None and self.attempts >= policy.attempts) or pause >= left:
+            raise RetriesExhaustedError(
+                f"{self.describe()} failed after {self.attempts} attempt(s) in "
+                f"{self.elapsed:.1f}s (transient errors; deadline {policy.deadline:g}s); "
+                f"last: {type(exc).__name__}: {redact(str(exc))}"
+            ) from exc
+        log.info(
+            "%s: transient %s (attempt %d), retrying in %.2fs",
+            self.describe(),
+            type(exc).__name__,
+            self.attempts,
+            pause,
+        )
+        self._sleep(pause)
 
 
 def call_with_retry(
@@ -143,31 +168,13 @@ def call_with_retry(
     translate: Callable[[BaseException], BaseException],
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
-    """Run ``fn``; retry transient failures per ``policy``; raise translated errors.
-
-    ``translate`` maps a raw backend exception to a shardlake error; ``describe`` names the
-    operation and URL for the final error message.
-    """
-    attempt = 0
+    """Run ``fn``; retry transient and ambiguous failures within ``policy``; raise permanent
+    ones translated (``translate`` maps a backend exception to a shardlake error)."""
+    loop = RetryLoop(policy, describe, sleep=sleep)
     while True:
-        attempt += 1
         try:
             return fn()
         except Exception as exc:  # noqa: BLE001 - classified below
-            if not is_transient(exc):
+            if classify(exc) is Verdict.PERMANENT:
                 raise translate(exc) from exc
-            if attempt >= policy.attempts:
-                raise RetriesExhaustedError(
-                    f"{describe()} failed after {attempt} attempt(s) (transient errors); "
-                    f"last: {type(exc).__name__}: {redact(str(exc))}"
-                ) from exc
-            pause = policy.delay(attempt)
-            log.info(
-                "%s: transient %s (attempt %d of %d), retrying in %.2fs",
-                describe(),
-                type(exc).__name__,
-                attempt,
-                policy.attempts,
-                pause,
-            )
-            sleep(pause)
+            loop.backoff(exc)

@@ -1,11 +1,16 @@
-"""Test and demo helpers: loopback S3 / GCS servers and a fault-injecting store wrapper.
+"""Test support: conformance kit, pytest fixtures, fault injection, loopback servers.
 
-* :mod:`shardlake.testing.servers` starts moto's S3 server and fake-gcs-server on 127.0.0.1 and
-  hands back the ``storage_options`` (and environment) that make s3fs / gcsfs talk to them.
-* :mod:`shardlake.testing.faults` wraps any store so that a seeded fraction of its requests fail
-  transiently, and counts requests and bytes fetched.
+* :mod:`shardlake.testing.conformance` - ``StoreConformance`` test classes any backend
+  subclasses to prove shardlake's storage promises (imports pytest: test code only).
+* :mod:`shardlake.testing.pytest_plugin` - the store fixtures on every backend; load it with
+  ``pytest_plugins = ["shardlake.testing.pytest_plugin"]``.
+* :mod:`shardlake.testing.faults` - ``FaultInjector``, a store layer injecting seeded faults
+  (``store.with_layers(FaultInjector(FaultPlan(...)))``).
+* :mod:`shardlake.testing.proxy` - a fault-injecting HTTP proxy in front of a loopback S3.
+* :mod:`shardlake.testing.servers` - moto's S3 server and fake-gcs-server on 127.0.0.1 (from
+  :mod:`shardlake.tools.loopback`), with the ``storage_options`` that reach them.
 
-Nothing here is needed to *use* shardlake; it needs the ``test`` extra (moto, fake-gcs-server).
+Nothing in the library imports this package; it needs the ``test`` extra.
 """
 
 from .servers import (

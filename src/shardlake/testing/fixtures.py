@@ -1,6 +1,8 @@
-"""pytest fixtures that run a test on every store backend; imported by the conftest files.
+"""Fresh store locations on every backend, for tests and conformance runs (no pytest here).
 
-``tests/conftest.py`` and ``conformance/conftest.py`` import these names, so any test can ask for:
+The pytest fixtures built on these live in :mod:`shardlake.testing.pytest_plugin`, which
+``tests/conftest.py`` and ``conformance/conftest.py`` load with ``pytest_plugins``; any test can
+ask for:
 
 * ``store_kind`` - parametrised over ``local``, ``memory``, ``s3`` (moto), ``gcs`` (fake-gcs-server).
   Narrow it per test with ``@pytest.mark.parametrize("store_kind", ["local", "s3"])``.
@@ -26,11 +28,8 @@ import json
 import os
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
 
 from ..store import Store, open_store
 from .servers import StoreServers
@@ -91,7 +90,7 @@ def new_location(kind: str, label: str = "t", servers: StoreServers | None = Non
     raise ValueError(f"unknown store kind {kind!r}: one of {', '.join(LOOPBACK_KINDS)}, env")
 
 
-def _cleanup(location: StoreLocation) -> None:
+def cleanup_location(location: StoreLocation) -> None:
     # Loopback servers keep everything in memory and die with the session; a local dir lives in
     # pytest's tmp area.  Only a real bucket needs tidying.
     if location.kind != "env":
@@ -101,60 +100,13 @@ def _cleanup(location: StoreLocation) -> None:
         store.delete(key)
 
 
-@pytest.fixture(scope="session")
-def store_servers() -> StoreServers:
-    return shared_servers()
-
-
-@pytest.fixture(params=LOOPBACK_KINDS)
-def store_kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def store_factory(
-    store_kind: str, store_servers: StoreServers, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[..., StoreLocation]]:
-    made: list[StoreLocation] = []
-
-    def make(kind: str | None = None, label: str = "t") -> StoreLocation:
-        kind = kind or store_kind
-        if kind == "local":
-            location = StoreLocation("local", str(tmp_path_factory.mktemp(f"store-{label}")))
-        else:
-            location = new_location(kind, label, store_servers)
-        made.append(location)
-        return location
-
-    yield make
-    for location in made:
-        _cleanup(location)
-
-
-@pytest.fixture
-def store_location(store_factory: Callable[..., StoreLocation]) -> StoreLocation:
-    return store_factory()
-
-
-@pytest.fixture
-def store_url(store_location: StoreLocation) -> str:
-    return store_location.url
-
-
-@pytest.fixture
-def store(store_location: StoreLocation) -> Store:
-    return store_location.open()
-
-
 __all__ = [
+    "ENV_OPTIONS",
+    "ENV_URL",
+    "LOOPBACK_KINDS",
     "StoreLocation",
+    "cleanup_location",
     "new_location",
     "shared_servers",
-    "store",
-    "store_factory",
-    "store_kind",
     "store_kinds",
-    "store_location",
-    "store_servers",
-    "store_url",
 ]

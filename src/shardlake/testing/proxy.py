@@ -24,7 +24,10 @@ Fault kinds (:data:`FAULT_KINDS`):
 Body faults (``reset``, ``truncate``, ``flip``) need a response body; a request without one
 gets a ``503`` instead. Decisions are deterministic for a seed: the n-th request with the same
 method and path gets the same fate whatever the thread interleaving. ``stall_all`` makes the
-whole endpoint stall (a hung server).
+whole endpoint stall (a hung server). :meth:`FaultProxy.inject` aims faults at the next
+matching requests (e.g. lose the reply to gc's lock commit, then fail the read-back), in the
+order they were aimed, ahead of the seeded schedule. ``history`` lists every request's
+``(method, path, fault)``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import struct
 import threading
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -102,6 +106,8 @@ class FaultProxy:
         self.stall_all = False
         self.injected: Counter[str] = Counter()
         self.requests = 0
+        self.history: list[tuple[str, str, str | None]] = []
+        self._aimed: list[_Aimed] = []
         self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -140,13 +146,35 @@ class FaultProxy:
             self._thread.join(timeout=10)
         self._server.server_close()
 
+    def inject(
+        self, kind: str, *, path_contains: str, method: str | None = None, times: int = 1
+    ) -> None:
+        """Give the next ``times`` requests whose path contains ``path_contains`` (and whose
+        method is ``method``, if given) the fault ``kind``. Aimed faults apply in the order
+        they were aimed: one starts only when the one before it is used up."""
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; use {FAULT_KINDS}")
+        with self._lock:
+            self._aimed.append(_Aimed(kind, method, path_contains, times))
+
     def decide(self, method: str, path: str) -> str | None:
         """The fault for this request (None: forward it untouched); counts what it injects."""
+        kind = self._choose(method, path)
+        with self._lock:
+            self.history.append((method, path, kind))
+            if kind is not None:
+                self.injected[kind] += 1
+        return kind
+
+    def _choose(self, method: str, path: str) -> str | None:
         with self._lock:
             self.requests += 1
             if self.stall_all:
-                self.injected["stall"] += 1
                 return "stall"
+            self._aimed = [aimed for aimed in self._aimed if aimed.left > 0]
+            if self._aimed and self._aimed[0].matches(method, path):
+                self._aimed[0].left -= 1
+                return self._aimed[0].kind
             what = f"{method} {path}"
             n = self._seen[what]
             self._seen[what] += 1
@@ -155,12 +183,23 @@ class FaultProxy:
         if draw / 2**64 >= self.rate:
             return None
         kind: str = self.kinds[pick % len(self.kinds)]
-        with self._lock:
-            self.injected[kind] += 1
         return kind
 
     def wait_or_stop(self, seconds: float) -> None:
         self._stop.wait(seconds)
+
+
+@dataclass
+class _Aimed:
+    """A fault aimed at the next ``left`` requests matching ``method`` and a path part."""
+
+    kind: str
+    method: str | None
+    path_contains: str
+    left: int
+
+    def matches(self, method: str, path: str) -> bool:
+        return self.method in (None, method) and self.path_contains in path
 
 
 class _Server(ThreadingHTTPServer):

@@ -77,10 +77,14 @@ def _root(cfg: DemoConfig, workdir: Path) -> Iterator[tuple[str, dict[str, Any] 
     if cfg.store == "local":
         yield str((workdir / "root").resolve()), None
         return
-    from ..testing.servers import moto_s3_server
+    from .loopback import MissingServerError, moto_s3_server
 
     # set_env: the DDP ranks are spawned processes; they inherit the endpoint settings.
-    with moto_s3_server(set_env=True) as s3:
+    with contextlib.ExitStack() as stack:
+        try:
+            s3 = stack.enter_context(moto_s3_server(set_env=True))
+        except MissingServerError as exc:
+            raise UsageError(f"demo with store 's3': {exc}") from exc
         yield s3.url("demo"), dict(s3.storage_options)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import PlanError, SelectionError, UsageError
+from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..store import Store
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
@@ -37,10 +37,10 @@ from .plan import (
     Rows,
     plan_epoch,
     resolve,
-    selection_digest,
 )
 from .reader import ReadOptions, SlotReader, request_chunk_size, selection_members
 from .sources import Source, combine, epoch_counts, epoch_rows, select_rows
+from .strings import key_digest
 
 if TYPE_CHECKING:
     from .loader import ShardLoader
@@ -200,7 +200,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 "version_tag": r.version_tag,
                 "version_hash": r.version_hash,
                 "selection": r.selection,
-                "selection_digest": selection_digest(r.table.column("key").to_pylist()),
+                "selection_digest": key_digest(r.table.column("key")),
                 "samples": r.table.num_rows,
                 "weight": r.source.weight,
                 "repeat": r.source.repeat,
@@ -495,17 +495,23 @@ def train_valid(
         shuffle=False,
         **options,
     )
-    train_sel: dict[str, Any] = {"keyset": train_keyset, "where": train_where}
+    from ..dataset import open_dataset
+    from ..selection import check_disjoint
+
+    version_ds = open_dataset(url, valid.version_tag, options.get("storage_options"))
+    valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
+    train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:
-        everything = ShardDataset(url, valid.version_tag, batch_size=batch_size, **options)
-        held_out = set(valid.table.keys)
-        train_sel = {"keys": [k for k in everything.table.keys if k not in held_out]}
-    train = ShardDataset(url, valid.version_tag, batch_size=batch_size, **train_sel, **options)
-    if train.version_hash != valid.version_hash:
-        raise SelectionError("train and valid resolved different versions; pass a version tag")
-    overlap = set(train.table.keys) & set(valid.table.keys)
-    if overlap:
-        raise SelectionError(
-            f"train and valid selections share {len(overlap)} key(s), e.g. {sorted(overlap)[:3]}"
-        )
+        train_sel = valid_sel.complement()
+    check_disjoint(train_sel, valid_sel, "train and valid selections")
+    chosen: dict[str, Any] = {} if train_sel.keys is None else {"keys": train_sel.keys}
+    train = ShardDataset(
+        url,
+        valid.version_tag,
+        batch_size=batch_size,
+        keyset=train_keyset,
+        where=train_where,
+        **chosen,
+        **options,
+    )
     return train, valid

@@ -240,7 +240,9 @@ def _chunks(
         pos = pos + phase[group]
     block = pos // chunk_size
     cuts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (block[1:] != block[:-1])])
-    return np.split(ids, cuts[1:])
+    # Plain slices: np.split costs ~10 us a piece, and a million rows make ~60,000 chunks.
+    ends = [*cuts[1:].tolist(), len(ids)]
+    return [ids[a:b] for a, b in zip(cuts.tolist(), ends, strict=True)]
 
 
 def _slot_order(
@@ -251,11 +253,12 @@ def _slot_order(
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, empty
     ids = np.concatenate(segment)
-    chunk_no = np.repeat(np.arange(len(segment)), [len(c) for c in segment])
+    lengths = np.fromiter((len(c) for c in segment), dtype=np.int64, count=len(segment))
+    chunk_no = np.repeat(np.arange(len(segment)), lengths)
     if rng is None:  # no shuffle: read order is emit order
         return ids, ids, np.arange(len(ids)), chunk_no
     # Interleave: chunks are taken `interleave` at a time and their samples alternate.
-    in_chunk = np.concatenate([np.arange(len(c)) for c in segment])
+    in_chunk = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     group = chunk_no // params.interleave
     read_order = np.lexsort((chunk_no, in_chunk, group))
     read = ids[read_order]
@@ -296,8 +299,9 @@ def plan_leg(
             f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
             f"{layout.batch_size} leave {pad} slots to fill by replaying samples "
             f"({pad / max(basis, 1):.1%} of the epoch), more than max_pad_fraction="
-            f"{params.max_pad_fraction:g}; use a smaller batch_size (--batch-size) or fewer "
-            "ranks, or raise max_pad_fraction (--max-pad-fraction)"
+            f"{params.max_pad_fraction:g}; use a smaller batch_size or fewer ranks, or raise "
+            "max_pad_fraction",
+            options=("batch_size", "max_pad_fraction"),
         )
     shuffled = params.shuffle
     rng = _rng(params, epoch, layout, leg, "order") if shuffled else None

@@ -23,6 +23,7 @@ from ..dataset import open_dataset
 from ..errors import SelectionError, UsageError
 from ..store import Store
 from .reader import RowTable
+from .strings import StringColumn
 
 CORE_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
@@ -86,39 +87,16 @@ class SourceRows:
 def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
     """Resolve ``source``: open its version and select its manifest rows (the table set-up)."""
     ds = open_dataset(source.url, source.version, source.storage_options)
-    where, keyset, keys = source.where, source.keyset, source.keys
-    table = ds.manifests(columns=None if where else [*CORE_COLUMNS, *meta_columns])
-    missing = [c for c in meta_columns if c not in table.column_names]
+    columns = ds.manifests().column_names
+    missing = [c for c in meta_columns if c not in columns]
     if missing:
         raise SelectionError(
-            f"unknown meta_columns {', '.join(missing)}; manifest columns: "
-            f"{', '.join(table.column_names)}"
+            f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
         )
-    selection: dict[str, Any] = {"all": True}
-    if where is not None:
-        from ..sql import select
-
-        table, selection = select(table, where), {"where": where}
-    elif keyset is not None or keys is not None:
-        if keyset is not None:
-            from ..keysets import load_keyset
-
-            ks = load_keyset(ds.store, keyset)
-            ks.check_version(ds.version)
-            wanted, selection = ks.keys, {"keyset": keyset}
-        else:
-            wanted, selection = list(keys or ()), {"keys": len(keys or ())}
-        mask = pc.is_in(table.column("key"), value_set=pa.array(wanted, pa.string()))
-        table = table.filter(mask)
-        if table.num_rows != len(set(wanted)):
-            raise SelectionError(
-                f"{len(set(wanted)) - table.num_rows} selected key(s) are not in version "
-                f"{ds.version.tag!r} of {ds.store.url}"
-            )
-    if table.num_rows == 0:
-        raise SelectionError(
-            f"the selection is empty in version {ds.version.tag!r} of {ds.store.url}"
-        )
+    selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
+    wanted = [*CORE_COLUMNS, *meta_columns]
+    table = selected.rows(None if source.where else [c for c in wanted if c in columns])
+    selection = selected.describe()
     return SourceRows(
         source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
     )
@@ -171,12 +149,35 @@ class Combined:
     sizes: list[int]
 
 
+def _shard_index(pids: pa.ChunkedArray, shards: IntArray) -> tuple[IntArray, list[tuple[str, int]]]:
+    """Per row, the index of its (partition, shard) pair, numbered by first appearance; and
+    the pairs in that order. Vectorised: no per-row Python objects."""
+    codes = pids.dictionary_encode().combine_chunks() if len(pids) else None
+    if codes is None:
+        return np.zeros(0, dtype=np.int64), []
+    part = codes.indices.to_numpy().astype(np.int64)
+    pair = part * (int(shards.max()) + 1) + shards
+    _u, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    rank = np.empty(len(first), dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+    names = codes.dictionary.to_pylist()
+    order = np.sort(first)
+    return rank[inverse.reshape(-1)], [(names[part[i]], int(shards[i])) for i in order]
+
+
+def _partition_index(pids: pa.ChunkedArray) -> tuple[IntArray, list[str]]:
+    """Per row, the index of its partition among the sorted partition ids; and those ids."""
+    names = sorted(pc.unique(pids).to_pylist()) if len(pids) else []
+    index = pc.index_in(pids, value_set=pa.array(names, pa.string()))
+    return index.to_numpy().astype(np.int64), names
+
+
 def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Combined:
     """One row table over all sources (a single source keeps its own store and shard keys)."""
     mixed = len(resolved) > 1
-    keys: list[str] = []
+    keys: list[StringColumn] = []
     shard_keys: list[str] = []
-    columns: dict[str, list[np.ndarray[Any, Any]]] = {
+    columns: dict[str, list[IntArray]] = {
         c: [] for c in ("shard", "offset", "size", "raw_size", "crc32")
     }
     source_of: list[IntArray] = []
@@ -185,28 +186,24 @@ def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Comb
     meta: dict[str, list[Any]] = {c: [] for c in meta_columns}
     for index, src in enumerate(resolved):
         t = src.table
-        pids = t.column("partition").to_pylist()
-        shards = t.column("shard").to_numpy().tolist()
-        pairs: dict[tuple[str, int], int] = {}
-        shard_idx = np.empty(len(pids), dtype=np.int64)
-        for i, pair in enumerate(zip(pids, shards, strict=True)):
-            shard_idx[i] = pairs.setdefault(pair, len(pairs)) + len(shard_keys)
+        pids = t.column("partition")
+        shard_idx, pairs = _shard_index(pids, t.column("shard").to_numpy().astype(np.int64))
+        columns["shard"].append(shard_idx + len(shard_keys))
         prefix = f"{index}:" if mixed else ""
         shard_keys.extend(prefix + src.shard_key(pid, s) for pid, s in pairs)
-        columns["shard"].append(shard_idx)
         for c in ("offset", "size", "raw_size", "crc32"):
             columns[c].append(t.column(c).to_numpy().astype(np.int64))
-        keys.extend(t.column("key").to_pylist())
-        names = sorted(set(pids))
-        base = len(part_names)
+        keys.append(StringColumn.from_arrow(t.column("key")))
+        part_index, names = _partition_index(pids)
+        partition_of.append(part_index + len(part_names))
         part_names.extend(f"{src.source.label}/{p}" if mixed else p for p in names)
-        lookup = {p: base + i for i, p in enumerate(names)}
-        partition_of.append(np.array([lookup[p] for p in pids], dtype=np.int64))
-        source_of.append(np.full(len(pids), index, dtype=np.int64))
+        source_of.append(np.full(t.num_rows, index, dtype=np.int64))
         for c in meta_columns:
             meta[c].extend(t.column(c).to_pylist())
     table = RowTable(
-        **{c: np.concatenate(v) for c, v in columns.items()}, keys=keys, shard_keys=shard_keys
+        **{c: np.concatenate(v) for c, v in columns.items()},
+        keys=StringColumn.concat(keys),
+        shard_keys=shard_keys,
     )
     store: Any = SourceStores([r.store for r in resolved]) if mixed else resolved[0].store
     return Combined(

@@ -21,8 +21,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 # Each name was written once by the code of its time and is never rewritten:
-# v1: format 1 as first specified; v1-manifest-digests: entries carry manifest_sha256/size.
-ROOTS = ("v1", "v1-manifest-digests")
+# v1: format 1 as first specified; v1-manifest-digests: entries carry manifest_sha256/size;
+# v1-record-digests: commit records carry record_sha256, keysets shardlake.content_sha256;
+# v2-catalog: format 2, partitions and rows in the per-version catalog (docs/format.md).
+ROOTS = ("v1", "v1-manifest-digests", "v1-record-digests", "v2-catalog")
 
 
 def array_digest(value: Any) -> str:
@@ -97,13 +99,14 @@ def write_source(src: Path, count: int, changed: int | None = None) -> dict[str,
 
 
 def make_root(out: Path) -> None:
+    from shardlake.format.layout import RECORD_FORMAT_VERSION
     from shardlake.keysets import create_keyset
     from shardlake.pack import pack
 
     root = out / "root"
     if root.exists():
         shutil.rmtree(root)
-    expected: dict[str, Any] = {"format_version": 1, "versions": {}}
+    expected: dict[str, Any] = {"format_version": RECORD_FORMAT_VERSION, "versions": {}}
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "src"
         for tag, base, changed in (("v1", None, None), ("v2", "v1", 3)):

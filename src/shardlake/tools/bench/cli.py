@@ -90,6 +90,9 @@ def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="do not log store requests (saves a little overhead; drops bytes_fetched)",
     )
+    from ...cli.common import add_storage_flags
+
+    add_storage_flags(p)
     p.set_defaults(func=_run, bench_command="load")
 
 
@@ -117,6 +120,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             neighbors=args.neighbors,
             keep=args.keep,
         )
+    from ...cli.common import parse_storage_options
     from .load import bench_load
 
     return bench_load(
@@ -135,4 +139,5 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         count_bytes=not args.no_count_bytes,
         cache_dir=args.cache_dir,
         cache_bytes=args.cache_bytes,
+        storage_options=parse_storage_options(args.storage_options) or None,
     )

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ...errors import UsageError
+from ...progress import Progress
 from .measure import (
     MB,
     MemorySampler,
@@ -46,8 +47,12 @@ def bench_load(
     storage_options: dict[str, Any] | None = None,
     cache_dir: str | None = None,
     cache_bytes: int | None = None,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Iterate the loader and measure it; returns the JSON document ``bench load`` prints."""
+    """Iterate the loader and measure it; returns the JSON document ``bench load`` prints.
+
+    ``progress``: batches on standard error (None: only on a terminal; stdout holds the JSON).
+    """
     import torch
 
     from ...store import open_store
@@ -66,9 +71,9 @@ def bench_load(
         store: Any = open_store(url, storage_options)
         if count_bytes:
             # Every request of every process (DataLoader workers too) appends one JSON line.
-            from ...testing.faults import FaultPlan, FaultyStore
+            from ...store import RequestCounter
 
-            store = FaultyStore.wrap(store, FaultPlan(log_path=log_path))
+            store = store.with_layers(RequestCounter(log_path))
         t_open = time.perf_counter()
         ds = ShardDataset(
             store,
@@ -97,6 +102,13 @@ def bench_load(
         first_batch_s: float | None = None
         t_first = t_opened
         epoch_rates: list[float] = []
+        planned = len(loader) * epochs
+        bar = Progress(
+            planned if max_batches is None else min(planned, max_batches),
+            "bench load",
+            unit="batches",
+            enabled=progress,
+        )
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             t_epoch, epoch_samples = time.perf_counter(), samples
@@ -105,6 +117,7 @@ def bench_load(
                     t_first = time.perf_counter()
                     first_batch_s = t_first - t_open
                 batches += 1
+                bar.update()
                 for value in batch.values():
                     if isinstance(value, torch.Tensor):
                         decoded += value.nbytes
@@ -117,6 +130,7 @@ def bench_load(
             if max_batches is not None and batches >= max_batches:
                 break
         seconds = time.perf_counter() - t_first
+        bar.close()
         # Less the memory sampler's own CPU (it reads every process's smaps).
         loader_cpu = process_tree_cpu_s() - cpu0 - (mem.cpu_s - sampler0)
         mem.stop()
@@ -153,9 +167,9 @@ def bench_load(
             "mixing": mixing,
         }
         if count_bytes:
-            from ...testing.faults import summarize_log
+            from ...store.layers import summarize_request_log
 
-            log = summarize_log(log_path)
+            log = summarize_request_log(log_path)
             fetched = int(log["bytes_read"])
             result["bytes_fetched"] = fetched
             result["requests"] = log["requests"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
+from ...progress import Progress
 from .costmodel import Calibration, CostModel, extrapolate, fit, load_partition_sizes
 from .measure import MB, MemorySampler, machine_info, peak_rss_bytes, rate
 
@@ -134,8 +135,12 @@ def bench_pack(
     stage_frames: int = 10,
     storage_options: dict[str, Any] | None = None,
     keep: bool = False,
+    progress: bool | None = None,
 ) -> dict[str, Any]:
-    """Run the pack benchmark; returns the JSON document ``shardlake bench pack`` prints."""
+    """Run the pack benchmark; returns the JSON document ``shardlake bench pack`` prints.
+
+    ``progress``: calibration packs on standard error (None: only on a terminal).
+    """
     from ...pack import discover, pack_with_report
     from ...store import open_store
 
@@ -175,6 +180,7 @@ def bench_pack(
             storage_options=storage_options,
         )
         points: list[Calibration] = []
+        bar = Progress(len(chosen), "bench pack", unit="calibration packs", enabled=progress)
         for i, part in enumerate(chosen):
             paths = [f.npz for f in part.files]
             t0 = time.perf_counter()
@@ -189,6 +195,8 @@ def bench_pack(
             points.append(
                 Calibration(part.path, part.samples, part.npz_bytes, time.perf_counter() - t0)
             )
+            bar.update()
+        bar.close()
         model = fit(points)
         cal_samples = sum(p.samples for p in points)
         cal_bytes = sum(p.npz_bytes for p in points)

@@ -1,0 +1,423 @@
+"""Reading and writing a version's catalog (encoding: :mod:`shardlake.format.catalog`).
+
+Readers get a version's rows with :func:`catalog_rows` (column projection, partition pruning):
+a constant number of requests whatever the partition count - the partitions table and each live
+segment once (at most ``MAX_LIVE_SEGMENTS + 1`` objects, whole or by ranged reads of the column
+chunks wanted). Publishing calls :func:`publish_catalog`, which writes one segment for the
+partitions whose rows it does not find in the base's catalog and reuses the base's segments for
+the rest. A format-1 version has no catalog in its record: ``shardlake catalog`` attaches one
+(:func:`attach_catalog`); without it the catalog is built in memory from the manifests on first
+use (one read per partition, once per process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .errors import AlreadyExistsError, FormatError, IntegrityError, KeyNotFoundError
+from .format.catalog import (
+    MAX_LIVE_SEGMENTS,
+    CatalogRef,
+    ObjectRef,
+    attached_catalog_key,
+    coalesce,
+    column_ranges,
+    decode_partitions,
+    decode_segment,
+    encode_partitions,
+    encode_segment,
+    partitions_key,
+    row_groups_for,
+    segment_key,
+    sha256_hex,
+)
+from .format.manifest import CORE_SCHEMA, entry_mismatches, read_entry_manifest
+from .read.verified import RefusedObjectError, read_verified
+from .store import Store
+
+if TYPE_CHECKING:
+    from .versions import Version
+
+# Segments up to this size are read whole (one GET); larger ones by the column chunks wanted
+# when those are less than half the object.
+WHOLE_READ_BYTES = 8 * 2**20
+RANGE_GAP_BYTES = 2**20
+# Ranged reads only when the wanted column chunks are at most this fraction of the segment.
+RANGED_MAX_FRACTION = 0.5
+_MANIFEST_READERS = 16
+_BUILT_CACHE = 4  # in-memory catalogs of format-1 versions kept per process
+
+
+def read_object(store: Store, ref: ObjectRef, where: str) -> bytes:
+    """One catalog object by one GET, checked against its digest (re-read once on a mismatch:
+    a transport flip; a second mismatch is refused)."""
+    url = store.key_url(ref.key)
+
+    def check(data: bytes) -> bytes:
+        try:
+            ref.check(data, url)
+        except IntegrityError as exc:
+            raise FormatError(str(exc)) from exc  # read_verified re-reads a FormatError
+        return data
+
+    try:
+        return read_verified(store, ref.key, check)[0]
+    except KeyNotFoundError as exc:
+        raise FormatError(f"{url}: {where}: catalog object missing") from exc
+    except RefusedObjectError as exc:
+        raise IntegrityError(str(exc)) from exc
+
+
+def write_object(store: Store, key_of: Any, data: bytes, rows: int) -> ObjectRef:
+    """Create a content-addressed object (an identical one already there is fine)."""
+    digest = sha256_hex(data)
+    ref = ObjectRef(key_of(digest), digest, len(data), rows)
+    # Same key, same digest: the same bytes (and readers check the digest).
+    with contextlib.suppress(AlreadyExistsError):
+        store.create(ref.key, data)
+    return ref
+
+
+def read_partitions(store: Store, ref: ObjectRef, where: str) -> list[dict[str, Any]]:
+    entries = decode_partitions(read_object(store, ref, where), store.key_url(ref.key))
+    if len(entries) != ref.rows:
+        raise FormatError(
+            f"{store.key_url(ref.key)}: partitions table holds {len(entries)} row(s), its "
+            f"reference says {ref.rows}"
+        )
+    return entries
+
+
+def _open_segment(
+    store: Store, ref: ObjectRef, columns: Sequence[str] | None, pids: Sequence[str]
+) -> pq.ParquetFile:
+    """The segment as a parquet file: whole (digest-checked) or, when a projection or pruning
+    leaves less than half of a large one, only its footer and wanted column chunks (parquet
+    page checksums guard those). Empty ``pids``: every row group is wanted."""
+    where = store.key_url(ref.key)
+    if ref.size <= WHOLE_READ_BYTES:
+        return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
+    tail = min(ref.size, 2**16)
+    buf = bytearray(ref.size)  # sparse: only the ranges read are filled
+    buf[ref.size - tail :] = store.read_range(ref.key, ref.size - tail, ref.size)
+    footer = int.from_bytes(buf[-8:-4], "little") + 8
+    if footer > tail:
+        buf[ref.size - footer :] = store.read_range(ref.key, ref.size - footer, ref.size)
+    meta = pq.ParquetFile(pa.BufferReader(pa.py_buffer(buf))).metadata
+    groups = row_groups_for(meta, pids or None)
+    ranges = coalesce(column_ranges(meta, groups, columns), RANGE_GAP_BYTES)
+    if sum(e - s for s, e in ranges) > RANGED_MAX_FRACTION * ref.size:
+        return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
+    for (start, end), data in zip(
+        ranges, store.read_ranges([(ref.key, s, e) for s, e in ranges]), strict=True
+    ):
+        if len(data) != end - start:
+            raise IntegrityError(f"{where}: short read of bytes {start}-{end}")
+        buf[start:end] = data
+    return pq.ParquetFile(
+        pa.BufferReader(pa.py_buffer(buf)), metadata=meta, page_checksum_verification=True
+    )
+
+
+@dataclass
+class Catalog:
+    """A version's rows: ``entries`` (partition entries, each naming its ``segment``) over the
+    ``ref``'s segments, or a table ``built`` in memory from the manifests (format 1)."""
+
+    store: Store
+    label: str  # "version 'v1'", for messages
+    entries: list[dict[str, Any]]
+    ref: CatalogRef | None = None
+    built: pa.Table | None = field(default=None, repr=False)
+
+    def rows(
+        self, columns: Sequence[str] | None = None, pids: Sequence[str] | None = None
+    ) -> pa.Table:
+        """Rows of ``pids`` (all partitions when ``None``) in partition-id order, then manifest
+        order; only ``columns`` (those the catalog has; all when ``None``)."""
+        wanted = sorted(set(pids if pids is not None else (e["id"] for e in self.entries)))
+        if self.built is not None:
+            table = self.built
+            if pids is not None:
+                table = table.filter(pc.is_in(table.column("partition"), pa.array(wanted)))
+            cols = None if columns is None else [c for c in columns if c in table.column_names]
+            return table if cols is None else table.select(cols)
+        if self.ref is None:
+            raise FormatError(f"{self.store.url}: {self.label} has no catalog")
+        by_segment: dict[str, list[str]] = {}
+        segment_of = {e["id"]: e["segment"] for e in self.entries}
+        for pid in wanted:
+            digest = segment_of.get(pid)  # None: a partition without rows (or not in it)
+            if digest:
+                by_segment.setdefault(digest, []).append(pid)
+        samples = {e["id"]: int(e["samples"]) for e in self.entries}
+        tables = []
+        for digest, seg_pids in sorted(by_segment.items()):
+            ref = self.ref.segment(digest, self.label)
+            every_row = sum(samples[p] for p in seg_pids) == ref.rows
+            source = _open_segment(self.store, ref, columns, [] if every_row else seg_pids)
+            url = self.store.key_url(ref.key)
+            tables.append(decode_segment(source, url, columns, seg_pids, every_row))
+        return _ordered(tables, columns)
+
+
+def _ordered(tables: list[pa.Table], columns: Sequence[str] | None) -> pa.Table:
+    if not tables:
+        schema = (
+            CORE_SCHEMA
+            if columns is None
+            else pa.schema([f for f in CORE_SCHEMA if f.name in columns])
+        )
+        return schema.empty_table()
+    try:
+        table = pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise FormatError(f"catalog segments have conflicting column types ({exc})") from exc
+    if len(tables) > 1 and "partition" in table.column_names:
+        table = table.take(pc.sort_indices(table.column("partition")))
+    return table
+
+
+_built: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
+_built_lock = threading.Lock()
+
+
+def _manifest_rows(store: Store, entries: Sequence[Mapping[str, Any]], label: str) -> pa.Table:
+    """Every entry's manifest rows, read concurrently and checked against the entry."""
+
+    def one(entry: Mapping[str, Any]) -> pa.Table:
+        table, meta = read_entry_manifest(store, entry)
+        problems = entry_mismatches(entry, table, meta)
+        if problems:
+            raise FormatError(
+                f"{store.key_url(entry['manifest'])}: {label}: " + "; ".join(problems)
+            )
+        return table.replace_schema_metadata(None)
+
+    with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
+        tables = list(pool.map(one, sorted(entries, key=lambda e: str(e["id"]))))
+    return _ordered(tables, None) if len(tables) != 1 else tables[0]
+
+
+def _attached(store: Store, version: Version) -> CatalogRef | None:
+    """The catalog ``shardlake catalog`` attached to a format-1 version, if any and matching."""
+    key = attached_catalog_key(version.tag, version.hash)
+    try:
+        doc = json.loads(store.read(key))
+    except KeyNotFoundError:
+        return None
+    except ValueError as exc:
+        raise FormatError(f"{store.key_url(key)}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, Mapping) or doc.get("version") != version.hash:
+        raise FormatError(f"{store.key_url(key)}: not the catalog of version {version.hash}")
+    return CatalogRef.from_json(doc.get("catalog"), store.key_url(key))
+
+
+def _matching(store: Store, ref: CatalogRef, version: Version) -> list[dict[str, Any]]:
+    """The attached catalog's entries, refused unless they name the version's manifests."""
+    entries = read_partitions(store, ref.partitions, f"version {version.tag!r}")
+    want = {e["id"]: (e["manifest"], e.get("manifest_sha256")) for e in version.partitions}
+    got = {e["id"]: (e["manifest"], e.get("manifest_sha256")) for e in entries}
+    mismatch = [pid for pid in want if got.get(pid, (None, None))[0] != want[pid][0]] + [
+        pid for pid, (_, sha) in want.items() if sha and got.get(pid, (None, None))[1] != sha
+    ]
+    if mismatch or set(got) != set(want):
+        raise FormatError(
+            f"{store.key_url(ref.partitions.key)}: attached catalog does not match version "
+            f"{version.tag!r} (partition {sorted(set(mismatch) | (set(got) ^ set(want)))[0]})"
+        )
+    return entries
+
+
+def load_catalog(store: Store, version: Version, *, build: bool = True) -> Catalog:
+    """The catalog of ``version``: its own, an attached one, or one built from its manifests
+    (``build=False``: an empty-handed one, naming only the partitions, instead)."""
+    label = f"version {version.tag!r}"
+    ref = version.header.catalog
+    if ref is not None:
+        return Catalog(store, label, version.partitions, ref)
+    attached = _attached(store, version)
+    if attached is not None:
+        return Catalog(store, label, _matching(store, attached, version), attached)
+    if not build:
+        return Catalog(store, label, version.partitions)
+    cache_key = (store.url, version.hash)
+    with _built_lock:
+        table = _built.get(cache_key)
+    if table is None:
+        table = _manifest_rows(store, version.partitions, label)
+        with _built_lock:
+            _built[cache_key] = table
+            while len(_built) > _BUILT_CACHE:
+                _built.popitem(last=False)
+    return Catalog(store, label, version.partitions, None, table)
+
+
+def catalog_rows(
+    store: Store,
+    version: Version,
+    columns: Sequence[str] | None = None,
+    where: str | None = None,
+    pids: Sequence[str] | None = None,
+) -> pa.Table:
+    """``version``'s rows (``columns`` of them; all when ``None``), optionally only ``pids`` and
+    only rows matching the SQL boolean expression ``where`` (over every column)."""
+    catalog = load_catalog(store, version)
+    if where is None:
+        return catalog.rows(columns, pids)
+    from .sql import select
+
+    return select(catalog.rows(None, pids), where, list(columns) if columns else None)
+
+
+def _reusable(entry: Mapping[str, Any], base: Mapping[str, Any] | None) -> bool:
+    """Whether the base catalog's rows of ``entry``'s partition are this entry's rows."""
+    return (
+        base is not None
+        and bool(base.get("segment"))
+        and base["manifest"] == entry["manifest"]
+        and base.get("manifest_sha256") == entry.get("manifest_sha256")
+    )
+
+
+def publish_catalog(
+    store: Store,
+    entries: Sequence[Mapping[str, Any]],
+    base: Catalog | None,
+    fresh: Mapping[str, pa.Table],
+) -> tuple[CatalogRef, list[dict[str, Any]]]:
+    """Write the catalog of a version of ``entries`` (manifest digests set); return its
+    reference and the entries with ``segment`` set.
+
+    Rows of partitions the ``base`` catalog holds at the same manifest are reused; the others
+    come from ``fresh`` (manifest tables publish already read) or their manifests, and go into
+    one new segment. Above :data:`MAX_LIVE_SEGMENTS` every segment but the largest is merged.
+    """
+    base_by_id = {e["id"]: e for e in base.entries} if base is not None and base.ref else {}
+    out = [dict(e) for e in entries]
+    new = []
+    for entry in out:
+        old = base_by_id.get(entry["id"])
+        if _reusable(entry, old):
+            entry["segment"] = old["segment"] if old is not None else None
+        elif entry.get("manifest"):
+            new.append(entry)
+        else:
+            entry["segment"] = None  # no manifest, no rows
+    tables = _fresh_rows(store, new, fresh)
+    live: dict[str, ObjectRef] = {}
+    if base is not None and base.ref is not None:
+        used = {e["segment"] for e in out if e.get("segment")}
+        live = {r.sha256: r for r in base.ref.segments if r.sha256 in used}
+    if len(live) + bool(tables) > MAX_LIVE_SEGMENTS and base is not None:
+        largest = max(live.values(), key=lambda r: r.rows)
+        merged = [e for e in out if e.get("segment") and e["segment"] != largest.sha256]
+        tables.append(base.rows(None, [e["id"] for e in merged]))
+        new.extend(merged)
+        live = {largest.sha256: largest}
+    if tables:
+        rows = _ordered(tables, None)
+        ref = write_object(store, segment_key, encode_segment(rows), rows.num_rows)
+        live[ref.sha256] = ref
+        for entry in new:
+            entry["segment"] = ref.sha256
+    parts = write_object(store, partitions_key, encode_partitions(out), len(out))
+    return CatalogRef(parts, tuple(sorted(live.values(), key=lambda r: r.sha256))), out
+
+
+def _fresh_rows(
+    store: Store, entries: Sequence[Mapping[str, Any]], fresh: Mapping[str, pa.Table]
+) -> list[pa.Table]:
+    tables = [fresh[e["id"]].replace_schema_metadata(None) for e in entries if e["id"] in fresh]
+    unread = [e for e in entries if e["id"] not in fresh]
+    if unread:
+        tables.append(_manifest_rows(store, unread, "publish"))
+    return tables
+
+
+@dataclass(frozen=True)
+class CatalogInfo:
+    """Where a version's catalog lives: ``"in record"`` (format 2) or ``"attached"``."""
+
+    tag: str
+    hash: str
+    catalog: str
+    segments: int
+    rows: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "tag": self.tag,
+            "hash": self.hash,
+            "catalog": self.catalog,
+            "segments": self.segments,
+            "rows": self.rows,
+        }
+
+
+def attach_catalogs(store: Store, versions: Sequence[Version]) -> list[CatalogInfo]:
+    """:func:`attach_catalog` for each version; what each one's catalog now is."""
+    out = []
+    for version in versions:
+        native = version.header.catalog is not None
+        ref = attach_catalog(store, version)
+        rows = sum(s.rows for s in ref.segments)
+        where = "in record" if native else "attached"
+        out.append(CatalogInfo(version.tag, version.hash, where, len(ref.segments), rows))
+    return out
+
+
+def attach_catalog(store: Store, version: Version) -> CatalogRef:
+    """Write a catalog for a format-1 ``version`` (``shardlake catalog``); later readers of the
+    version find it instead of reading every manifest. Idempotent."""
+    if version.header.catalog is not None:
+        return version.header.catalog
+    existing = _attached(store, version)
+    if existing is not None:
+        return existing
+    ref, _entries = publish_catalog(store, version.partitions, None, {})
+    doc = {
+        "format": "shardlake.attached-catalog/1",
+        "version": version.hash,
+        "catalog": ref.to_json(),
+    }
+    data = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    with contextlib.suppress(AlreadyExistsError):  # a concurrent attach: equivalent content
+        store.create(attached_catalog_key(version.tag, version.hash), data)
+    return ref
+
+
+def rows_by_partition(table: pa.Table) -> dict[str, pa.Table]:
+    """Zero-copy slices of catalog rows (ordered by partition, as readers return them) per
+    partition id."""
+    if table.num_rows == 0:
+        return {}
+    codes = table.column("partition").combine_chunks().dictionary_encode()
+    index = codes.indices.to_numpy(zero_copy_only=False)
+    names = codes.dictionary.to_pylist()
+    starts = [0, *(int(i) + 1 for i in np.flatnonzero(index[1:] != index[:-1]))]
+    ends = [*starts[1:], table.num_rows]
+    return {names[index[s]]: table.slice(s, e - s) for s, e in zip(starts, ends, strict=True)}
+
+
+def catalog_mismatch(catalog_part: pa.Table | None, manifest: pa.Table) -> str | None:
+    """Why a partition's catalog rows are not its manifest's (core columns), or ``None``."""
+    if catalog_part is None:
+        return "the version's catalog holds no rows of this partition"
+    cols = [c for c in CORE_SCHEMA.names if c in manifest.column_names]
+    got = catalog_part.select(cols).cast(manifest.select(cols).schema)
+    if got.num_rows != manifest.num_rows or not got.equals(manifest.select(cols)):
+        return f"the version's catalog rows ({got.num_rows}) differ from the manifest's"
+    return None

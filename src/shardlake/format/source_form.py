@@ -1,0 +1,66 @@
+"""A sample back in its source form: the bit-exact ``.npz`` bytes and the sidecar document.
+
+Pure (no I/O): ``get --out``/``--out-dir`` and ``export --format npz`` write what these build.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
+
+
+def npz_bytes(arrays: Mapping[str, np.ndarray[Any, Any]], *, compress: bool = True) -> bytes:
+    """An ``.npz`` holding ``arrays`` in their order, bit-exact (no pickling, any array name)."""
+    buf = io.BytesIO()
+    method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
+    # Level 1: several times faster than zlib's default and within a few % of its size here.
+    with zipfile.ZipFile(buf, "w", compression=method, compresslevel=1 if compress else None) as zf:
+        for name, array in arrays.items():
+            with zf.open(name + ".npy", "w", force_zip64=True) as fh:
+                np.lib.format.write_array(fh, np.asarray(array), allow_pickle=False)
+    return buf.getvalue()
+
+
+def sidecar_of(row: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Rebuild a sample's sidecar document from its manifest row (None if it had none).
+
+    Flattened ``a.b`` columns nest again; NULL columns (fields other samples have) are dropped,
+    so a sidecar's explicit ``null`` values do not come back.
+    """
+    if not row.get("has_sidecar"):
+        return None
+    doc: dict[str, Any] = {}
+    for column, value in row.items():
+        if column in CORE_COLUMNS or value is None:
+            continue
+        _put(doc, _field_name(column).split("."), value)
+    return doc
+
+
+def _field_name(column: str) -> str:
+    # Sidecar fields named like core columns were stored as "sidecar.<name>".
+    bare = column[len(SIDECAR_CLASH_PREFIX) :]
+    return bare if column.startswith(SIDECAR_CLASH_PREFIX) and bare in CORE_COLUMNS else column
+
+
+def _put(doc: dict[str, Any], parts: list[str], value: Any) -> None:
+    node = doc
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            return
+        node = child
+    node[parts[-1]] = value
+
+
+def sidecar_json(row: Mapping[str, Any]) -> bytes | None:
+    """:func:`sidecar_of` as the JSON bytes ``get``/``export`` write (sorted keys)."""
+    doc = sidecar_of(row)
+    return None if doc is None else json.dumps(doc, sort_keys=True).encode()

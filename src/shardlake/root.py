@@ -1,0 +1,448 @@
+"""``shardlake.open(url)`` -> :class:`Root`: the one object a user holds for a dataset root.
+
+A root is a store URL holding versions, keysets, partition revisions and the commit log. Its
+methods are thin: they delegate to the pack and lifecycle modules, which do the work, and to
+:class:`~shardlake.dataset.Dataset` for reading. The CLI calls exactly these methods.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TextIO
+
+from .dataset import Dataset
+from .store import Store, open_store
+from .versions import Version, load_version, load_version_by_hash, read_state
+
+if TYPE_CHECKING:
+    from .catalog import CatalogInfo
+    from .keysets import DisjointReport, Keyset
+    from .lifecycle.export import ExportReport, NpzExportReport
+    from .lifecycle.gc import GcReport
+    from .lifecycle.prune import PruneReport
+    from .lifecycle.remove import RemoveReport
+    from .lifecycle.scrub import ScrubReport
+    from .lifecycle.verify import OffsetsReport, VerifyReport
+    from .pack import PackOptions, PackReport
+
+_DOCUMENT_READERS = 16
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One live version of a root, as :meth:`Root.versions` lists it.
+
+    Attributes
+    ----------
+    tag
+        The version's tag (never reused in a root).
+    hash
+        The hash of its version document.
+    created
+        When it was published (UTC), None if the document does not say.
+    samples
+        Samples in the version.
+    partitions
+        Partitions in the version.
+    is_latest
+        Whether ``latest`` names it.
+    base
+        The tag of the version it was made from, if any.
+    """
+
+    tag: str
+    hash: str
+    created: datetime | None
+    samples: int
+    partitions: int
+    is_latest: bool
+    base: str | None = None
+
+    @classmethod
+    def of(cls, version: Version, is_latest: bool) -> VersionInfo:
+        header = version.header  # the small record header: no partition list is read
+        return cls(
+            tag=version.tag,
+            hash=version.hash,
+            created=_parse_time(header.created_at),
+            samples=header.samples,
+            partitions=header.partition_count,
+            is_latest=is_latest,
+            base=header.base,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        created = None if self.created is None else self.created.isoformat()
+        return {
+            "tag": self.tag,
+            "hash": self.hash,
+            "latest": self.is_latest,
+            "created_at": None if created is None else created.replace("+00:00", "Z"),
+            "base": self.base,
+            "partitions": self.partitions,
+            "samples": self.samples,
+        }
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+class Root:
+    """A dataset root: its versions, keysets and the operations that change them.
+
+    Get one with :func:`shardlake.open`. Every method reads the root's current state when
+    called; writers publish through the commit log, so concurrent writers end with one winner
+    and a :class:`~shardlake.errors.ConflictError` for the others.
+
+    Parameters
+    ----------
+    store
+        The opened store of the root.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @property
+    def url(self) -> str:
+        """The root URL (credentials redacted)."""
+        return self.store.url
+
+    def __repr__(self) -> str:
+        return f"Root({self.url!r})"
+
+    # --- versions ------------------------------------------------------------------------------
+
+    def versions(self) -> list[VersionInfo]:
+        """Every live version, in publish order (their documents read concurrently)."""
+        state = read_state(self.store)
+
+        def info(item: tuple[str, str]) -> VersionInfo:
+            tag, version_hash = item
+            version = load_version_by_hash(self.store, tag, version_hash)
+            return VersionInfo.of(version, tag == state.latest)
+
+        with ThreadPoolExecutor(max_workers=_DOCUMENT_READERS) as pool:
+            return list(pool.map(info, state.versions.items()))
+
+    @property
+    def latest(self) -> VersionInfo:
+        """The version ``latest`` names (:class:`VersionNotFoundError` in an empty root)."""
+        return self.version("latest")
+
+    def version(self, tag: str = "latest") -> VersionInfo:
+        """One live version by tag (``latest`` follows the commit log)."""
+        state = read_state(self.store)
+        version = load_version(self.store, tag, state)
+        return VersionInfo.of(version, version.tag == state.latest)
+
+    def dataset(self, version: str = "latest") -> Dataset:
+        """Open ``version`` (a tag or ``latest``) for reading."""
+        return Dataset(self.store, load_version(self.store, version))
+
+    # --- keysets -------------------------------------------------------------------------------
+
+    def keysets(self) -> list[Keyset]:
+        """Every keyset of the root."""
+        from .keysets import list_keysets
+
+        return list_keysets(self.store)
+
+    def keyset(self, name: str) -> Keyset:
+        """Keyset ``name`` (:class:`~shardlake.errors.NotFoundError` if there is none)."""
+        from .keysets import load_keyset
+
+        return load_keyset(self.store, name)
+
+    def create_keyset(
+        self,
+        name: str,
+        *,
+        version: str = "latest",
+        where: str | None = None,
+        keys: Sequence[str] | None = None,
+        allow_unmatched: int | None = None,
+        strip_prefix: str | None = None,
+        key_file: str | None = None,
+    ) -> Keyset:
+        """Select samples of ``version`` and publish them as keyset ``name`` (immutable).
+
+        Exactly one of ``where``, ``keys`` and ``key_file`` (a local key list: text, or a JSON
+        list of keys or ``.npz`` paths; ``-`` is stdin). ``strip_prefix`` maps absolute paths
+        of the list to keys (default: the version's source namespace). ``allow_unmatched``:
+        exactly this many entries may match no key.
+        """
+        from .keysets import create_keyset
+
+        return create_keyset(
+            self.store,
+            name,
+            version=version,
+            where=where,
+            keys=keys,
+            key_file=key_file,
+            strip_prefix=strip_prefix,
+            allow_unmatched=allow_unmatched,
+        )
+
+    def check_disjoint(self, a: str, b: str) -> DisjointReport:
+        """Compare keysets ``a`` and ``b`` (``overlap`` counts the keys in both)."""
+        from .keysets import check_disjoint
+
+        return check_disjoint(self.store, a, b)
+
+    # --- writers -------------------------------------------------------------------------------
+
+    def pack(
+        self,
+        source: str | os.PathLike[str],
+        *,
+        tag: str,
+        base: str | None = None,
+        options: PackOptions | None = None,
+        heartbeat_s: float | None = None,
+        progress_stream: TextIO | None = None,
+    ) -> PackReport:
+        """Pack the source tree ``source`` and publish it as version ``tag``.
+
+        ``base`` reuses the unchanged partitions of that version; ``options`` holds every
+        other setting (:class:`~shardlake.PackOptions`).
+        """
+        from .pack import pack_with_report
+
+        extra: dict[str, Any] = {} if heartbeat_s is None else {"heartbeat_s": heartbeat_s}
+        return pack_with_report(
+            source,
+            self.store,
+            tag=tag,
+            base=base,
+            options=options,
+            progress_stream=progress_stream,
+            **extra,
+        )
+
+    def remove(
+        self,
+        tag: str,
+        *,
+        base: str = "latest",
+        partitions: Sequence[str] | None = None,
+        keys: Sequence[str] | None = None,
+        where: str | None = None,
+        key_file: str | None = None,
+        strip_prefix: str | None = None,
+    ) -> RemoveReport:
+        """Publish ``tag``: ``base`` without some partitions or samples (no new shards).
+
+        Exactly one of ``partitions``, ``keys``, ``where`` and ``key_file`` (a local key list,
+        mapped like :meth:`create_keyset`'s).
+        """
+        from .lifecycle.remove import remove
+
+        return remove(
+            self.store,
+            tag,
+            base=base,
+            partitions=partitions,
+            keys=keys,
+            where=where,
+            key_file=key_file,
+            strip_prefix=strip_prefix,
+        )
+
+    def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
+        """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
+        bytes go at the next :meth:`gc`."""
+        from .lifecycle.prune import PruneReport, prune_versions
+
+        return PruneReport.of(list(tags), prune_versions(self.store, tags, force=force))
+
+    def gc(
+        self, *, grace_s: float | str = "6h", dry_run: bool = False, progress: bool | None = None
+    ) -> GcReport:
+        """Delete objects no live version or keyset references, older than ``grace_s``
+        (seconds, or a duration such as ``"6h"``)."""
+        from .lifecycle.gc import collect_garbage, parse_duration
+
+        grace = parse_duration(grace_s) if isinstance(grace_s, str) else float(grace_s)
+        return collect_garbage(self.store, grace_s=grace, dry_run=dry_run, progress=progress)
+
+    def gc_lock(self) -> dict[str, Any] | None:
+        """The lease of a gc holding the root, or None."""
+        return read_state(self.store).gc_lock
+
+    def break_gc_lock(self) -> dict[str, Any]:
+        """Release the lock of a gc known to be dead; returns the lock it released."""
+        from .lifecycle.gc import break_lock
+
+        return dict(break_lock(self.store).gc_lock or {})
+
+    # --- checks and copies ---------------------------------------------------------------------
+
+    def scrub(
+        self,
+        version: str | None = "latest",
+        *,
+        all_versions: bool = False,
+        workers: int | None = None,
+        batch_bytes: int | None = None,
+        progress: bool | None = None,
+    ) -> ScrubReport:
+        """Re-read every payload of ``version`` (or every live version) and check it;
+        ``workers`` shards at once, about ``batch_bytes`` read per request."""
+        from .lifecycle.scrub import scrub
+
+        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
+        return scrub(
+            self.store,
+            version,
+            all_versions=all_versions,
+            progress=progress,
+            batch_bytes=batch_bytes,
+            **extra,
+        )
+
+    def export(
+        self,
+        dest: str | os.PathLike[str] | Store,
+        *,
+        version: str = "latest",
+        keysets: Sequence[str] | None = None,
+        format: str = "root",
+        dest_options: dict[str, Any] | None = None,
+        progress: bool | None = None,
+    ) -> ExportReport | NpzExportReport:
+        """Copy ``version`` to ``dest``: a self-contained root (``format="root"``, with the
+        given ``keysets``) or ``<key>.npz`` + ``<key>.json`` files (``format="npz"``, at most
+        one keyset selecting the samples)."""
+        from .errors import UsageError
+        from .lifecycle.export import export_npz, export_version
+
+        dest = _location(dest)
+        if format == "npz":
+            if keysets and len(keysets) > 1:
+                raise UsageError("an npz export takes at most one keyset", options=("keysets",))
+            return export_npz(
+                self.store,
+                dest,
+                version=version,
+                keyset=keysets[0] if keysets else None,
+                dest_options=dest_options,
+                progress=progress,
+            )
+        if format != "root":
+            raise UsageError(f"export format {format!r}: use 'root' or 'npz'", options=("format",))
+        return export_version(
+            self.store,
+            dest,
+            version=version,
+            keysets=keysets,
+            dest_options=dest_options,
+            progress=progress,
+        )
+
+    def verify(
+        self,
+        source: str | os.PathLike[str] | Store,
+        *,
+        version: str = "latest",
+        allow_missing: int | None = None,
+        expected_partitions: int | None = None,
+        path_list: str | None = None,
+        strip_prefix: str | None = None,
+        include: Sequence[str] = (),
+        exclude: Sequence[str] = (),
+        only_keys: Collection[str] | None = None,
+        source_options: dict[str, Any] | None = None,
+        workers: int | None = None,
+        progress: bool | None = None,
+    ) -> VerifyReport:
+        """Prove ``version`` equals the source tree ``source``, bit for bit.
+
+        ``path_list``/``strip_prefix``/``include``/``exclude`` scope the source as pack did;
+        ``allow_missing`` accepts exactly that many source frames absent from the version.
+        """
+        from .lifecycle.verify import verify_source
+
+        source = _location(source)
+        if only_keys is None and isinstance(source, str):
+            from .pack.source import scoped_frame_keys
+
+            only_keys = scoped_frame_keys(
+                source,
+                path_list=path_list,
+                strip_prefix=strip_prefix,
+                include=include,
+                exclude=exclude,
+            )
+        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
+        return verify_source(
+            self.store,
+            source,
+            version=version,
+            allow_missing=allow_missing,
+            expected_partitions=expected_partitions,
+            source_options=source_options,
+            progress=progress,
+            only_keys=only_keys,
+            **extra,
+        )
+
+    def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
+        """Write the catalog of ``version`` (default: every live version) where it was published
+        before format 2 (idempotent: versions with a catalog are reported, not rewritten)."""
+        from .catalog import attach_catalogs
+
+        if version is not None:
+            versions = [load_version(self.store, version)]
+        else:
+            state = read_state(self.store)
+            versions = [load_version_by_hash(self.store, t, h) for t, h in state.versions.items()]
+        return attach_catalogs(self.store, versions)
+
+    def verify_offsets(
+        self, version: str = "latest", *, progress: bool | None = None
+    ) -> OffsetsReport:
+        """Check manifest offsets against the tar headers and manifests against the version."""
+        from .lifecycle.verify import verify_offsets
+
+        return verify_offsets(self.store, version, progress=progress)
+
+
+def _location(url: str | os.PathLike[str] | Store) -> str | Store:
+    """A URL or store; a local path made absolute (the store layer wants absolute paths)."""
+    if isinstance(url, os.PathLike):
+        url = os.fspath(url)
+    if isinstance(url, str) and "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    return url
+
+
+def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  # noqa: A001
+    """Open the dataset root at ``url``.
+
+    Parameters
+    ----------
+    url
+        ``/abs/path`` (or a relative local path), ``file://``, ``memory://``,
+        ``s3://bucket/prefix``, ``gs://bucket/prefix``, or an opened :class:`~shardlake.Store`.
+    **storage_options
+        fsspec storage options for the filesystem (``key``, ``secret``, ``endpoint_url``,
+        ``token``, ...). fsspec's own config files and ``FSSPEC_<PROTOCOL>_<OPTION>``
+        environment variables apply too; explicit options win.
+
+    Returns
+    -------
+    Root
+        The root; opening makes no request (a missing bucket or bad credentials surface on
+        first use).
+    """
+    return Root(open_store(_location(url), storage_options or None))

@@ -1,0 +1,173 @@
+"""``Selection``: which samples of one dataset version a reader, keyset or split works on.
+
+One object for the three ways to choose samples: a sandboxed SQL ``where`` over the manifest
+columns, an explicit key list, or a published keyset (bound to the version's hash). Keysets,
+the torch loader's sources and the train/valid split all resolve their choice through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import sql
+from .errors import SelectionError
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+    from .torch import ShardDataset
+
+SHOW_MAX = 20
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A choice of samples of one version: everything, a ``where``, ``keys`` or a ``keyset``.
+
+    Parameters
+    ----------
+    dataset
+        The version the selection applies to.
+    where
+        A sandboxed SQL boolean expression over the manifest columns (see :mod:`shardlake.sql`).
+    keys
+        Sample keys; duplicates select once.
+    keyset
+        The name of a keyset of the same root; it must be bound to this version.
+
+    At most one of ``where``, ``keys`` and ``keyset``; none selects every sample.
+    """
+
+    dataset: Dataset
+    where: str | None = None
+    keys: tuple[str, ...] | None = None
+    keyset: str | None = None
+    _wanted: list[str] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.where, self.keys, self.keyset)) > 1:
+            raise SelectionError("select with at most one of where, keys and keyset")
+        if self.keys is not None:
+            object.__setattr__(self, "keys", tuple(self.keys))
+
+    def __repr__(self) -> str:
+        return f"Selection({self.dataset!r}, {self.describe()!r})"
+
+    def describe(self) -> dict[str, Any]:
+        """How the samples were chosen, as recorded in run and loader state documents."""
+        if self.where is not None:
+            return {"where": self.where}
+        if self.keyset is not None:
+            return {"keyset": self.keyset}
+        if self.keys is not None:
+            return {"keys": len(self.keys)}
+        return {"all": True}
+
+    def wanted_keys(self) -> list[str] | None:
+        """The keys asked for (keyset or ``keys``, first occurrence order); None for a ``where``
+        or everything."""
+        if self._wanted is None and (self.keys is not None or self.keyset is not None):
+            object.__setattr__(self, "_wanted", list(dict.fromkeys(self._listed())))
+        return None if self._wanted is None else list(self._wanted)
+
+    def _listed(self) -> Sequence[str]:
+        if self.keyset is None:
+            return self.keys or ()
+        from .keysets import load_keyset
+
+        keyset = load_keyset(self.dataset.store, self.keyset)
+        keyset.check_version(self.dataset.version)
+        return keyset.keys
+
+    def mask(self, table: pa.Table) -> pa.BooleanArray:
+        """The rows of a manifest ``table`` (of this version) that the selection takes."""
+        if self.where is not None:
+            return sql.select_mask(table, self.where)
+        wanted = self.wanted_keys()
+        if wanted is None:
+            return pa.repeat(pa.scalar(True), table.num_rows)
+        value_set = pa.array(wanted, pa.string())
+        return pc.fill_null(pc.is_in(table.column("key"), value_set=value_set), False)
+
+    def rows(
+        self, columns: Sequence[str] | None = None, *, allow_missing: int | None = 0
+    ) -> pa.Table:
+        """The selected manifest rows (all columns, or ``columns``), in manifest order.
+
+        ``allow_missing``: how many listed keys may be absent from the version (exactly; None
+        accepts any number). An empty result is refused with :class:`SelectionError`.
+        """
+        selected = self._selected()
+        if allow_missing is not None:
+            self._check_missing(selected, allow_missing)
+        if selected.num_rows == 0:
+            raise SelectionError(
+                f"{self._what()} is empty: it matches no sample in {self._version_name()}"
+            )
+        return selected if columns is None else selected.select(list(columns))
+
+    def missing(self, selected: pa.Table | None = None) -> list[str]:
+        """Listed keys the version lacks (always empty for ``where`` or everything)."""
+        wanted = self.wanted_keys()
+        if not wanted:
+            return []
+        if selected is None:
+            selected = self._selected()
+        present = set(selected.column("key").to_pylist())
+        return [k for k in wanted if k not in present]
+
+    def _selected(self) -> pa.Table:
+        table = self.dataset.manifests()
+        return table.filter(self.mask(table))
+
+    def _check_missing(self, selected: pa.Table, allowed: int) -> None:
+        missing = self.missing(selected)
+        if len(missing) != allowed:
+            shown = ", ".join(repr(k) for k in missing[:SHOW_MAX])
+            raise SelectionError(
+                f"{len(missing)} selected key(s) are not in {self._version_name()}"
+                + (f" (allowed exactly {allowed})" if allowed else "")
+                + (f": {shown}" if shown else ""),
+                options=("allow_missing",) if missing else (),
+            )
+
+    def key_list(self) -> list[str]:
+        """The selected keys, in manifest order."""
+        return [str(k) for k in self.rows(["key"]).column("key").to_pylist()]
+
+    def complement(self) -> Selection:
+        """Every other sample of the version, as a key selection."""
+        taken = set(self.key_list())
+        every = self.dataset.manifests(columns=["key"]).column("key").to_pylist()
+        return Selection(self.dataset, keys=tuple(k for k in every if k not in taken))
+
+    def __len__(self) -> int:
+        return int(self._selected().num_rows)
+
+    def to_torch(self, *, batch_size: int, **options: Any) -> ShardDataset:
+        """A :class:`shardlake.torch.ShardDataset` over exactly this selection (see
+        :meth:`shardlake.Dataset.to_torch` for ``options``)."""
+        chosen = {"where": self.where, "keys": self.keys, "keyset": self.keyset}
+        chosen = {name: value for name, value in chosen.items() if value is not None}
+        return self.dataset.to_torch(batch_size=batch_size, **chosen, **options)
+
+    def _what(self) -> str:
+        kind, value = next(iter(self.describe().items()))
+        return "the selection" if kind == "all" else f"the selection ({kind} {value!r})"
+
+    def _version_name(self) -> str:
+        version = self.dataset.version
+        return f"version {version.tag!r} of {self.dataset.store.url}"
+
+
+def check_disjoint(a: Selection, b: Selection, what: str = "the two selections") -> None:
+    """Refuse two selections of different versions or sharing a key (:class:`SelectionError`)."""
+    if a.dataset.version.hash != b.dataset.version.hash:
+        raise SelectionError(f"{what} resolve different versions; give a version tag")
+    overlap = set(a.key_list()) & set(b.key_list())
+    if overlap:
+        raise SelectionError(f"{what} share {len(overlap)} key(s), e.g. {sorted(overlap)[:3]}")

@@ -1,0 +1,268 @@
+"""The backend interface: the generic fsspec backend every other one refines.
+
+Backends work on filesystem paths (``Store.path``) and raise the underlying library's
+exceptions; ``Store`` validates keys, retries and translates errors.  Ranges handed to a backend
+are never empty (``end > start``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, BinaryIO
+
+import fsspec
+
+from ..retry import RetryPolicy
+
+Entry = tuple[str, int, "float | None"]
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """Staging a killed writer left behind: a local temp file or an unfinished multipart upload."""
+
+    path: str
+    started: float | None  # seconds since the epoch, None where unknown
+    upload_id: str | None = None
+
+
+def is_unsatisfiable_range(exc: BaseException) -> bool:
+    """True for "range starts at or past the end" (HTTP 416) from s3fs / gcsfs."""
+    if getattr(exc, "code", None) == 416 or getattr(exc, "status", None) == 416:
+        return True
+    text = str(exc).lower()
+    return "range is not satisfiable" in text or "invalidrange" in text
+
+
+def is_already_exists(exc: BaseException) -> bool:
+    """True for a refused create-if-absent (EEXIST, HTTP 412 PreconditionFailed)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    if getattr(exc, "code", None) == 412 or getattr(exc, "status", None) == 412:
+        return True
+    return "preconditionfailed" in str(exc).replace(" ", "").lower()
+
+
+class Backend:
+    """Generic fsspec backend; subclasses override the atomic primitives.
+
+    For protocols without a dedicated subclass, create-if-absent is whatever the fsspec
+    implementation's ``pipe_file(mode="create")`` does (often check-then-write, not atomic).
+    """
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+        self.fs = fs
+        self.root = root
+
+    @classmethod
+    def make_filesystem(
+        cls, protocol: str, storage_options: dict[str, Any], policy: RetryPolicy
+    ) -> fsspec.AbstractFileSystem:
+        """The filesystem for ``protocol``; backends of networked stores override this to cap
+        their library's own retries and timeouts at ``policy`` (the store retries, not them)."""
+        return fsspec.filesystem(protocol, **storage_options)
+
+    def leftovers(self, prefix_path: str) -> list[Leftover]:
+        """Staging left by killed streaming writers under ``prefix_path`` (none by default)."""
+        return []
+
+    def discard_leftover(self, leftover: Leftover) -> None:
+        raise NotImplementedError(f"{type(self).__name__} leaves no staging behind")
+
+    def _fresh(self, path: str | None = None) -> None:
+        """Drop cached listings so a check sees what other writers did since."""
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def read(self, path: str) -> bytes:
+        self._fresh(path)
+        return bytes(self.fs.cat_file(path))
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(path, start=start, end=end))
+        except Exception as exc:
+            if is_unsatisfiable_range(exc):  # start at/after the end: an empty slice
+                return b""
+            raise
+
+    def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+        found = self.fs.cat_ranges(paths, starts, ends, on_error="return")
+        out: list[bytes] = []
+        for item in found:
+            if isinstance(item, BaseException):
+                if not is_unsatisfiable_range(item):
+                    raise item
+                item = b""
+            out.append(bytes(item))
+        return out
+
+    def stat(self, path: str) -> tuple[int, float | None]:
+        self._fresh(path)
+        info = self.fs.info(path)
+        if info.get("type") == "directory":
+            raise FileNotFoundError(path)
+        return int(info.get("size") or 0), _mtime_of(info)
+
+    def exists(self, path: str) -> bool:
+        try:
+            self.stat(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def _normalise(self, path: str) -> str:
+        # fsspec object stores return "bucket/key"; the memory filesystem "/key".
+        if self.root.startswith("/"):
+            return path if path.startswith("/") else "/" + path
+        return path.lstrip("/")
+
+    def list(self, prefix_path: str) -> list[Entry]:
+        """Objects strictly under the directory ``prefix_path`` (which ends in ``/``)."""
+        self._fresh()
+        try:
+            found = self.fs.find(prefix_path.rstrip("/"), detail=True, withdirs=False)
+        except FileNotFoundError:
+            return []
+        out: list[Entry] = []
+        for raw, info in found.items():
+            if info.get("type") == "directory":
+                continue
+            path = self._normalise(str(info.get("name") or raw))
+            # find("a") may return the object "a" itself or, on some stores, "ab/..."
+            if path.startswith(prefix_path):
+                out.append((path, int(info.get("size") or 0), _mtime_of(info)))
+        return out
+
+    # --- writes ------------------------------------------------------------------------------
+
+    def write(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data)
+        self._fresh(path)
+
+    def create(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data, mode="create")
+        self._fresh(path)
+
+    @contextmanager
+    def open_writer(self, path: str) -> Iterator[BinaryIO]:
+        # Never mode "xb": s3fs turns an empty "xb" file into an unconditional PUT.
+        handle = self.fs.open(path, "wb")
+        try:
+            yield handle
+        except BaseException:
+            _discard(handle)
+            raise
+        handle.close()
+        self._fresh(path)
+
+    def delete(self, path: str) -> None:
+        with suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+        self._fresh(path)
+
+
+def _discard(handle: Any) -> None:
+    """Abandon a write handle so nothing is committed, not even by a later ``close``/``__del__``."""
+    discard = getattr(handle, "discard", None)
+    try:
+        if callable(discard):
+            discard()  # s3fs: abort the multipart upload; gcsfs: cancel the resumable session
+    finally:
+        # gcsfs' discard returns early (without closing) before an upload began; a later close()
+        # from __del__ would then upload the buffered bytes.  Mark it closed so it never does.
+        try:
+            handle.buffer = None
+            handle.closed = True
+        except AttributeError:  # not an fsspec buffered file; nothing buffered to commit
+            pass
+
+
+def _mtime_of(info: dict[str, Any]) -> float | None:
+    for name in ("mtime", "LastModified", "updated", "created"):
+        value = info.get(name)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        if isinstance(value, str):
+            try:
+                return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return None
+
+
+class EndpointMismatch(OSError):
+    """The endpoint answered, but not in the store's protocol (a web page where S3 was expected)."""
+
+
+class BucketBackend(Backend):
+    """Object stores: listing caches are dropped before every check, and a request that fails
+    permanently is explained (:meth:`explain`): a missing bucket says so (not "no such key",
+    not an empty listing)."""
+
+    _bucket_seen = False
+
+    def _fresh(self, path: str | None = None) -> None:
+        self.fs.invalidate_cache(path)
+
+    def explain(self, path: str, exc: BaseException | None) -> None:
+        """Raise what a failure (or an empty listing: ``exc`` None) at ``path`` really means,
+        when that is more than the reply said; return to let the original stand."""
+        if exc is not None and not isinstance(exc, FileNotFoundError):
+            return
+        if self._bucket_seen:
+            return
+        bucket = path.split("/", 1)[0]
+        if not self.fs.exists(bucket):
+            raise FileNotFoundError(f"bucket does not exist: {bucket}")
+        self._bucket_seen = True  # buckets rarely vanish; one check per filesystem suffices
+
+    def list(self, prefix_path: str) -> list[Entry]:
+        try:
+            out = super().list(prefix_path)
+        except Exception as exc:
+            self.explain(prefix_path, exc)
+            raise
+        if not out:
+            self.explain(prefix_path, None)
+        return out
+
+    def read(self, path: str) -> bytes:
+        try:
+            return super().read(path)
+        except Exception as exc:
+            self.explain(path, exc)
+            raise
+
+    def stat(self, path: str) -> tuple[int, float | None]:
+        try:
+            return super().stat(path)
+        except Exception as exc:
+            self.explain(path, exc)
+            raise
+
+    def write(self, path: str, data: bytes) -> None:
+        try:
+            super().write(path, data)
+        except Exception as exc:
+            self.explain(path, exc)
+            raise
+
+    def create(self, path: str, data: bytes) -> None:
+        try:
+            self._create(path, data)
+        except Exception as exc:
+            if not isinstance(exc, FileExistsError):
+                self.explain(path, exc)
+            raise
+        self._fresh(path)
+
+    def _create(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, data, mode="create")

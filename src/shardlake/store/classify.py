@@ -1,0 +1,204 @@
+"""Which storage failures are worth retrying, and which may have taken effect anyway.
+
+Every failure of one request is one of three kinds:
+
+* ``PERMANENT`` - retrying cannot help (no such key, access denied, bad request, a refused
+  precondition);
+* ``TRANSIENT`` - the request did not take effect and may succeed when sent again (throttling,
+  503, a connection that was never made, a body corrupted in transit, ``ESTALE``);
+* ``AMBIGUOUS`` - retrying is fine, but the request may already have taken effect (the reply was
+  lost: a reset or timeout after sending, HTTP 500).  A read treats this like ``TRANSIENT``; a
+  conditional write must read back what is there before it reports a verdict.
+
+The classification looks at the real exception objects of s3fs / aiobotocore / botocore,
+gcsfs / aiohttp / requests and local I/O, and walks ``__cause__`` where a library wraps one.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+from collections.abc import Iterator
+
+from ..errors import ShardlakeError, TransientStoreError
+
+
+class Verdict(enum.Enum):
+    PERMANENT = "permanent"
+    TRANSIENT = "transient"
+    AMBIGUOUS = "ambiguous"
+
+
+# HTTP statuses: the server refused without acting vs. it may have acted before failing.
+_REFUSED_STATUS = {408, 429, 502, 503}
+_MAYBE_ACTED_STATUS = {500, 504}
+
+# Errnos of local/NFS I/O and of s3fs' translation of S3 error codes (EBUSY: 503 SlowDown,
+# 409 OperationAborted; EREMOTEIO: 500 InternalError).
+_REFUSED_ERRNOS = {errno.ESTALE, errno.ECONNREFUSED, errno.EAGAIN, errno.EBUSY}
+_MAYBE_ACTED_ERRNOS = {
+    errno.EIO,
+    getattr(errno, "EREMOTEIO", errno.EIO),
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.EPIPE,
+    errno.ETIMEDOUT,
+}
+
+# Exception class names of the HTTP stacks underneath s3fs and gcsfs (matched by name so this
+# module imports none of them): never connected, or the body failed its checksum in transit.
+_REFUSED_TYPES = {
+    "EndpointConnectionError",
+    "ConnectTimeoutError",
+    "ClientConnectorError",
+    "ClientConnectorDNSError",
+    "FlexibleChecksumError",
+    "ChecksumError",  # gcsfs: md5/crc32c of a body
+    "ProxyError",  # gcsfs raises HTTP 502 as requests' ProxyError
+}
+# Sent, then lost: the server may have acted on it.
+_MAYBE_ACTED_TYPES = {
+    "ReadTimeoutError",
+    "ReadTimeout",
+    "ServerDisconnectedError",
+    "ServerTimeoutError",
+    "ClientPayloadError",
+    "ClientOSError",
+    "IncompleteRead",
+    "IncompleteReadError",
+    "ResponseParserError",
+    "ChunkedEncodingError",
+    "ContentLengthError",
+    "TransferEncodingError",
+    "RemoteDisconnected",
+    "ProtocolError",
+    "HTTPClientError",
+    "FSTimeoutError",
+}
+_REFUSED_MARKERS = (
+    "slowdown",
+    "slow down",
+    "reduce your request rate",
+    "throttl",
+    "toomanyrequests",
+    "too many requests",
+    "service unavailable",
+    "serviceunavailable",
+    "requesttimeout",
+)
+_MAYBE_ACTED_MARKERS = (
+    "internalerror",
+    "internal error",
+    "bad gateway",
+    "gateway timeout",
+    "connection reset",
+    "connection aborted",
+    "server disconnected",
+    "timed out",
+)
+_PERMANENT_TYPES = (
+    FileNotFoundError,
+    FileExistsError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    ValueError,
+    TypeError,
+    KeyError,
+    NotImplementedError,
+)
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries (botocore ``response``, gcsfs/aiohttp ``code``)."""
+    for attr in ("status", "status_code", "code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict):
+        meta = response.get("ResponseMetadata")
+        status = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+        if isinstance(status, int):
+            return status
+    return None
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (s3fs raises OSError from ClientError)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__
+
+
+def classify(exc: BaseException) -> Verdict:
+    """Whether ``exc`` is permanent, transient, or transient with a possibly applied request."""
+    if isinstance(exc, TransientStoreError):
+        return Verdict.TRANSIENT
+    if isinstance(exc, ShardlakeError):
+        return Verdict.PERMANENT
+    chain = list(causes(exc))
+    for cause in chain:  # an HTTP status says most (s3fs raises OSError(EIO) from a 404 page)
+        status = http_status(cause)
+        if status is not None and status >= 400:
+            return _by_status(status)
+    for cause in chain:
+        verdict = _classify_one(cause)
+        if verdict is not None:
+            return verdict
+    return _by_text(exc)
+
+
+def _by_status(status: int) -> Verdict:
+    if status in _REFUSED_STATUS:
+        return Verdict.TRANSIENT
+    if status in _MAYBE_ACTED_STATUS:
+        return Verdict.AMBIGUOUS
+    return Verdict.PERMANENT
+
+
+def s3_error_code(exc: BaseException) -> str | None:
+    """The S3 error code (``NoSuchBucket``, ``InvalidAccessKeyId``...) behind ``exc``, if any."""
+    for cause in causes(exc):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+            code = response["Error"].get("Code")
+            return str(code) if code is not None else None
+    return None
+
+
+def _classify_one(exc: BaseException) -> Verdict | None:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _REFUSED_TYPES:
+        return Verdict.TRANSIENT
+    if names & _MAYBE_ACTED_TYPES:
+        return Verdict.AMBIGUOUS
+    if isinstance(exc, ConnectionRefusedError):
+        return Verdict.TRANSIENT
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return Verdict.AMBIGUOUS
+    if isinstance(exc, _PERMANENT_TYPES):
+        return Verdict.PERMANENT
+    if isinstance(exc, OSError) and exc.errno is not None:
+        if exc.errno in _REFUSED_ERRNOS:
+            return Verdict.TRANSIENT
+        if exc.errno in _MAYBE_ACTED_ERRNOS:
+            return Verdict.AMBIGUOUS
+    return None
+
+
+def _by_text(exc: BaseException) -> Verdict:
+    text = f"{type(exc).__name__} {exc}".lower()
+    if any(marker in text for marker in _REFUSED_MARKERS):
+        return Verdict.TRANSIENT
+    if any(marker in text for marker in _MAYBE_ACTED_MARKERS):
+        return Verdict.AMBIGUOUS
+    return Verdict.PERMANENT
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying (transient or ambiguous)."""
+    return classify(exc) is not Verdict.PERMANENT

@@ -1,0 +1,100 @@
+"""A column of strings held as two NumPy arrays (UTF-8 bytes and offsets), not Python objects.
+
+A million sample keys as a Python list cost ~80 bytes each and, in forked DataLoader workers,
+every access touches a reference count and copies the page it lives on; as two flat arrays they
+cost their UTF-8 bytes plus 8 and stay shared. Items are decoded on access.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+U8Array = np.ndarray[Any, np.dtype[np.uint8]]
+I64Array = np.ndarray[Any, np.dtype[np.int64]]
+
+
+class StringColumn(Sequence[str]):
+    """An immutable sequence of ``str`` backed by ``data`` (UTF-8) and ``offsets`` (n + 1)."""
+
+    def __init__(self, data: U8Array, offsets: I64Array) -> None:
+        self.data = data
+        self.offsets = offsets
+
+    @classmethod
+    def from_arrow(cls, values: pa.Array | pa.ChunkedArray) -> StringColumn:
+        """From an Arrow string column (nulls are not allowed in a key column)."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
+        array = values.cast(pa.large_string())
+        if array.null_count:
+            raise ValueError("a string column for the loader must not hold nulls")
+        _validity, offsets_buf, data_buf = array.buffers()
+        n = len(array)
+        offsets = np.frombuffer(offsets_buf, dtype=np.int64)[array.offset : array.offset + n + 1]
+        first, last = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
+        data = (
+            np.frombuffer(data_buf, dtype=np.uint8)[first:last].copy()
+            if data_buf is not None and last > first
+            else np.zeros(0, dtype=np.uint8)
+        )
+        return cls(data, (offsets - first).astype(np.int64))
+
+    @classmethod
+    def concat(cls, columns: Sequence[StringColumn]) -> StringColumn:
+        if len(columns) == 1:
+            return columns[0]
+        data = np.concatenate([c.data for c in columns]) if columns else np.zeros(0, np.uint8)
+        parts, base = [np.zeros(1, dtype=np.int64)], 0
+        for c in columns:
+            parts.append(c.offsets[1:] + base)
+            base += int(c.offsets[-1])
+        return cls(data, np.concatenate(parts))
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> str: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[str]: ...
+
+    def __getitem__(self, index: int | slice) -> str | list[str]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        i = int(index) + n if int(index) < 0 else int(index)
+        if not 0 <= i < n:
+            raise IndexError(f"row {index} is outside a column of {n}")
+        return bytes(self.data[self.offsets[i] : self.offsets[i + 1]]).decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        for i in range(len(self)):
+            yield self[i]
+
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.offsets.nbytes)
+
+
+def key_digest(keys: pa.Array | pa.ChunkedArray) -> str:
+    """:func:`shardlake.torch.plan.selection_digest` of an Arrow key column, computed in bulk:
+    sha256 over the keys in sorted order, each as 8-byte little-endian length then UTF-8."""
+    if isinstance(keys, pa.ChunkedArray):
+        keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
+    ordered = StringColumn.from_arrow(pc.take(keys, pc.sort_indices(keys)))
+    lengths = np.diff(ordered.offsets)
+    n = len(lengths)
+    starts = np.arange(n, dtype=np.int64) * 8 + ordered.offsets[:-1]
+    out = np.empty(int(lengths.sum()) + 8 * n, dtype=np.uint8)
+    is_data = np.ones(out.shape[0], dtype=bool)
+    slots = (starts[:, None] + np.arange(8)).ravel()
+    is_data[slots] = False
+    out[slots] = lengths.astype("<i8").view(np.uint8)
+    out[is_data] = ordered.data
+    return hashlib.sha256(out.tobytes()).hexdigest()[:32]

@@ -1,0 +1,106 @@
+"""Requests do not grow with the partition count: start-up, show, keyset --where, add one.
+
+Roots are built with benchmarks/scale.py's fast builder. The default sizes (100 and 1,000
+partitions) keep the file near 20 s; ``SHARDLAKE_SCALE_TEST=1`` also runs 10,000 (minutes).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shardlake.cli.main import main
+from shardlake.keysets import create_keyset
+from shardlake.store import Store, open_store
+from shardlake.torch import ShardDataset
+from shardlake.versions import load_version, publish_version, read_state
+
+_spec = importlib.util.spec_from_file_location(
+    "scale_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"
+)
+assert _spec is not None and _spec.loader is not None
+scale = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scale)
+
+SIZES = [100, 1000] + ([10_000] if os.environ.get("SHARDLAKE_SCALE_TEST") else [])
+# Loader start-up: commit listing, highest commit, record, partitions table, one segment.
+STARTUP_REQUESTS = 5
+
+
+class CountingStore:
+    """Counts the requests of every Store in this process, by operation (a wrapper around the
+    one method all requests go through)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: Counter[str] = Counter()
+        real = Store._attempt  # every attempt of every request passes here (see store/core.py)
+
+        def counted(store: Store, op: str, key: str, *args: Any) -> Any:
+            self.calls[op] += 1
+            return real(store, op, key, *args)
+
+        monkeypatch.setattr(Store, "_attempt", counted)
+
+    def take(self) -> dict[str, int]:
+        out = dict(self.calls)
+        self.calls.clear()
+        return out
+
+
+def _requests(
+    url: str, counter: CountingStore, capsys: pytest.CaptureFixture[str]
+) -> dict[str, Any]:
+    counter.take()
+    ShardDataset(url, "v1", batch_size=1, num_workers=0)
+    startup = counter.take()
+    assert main(["show", url]) == 0
+    capsys.readouterr()
+    show = counter.take()
+    create_keyset(url, "turns", version="v1", where="scenario = 'turn'")
+    keyset = counter.take()
+    store = open_store(url)
+    version = load_version(store, "v1")
+    entry = scale.partition(store, "added", 3, scale.encoded_sample())
+    counter.take()
+    body = {**version.header_doc, "base": "v1", "partitions": [*version.partitions, entry]}
+    publish_version(store, "v2", body, read_state(store))
+    return {"startup": startup, "show": show, "keyset": keyset, "add_one": counter.take()}
+
+
+def test_request_counts_do_not_grow_with_partitions(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    counter = CountingStore(monkeypatch)
+    seen = {}
+    for n in SIZES:
+        url = str(tmp_path / f"n{n}")
+        scale.build_root(url, n, 3)
+        seen[n] = _requests(url, counter, capsys)
+    first = seen[SIZES[0]]
+    assert sum(first["startup"].values()) == STARTUP_REQUESTS, first["startup"]
+    for n in SIZES[1:]:
+        assert seen[n] == first, (n, seen[n], first)
+
+
+def test_64_ranks_each_pay_the_same_constant_start_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 ranks (simulated in one process) open one catalog: each issues the same few GETs of
+    the same immutable objects, and together they cover every sample (docs/format.md 9.5)."""
+    url = str(tmp_path / "root")
+    scale.build_root(url, 100, 3)
+    counter = CountingStore(monkeypatch)
+    per_rank, keys = [], set()
+    for rank in range(64):
+        ds = ShardDataset(url, "v1", batch_size=1, num_workers=0, rank=rank, world_size=64)
+        per_rank.append(counter.take())
+        plan = ds.plan(ds.layout(0))
+        keys.update(ds.table.keys[int(r)] for batch in plan.rank_batches(rank) for r in batch)
+    assert all(calls == per_rank[0] for calls in per_rank)
+    assert sum(per_rank[0].values()) == STARTUP_REQUESTS
+    assert len(keys) == 300
