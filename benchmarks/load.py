@@ -410,6 +410,61 @@ def ttfb_many_partitions(work: Path, partitions: int, batch: int, workers: int) 
     }
 
 
+def local_ratios(results: list[dict[str, Any]]) -> dict[str, float]:
+    """Ratios of the local-disk rows (goal: shardlake local / decode limit >= 0.75)."""
+    by = {r["name"]: r for r in results}
+    rate = {name: float(r.get("samples_per_s", 0.0)) for name, r in by.items()}
+    decode = next(r for r in results if r["name"].startswith("decode limit"))
+    return {
+        "shardlake / webdataset": rate["shardlake"] / rate["webdataset"],
+        "shardlake / npz": rate["shardlake"] / rate["npz"],
+        "webdataset / dataloader limit": rate["webdataset"] / rate["dataloader limit"],
+        "shardlake / dataloader limit": rate["shardlake"] / rate["dataloader limit"],
+        # Goal >= 0.75: the loader from local disk against zstd + safetensors on all cores.
+        "shardlake local / decode limit": rate["shardlake"] / decode["samples_per_s"],
+        # The same question in CPU time (steadier on a shared machine): the share of the
+        # loader's CPU (main process + workers) that the decoding itself needs.
+        "decode CPU / loader CPU per sample": decode["cpu_ms_per_sample"]
+        / by["shardlake"]["cpu_ms_per_sample"],
+    }
+
+
+def s3_ratios(results: list[dict[str, Any]], comp_kb: float) -> dict[str, float]:
+    """Ratios of the S3 rows (goals: loader / bare fetch >= 0.8, >= 4 MB per GET, cache 0.9)."""
+    by = {r["name"]: r for r in results}
+    s3, only = by["shardlake s3"], by["shardlake s3 reader only (no decode)"]
+    bare = next(r for r in results if r["name"].startswith("bare"))
+    decode = next(r for r in results if r["name"].startswith("decode limit"))
+    # What the loader/bare ratio can reach when every core is busy: the bare fetch spends client
+    # + server CPU per GB, the loader that plus decoding (this machine's cores run the server).
+    decode_s_per_gb = decode["cpu_ms_per_sample"] / 1e3 / (comp_kb / 1e6)
+    clients = by["shardlake s3, one epoch per read client"]
+    return {
+        "shardlake s3 / local": s3["samples_per_s"] / by["shardlake"]["samples_per_s"],
+        # Goal >= 0.8: payload bytes/s of the loader against a bare parallel fetch.
+        "shardlake s3 / bare s3fs fetch": s3["fetched_mb_per_s"] / bare["fetched_mb_per_s"],
+        "s3 reader only (no decode) / bare s3fs fetch": only["fetched_mb_per_s"]
+        / bare["fetched_mb_per_s"],
+        "CPU-bound ceiling of shardlake s3 / bare": (
+            bare["client_cpu_s_per_gb"] + bare["server_cpu_s_per_gb"]
+        )
+        / (only["client_cpu_s_per_gb"] + only["server_cpu_s_per_gb"] + decode_s_per_gb),
+        "mean MB per GET (goal >= 4)": s3["mean_mb_per_get"],
+        "mean MB per GET, request_bytes=8 MiB": by["shardlake s3, request_bytes=8 MiB"][
+            "mean_mb_per_get"
+        ],
+        "client CPU s per GB: loader (incl. decode)": s3["client_cpu_s_per_gb"],
+        "client CPU s per GB: loader reads only": only["client_cpu_s_per_gb"],
+        "client CPU s per GB: bare fetch": bare["client_cpu_s_per_gb"],
+        "server CPU s per GB: loader / bare fetch": s3["server_cpu_s_per_gb"]
+        / bare["server_cpu_s_per_gb"],
+        # Goal >= 0.9: second epoch from S3 with the cache against a local-disk epoch.
+        "cached 2nd s3 epoch / local epoch": by["shardlake s3 + epoch cache"]["second_epoch_per_s"]
+        / by["shardlake local, one epoch"]["samples_per_s"],
+        "s3 epoch: obstore / s3fs read client": clients["obstore_per_s"] / clients["s3fs_per_s"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -518,60 +573,9 @@ def main(argv: list[str] | None = None) -> int:
         "no shuffle": plan_mixing(ordered).to_json(),
     }
 
-    by = {r["name"]: r for r in results}
-    ratios = {
-        "shardlake / webdataset": by["shardlake"]["samples_per_s"]
-        / by["webdataset"]["samples_per_s"],
-        "shardlake / npz": by["shardlake"]["samples_per_s"] / by["npz"]["samples_per_s"],
-        "webdataset / dataloader limit": by["webdataset"]["samples_per_s"]
-        / by["dataloader limit"]["samples_per_s"],
-        "shardlake / dataloader limit": by["shardlake"]["samples_per_s"]
-        / by["dataloader limit"]["samples_per_s"],
-    }
-    decode = next(r for r in results if r["name"].startswith("decode limit"))
-    # Goal >= 0.75: the loader from local disk against zstd + safetensors decode on all cores.
-    ratios["shardlake local / decode limit"] = (
-        by["shardlake"]["samples_per_s"] / decode["samples_per_s"]
-    )
-    # The same question in CPU time (steadier on a shared machine): the share of the loader's
-    # CPU (main process + workers) that the decoding itself needs.
-    decode_ms = decode["cpu_ms_per_sample"]
-    ratios["decode CPU / loader CPU per sample"] = decode_ms / by["shardlake"]["cpu_ms_per_sample"]
-    if "shardlake s3" in by:
-        s3, bare = by["shardlake s3"], next(r for r in results if r["name"].startswith("bare"))
-        ratios["shardlake s3 / local"] = s3["samples_per_s"] / by["shardlake"]["samples_per_s"]
-        # Goal >= 0.8: payload bytes/s of the loader against a bare parallel fetch.
-        ratios["shardlake s3 / bare s3fs fetch"] = s3["fetched_mb_per_s"] / bare["fetched_mb_per_s"]
-        only = by["shardlake s3 reader only (no decode)"]
-        ratios["s3 reader only (no decode) / bare s3fs fetch"] = (
-            only["fetched_mb_per_s"] / bare["fetched_mb_per_s"]
-        )
-        # What the loader/bare ratio can reach when every core is busy: the bare fetch spends
-        # client + server CPU per GB, the loader that plus decoding (this machine's cores
-        # also run the server).
-        decode_s_per_gb = decode_ms / 1e3 / (comp_kb / 1e6)
-        ratios["CPU-bound ceiling of shardlake s3 / bare"] = (
-            bare["client_cpu_s_per_gb"] + bare["server_cpu_s_per_gb"]
-        ) / (only["client_cpu_s_per_gb"] + only["server_cpu_s_per_gb"] + decode_s_per_gb)
-        ratios["mean MB per GET (goal >= 4)"] = s3["mean_mb_per_get"]
-        ratios["mean MB per GET, request_bytes=8 MiB"] = by["shardlake s3, request_bytes=8 MiB"][
-            "mean_mb_per_get"
-        ]
-        ratios["client CPU s per GB: loader (incl. decode)"] = s3["client_cpu_s_per_gb"]
-        ratios["client CPU s per GB: loader reads only"] = only["client_cpu_s_per_gb"]
-        ratios["client CPU s per GB: bare fetch"] = bare["client_cpu_s_per_gb"]
-        ratios["server CPU s per GB: loader / bare fetch"] = (
-            s3["server_cpu_s_per_gb"] / bare["server_cpu_s_per_gb"]
-        )
-        # Goal >= 0.9: second epoch from S3 with the cache against a local-disk epoch.
-        ratios["cached 2nd s3 epoch / local epoch"] = (
-            by["shardlake s3 + epoch cache"]["second_epoch_per_s"]
-            / by["shardlake local, one epoch"]["samples_per_s"]
-        )
-        clients = by["shardlake s3, one epoch per read client"]
-        ratios["s3 epoch: obstore / s3fs read client"] = (
-            clients["obstore_per_s"] / clients["s3fs_per_s"]
-        )
+    ratios = local_ratios(results)
+    if any(r["name"] == "shardlake s3" for r in results):
+        ratios.update(s3_ratios(results, comp_kb))
     header = {
         "samples": len(ds0.table),
         "partitions": len(ds0.partition_names),

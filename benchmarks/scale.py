@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -41,22 +40,16 @@ from shardlake.format.layout import manifest_key, member_name, partition_id, sha
 from shardlake.format.manifest import ManifestMeta, build_manifest_table, write_manifest
 from shardlake.format.tar import BLOCK, END_OF_ARCHIVE
 from shardlake.store import Store, open_store
+from shardlake.store.layers import RequestCounter
 
 RECIPE = {"codec": "safetensors+zstd", "format_version": 1, "level": 3, "seed": 0, "shard_size": 1}
 GOALS = {"startup_s": (2.0, 5.0), "startup_requests": 10, "keyset_where_s": 3.0}
 
 
-def count_requests() -> Counter[str]:
-    """Count every store operation in this process (by op name)."""
-    calls: Counter[str] = Counter()
-    real = Store._call
-
-    def counted(self: Store, op: str, key: str, fn: Any) -> Any:
-        calls[op] += 1
-        return real(self, op, key, fn)
-
-    Store._call = counted  # type: ignore[method-assign]
-    return calls
+def counted_store(url: str, options: dict[str, Any] | None) -> tuple[Store, RequestCounter]:
+    """The store at ``url`` with a request counter layered on."""
+    counter = RequestCounter()
+    return open_store(url, options).with_layers(counter), counter
 
 
 def _ustar_header(name: str, size: int) -> bytes:
@@ -180,10 +173,10 @@ def child_startup(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
     read; PSS of the process tree after the first batch."""
     from shardlake.torch import ShardDataset
 
-    calls = count_requests()
+    store, counter = counted_store(url, options)
     started = time.perf_counter()  # imports (torch: ~3 s here) are not start-up
-    ds = ShardDataset(url, "v1", batch_size=8, num_workers=2, storage_options=options)
-    requests = sum(calls.values())
+    ds = ShardDataset(store, "v1", batch_size=8, num_workers=2)
+    requests = counter.total_requests
     loader = ds.loader()
     batches = iter(loader)
     next(batches)
@@ -218,19 +211,19 @@ def measure(
     row.update(run_child(url, options))
     row["pss_mb"] = row["pss_bytes"] / 2**20
     row["pss_b_per_sample"] = (row.pop("pss_bytes") - empty_pss) / row["samples"]
-    calls = count_requests()
+    store, counter = counted_store(url, options)
     started = time.perf_counter()
-    create_keyset(url, "turns", version="v1", where="scenario = 'turn'", storage_options=options)
+    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
     row["keyset_where_s"] = time.perf_counter() - started
-    row["keyset_requests"] = sum(calls.values())
-    calls.clear()
+    row["keyset_requests"] = counter.total_requests
+    store, counter = counted_store(url, options)
     started = time.perf_counter()
     version = load_version(store, "v1")
     entry = partition(store, "added", per_partition, encoded_sample())
     body = {**version.header_doc, "base": "v1", "partitions": [*version.partitions, entry]}
     publish_version(store, "v2", body, read_state(store))
     row["add_one_s"] = time.perf_counter() - started
-    row["add_one_requests"] = sum(calls.values())
+    row["add_one_requests"] = counter.total_requests
     row["record_bytes"] = len(store.read(f"versions/v1/{version.hash}.json"))
     return row
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from test_pack_support import make_source, small_frame
 
+import shardlake
 import shardlake.catalog as catalog_mod
 from shardlake.catalog import catalog_rows, load_catalog
 from shardlake.cli.main import main
@@ -27,23 +28,22 @@ from shardlake.format.catalog import (
 from shardlake.format.manifest import read_entry_manifest
 from shardlake.pack import pack
 from shardlake.store import Store, open_store
+from shardlake.store.layers import Request, RequestCounter
 from shardlake.torch import ShardDataset
 from shardlake.versions import load_version, publish_version, read_state
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
-    """Count every store request in this process, by operation."""
-    calls: Counter[str] = Counter()
-    real = Store._attempt  # every attempt of every request passes here (see store/core.py)
+class KeyRecorder:
+    """A store layer recording the key of every request it sees."""
 
-    def counted(self: Store, op: str, key: str, *args: Any) -> Any:
-        calls[op] += 1
-        return real(self, op, key, *args)
+    def __init__(self) -> None:
+        self.keys: list[str] = []
 
-    monkeypatch.setattr(Store, "_attempt", counted)
-    return calls
+    def __call__(self, request: Request, send: Callable[[], Any]) -> Any:
+        self.keys.append(request.key)
+        return send()
 
 
 def _manifest_rows(store: Store, tag: str) -> pa.Table:
@@ -142,11 +142,12 @@ def test_ranged_segment_reads_project_and_prune(
     whole = catalog_rows(store, version, ["key", "offset", "partition"])
     monkeypatch.setattr(catalog_mod, "WHOLE_READ_BYTES", 0)
     monkeypatch.setattr(catalog_mod, "RANGED_MAX_FRACTION", 10.0)  # a tiny segment: force it
-    calls = _counting(monkeypatch)
+    counter = RequestCounter()
     pid = version.partitions[0]["id"]
-    part = catalog_rows(store, version, ["key", "offset"], pids=[pid])
+    part = catalog_rows(store.with_layers(counter), version, ["key", "offset"], pids=[pid])
     expected = whole.filter(pa.compute.equal(whole.column("partition"), pid))
     assert part.equals(expected.select(["key", "offset"])) and part.num_rows == 2
+    calls = counter.requests
     assert calls["read"] == 0 and calls["read_range"] >= 1  # footer + chunks, never the object
 
 
@@ -173,15 +174,15 @@ def test_format_1_versions_load_and_get_an_attached_catalog(
     built = catalog_rows(store, v2)
     assert main(["catalog", str(root)]) == 0
     assert "attached" in capsys.readouterr().out
-    calls = _counting(monkeypatch)
     catalog_mod._built.clear()
-    attached = load_catalog(store, load_version(store, "v2"))
+    recorder = KeyRecorder()
+    counted = store.with_layers(recorder)
+    attached = load_catalog(counted, load_version(counted, "v2"))
     assert attached.ref is not None and attached.built is None
     got = attached.rows()
     assert got.equals(built.select(got.column_names))
-    assert calls["read"] <= 6  # commit, record, attachment, partitions table, segment(s)
-    # A publish on top of it reuses the attached catalog's segments (no manifest is read).
-    calls.clear()
+    assert not [k for k in recorder.keys if "manifest" in k]
+    # A publish on top of it reuses the attached catalog's segments.
     body = {"base": "v2", "partitions": load_version(store, "v2").partitions}
     v3 = publish_version(store, "v3", body, read_state(store))
     assert v3.header.catalog is not None and attached.ref is not None
@@ -223,3 +224,15 @@ def test_verify_offsets_reports_a_catalog_that_disagrees_with_a_manifest(
     assert [p.message for p in report.problems] == [
         "the version's catalog rows (2) differ from the manifest's"
     ]
+
+
+def test_versions_reads_record_headers_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src, store = tmp_path / "src", open_store(str(tmp_path / "root"))
+    _pack_logs(src, store, "v1", ["a", "b"], None)
+    _pack_logs(src, store, "v2", ["c"], "v1")
+    recorder = KeyRecorder()
+    infos = shardlake.open(store.with_layers(recorder)).versions()  # what `versions` prints
+    assert [i.partitions for i in infos] == [2, 3]
+    assert recorder.keys and not [k for k in recorder.keys if k.startswith("catalog/")]

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from shardlake.cli.main import main
+import shardlake
 from shardlake.keysets import create_keyset
-from shardlake.store import Store, open_store
+from shardlake.store import open_store
+from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset
 from shardlake.versions import load_version, publish_version, read_state
 
@@ -32,73 +30,54 @@ SIZES = [100, 1000] + ([10_000] if os.environ.get("SHARDLAKE_SCALE_TEST") else [
 STARTUP_REQUESTS = 5
 
 
-class CountingStore:
-    """Counts the requests of every Store in this process, by operation (a wrapper around the
-    one method all requests go through)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: Counter[str] = Counter()
-        real = Store._attempt  # every attempt of every request passes here (see store/core.py)
-
-        def counted(store: Store, op: str, key: str, *args: Any) -> Any:
-            self.calls[op] += 1
-            return real(store, op, key, *args)
-
-        monkeypatch.setattr(Store, "_attempt", counted)
-
-    def take(self) -> dict[str, int]:
-        out = dict(self.calls)
-        self.calls.clear()
-        return out
+def _take(counter: RequestCounter) -> dict[str, int]:
+    out = dict(counter.requests)
+    counter.requests.clear()
+    return out
 
 
-def _requests(
-    url: str, counter: CountingStore, capsys: pytest.CaptureFixture[str]
-) -> dict[str, Any]:
-    counter.take()
-    ShardDataset(url, "v1", batch_size=1, num_workers=0)
-    startup = counter.take()
-    assert main(["show", url]) == 0
-    capsys.readouterr()
-    show = counter.take()
-    create_keyset(url, "turns", version="v1", where="scenario = 'turn'")
-    keyset = counter.take()
-    store = open_store(url)
+def _requests(url: str) -> dict[str, Any]:
+    """Requests of loader start-up, show, keyset create --where and adding one partition."""
+    counter = RequestCounter()
+    store = open_store(url).with_layers(counter)
+    ShardDataset(store, "v1", batch_size=1, num_workers=0)
+    startup = _take(counter)
+    record = shardlake.open(store).dataset("v1").version.record  # what `show` prints
+    assert record.partitions
+    show = _take(counter)
+    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
+    keyset = _take(counter)
     version = load_version(store, "v1")
     entry = scale.partition(store, "added", 3, scale.encoded_sample())
-    counter.take()
+    _take(counter)
     body = {**version.header_doc, "base": "v1", "partitions": [*version.partitions, entry]}
     publish_version(store, "v2", body, read_state(store))
-    return {"startup": startup, "show": show, "keyset": keyset, "add_one": counter.take()}
+    return {"startup": startup, "show": show, "keyset": keyset, "add_one": _take(counter)}
 
 
-def test_request_counts_do_not_grow_with_partitions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    counter = CountingStore(monkeypatch)
+def test_request_counts_do_not_grow_with_partitions(tmp_path: Path) -> None:
     seen = {}
     for n in SIZES:
         url = str(tmp_path / f"n{n}")
         scale.build_root(url, n, 3)
-        seen[n] = _requests(url, counter, capsys)
+        seen[n] = _requests(url)
     first = seen[SIZES[0]]
     assert sum(first["startup"].values()) == STARTUP_REQUESTS, first["startup"]
     for n in SIZES[1:]:
         assert seen[n] == first, (n, seen[n], first)
 
 
-def test_64_ranks_each_pay_the_same_constant_start_up(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_64_ranks_each_pay_the_same_constant_start_up(tmp_path: Path) -> None:
     """64 ranks (simulated in one process) open one catalog: each issues the same few GETs of
     the same immutable objects, and together they cover every sample (docs/format.md 9.5)."""
     url = str(tmp_path / "root")
     scale.build_root(url, 100, 3)
-    counter = CountingStore(monkeypatch)
     per_rank, keys = [], set()
     for rank in range(64):
-        ds = ShardDataset(url, "v1", batch_size=1, num_workers=0, rank=rank, world_size=64)
-        per_rank.append(counter.take())
+        counter = RequestCounter()  # each rank opens its own store
+        store = open_store(url).with_layers(counter)
+        ds = ShardDataset(store, "v1", batch_size=1, num_workers=0, rank=rank, world_size=64)
+        per_rank.append(_take(counter))
         plan = ds.plan(ds.layout(0))
         keys.update(ds.table.keys[int(r)] for batch in plan.rank_batches(rank) for r in batch)
     assert all(calls == per_rank[0] for calls in per_rank)

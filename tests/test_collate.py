@@ -69,3 +69,23 @@ def test_a_corrupt_header_is_an_integrity_error_naming_the_sample() -> None:
     decoder = PayloadDecoder(lambda row: bad, lambda row: f"shard-0 row {row}")
     with pytest.raises(IntegrityError, match="shard-0 row 0"):
         BatchBuilder(1, (), shared=False).build(decoder, [(0, bad)], None, {})
+
+
+def test_a_worker_hands_over_one_tensor_per_batch_and_the_views_come_back() -> None:
+    from shardlake.torch.loader import pack_batch, unpack_batch
+
+    samples = [_sample(0), _sample(1), _sample(2)]
+    batch = _build(samples)
+    batch["index"] = torch.arange(3)  # a tensor of its own allocation travels as it is
+    packed = pack_batch(batch)
+    tensors = [v for v in packed.values() if isinstance(v, torch.Tensor)]
+    assert len(tensors) == 1 and tensors[0] is batch["index"]
+    back = unpack_batch(packed)
+    assert list(back) == list(batch)
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            assert back[name].dtype == value.dtype and torch.equal(back[name], value), name
+        else:
+            assert back[name] == value
+    storages = {back[k].untyped_storage().data_ptr() for k in ("pos", "ids", "flag", "empty")}
+    assert len(storages) == 1

@@ -244,3 +244,22 @@ def test_golden_root_with_record_digests_is_checked(tmp_path: Path) -> None:
     _rewrite(store, commit_key(2), b'"latest":"v2"', b'"latest":"v1"')
     with pytest.raises(FormatError, match=RECORD_DIGEST):
         read_state(store)
+
+
+def test_keyset_digest_fast_path_equals_canonical_json() -> None:
+    """The keyset digest joins plain keys directly; it must equal the documented definition
+    (sha256 of the canonical JSON body) for every key, escaped characters included."""
+    import hashlib
+    import random
+
+    from shardlake.keysets import content_digest
+    from shardlake.versions import canonical_json
+
+    rng = random.Random(1)
+    alphabet = ["a", "/", "é", '"', "\\", "\x01", "\u2028", "\U0001f600", ".", "\x7f", "\t"]
+    meta = {"name": "k", "recipe": '{"where": "true"}'}
+    for _ in range(500):
+        keys = ["".join(rng.choices(alphabet, k=rng.randint(0, 5))) for _ in range(3)]
+        parts = keys[::-1]
+        body = canonical_json({"keys": keys, "partitions": parts, "metadata": meta})
+        assert content_digest(meta, keys, parts) == hashlib.sha256(body).hexdigest(), keys

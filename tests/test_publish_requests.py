@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -11,36 +12,34 @@ from test_pack_support import make_source, small_frame
 
 from shardlake.errors import ConflictError
 from shardlake.pack import pack
-from shardlake.store import Store, open_store
+from shardlake.store import Request, open_store
 from shardlake.versions import RootState, publish_version, read_state
 
 
-def _counting(monkeypatch: pytest.MonkeyPatch, store: Store) -> Counter[tuple[str, str]]:
-    calls: Counter[tuple[str, str]] = Counter()
-    real = store._attempt  # every attempt of every request passes here (see store/core.py)
+class KeyLog:
+    """A store layer recording (operation, key) of every request."""
 
-    def counted(op: str, key: str, *args: Any) -> Any:
-        calls[(op, key)] += 1
-        return real(op, key, *args)
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[str, str]] = Counter()
 
-    monkeypatch.setattr(store, "_attempt", counted)
-    return calls
+    def __call__(self, request: Request, send: Callable[[], Any]) -> Any:
+        self.calls[(request.op, request.key)] += 1
+        return send()
 
 
 def _partitions(src: Path, names: list[str]) -> None:
     make_source(src, {f"{n}/f{i}": small_frame(i) for n in names for i in range(2)})
 
 
-def test_incremental_publish_lists_only_new_revisions(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_incremental_publish_lists_only_new_revisions(tmp_path: Path) -> None:
     src = tmp_path / "src"
     _partitions(src, [f"log{i}" for i in range(6)])
     store = open_store(str(tmp_path / "root"))
     pack(src, store, tag="v1", workers=0)
     _partitions(src, ["log_new"])
-    calls = _counting(monkeypatch, store)
-    version = pack(src, store, tag="v2", base="v1", workers=0)
+    log = KeyLog()
+    version = pack(src, store.with_layers(log), tag="v2", base="v1", workers=0)
+    calls = log.calls
     assert len(version.partitions) == 7
     listed = sorted(key for op, key in calls if op == "list")
     assert "data/" not in listed

@@ -94,3 +94,13 @@ def test_servers_start_serve_and_stop_cleanly() -> None:
     for endpoint in endpoints:
         with pytest.raises(OSError):
             urllib.request.urlopen(endpoint, timeout=2)
+
+
+def test_demo_s3_without_moto_says_what_to_install(monkeypatch, tmp_path) -> None:
+    from shardlake.errors import UsageError
+    from shardlake.tools.demo import DemoConfig, _root
+
+    monkeypatch.setitem(sys.modules, "moto.server", None)  # as if moto were not installed
+    with pytest.raises(UsageError) as caught, _root(DemoConfig(store="s3"), tmp_path):
+        pass
+    assert "pip install 'shardlake[demo]'" in str(caught.value)

@@ -169,3 +169,27 @@ def test_importing_shardlake_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_split_segments_matches_a_chunk_by_chunk_split() -> None:
+    from shardlake.torch.plan import _split_segments
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 9, size=200)
+    chunks = list(np.split(np.arange(int(lengths.sum()), dtype=np.int64), np.cumsum(lengths)[:-1]))
+    sizes = [
+        int(x) for x in np.diff(np.r_[0, np.sort(rng.choice(int(lengths.sum()), 7)), lengths.sum()])
+    ]
+    expected: list[list[list[int]]] = []
+    ci, cpos = 0, 0
+    for size in sizes:  # the reference: walk the chunks, splitting one that straddles a cut
+        seg, need = [], size
+        while need:
+            take = min(need, len(chunks[ci]) - cpos)
+            seg.append(chunks[ci][cpos : cpos + take].tolist())
+            need, cpos = need - take, cpos + take
+            if cpos == len(chunks[ci]):
+                ci, cpos = ci + 1, 0
+        expected.append(seg)
+    got = [[piece.tolist() for piece in seg] for seg in _split_segments(chunks, sizes)]
+    assert got == expected

@@ -122,7 +122,10 @@ class Dataset:
             with self._lock:
                 if self._table is None:
                     self._table = catalog_rows(self.store, self.version, None)
-            return self._table if columns is None else self._table.select(list(columns))
+            table = self._table
+            if columns is None:
+                return table
+            return table.select([c for c in columns if c in table.column_names])
         if pids is None or self.version.header.catalog is not None:
             return catalog_rows(
                 self.store, self.version, columns, pids=None if pids is None else list(pids)

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "no catalog: readers then read every manifest once per process. This writes a catalog "
         "for each such live version (idempotent; versions that have one are left alone).",
     )
-    p.add_argument("root", metavar="ROOT")
+    p.add_argument("root", metavar="ROOT", help="the dataset root (path or URL)")
     p.add_argument("--version", dest="tag", default=None, metavar="TAG", help="only this one")
     finish_command(p, cmd_catalog)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from datetime import timedelta
 from typing import Any
 
 READ_CLIENT_OPTION = "read_client"
@@ -50,8 +51,9 @@ class ObstoreReads:
     """Ranged and whole-object GETs for ``bucket/key`` paths through obstore (one client per
     bucket, made lazily: the backend is rebuilt in every process)."""
 
-    def __init__(self, storage_options: dict[str, Any]) -> None:
+    def __init__(self, storage_options: dict[str, Any], attempt_timeout: float = 30.0) -> None:
         self._config = _s3_config(storage_options)
+        self._attempt_timeout = attempt_timeout
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
 
@@ -69,8 +71,18 @@ class ObstoreReads:
                 from obstore.store import S3Store
 
                 endpoint = str(self._config.get("endpoint", ""))
-                options = {"allow_http": True} if endpoint.startswith("http://") else {}
-                found = S3Store(bucket, client_options=options, **self._config)  # type: ignore[arg-type]
+                timeout = timedelta(seconds=self._attempt_timeout)
+                options: dict[str, Any] = {"connect_timeout": timeout, "read_timeout": timeout}
+                if endpoint.startswith("http://"):
+                    options["allow_http"] = True
+                # One try: a failed read falls back to s3fs, which the store's policy retries
+                # (obstore's own 10 retries over 3 minutes would run past the deadline).
+                found = S3Store(
+                    bucket,
+                    client_options=options,  # type: ignore[arg-type]
+                    retry_config={"max_retries": 0},
+                    **self._config,
+                )
                 self._stores[bucket] = found
             return found
 

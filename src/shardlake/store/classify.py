@@ -141,7 +141,11 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, ShardlakeError):
         return Verdict.PERMANENT
     chain = list(causes(exc))
-    for cause in chain:  # an HTTP status says most (s3fs raises OSError(EIO) from a 404 page)
+    for cause in chain:  # the HTTP stacks' own exception types are the most specific
+        verdict = _by_type_name(cause)
+        if verdict is not None:
+            return verdict
+    for cause in chain:  # then an HTTP status (s3fs raises OSError(EIO) from a 404 page)
         status = http_status(cause)
         if status is not None and status >= 400:
             return _by_status(status)
@@ -150,6 +154,15 @@ def classify(exc: BaseException) -> Verdict:
         if verdict is not None:
             return verdict
     return _by_text(exc)
+
+
+def _by_type_name(exc: BaseException) -> Verdict | None:
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _REFUSED_TYPES:
+        return Verdict.TRANSIENT
+    if names & _MAYBE_ACTED_TYPES:
+        return Verdict.AMBIGUOUS
+    return None
 
 
 def _by_status(status: int) -> Verdict:
@@ -171,11 +184,6 @@ def s3_error_code(exc: BaseException) -> str | None:
 
 
 def _classify_one(exc: BaseException) -> Verdict | None:
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if names & _REFUSED_TYPES:
-        return Verdict.TRANSIENT
-    if names & _MAYBE_ACTED_TYPES:
-        return Verdict.AMBIGUOUS
     if isinstance(exc, ConnectionRefusedError):
         return Verdict.TRANSIENT
     if isinstance(exc, (ConnectionError, TimeoutError)):

@@ -26,6 +26,7 @@ from ..errors import (
     OutcomeUnknownError,
     RetriesExhaustedError,
     StoreError,
+    TransientStoreError,
     UsageError,
 )
 from .backends import Backend, Leftover, is_already_exists, make_backend
@@ -224,7 +225,9 @@ class Store:
             self.stat(key)  # a zero-length range of a missing key is still an error
             return b""
         path = self.path(key)
-        return self._send("read_range", key, path, lambda b: b.read_range(path, start, end))
+        return self._send(
+            "read_range", key, path, lambda b: _RangeBatch([path], [start], [end])(b)[0]
+        )
 
     def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
         """Many ``(key, start, end)`` ranges in one call (fsspec ``cat_ranges``), in order.
@@ -244,7 +247,10 @@ class Store:
             starts = [s for _, _, s, _ in wanted]
             ends = [e for _, _, _, e in wanted]
             found = self._send(
-                "read_ranges", wanted[0][1], paths[0], lambda b: b.read_ranges(paths, starts, ends)
+                "read_ranges",
+                wanted[0][1],
+                paths[0],
+                _RangeBatch(paths, starts, ends),
             )
             for (i, _, _, _), data in zip(wanted, found, strict=True):
                 out[i] = data
@@ -449,6 +455,45 @@ class Store:
                     "ifGenerationMatch=0."
                 )
             self._create_checked = True
+
+
+class _RangeBatch:
+    """Ranges read until every one is complete; each attempt re-reads only the missing ones.
+
+    A body cut short in transit behind a matching Content-Length looks complete to the HTTP
+    layer, so a range shorter than the object allows (one not ending at the object's end)
+    raises a transient error and is read again.
+    """
+
+    def __init__(self, paths: list[str], starts: list[int], ends: list[int]) -> None:
+        self.paths, self.starts, self.ends = paths, starts, ends
+        self.done: dict[int, bytes] = {}
+
+    def __call__(self, backend: Backend) -> list[bytes]:
+        todo = [i for i in range(len(self.paths)) if i not in self.done]
+        paths = [self.paths[i] for i in todo]
+        starts = [self.starts[i] for i in todo]
+        ends = [self.ends[i] for i in todo]
+        if len(todo) == 1:
+            found = [backend.read_range(paths[0], starts[0], ends[0])]
+        else:
+            found = backend.read_ranges(paths, starts, ends)
+        sizes: dict[str, int] = {}
+        short: str | None = None
+        for i, path, start, end, data in zip(todo, paths, starts, ends, found, strict=True):
+            if len(data) < end - start:
+                if path not in sizes:
+                    sizes[path] = backend.stat(path)[0]
+                expected = max(0, min(end, sizes[path]) - start)
+                if len(data) != expected:
+                    short = (
+                        f"short read of {path} [{start}, {end}): {len(data)} of {expected} bytes"
+                    )
+                    continue
+            self.done[i] = data
+        if short is not None:
+            raise TransientStoreError(short)
+        return [self.done[i] for i in range(len(self.paths))]
 
 
 def _check_range(key: str, start: int, end: int) -> None:

@@ -102,6 +102,12 @@ class RetryPolicy:
                     ) from None
         return replace(self, **changes) if changes else self
 
+    @property
+    def request_timeout(self) -> float:
+        """The timeout handed to the backend's library: ``attempt_timeout``, but never longer
+        than the deadline, so one stalled attempt cannot outlast the whole operation's budget."""
+        return min(self.attempt_timeout, self.deadline)
+
     def delay(self, retry_number: int) -> float:
         cap = min(self.max_delay, self.base_delay * (2 ** (retry_number - 1)))
         return random.uniform(0.0, cap)

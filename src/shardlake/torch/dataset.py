@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import pickle
@@ -39,7 +40,14 @@ from .plan import (
     resolve,
 )
 from .reader import ReadOptions, SlotReader, request_chunk_size, selection_members
-from .sources import Source, combine, epoch_counts, epoch_rows, select_rows
+from .sources import (
+    Source,
+    combine,
+    epoch_counts,
+    epoch_rows,
+    release_set_up_memory,
+    select_rows,
+)
 from .strings import key_digest
 
 if TYPE_CHECKING:
@@ -180,6 +188,11 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self._yielded = 0
         self._plan_cache: tuple[Any, ReadPlan] | None = None
         self._store_pid = os.getpid()
+        # Planned here, once, so that forked DataLoader workers share it rather than each
+        # computing (and holding) its own copy; then the set-up's garbage goes back to the OS.
+        with contextlib.suppress(PlanError):  # raised again where the plan is used
+            self.plan(self.layout(self.num_workers))
+        release_set_up_memory()
 
     def _init_table(self, epoch_size: int | None) -> None:
         """Resolve the sources and build the row table (the one place that reads manifests)."""

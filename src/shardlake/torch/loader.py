@@ -42,11 +42,56 @@ class _BatchStream(IterableDataset[Any]):
         pool = None
         if self.flags is not None and info is not None:
             pool = BufferPool(self.flags, worker * POOL_SIZE, POOL_SIZE)
-        yield from self.ds.iter_slot_batches(self.layout, worker, self.cursor, pool)
+        for batch in self.ds.iter_slot_batches(self.layout, worker, self.cursor, pool):
+            yield pack_batch(batch) if info is not None else batch
 
 
 def _identity(batch: Any) -> Any:
     return batch
+
+
+PACKED_KEY = "__shardlake_packed__"  # one tensor over a batch's shared allocation, and its views
+ViewSpec = tuple[str, torch.dtype, tuple[int, ...], tuple[int, ...], int]
+
+
+def pack_batch(batch: Any) -> Any:
+    """The batch with its tensors that share one allocation replaced by that allocation.
+
+    Each tensor a worker hands over costs a file descriptor passed over a socket (torch's
+    ``file_descriptor`` sharing); a batch's fields all view one shared allocation
+    (:func:`~shardlake.torch.collate.new_batch_tensors`), so one tensor plus the views' shapes
+    is enough. :func:`unpack_batch` rebuilds the views in the main process.
+    """
+    if not isinstance(batch, dict):
+        return batch
+    tensors = [(k, v) for k, v in batch.items() if isinstance(v, torch.Tensor)]
+    if len(tensors) < 2:
+        return batch
+    storage = tensors[0][1].untyped_storage()
+    shared = [(k, t) for k, t in tensors if t.untyped_storage().data_ptr() == storage.data_ptr()]
+    if len(shared) < 2:
+        return batch
+    whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
+    specs: list[ViewSpec] = [
+        (k, t.dtype, tuple(t.shape), tuple(t.stride()), int(t.storage_offset())) for k, t in shared
+    ]
+    names = {k for k, _ in shared}
+    out = {k: v for k, v in batch.items() if k not in names}
+    out[PACKED_KEY] = (whole, specs, list(batch))
+    return out
+
+
+def unpack_batch(batch: Any) -> Any:
+    """Undo :func:`pack_batch`: the views again, in the batch's original key order."""
+    if not isinstance(batch, dict) or PACKED_KEY not in batch:
+        return batch
+    whole, specs, order = batch.pop(PACKED_KEY)
+    storage = whole.untyped_storage()
+    views = {
+        name: torch.empty(0, dtype=dtype).set_(storage, offset, shape, stride)
+        for name, dtype, shape, stride, offset in specs
+    }
+    return {k: views[k] if k in views else batch[k] for k in order}
 
 
 class ShardLoader:
@@ -205,6 +250,7 @@ class ShardLoader:
                     raise error
                 if ended:
                     break
+                batch = unpack_batch(batch)
                 if flags is not None:
                     held = _release(held, flags, batch)
                 self.cursor = replace(self.cursor, step=self.cursor.step + 1)
@@ -223,6 +269,8 @@ def _start_workers(loader: DataLoader[Any]) -> Iterator[Any]:
     of the parent's objects; frozen objects are left alone in the children. The parent
     unfreezes at once, so its own collection is unchanged.
     """
+    if loader.num_workers == 0:
+        return iter(loader)
     gc.freeze()
     try:
         return iter(loader)

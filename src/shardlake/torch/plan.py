@@ -269,6 +269,24 @@ def _slot_order(
     return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
 
 
+def _split_segments(chunks: list[IntArray], sizes: list[int]) -> list[list[IntArray]]:
+    """Cut the concatenated ``chunks`` into consecutive segments of ``sizes`` rows, each a
+    list of (pieces of) chunks; vectorised, as a million rows make ~60,000 chunks."""
+    lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+    flat = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.int64)
+    chunk_of = np.repeat(np.arange(len(chunks)), lengths)
+    segments: list[list[IntArray]] = []
+    start = 0
+    for size in sizes:
+        end = start + size
+        cuts = (np.flatnonzero(np.diff(chunk_of[start:end])) + 1).tolist()
+        bounds = [0, *cuts, size] if size else [0]
+        part = flat[start:end]
+        segments.append([part[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)])
+        start = end
+    return segments
+
+
 def plan_leg(
     rows: Rows,
     params: PlanParams,
@@ -331,20 +349,7 @@ def plan_leg(
         for _r in range(layout.world_size)
         for k in range(w)
     ]
-    segments: list[list[IntArray]] = []
-    ci, cpos = 0, 0
-    for size in sizes:
-        seg: list[IntArray] = []
-        need = size
-        while need:
-            chunk = chunks[ci]
-            take = min(need, len(chunk) - cpos)
-            seg.append(chunk[cpos : cpos + take])
-            need -= take
-            cpos += take
-            if cpos == len(chunk):
-                ci, cpos = ci + 1, 0
-        segments.append(seg)
+    segments = _split_segments(chunks, sizes)
     slot_rows, slot_read, slot_pos, slot_chunk = [], [], [], []
     for seg in segments:
         emit, read, pos, chunk_of = _slot_order(seg, params, rng)

@@ -10,7 +10,11 @@ epoch by :func:`epoch_rows`, seeded, so a rerun is identical.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import hashlib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -215,6 +219,17 @@ def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Comb
         meta,
         [r.table.num_rows for r in resolved],
     )
+
+
+def release_set_up_memory() -> None:
+    """Hand the memory the table set-up freed (the catalog's Arrow tables, sort buffers) back
+    to the OS, so DataLoader workers forked afterwards do not carry the dead pages (at 1M
+    samples ~200 MB of PSS)."""
+    gc.collect()
+    pa.default_memory_pool().release_unused()
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def epoch_counts(

@@ -53,9 +53,12 @@ class Backend:
     implementation's ``pipe_file(mode="create")`` does (often check-then-write, not atomic).
     """
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str) -> None:
+    def __init__(
+        self, fs: fsspec.AbstractFileSystem, root: str, policy: RetryPolicy | None = None
+    ) -> None:
         self.fs = fs
         self.root = root
+        self.policy = policy or RetryPolicy()  # for requests a library sends on our behalf
 
     @classmethod
     def make_filesystem(
@@ -147,10 +150,13 @@ class Backend:
         self.fs.pipe_file(path, data, mode="create")
         self._fresh(path)
 
+    def _open_for_write(self, path: str) -> Any:
+        # Never mode "xb": s3fs turns an empty "xb" file into an unconditional PUT.
+        return self.fs.open(path, "wb")
+
     @contextmanager
     def open_writer(self, path: str) -> Iterator[BinaryIO]:
-        # Never mode "xb": s3fs turns an empty "xb" file into an unconditional PUT.
-        handle = self.fs.open(path, "wb")
+        handle = self._open_for_write(path)
         try:
             yield handle
         except BaseException:

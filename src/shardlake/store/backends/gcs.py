@@ -28,7 +28,7 @@ class GCSBackend(BucketBackend):
         options.setdefault(
             "requests_timeout",
             aiohttp.ClientTimeout(
-                sock_connect=policy.attempt_timeout, sock_read=policy.attempt_timeout
+                sock_connect=policy.request_timeout, sock_read=policy.request_timeout
             ),
         )
         return _single_try_filesystem_class()(**options)

@@ -84,7 +84,7 @@ def make_backend(
             f"invalid storage_options for {protocol!r} (keys: {', '.join(sorted(storage_options))}): "
             f"{exc}"
         ) from None
-    backend = cls(fs, root)
+    backend = cls(fs, root, policy)
     if read_client == "obstore" and isinstance(backend, S3Backend):
-        backend.fast_reads = ObstoreReads(storage_options)
+        backend.fast_reads = ObstoreReads(storage_options, policy.request_timeout)
     return backend

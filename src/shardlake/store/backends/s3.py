@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import fsspec
 
 from ..classify import causes, is_transient, s3_error_code
-from ..retry import RetryPolicy
+from ..retry import RetryPolicy, call_with_retry
 from ..url import redact
 from .base import BucketBackend, EndpointMismatch, Leftover
 
@@ -70,8 +71,8 @@ class S3Backend(BucketBackend):
         options = dict(storage_options)
         config = dict(options.get("config_kwargs") or {})
         config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
-        config.setdefault("connect_timeout", policy.attempt_timeout)
-        config.setdefault("read_timeout", policy.attempt_timeout)
+        config.setdefault("connect_timeout", policy.request_timeout)
+        config.setdefault("read_timeout", policy.request_timeout)
         options["config_kwargs"] = config
         fs = fsspec.filesystem(protocol, **options)
         fs.retries = 1
@@ -88,6 +89,23 @@ class S3Backend(BucketBackend):
                     raise
                 # the s3fs path answers with the store's semantics and errors
         return super().read_ranges(paths, starts, ends)
+
+    def _open_for_write(self, path: str) -> Any:
+        # The parts of a streaming upload are requests s3fs sends from the file object; they go
+        # through the store's policy one by one (a part is idempotent per part number), so one
+        # 503 does not fail a shard hours into a pack.
+        fs: Any = self.fs
+        handle = _retrying_file_class()(
+            fs,
+            path,
+            "wb",
+            block_size=fs.default_block_size,
+            acl=fs.s3_additional_kwargs.get("ACL", False),
+            s3_additional_kwargs=dict(fs.s3_additional_kwargs),
+            requester_pays=fs.requester_pays,
+        )
+        handle.retry_policy = self.policy
+        return handle
 
     def leftovers(self, prefix_path: str) -> list[Leftover]:
         bucket, _, prefix = prefix_path.partition("/")
@@ -129,3 +147,21 @@ def _from_s3(exc: BaseException) -> bool:
             code = str(response.get("Error", {}).get("Code") or "")
             return (bool(code) and not code.isdigit()) or _s3_headers(response)
     return True  # not an HTTP reply at all (no credentials, connection): nothing to say
+
+
+@functools.cache
+def _retrying_file_class() -> type[Any]:
+    """s3fs' writable file whose every request (create/upload part/complete/put) is retried by
+    the store's policy (s3fs itself tries each once)."""
+    from s3fs.core import S3File
+
+    def call_s3(self: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+        return call_with_retry(
+            lambda: S3File._call_s3(self, method, *args, **kwargs),
+            self.retry_policy,
+            describe=lambda: f"{method} {redact(str(self.path))} (streaming write)",
+            translate=lambda exc: exc,
+        )
+
+    made: type[Any] = type("RetryingS3File", (S3File,), {"_call_s3": call_s3})
+    return made
