@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -89,7 +89,7 @@ class Recipe:
         }
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> Recipe:
+    def from_json(cls, doc: Mapping[str, Any]) -> Recipe:
         return cls(
             level=int(doc["level"]),
             shard_size=int(doc["shard_size"]),

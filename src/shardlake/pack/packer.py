@@ -83,7 +83,7 @@ class PackReport:
             "tag": v.tag,
             "hash": v.hash,
             "samples": v.samples,
-            "partitions": len(v.partitions),
+            "partitions": v.partition_count,
             "built": self.built,
             "manifest_only": self.manifest_only,
             "resumed": self.resumed,
@@ -97,7 +97,7 @@ class PackReport:
     def summary(self) -> str:
         v = self.version
         return (
-            f"published {v.tag} ({v.hash}): {len(v.partitions)} partitions, {v.samples} samples; "
+            f"published {v.tag} ({v.hash}): {v.partition_count} partitions, {v.samples} samples; "
             f"built {len(self.built)}, manifest-only {len(self.manifest_only)}, "
             f"resumed {len(self.resumed)}, reused {len(self.reused)}, carried {len(self.carried)}, "
             f"dropped {len(self.dropped)}; skipped frames {self.skipped_samples}; "

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import SourceError, UsageError, VersionNotFoundError
-from ..format.documents import PartitionEntry
+from ..format.documents import PartitionEntry, VersionRecord
 from ..format.layout import check_name
 from ..pathlists import PathEntry, source_npz_paths
 from ..store import Store
@@ -35,8 +34,8 @@ class PackSettings:
     scoped: bool  # --path-list / --partition: base partitions outside the scope carry over
 
     @property
-    def base_doc(self) -> dict[str, Any] | None:
-        return self.base_version.doc if self.base_version is not None else None
+    def base_record(self) -> VersionRecord | None:
+        return self.base_version.record if self.base_version is not None else None
 
     @property
     def base_entries(self) -> tuple[PartitionEntry, ...]:
@@ -86,10 +85,10 @@ def resolve_settings(
             raise VersionNotFoundError(
                 f"unknown base version {base!r}: {exc}", options=("base",)
             ) from exc
-    base_doc = base_version.doc if base_version is not None else None
-    base_recipe = Recipe.from_json(base_doc["recipe"]) if base_doc else Recipe()
+    base_record = base_version.record if base_version is not None else None
+    base_recipe = Recipe.from_json(base_record.recipe) if base_record else Recipe()
     rule = PartitionRule.from_options(opts.partition_depth, opts.partition_regex) or (
-        PartitionRule.from_json(base_doc["partition_rule"]) if base_doc else PartitionRule()
+        PartitionRule.from_json(base_record.partition_rule) if base_record else PartitionRule()
     )
     recipe = Recipe(
         level=opts.level if opts.level is not None else base_recipe.level,
@@ -105,22 +104,22 @@ def resolve_settings(
         namespace=opts.source_namespace or os.path.abspath(source),
         scoped=opts.path_list is not None or opts.partitions is not None,
     )
-    if base_doc is not None and not opts.replace_all:
-        _check_incremental(settings, base or "", base_doc)
+    if base_record is not None and not opts.replace_all:
+        _check_incremental(settings, base or "", base_record)
     return settings
 
 
-def _check_incremental(settings: PackSettings, base: str, base_doc: dict[str, Any]) -> None:
+def _check_incremental(settings: PackSettings, base: str, base_record: VersionRecord) -> None:
     """An incremental pack needs the base's partition rule, source location (and recipe if scoped)."""
-    base_rule = PartitionRule.from_json(base_doc["partition_rule"])
+    base_rule = PartitionRule.from_json(base_record.partition_rule)
     problems = []
     if base_rule != settings.rule:
         problems.append(
             f"partition rule changed ({base_rule.describe()} -> {settings.rule.describe()})"
         )
-    if base_doc.get("source_namespace") != settings.namespace:
+    if base_record.source_namespace != settings.namespace:
         problems.append(
-            f"source location changed ({base_doc.get('source_namespace')} -> {settings.namespace})"
+            f"source location changed ({base_record.source_namespace} -> {settings.namespace})"
         )
     if problems:
         raise UsageError(
@@ -175,15 +174,15 @@ def plan_builds(
 ) -> PackPlan:
     """Reuse unchanged base partitions, carry or drop the rest of the base, build the others."""
     plan = PackPlan()
-    base_doc = settings.base_doc
+    base_record = settings.base_record
     base_parts: dict[str, PartitionEntry] = {}
     if not opts.replace_all:
         base_parts = {e.id: e for e in settings.base_entries}
     reusable = (
-        base_doc is not None
+        base_record is not None
         and not opts.replace_all
         and settings.recipe == settings.base_recipe
-        and bool(base_doc.get("keep_skipped", False)) == opts.keep_skipped
+        and base_record.keep_skipped == opts.keep_skipped
     )
     for part in tree.partitions.values():
         old = base_parts.get(part.id)

@@ -18,7 +18,7 @@ import fnmatch
 import os
 import re
 import stat as stat_mod
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ class PartitionRule:
         return None
 
     @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> PartitionRule:
+    def from_json(cls, doc: Mapping[str, Any]) -> PartitionRule:
         if "regex" in doc:
             return cls(depth=None, regex=str(doc["regex"]))
         return cls(depth=int(doc["depth"]))

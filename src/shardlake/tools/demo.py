@@ -23,13 +23,16 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from ..errors import UsageError
 from .localhost import use_loopback_for_ddp
+
+if TYPE_CHECKING:
+    from ..pack import PackReport
 
 STORES = ("local", "s3")
 
@@ -179,8 +182,6 @@ def _run(
     summary: dict[str, Any],
 ) -> None:
     from ..pack import pack_with_report
-    from ..store import open_store
-    from ..versions import list_versions
 
     t = time.perf_counter()
     first = _synth(src, cfg, cfg.partitions, cfg.seed)
@@ -190,7 +191,7 @@ def _run(
         f"in {time.perf_counter() - t:.1f}s"
     )
     workers = max(1, min(2, os.cpu_count() or 1))
-    packed = {}
+    packed: dict[str, PackReport] = {}
     rep = pack_with_report(src, root, tag="v1", workers=workers, storage_options=so)
     packed["v1"] = rep
     say(f"2. pack: {rep.summary()}")
@@ -209,17 +210,31 @@ def _run(
     if len(rep.reused) != cfg.partitions:
         raise RuntimeError(f"expected {cfg.partitions} partitions reused, got {len(rep.reused)}")
 
-    store = open_store(root, so)
-    versions = []
-    for tag, vhash, latest in list_versions(store):
+    summary["versions"] = _version_rows(root, so, packed, say)
+
+    # Validation: the held-out log of batch 1 plus the last new log.
+    summary["keysets_v2"] = _keysets(root, so, "v2", [*valid_logs, new_logs[-1]], say, "   ")
+    n_valid = int(summary["keysets_v2"]["valid"]["samples"])
+    summary["train"] = _train(cfg, root, so, n_valid, say)
+
+
+def _version_rows(
+    root: str, so: dict[str, Any] | None, packed: dict[str, PackReport], say: _Say
+) -> list[dict[str, Any]]:
+    """One summary row per published version, from the pack report that made it."""
+    from ..store import open_store
+    from ..versions import list_versions
+
+    rows = []
+    for tag, vhash, latest in list_versions(open_store(root, so)):
         rep_v = packed[tag]
-        versions.append(
+        rows.append(
             {
                 "tag": tag,
                 "hash": vhash,
                 "latest": latest,
                 "samples": rep_v.version.samples,
-                "partitions": len(rep_v.version.partitions),
+                "partitions": rep_v.version.partition_count,
                 "built": len(rep_v.built),
                 "reused": len(rep_v.reused),
                 "pack_seconds": round(rep_v.seconds, 2),
@@ -227,14 +242,9 @@ def _run(
         )
         say(
             f"   version {tag}{' (latest)' if latest else ''}: {vhash}, "
-            f"{rep_v.version.samples} samples in {len(rep_v.version.partitions)} partitions"
+            f"{rep_v.version.samples} samples in {rep_v.version.partition_count} partitions"
         )
-    summary["versions"] = versions
-
-    # Validation: the held-out log of batch 1 plus the last new log.
-    summary["keysets_v2"] = _keysets(root, so, "v2", [*valid_logs, new_logs[-1]], say, "   ")
-    n_valid = int(summary["keysets_v2"]["valid"]["samples"])
-    summary["train"] = _train(cfg, root, so, n_valid, say)
+    return rows
 
 
 # --- training -----------------------------------------------------------------------------------
@@ -314,7 +324,7 @@ def _train_rank(
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel
 
-    from ..torch import ShardDataset, masked_sum
+    from ..torch import ShardDataset
 
     torch.set_num_threads(1)  # ranks share the machine's cores
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -323,8 +333,7 @@ def _train_rank(
         model = DistributedDataParallel(
             nn.Sequential(nn.Linear(31 * 3 + 10, 64), nn.ReLU(), nn.Linear(64, 80 * 3))
         )
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-        t0 = time.perf_counter()
+        started = time.perf_counter()  # time to first batch includes opening the dataset
         train = ShardDataset(
             root,
             "v2",
@@ -334,71 +343,92 @@ def _train_rank(
             num_workers=cfg["num_workers"],
             storage_options=so,
         )
-        loader = train.loader()
-
-        def step_inputs(batch: dict[str, Any]) -> tuple[Any, Any]:
-            x = torch.cat(
-                [batch["ego_agent_past"].flatten(1), batch["ego_current_state"].flatten(1)], dim=1
-            )
-            return x.float(), batch["ego_agent_future"].flatten(1).float()
-
-        steps = samples = nbytes = epochs = 0
-        first_batch_s = math.nan
-        losses: list[float] = []
-        t_first = t0
-        while steps < cfg["steps"]:
-            epochs += 1
-            for batch in loader:
-                if steps == 0:
-                    t_first = time.perf_counter()
-                    first_batch_s = t_first - t0
-                x, y = step_inputs(batch)
-                loss = nn.functional.mse_loss(model(x), y)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.item())
-                steps += 1
-                samples += x.shape[0]
-                nbytes += sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
-                if steps >= cfg["steps"]:
-                    break
-        seconds = time.perf_counter() - t_first
-
-        # Validation on the held-out logs: one exact pass (every sample once over the ranks,
-        # padding masked by __valid__), losses summed across ranks by masked_sum.
-        valid = ShardDataset(
-            root,
-            "v2",
-            keyset="valid-v2",
-            batch_size=max(1, math.ceil(n_valid / world)),
-            exact=True,
-            num_workers=0,
-            storage_options=so,
+        doc = _train_steps(model, train.loader(), cfg["steps"], started)
+        valid_loss, valid_samples = _valid_loss(model, root, so, n_valid, world)
+        doc.update(
+            valid_loss=valid_loss, valid_samples=valid_samples, version_hash=train.version_hash
         )
-        sq = torch.zeros(2, dtype=torch.float64)
-        with torch.no_grad():
-            for batch in valid.loader():
-                x, y = step_inputs(batch)
-                sq += masked_sum(((model(x) - y) ** 2).mean(dim=1), batch["__valid__"])
-        doc = {
-            "steps": steps,
-            "samples": samples,
-            "bytes": nbytes,
-            "epochs": epochs,
-            "seconds": seconds,
-            "first_batch_s": first_batch_s,
-            # Single batches are noisy: report the mean of the first and the last few steps.
-            "first_loss": sum(losses[:5]) / len(losses[:5]),
-            "last_loss": sum(losses[-5:]) / len(losses[-5:]),
-            "valid_loss": float(sq[0]) / max(float(sq[1]), 1.0),
-            "valid_samples": int(sq[1]),
-            "version_hash": train.version_hash,
-        }
         (Path(results) / f"rank{rank}.json").write_text(json.dumps(doc))
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _step_inputs(batch: dict[str, Any]) -> tuple[Any, Any]:
+    """The model's input and target of a batch: past and current state -> future."""
+    import torch
+
+    x = torch.cat([batch["ego_agent_past"].flatten(1), batch["ego_current_state"].flatten(1)], 1)
+    return x.float(), batch["ego_agent_future"].flatten(1).float()
+
+
+def _train_steps(
+    model: Any, loader: Iterable[dict[str, Any]], max_steps: int, t0: float
+) -> dict[str, Any]:
+    """Train ``max_steps`` steps (epochs restart the loader); counters and losses of the run
+    (``first_batch_s`` counted from ``t0``)."""
+    import torch
+    from torch import nn
+
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    steps = samples = nbytes = epochs = 0
+    first_batch_s = math.nan
+    losses: list[float] = []
+    t_first = t0
+    while steps < max_steps:
+        epochs += 1
+        for batch in loader:
+            if steps == 0:
+                t_first = time.perf_counter()
+                first_batch_s = t_first - t0
+            x, y = _step_inputs(batch)
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            steps += 1
+            samples += x.shape[0]
+            nbytes += sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
+            if steps >= max_steps:
+                break
+    return {
+        "steps": steps,
+        "samples": samples,
+        "bytes": nbytes,
+        "epochs": epochs,
+        "seconds": time.perf_counter() - t_first,
+        "first_batch_s": first_batch_s,
+        # Single batches are noisy: report the mean of the first and the last few steps.
+        "first_loss": sum(losses[:5]) / len(losses[:5]),
+        "last_loss": sum(losses[-5:]) / len(losses[-5:]),
+    }
+
+
+def _valid_loss(
+    model: Any, root: str, so: dict[str, Any] | None, n_valid: int, world: int
+) -> tuple[float, int]:
+    """Mean loss over the held-out logs and their sample count: one exact pass (every sample
+    once over the ranks, padding masked by ``__valid__``), summed across ranks by masked_sum."""
+    import torch
+
+    from ..torch import ShardDataset, masked_sum
+
+    valid = ShardDataset(
+        root,
+        "v2",
+        keyset="valid-v2",
+        batch_size=max(1, math.ceil(n_valid / world)),
+        exact=True,
+        num_workers=0,
+        storage_options=so,
+    )
+    sq = torch.zeros(2, dtype=torch.float64)
+    with torch.no_grad():
+        for batch in valid.loader():
+            x, y = _step_inputs(batch)
+            sq += masked_sum(((model(x) - y) ** 2).mean(dim=1), batch["__valid__"])
+    return float(sq[0]) / max(float(sq[1]), 1.0), int(sq[1])
 
 
 __all__ = ["DemoConfig", "run_demo"]
