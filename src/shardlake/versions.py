@@ -303,9 +303,6 @@ def commit_state(
     return new
 
 
-# Transitional name for modules not yet on :func:`commit_state` (lifecycle/export.py).
-_commit = commit_state
-
 # Fields of a body that publish computes itself (a body copied from an older record may hold them).
 _COMPUTED_FIELDS = ("partitions", "partition_count", "catalog", "samples", "format")
 

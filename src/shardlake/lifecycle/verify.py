@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import io
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,6 +31,7 @@ from ..errors import (
     UsageError,
 )
 from ..format.codec import Decoder, arrays_equal_exact
+from ..format.documents import ShardEntry
 from ..format.layout import member_name
 from ..format.manifest import (
     CORE_COLUMNS,
@@ -170,9 +171,9 @@ def verify_source(
     store = open_store(url, storage_options)
     source = open_store(source_url, source_options)
     ver = load_version(store, version)
-    report = VerifyReport(ver.tag, source.url, len(ver.partitions), expected_partitions)
+    report = VerifyReport(ver.tag, source.url, ver.partition_count, expected_partitions)
     report.allow_missing = allow_missing or 0
-    expected, optional = _source_samples(source, bool(ver.doc.get("keep_skipped", False)))
+    expected, optional = _source_samples(source, ver.record.keep_skipped)
     if only_keys is not None:
         wanted = set(only_keys)
         expected, optional = expected & wanted, optional & wanted
@@ -182,21 +183,21 @@ def verify_source(
     present: set[str] = set()
     bar = Progress(ver.samples, "verify", enabled=progress)
     tasks: list[tuple[str, str, list[dict[str, Any]]]] = []
-    for entry in ver.partitions:
-        pid = entry["id"]
-        murl = store.key_url(entry["manifest"])
+    for entry in ver.entries:
+        pid = entry.id
+        murl = store.key_url(entry.manifest)
         try:
             table, _meta = read_entry_manifest(store, entry)
         except FormatError as exc:
             report.problems.append(manifest_problem(pid, murl, exc))
             continue
         for index, rows in sorted(rows_by_shard(table).items()):
-            if not 0 <= index < len(entry["shards"]):
+            if not 0 <= index < len(entry.shards):
                 message = f"shard index {index} is not in the version entry"
                 report.problems.append(Problem(pid, murl, rows[0]["key"], None, message))
                 present.update(r["key"] for r in rows)
                 continue
-            tasks.append((pid, entry["shards"][index]["key"], rows))
+            tasks.append((pid, entry.shards[index].key, rows))
 
     def check(pid: str, shard: str, rows: list[dict[str, Any]]) -> _ShardResult:
         result = _ShardResult()
@@ -327,7 +328,7 @@ def verify_offsets(
     ver = load_version(store, version)
     report = OffsetsReport(ver.tag)
     bar = Progress(
-        sum(len(e["shards"]) for e in ver.partitions),
+        sum(len(e.shards) for e in ver.entries),
         "verify-offsets",
         unit="shards",
         enabled=progress,
@@ -338,10 +339,10 @@ def verify_offsets(
         catalog = rows_by_partition(catalog_rows(store, ver, CORE_COLUMNS))
     except (FormatError, IntegrityError) as exc:
         report.problems.append(Problem("", store.url, None, None, f"catalog: {exc}"))
-    for entry in ver.partitions:
-        pid = entry["id"]
+    for entry in ver.entries:
+        pid = entry.id
         report.partitions += 1
-        murl = store.key_url(entry["manifest"])
+        murl = store.key_url(entry.manifest)
         try:
             table, meta = read_entry_manifest(store, entry)
         except FormatError as exc:
@@ -355,7 +356,7 @@ def verify_offsets(
         if differs is not None and not problems:
             report.problems.append(Problem(pid, murl, None, None, differs))
         groups = rows_by_shard(table)
-        for index in sorted(set(groups) - set(range(len(entry["shards"])))):
+        for index in sorted(set(groups) - set(range(len(entry.shards)))):
             report.problems.append(
                 Problem(
                     pid,
@@ -365,7 +366,7 @@ def verify_offsets(
                     f"shard index {index} is not in the version entry",
                 )
             )
-        for index, shard in enumerate(entry["shards"]):
+        for index, shard in enumerate(entry.shards):
             report.shards += 1
             bar.update()
             rows = groups.get(index, [])
@@ -378,7 +379,7 @@ def verify_offsets(
 def check_shard_headers(
     store: Store,
     pid: str,
-    shard: Mapping[str, Any],
+    shard: ShardEntry,
     rows: list[dict[str, Any]],
     *,
     rereads: int = DEFAULT_REREADS,
@@ -401,10 +402,10 @@ def check_shard_headers(
 
 
 def _shard_header_problems(
-    store: Store, pid: str, shard: Mapping[str, Any], rows: list[dict[str, Any]]
+    store: Store, pid: str, shard: ShardEntry, rows: list[dict[str, Any]]
 ) -> tuple[list[Problem], str]:
     """The problems found in one read of the shard's headers, and a digest of what was read."""
-    key = shard["key"]
+    key = shard.key
     url = store.key_url(key)
     try:
         raw = _RangeFile(store, key)
@@ -414,14 +415,12 @@ def _shard_header_problems(
 
 
 def _header_problems(
-    raw: _RangeFile, pid: str, url: str, shard: Mapping[str, Any], rows: list[dict[str, Any]]
+    raw: _RangeFile, pid: str, url: str, shard: ShardEntry, rows: list[dict[str, Any]]
 ) -> list[Problem]:
     out: list[Problem] = []
-    if shard.get("size") is not None and raw._size != int(shard["size"]):
+    if raw._size != shard.size:
         out.append(
-            Problem(
-                pid, url, None, None, f"shard is {raw._size} bytes, version says {shard['size']}"
-            )
+            Problem(pid, url, None, None, f"shard is {raw._size} bytes, version says {shard.size}")
         )
     members: list[tuple[str, int, int]] = []
     try:

@@ -234,7 +234,7 @@ def bench_pack(
                 model.calibration,
                 parallel_efficiency=efficiency,
             )
-            payload = sum(int(p.get("payload_bytes", 0)) for p in report.version.partitions)
+            payload = sum(e.payload_bytes for e in report.version.entries)
             result["parallel"] = {
                 "workers": workers,
                 "seconds": round(wall, 3),
