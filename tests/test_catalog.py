@@ -51,7 +51,7 @@ def _manifest_rows(store: Store, tag: str) -> pa.Table:
     version = load_version(store, tag)
     tables = [
         read_entry_manifest(store, e)[0].replace_schema_metadata(None)
-        for e in sorted(version.partitions, key=lambda e: e["id"])
+        for e in sorted(version.entries, key=lambda e: e.id)
     ]
     return pa.concat_tables(tables, promote_options="permissive")
 
