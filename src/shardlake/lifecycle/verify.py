@@ -44,7 +44,7 @@ from ..format.tar import iter_members
 from ..progress import Progress
 from ..read.payloads import DEFAULT_REREADS, TRANSPORT
 from ..store import Store, open_store
-from ..versions import load_version
+from ..versions import Version, load_version
 from .common import (
     DEFAULT_WORKERS,
     SHOW_MAX,
@@ -182,7 +182,33 @@ def verify_source(
     report.source_samples = len(expected)
     present: set[str] = set()
     bar = Progress(ver.samples, "verify", enabled=progress)
-    tasks: list[tuple[str, str, list[dict[str, Any]]]] = []
+    tasks = _shard_tasks(store, ver, report, present)
+    known = expected | optional
+
+    def check(task: tuple[str, str, list[dict[str, Any]]]) -> _ShardResult:
+        return _check_shard(store, source, known, *task)
+
+    # Shards in parallel threads: npz inflate, zstd and reads release the GIL.
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        for result in pool.map(check, tasks):
+            present.update(result.present)
+            report.extra.extend(result.extra)
+            report.problems.extend(result.problems)
+            report.compared += result.compared
+            bar.update(len(result.present))
+    bar.close()
+    report.version_samples = len(present)
+    report.missing = sorted(expected - present)
+    report.extra.sort()
+    return report
+
+
+def _shard_tasks(
+    store: Store, ver: Version, report: VerifyReport, present: set[str]
+) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """``(partition, shard key, rows)`` of every shard to check; an unreadable manifest or a row
+    naming a shard the entry lacks is reported (its keys count as present)."""
+    tasks = []
     for entry in ver.entries:
         pid = entry.id
         murl = store.key_url(entry.manifest)
@@ -198,52 +224,43 @@ def verify_source(
                 present.update(r["key"] for r in rows)
                 continue
             tasks.append((pid, entry.shards[index].key, rows))
+    return tasks
 
-    def check(pid: str, shard: str, rows: list[dict[str, Any]]) -> _ShardResult:
-        result = _ShardResult()
-        decoder = Decoder()
-        for row, payload, problem in check_shard_payloads(store, pid, shard, rows, decode=False):
-            key = row["key"]
-            result.present.append(key)
-            if key not in expected and key not in optional:
-                result.extra.append(key)
-                continue
-            if problem is not None or payload is None:
-                result.problems.append(
-                    problem
-                    or Problem(pid, store.key_url(shard), key, int(row["offset"]), "no payload")
-                )
-                continue
-            where = f"{store.key_url(shard)} key {key!r} offset {row['offset']}"
-            try:
-                arrays = decoder.decode(payload, where)
-                original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
-            except (ShardlakeError, KeyNotFoundError) as exc:
-                result.problems.append(
-                    Problem(pid, store.key_url(shard), key, int(row["offset"]), str(exc))
-                )
-                continue
-            diff = _compare(arrays, original)
-            if diff:
-                result.problems.append(
-                    Problem(pid, store.key_url(shard), key, int(row["offset"]), diff)
-                )
-            result.compared += 1
-        return result
 
-    # Shards in parallel threads: npz inflate, zstd and reads release the GIL.
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for result in pool.map(lambda task: check(*task), tasks):
-            present.update(result.present)
-            report.extra.extend(result.extra)
-            report.problems.extend(result.problems)
-            report.compared += result.compared
-            bar.update(len(result.present))
-    bar.close()
-    report.version_samples = len(present)
-    report.missing = sorted(expected - present)
-    report.extra.sort()
-    return report
+def _check_shard(
+    store: Store, source: Store, known: set[str], pid: str, shard: str, rows: list[dict[str, Any]]
+) -> _ShardResult:
+    """Every payload of one shard decoded and compared with its source npz (keys not in
+    ``known`` are extra, not compared)."""
+    result = _ShardResult()
+    decoder = Decoder()
+    for row, payload, problem in check_shard_payloads(store, pid, shard, rows, decode=False):
+        key = row["key"]
+        result.present.append(key)
+        if key not in known:
+            result.extra.append(key)
+            continue
+        if problem is not None or payload is None:
+            result.problems.append(
+                problem or Problem(pid, store.key_url(shard), key, int(row["offset"]), "no payload")
+            )
+            continue
+        where = f"{store.key_url(shard)} key {key!r} offset {row['offset']}"
+        try:
+            arrays = decoder.decode(payload, where)
+            original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
+        except (ShardlakeError, KeyNotFoundError) as exc:
+            result.problems.append(
+                Problem(pid, store.key_url(shard), key, int(row["offset"]), str(exc))
+            )
+            continue
+        diff = _compare(arrays, original)
+        if diff:
+            result.problems.append(
+                Problem(pid, store.key_url(shard), key, int(row["offset"]), diff)
+            )
+        result.compared += 1
+    return result
 
 
 def _compare(got: dict[str, Any], want: dict[str, Any]) -> str | None:
@@ -428,57 +445,30 @@ def _header_problems(
             for m in iter_members(fh, url):
                 members.append((m.name, m.offset, m.size))
     except (FormatError, IntegrityError, OSError, EOFError) as exc:
-        out.append(
-            Problem(
-                pid,
-                url,
-                None,
-                None,
-                f"tar headers unreadable after {len(members)} member(s): {exc}",
-            )
-        )
+        message = f"tar headers unreadable after {len(members)} member(s): {exc}"
+        out.append(Problem(pid, url, None, None, message))
     for row in sorted(rows, key=lambda r: int(r["member"])):
-        index, offset, size = int(row["member"]), int(row["offset"]), int(row["size"])
-        if not 0 <= index < len(members):
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"member {index} is not in the shard ({len(members)} members; truncated?)",
-                )
-            )
-            continue
-        name, t_offset, t_size = members[index]
-        if name != member_name(row["key"]):
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"member {index} is {name!r}, expected {member_name(row['key'])!r}",
-                )
-            )
-        elif (t_offset, t_size) != (offset, size):
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"manifest says offset {offset} size {size}, tar header says offset {t_offset} size {t_size}",
-                )
-            )
-        elif offset + size > raw._size:
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"payload ends past the shard end ({raw._size} bytes; truncated)",
-                )
-            )
+        problem = _member_problem(row, members, raw._size)
+        if problem is not None:
+            out.append(Problem(pid, url, row["key"], int(row["offset"]), problem))
     return out
+
+
+def _member_problem(
+    row: dict[str, Any], members: list[tuple[str, int, int]], shard_size: int
+) -> str | None:
+    """What is wrong with one manifest row against the tar header it names (None: agrees)."""
+    index, offset, size = int(row["member"]), int(row["offset"]), int(row["size"])
+    if not 0 <= index < len(members):
+        return f"member {index} is not in the shard ({len(members)} members; truncated?)"
+    name, t_offset, t_size = members[index]
+    if name != member_name(row["key"]):
+        return f"member {index} is {name!r}, expected {member_name(row['key'])!r}"
+    if (t_offset, t_size) != (offset, size):
+        return (
+            f"manifest says offset {offset} size {size}, tar header says offset {t_offset} "
+            f"size {t_size}"
+        )
+    if offset + size > shard_size:
+        return f"payload ends past the shard end ({shard_size} bytes; truncated)"
+    return None
