@@ -241,6 +241,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
 
 
 def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
+    from shardlake.format.documents import GcLock
     from shardlake.versions import RootState, commit_state
 
     location = StoreLocation("local", str(tmp_path / "root"))
@@ -250,7 +251,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     store = open_store(location.url)
     keys = open_dataset(store).manifests(columns=["key"]).column("key").to_pylist()
     state = read_state(store)
-    lock = {"id": "test", "expires_at": time.time() + 600}
+    lock = GcLock(id="test", expires_at=time.time() + 600)
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
     commit_state(store, state, locked, "gc-lock", {})
     with pytest.raises(ConflictError, match="gc is deleting"):
@@ -266,7 +267,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
         state.versions,
         state.retired,
         state.latest,
-        {"id": "test", "expires_at": time.time() - 1},
+        GcLock(id="test", expires_at=time.time() - 1),
     )
     commit_state(store, read_state(store), expired, "gc-lock", {})
     assert remove(store, "v2", keys=[keys[0]])[0].tag == "v2"

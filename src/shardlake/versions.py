@@ -36,6 +36,7 @@ from .format.documents import (
     COMMIT_SCHEMA,
     VERSION_SCHEMA,
     CommitRecord,
+    GcLock,
     PartitionEntry,
     VersionHeader,
     VersionRecord,
@@ -89,9 +90,9 @@ class RootState:
     versions: dict[str, str] = field(default_factory=dict)  # live tag -> hash, publish order
     retired: tuple[str, ...] = ()
     latest: str | None = None  # tag
-    # Set while gc deletes objects ({"id", "expires_at"}): publishing is refused meanwhile, so
-    # no version can reference a revision gc is deleting (see shardlake.lifecycle.gc).
-    gc_lock: dict[str, Any] | None = None
+    # Set while gc deletes objects: publishing is refused meanwhile, so no version can
+    # reference a revision gc is deleting (see shardlake.lifecycle.gc).
+    gc_lock: GcLock | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Versions as [tag, hash] pairs in publish order (canonical JSON would sort an object).
@@ -101,14 +102,14 @@ class RootState:
             "latest": self.latest,
         }
         if self.gc_lock is not None:
-            out["gc_lock"] = self.gc_lock
+            out["gc_lock"] = self.gc_lock.to_json()
         return out
 
     def gc_locked(self, now: float | None = None) -> bool:
         """Whether a gc holds the root (an expired lock of a crashed gc does not count)."""
-        if not self.gc_lock:
+        if self.gc_lock is None:
             return False
-        return float(self.gc_lock.get("expires_at", 0)) > (time.time() if now is None else now)
+        return self.gc_lock.expires_at > (time.time() if now is None else now)
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,7 @@ def read_commit(store: Store, seq: int) -> RootState:
         versions=dict(record.versions),
         retired=record.retired,
         latest=record.latest,
-        gc_lock=None if record.gc_lock is None else record.gc_lock.to_json(),
+        gc_lock=record.gc_lock,
     )
 
 
