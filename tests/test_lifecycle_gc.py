@@ -64,7 +64,7 @@ def test_gc_dry_run_grace_and_delete(
     root, opts = store_location.url, store_location.storage_options
     store = open_store(root, opts)
     v1 = open_dataset(root, storage_options=opts)
-    pid = v1.partitions[0]["id"]
+    pid = v1.entries[0].id
     remove(store, "v2", partitions=[pid])
     prune_versions(store, ["v1"])
     # Leftovers of a crashed writer: an uncommitted version document and a stray revision.
@@ -110,7 +110,7 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     store = open_store(location.url)
     v1 = load_version(store, "v1")
     create_keyset(store, "frozen", where="true")
-    remove(store, "v2", partitions=[v1.partitions[0]["id"]])
+    remove(store, "v2", partitions=[v1.entries[0].id])
     prune_versions(store, ["v1"])
     report = collect_garbage(store, grace_s=0)
     assert report.garbage == []
@@ -191,7 +191,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
             _pack(location, src, "base")
         store = open_store(location.url)
         latest = load_version(store)
-        pid = latest.partitions[trial % 3]["id"]
+        pid = latest.entries[trial % 3].id
         dropped = f"drop{trial}"
         remove(store, dropped, partitions=[pid])
         prune_versions(store, [t for t in read_state(store).versions if t != dropped])

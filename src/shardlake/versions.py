@@ -139,8 +139,9 @@ class Version:
         return cls(tag, version_hash, doc, header, store)
 
     @cached_property
-    def partitions(self) -> list[dict[str, Any]]:
-        """Partition entries (format 2: with the ``segment`` holding their catalog rows)."""
+    def _stored_partitions(self) -> list[dict[str, Any]]:
+        """The partition list as stored (format 2: the catalog's partitions table); read
+        through :attr:`entries`."""
         ref = self.header.catalog
         if ref is None:
             return list(self.header_doc["partitions"])
@@ -151,7 +152,7 @@ class Version:
     @cached_property
     def doc(self) -> dict[str, Any]:
         """The record with its partition list (the format-1 shape, for every format)."""
-        return {**self.header_doc, "partitions": self.partitions}
+        return {**self.header_doc, "partitions": self._stored_partitions}
 
     @cached_property
     def record(self) -> VersionRecord:
