@@ -171,14 +171,16 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self._cache: EpochCache | None = None
         self.sources = sources
         self._init_table(epoch_size)
+        shuffled = (not exact) if shuffle is None else shuffle
         self.params = PlanParams(
             version_hash=self.version_hash,
             selection_digest=self.selection_digest,
             seed=seed,
-            shuffle=(not exact) if shuffle is None else shuffle,
+            shuffle=shuffled,
             max_pad_fraction=max_pad_fraction,
-            # At most DEFAULT_CHUNK_SIZE samples unless asked (ReadOptions.request_bytes).
-            chunk_size=chunk_size or request_chunk_size(self.table, self.read_options),
+            # Shuffled: at most DEFAULT_CHUNK_SIZE samples unless asked (request_bytes).
+            chunk_size=chunk_size
+            or request_chunk_size(self.table, self.read_options, shuffled=shuffled),
             interleave=interleave,
             shuffle_buffer=shuffle_buffer,
             exact=exact,

@@ -90,16 +90,19 @@ class RowTable:
         return len(self.keys)
 
 
-def request_chunk_size(table: RowTable, options: ReadOptions) -> int:
+def request_chunk_size(table: RowTable, options: ReadOptions, *, shuffled: bool = True) -> int:
     """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET.
 
-    With ``request_bytes`` unset: :data:`DEFAULT_REQUEST_BYTES`, at most ``DEFAULT_CHUNK_SIZE``
-    samples.
+    With ``request_bytes`` unset the target is :data:`DEFAULT_REQUEST_BYTES`; a shuffled plan
+    then holds a chunk to at most ``DEFAULT_CHUNK_SIZE`` samples (a chunk is read in order, so
+    longer chunks mix fewer partitions into a batch), an ordered plan reads whole 8 MiB runs.
     """
     target = options.request_bytes or DEFAULT_REQUEST_BYTES
     mean = float(table.size.mean()) if len(table) else 1.0
     samples = max(1, min(4096, round(target / max(mean, 1.0))))
-    return samples if options.request_bytes else min(DEFAULT_CHUNK_SIZE, samples)
+    if options.request_bytes or not shuffled:
+        return samples
+    return min(DEFAULT_CHUNK_SIZE, samples)
 
 
 def selection_members(table: RowTable) -> Iterator[tuple[str, np.ndarray[Any, Any]]]:

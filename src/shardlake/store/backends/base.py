@@ -7,10 +7,11 @@ are never empty (``end > start``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
+from types import MappingProxyType
 from typing import Any, BinaryIO
 
 import fsspec
@@ -53,6 +54,9 @@ class Backend:
     implementation's ``pipe_file(mode="create")`` does (often check-then-write, not atomic).
     """
 
+    # Keyword arguments of ``cat_file`` for a whole-object read (per filesystem class).
+    whole_read_options: Mapping[str, Any] = MappingProxyType({})
+
     def __init__(
         self, fs: fsspec.AbstractFileSystem, root: str, policy: RetryPolicy | None = None
     ) -> None:
@@ -82,7 +86,7 @@ class Backend:
 
     def read(self, path: str) -> bytes:
         self._fresh(path)
-        return bytes(self.fs.cat_file(path))
+        return bytes(self.fs.cat_file(path, **self.whole_read_options))
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         try:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import fsspec
@@ -33,6 +35,8 @@ class S3Backend(BucketBackend):
     """
 
     fast_reads: Any = None  # read.obstore_client.ObstoreReads with read_client="obstore"
+    # One GET per whole read: s3fs would first HEAD the object to split it into parts.
+    whole_read_options: Mapping[str, Any] = MappingProxyType({"max_concurrency": 1})
     _endpoint_checked = False
 
     def explain(self, path: str, exc: BaseException | None) -> None:
