@@ -37,7 +37,6 @@ from ..format.manifest import (
     CORE_COLUMNS,
     METADATA_MISMATCH,
     entry_mismatches,
-    read_entry_manifest,
 )
 from ..format.npz import load_npz
 from ..format.tar import iter_members
@@ -50,8 +49,8 @@ from .common import (
     SHOW_MAX,
     Problem,
     check_shard_payloads,
-    manifest_problem,
     problem_counts,
+    read_manifest_or_report,
     rows_by_shard,
 )
 
@@ -212,11 +211,10 @@ def _shard_tasks(
     for entry in ver.entries:
         pid = entry.id
         murl = store.key_url(entry.manifest)
-        try:
-            table, _meta = read_entry_manifest(store, entry)
-        except FormatError as exc:
-            report.problems.append(manifest_problem(pid, murl, exc))
+        read = read_manifest_or_report(store, entry, report.problems)
+        if read is None:
             continue
+        table, _meta = read
         for index, rows in sorted(rows_by_shard(table).items()):
             if not 0 <= index < len(entry.shards):
                 message = f"shard index {index} is not in the version entry"
@@ -360,11 +358,10 @@ def verify_offsets(
         pid = entry.id
         report.partitions += 1
         murl = store.key_url(entry.manifest)
-        try:
-            table, meta = read_entry_manifest(store, entry)
-        except FormatError as exc:
-            report.problems.append(manifest_problem(pid, murl, exc))
+        read = read_manifest_or_report(store, entry, report.problems)
+        if read is None:
             continue
+        table, meta = read
         problems = entry_mismatches(entry, table, meta)
         report.problems.extend(Problem(pid, murl, None, None, message) for message in problems)
         if problems and problems[0].startswith(METADATA_MISMATCH):
