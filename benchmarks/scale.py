@@ -220,7 +220,8 @@ def measure(
     started = time.perf_counter()
     version = load_version(store, "v1")
     entry = partition(store, "added", per_partition, encoded_sample())
-    body = {**version.header_doc, "base": "v1", "partitions": [*version.partitions, entry]}
+    stored = [e.to_json() for e in version.entries]
+    body = {**version.header_doc, "base": "v1", "partitions": [*stored, entry]}
     publish_version(store, "v2", body, read_state(store))
     row["add_one_s"] = time.perf_counter() - started
     row["add_one_requests"] = counter.total_requests

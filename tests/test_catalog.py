@@ -51,7 +51,7 @@ def _manifest_rows(store: Store, tag: str) -> pa.Table:
     version = load_version(store, tag)
     tables = [
         read_entry_manifest(store, e)[0].replace_schema_metadata(None)
-        for e in sorted(version.partitions, key=lambda e: e["id"])
+        for e in sorted(version.entries, key=lambda e: e.id)
     ]
     return pa.concat_tables(tables, promote_options="permissive")
 
@@ -143,7 +143,7 @@ def test_ranged_segment_reads_project_and_prune(
     monkeypatch.setattr(catalog_mod, "WHOLE_READ_BYTES", 0)
     monkeypatch.setattr(catalog_mod, "RANGED_MAX_FRACTION", 10.0)  # a tiny segment: force it
     counter = RequestCounter()
-    pid = version.partitions[0]["id"]
+    pid = version.entries[0].id
     part = catalog_rows(store.with_layers(counter), version, ["key", "offset"], pids=[pid])
     expected = whole.filter(pa.compute.equal(whole.column("partition"), pid))
     assert part.equals(expected.select(["key", "offset"])) and part.num_rows == 2
@@ -183,7 +183,7 @@ def test_format_1_versions_load_and_get_an_attached_catalog(
     assert got.equals(built.select(got.column_names))
     assert not [k for k in recorder.keys if "manifest" in k]
     # A publish on top of it reuses the attached catalog's segments.
-    body = {"base": "v2", "partitions": load_version(store, "v2").partitions}
+    body = {"base": "v2", "partitions": [e.to_json() for e in load_version(store, "v2").entries]}
     v3 = publish_version(store, "v3", body, read_state(store))
     assert v3.header.catalog is not None and attached.ref is not None
     assert v3.header.catalog.segments == attached.ref.segments

@@ -50,7 +50,8 @@ def _requests(url: str) -> dict[str, Any]:
     version = load_version(store, "v1")
     entry = scale.partition(store, "added", 3, scale.encoded_sample())
     _take(counter)
-    body = {**version.header_doc, "base": "v1", "partitions": [*version.partitions, entry]}
+    stored = [e.to_json() for e in version.entries]
+    body = {**version.header_doc, "base": "v1", "partitions": [*stored, entry]}
     publish_version(store, "v2", body, read_state(store))
     return {"startup": startup, "show": show, "keyset": keyset, "add_one": _take(counter)}
 

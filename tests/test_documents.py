@@ -46,7 +46,7 @@ def test_version_entries_are_the_typed_partition_list() -> None:
     store = open_store(str(GOLDEN))
     version = load_version(store, "v2")
     assert version.entries == version.record.partitions
-    assert [e.to_json() for e in version.entries] == version.partitions
+    assert [e.to_json() for e in version.entries] == version.doc["partitions"]
 
 
 @pytest.mark.parametrize(

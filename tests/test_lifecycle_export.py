@@ -77,9 +77,9 @@ def test_export_resumes_and_repairs(
     first = export_version(src, dest_loc.url, dest_options=dest_loc.storage_options)
     dest = dest_loc.open()
     ds = open_dataset(dest)
-    shards = [s["key"] for p in ds.partitions for s in p["shards"]]
+    shards = [s.key for p in ds.entries for s in p.shards]
     catalog = len(ds.version.catalog_objects())  # partitions table + segments
-    assert len(first.copied) == len(shards) + len(ds.partitions) + catalog + 1
+    assert len(first.copied) == len(shards) + len(ds.entries) + catalog + 1
     # Damage the destination: one shard gone, one corrupted. Re-running repairs exactly those.
     dest.delete(shards[0])
     data = bytearray(dest.read(shards[1]))
@@ -150,9 +150,9 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
 
     src = _packed(StoreLocation("local", str(tmp_path / "a")), tmp_path / "src")
     ds = open_dataset(src)
-    entry = ds.partitions[-1]
-    row = ds.manifest(entry["id"]).to_pylist()[0]
-    shard = entry["shards"][row["shard"]]["key"]
+    entry = ds.entries[-1]
+    row = ds.manifest(entry.id).to_pylist()[0]
+    shard = entry.shards[row["shard"]].key
     good = src.read(shard)
     bad = bytearray(good)
     bad[row["offset"] + row["size"] // 2] ^= 0x01  # bit rot inside a payload at the source

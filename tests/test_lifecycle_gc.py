@@ -64,7 +64,7 @@ def test_gc_dry_run_grace_and_delete(
     root, opts = store_location.url, store_location.storage_options
     store = open_store(root, opts)
     v1 = open_dataset(root, storage_options=opts)
-    pid = v1.partitions[0]["id"]
+    pid = v1.entries[0].id
     remove(store, "v2", partitions=[pid])
     prune_versions(store, ["v1"])
     # Leftovers of a crashed writer: an uncommitted version document and a stray revision.
@@ -110,7 +110,7 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     store = open_store(location.url)
     v1 = load_version(store, "v1")
     create_keyset(store, "frozen", where="true")
-    remove(store, "v2", partitions=[v1.partitions[0]["id"]])
+    remove(store, "v2", partitions=[v1.entries[0].id])
     prune_versions(store, ["v1"])
     report = collect_garbage(store, grace_s=0)
     assert report.garbage == []
@@ -191,7 +191,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
             _pack(location, src, "base")
         store = open_store(location.url)
         latest = load_version(store)
-        pid = latest.partitions[trial % 3]["id"]
+        pid = latest.entries[trial % 3].id
         dropped = f"drop{trial}"
         remove(store, dropped, partitions=[pid])
         prune_versions(store, [t for t in read_state(store).versions if t != dropped])
@@ -241,6 +241,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
 
 
 def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
+    from shardlake.format.documents import GcLock
     from shardlake.versions import RootState, commit_state
 
     location = StoreLocation("local", str(tmp_path / "root"))
@@ -250,7 +251,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     store = open_store(location.url)
     keys = open_dataset(store).manifests(columns=["key"]).column("key").to_pylist()
     state = read_state(store)
-    lock = {"id": "test", "expires_at": time.time() + 600}
+    lock = GcLock(id="test", expires_at=time.time() + 600)
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
     commit_state(store, state, locked, "gc-lock", {})
     with pytest.raises(ConflictError, match="gc is deleting"):
@@ -266,7 +267,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
         state.versions,
         state.retired,
         state.latest,
-        {"id": "test", "expires_at": time.time() - 1},
+        GcLock(id="test", expires_at=time.time() - 1),
     )
     commit_state(store, read_state(store), expired, "gc-lock", {})
     assert remove(store, "v2", keys=[keys[0]])[0].tag == "v2"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -45,7 +46,7 @@ def _root(tmp_path: Path) -> StoreLocation:
 
 def _hold(store: Store, expires_in: float, owner: str = "alice@host pid 1") -> RootState:
     state = read_state(store)
-    lock = {**new_lock(), "owner": owner, "expires_at": time.time() + expires_in}
+    lock = replace(new_lock(), owner=owner, expires_at=time.time() + expires_in)
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
     return commit_state(store, state, locked, "gc-lock", {})
 
@@ -58,7 +59,7 @@ def test_lost_reply_on_gcs_own_lock_is_settled_by_reading_back(tmp_path: Path) -
     assert store.lost == 1 and [o.key for o in report.garbage] == [JUNK]
     assert read_state(store).gc_lock is None  # and it released its own lock
     lock = read_commit(store, read_state(store).seq - 1).gc_lock
-    assert lock is not None and "pid" in lock["owner"] and lock["expires_at"] > time.time()
+    assert lock is not None and "pid" in lock.owner and lock.expires_at > time.time()
 
 
 def test_dead_holders_lock_expires_and_a_live_one_refuses_publishes(tmp_path: Path) -> None:

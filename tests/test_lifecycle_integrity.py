@@ -25,10 +25,10 @@ def _packed(location: StoreLocation, src: Path, **synth: object) -> Store:
 
 def _first_row(store: Store) -> tuple[dict, dict, str]:  # type: ignore[type-arg]
     ds = open_dataset(store)
-    entry = ds.partitions[0]
-    rows = sorted(ds.manifest(entry["id"]).to_pylist(), key=lambda r: (r["shard"], r["offset"]))
+    entry = ds.entries[0]
+    rows = sorted(ds.manifest(entry.id).to_pylist(), key=lambda r: (r["shard"], r["offset"]))
     row = rows[-1]  # the last member of a shard: truncation hits it
-    return entry, row, entry["shards"][row["shard"]]["key"]
+    return entry, row, entry.shards[row["shard"]].key
 
 
 @pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
@@ -98,22 +98,22 @@ def test_swapped_manifests_are_caught(tmp_path: Path, capsys: pytest.CaptureFixt
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
     ds = open_dataset(store)
-    a, b = ds.partitions[0], ds.partitions[1]
-    data_a, data_b = store.read(a["manifest"]), store.read(b["manifest"])
-    store.write(a["manifest"], data_b)
-    store.write(b["manifest"], data_a)
+    a, b = ds.entries[0], ds.entries[1]
+    data_a, data_b = store.read(a.manifest), store.read(b.manifest)
+    store.write(a.manifest, data_b)
+    store.write(b.manifest, data_a)
     report = verify_offsets(store)
     assert not report.ok
     named = {p.partition for p in report.problems}
-    assert named == {a["id"], b["id"]}
+    assert named == {a.id, b.id}
     assert all("does not match the version entry" in p.message for p in report.problems)
     assert main(["verify-offsets", location.url]) == 1
     err = capsys.readouterr().err
-    assert a["manifest"] in err and b["manifest"] in err
+    assert a.manifest in err and b.manifest in err
     # The read path refuses the swapped manifest too, naming it and the mismatch.
     with pytest.raises(FormatError, match="does not match the version entry") as info:
-        open_dataset(store).manifest(a["id"])
-    assert a["manifest"] in str(info.value)
+        open_dataset(store).manifest(a.id)
+    assert a.manifest in str(info.value)
 
 
 def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
@@ -124,16 +124,16 @@ def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
 
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    entry = open_dataset(store).partitions[0]
-    table, meta = read_manifest(store, entry["manifest"])
+    entry = open_dataset(store).entries[0]
+    table, meta = read_manifest(store, entry.manifest)
     shifted = table.set_column(
         table.column_names.index("offset"), "offset", pc.add(table.column("offset"), 512)
     )
-    store.write(entry["manifest"], write_manifest(shifted, meta))
+    store.write(entry.manifest, write_manifest(shifted, meta))
     report = verify_offsets(store)
     # The version records each manifest's sha256 (format.md section 7), so the edited manifest
     # is refused as a whole before its offsets could be used or compared with the headers.
-    assert [p.partition for p in report.problems] == [entry["id"]]
+    assert [p.partition for p in report.problems] == [entry.id]
     assert "does not match the version entry" in report.problems[0].message
 
 
@@ -157,11 +157,11 @@ def test_deleted_shard_is_caught_by_all_three(
 def test_corrupted_manifest_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    entry = open_dataset(store).partitions[0]
-    store.write(entry["manifest"], b"PAR1 garbage")
+    entry = open_dataset(store).entries[0]
+    store.write(entry.manifest, b"PAR1 garbage")
     for argv in (["scrub", location.url], ["verify-offsets", location.url]):
         assert main(argv) == 1
-        assert entry["manifest"] in capsys.readouterr().err
+        assert entry.manifest in capsys.readouterr().err
 
 
 def test_verify_membership_and_exact_allow_missing(

@@ -59,18 +59,18 @@ def test_remove_samples_partitions_and_where_via_cli(
     assert open_dataset(root, "v1", storage_options=opts).version.hash == v1.version.hash
     assert len(open_dataset(root, "v1", storage_options=opts).manifests()) == 12
 
-    pid = v2.partitions[0]["id"]
+    pid = v2.entries[0].id
     assert main(["remove", root, "--tag", "v3", "--partition", pid]) == 0
     capsys.readouterr()
     v3 = open_dataset(root, "v3", storage_options=opts)
-    assert pid not in [p["id"] for p in v3.partitions] and len(v3.partitions) == 2
+    assert pid not in [p.id for p in v3.entries] and len(v3.entries) == 2
     assert v3.version.doc["base"] == "v2"
 
     where = f"key = '{keys[2]}' OR key = '{keys[3]}'"
     assert main(["remove", root, "--tag", "v4", "--base", "v1", "--where", where]) == 0
     capsys.readouterr()
     v4 = open_dataset(root, "v4", storage_options=opts)
-    assert v4.version.samples == 10 and len(v4.partitions) == 3
+    assert v4.version.samples == 10 and len(v4.entries) == 3
     assert [t for t, _h, _l in list_versions(open_store(root, opts))] == ["v1", "v2", "v3", "v4"]
     assert main(["prune-version", root, "v4"]) == 2  # latest needs --force
     capsys.readouterr()

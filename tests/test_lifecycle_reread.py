@@ -54,7 +54,7 @@ def _root(tmp_path: Path) -> tuple[FlakyReads, Path]:
 
 def _ref(store: Store) -> PayloadRef:
     ds = open_dataset(store)
-    row = ds.manifest(ds.partitions[0]["id"]).to_pylist()[0]
+    row = ds.manifest(ds.entries[0].id).to_pylist()[0]
     shard = ds.shard_key(row["partition"], row["shard"])
     return PayloadRef(shard, row["offset"], row["size"], row["crc32"], row["key"])
 

@@ -163,7 +163,7 @@ def test_export_rereads_metadata_flipped_in_transit(tmp_path: Path) -> None:
 def test_export_recopies_a_shard_whose_tar_header_arrived_damaged(tmp_path: Path) -> None:
     store = _root(tmp_path, versions=1)
     dest = Store(str(tmp_path / "dest"))
-    shard = open_dataset(store).partitions[0]["shards"][0]["key"]
+    shard = open_dataset(store).entries[0].shards[0].key
     # A copy whose tar header was damaged on the way (payload CRCs still match): the resume
     # must not trust it.
     export_version(store, dest)
@@ -211,9 +211,9 @@ def test_export_killed_mid_copy_then_rerun_completes(tmp_path: Path) -> None:
 def test_export_refuses_a_payload_damaged_at_the_source(tmp_path: Path) -> None:
     store = _root(tmp_path, versions=1)
     ds = open_dataset(store)
-    entry = ds.partitions[0]
-    row = ds.manifest(entry["id"]).to_pylist()[0]
-    shard = entry["shards"][row["shard"]]["key"]
+    entry = ds.entries[0]
+    row = ds.manifest(entry.id).to_pylist()[0]
+    shard = entry.shards[row["shard"]].key
     data = bytearray(store.read(shard))
     data[row["offset"] + 1] ^= 0x10
     store.write(shard, bytes(data))

@@ -66,7 +66,7 @@ def test_unchanged_partitions_are_reused_without_reading(
     report = pack_with_report(src, store, tag="v2", base="v1", executor="inline")
     assert sorted(report.reused) == list(PARTS) and not report.built
     v2 = report.version
-    assert [p for p in v2.partitions] == [p for p in v1.partitions]
+    assert [p for p in v2.entries] == [p for p in v1.entries]
     assert v2.doc["base"] == "v1"
 
 
@@ -88,9 +88,9 @@ def test_changed_partition_rebuilt_vanished_dropped_new_added(
     got = read_all(store, report.version)
     assert sorted({k.split("/")[0] for k in got}) == ["logA", "logC", "logD"]
     assert got["logA/logA_0"]["a"].tolist() == [0.0, 0.0]
-    old = {p["path"]: p for p in v1.partitions}
-    new = {p["path"]: p for p in report.version.partitions}
-    assert new["logC"] == old["logC"] and new["logA"]["data_rev"] != old["logA"]["data_rev"]
+    old = {p.path: p for p in v1.entries}
+    new = {p.path: p for p in report.version.entries}
+    assert new["logC"] == old["logC"] and new["logA"].data_rev != old["logA"].data_rev
     assert read_all(store, load_version(store, "v1"))["logA/logA_0"]["b"].size == 5  # v1 intact
     assert_consistent(store)
 
@@ -110,13 +110,13 @@ def test_sidecar_only_change_writes_manifest_only(
     assert report.manifest_only == ["logB"] and sorted(report.reused) == ["logA", "logC"]
     new_keys = set(store.list("data/")) - before
     assert len(new_keys) == 1 and new_keys.pop().endswith(".parquet")  # no shard written
-    old = {p["path"]: p for p in v1.partitions}["logB"]
-    new = {p["path"]: p for p in report.version.partitions}["logB"]
-    assert new["data_rev"] == old["data_rev"] and new["shards"] == old["shards"]
-    assert new["meta_rev"] != old["meta_rev"]
+    old = {p.path: p for p in v1.entries}["logB"]
+    new = {p.path: p for p in report.version.entries}["logB"]
+    assert new.data_rev == old.data_rev and new.shards == old.shards
+    assert new.meta_rev != old.meta_rev
     from shardlake.format.manifest import read_manifest
 
-    table, _ = read_manifest(store, new["manifest"])
+    table, _ = read_manifest(store, new.manifest)
     rows = {r["key"]: r for r in table.to_pylist()}
     assert rows["logB/logB_1"]["note"] == "x" and rows["logB/logB_1"]["timestamp"] == 5
     assert read_all(store, report.version).keys() == read_all(store, v1).keys()
@@ -164,12 +164,12 @@ def test_scoped_packs_carry_other_partitions(
     got = read_all(store, report.version)
     assert sorted(k for k in got if k.startswith("logA")) == ["logA/logA_0", "logA/logA_1"]
     assert got["logB/logB_0"]["b"].tolist() == small_frame(10)["b"].tolist()  # carried as in v1
-    old = {p["path"]: p for p in v1.partitions}
+    old = {p.path: p for p in v1.entries}
     report = pack_with_report(
         src, store, tag="v3", base="v2", partitions=["logB"], executor="inline"
     )
     assert report.built == ["logB"] and sorted(report.carried) == ["logA", "logC"]
-    new = {p["path"]: p for p in report.version.partitions}
+    new = {p.path: p for p in report.version.entries}
     assert new["logC"] == old["logC"]
     with pytest.raises(UsageError, match="no partition"):
         pack(src, store, tag="v4", base="v3", partitions=["nope"], executor="inline")
@@ -211,8 +211,8 @@ def test_require_sidecars(tmp_path: Path) -> None:
     version = pack(src, store, tag="v1", executor="inline")
     from shardlake.format.manifest import read_manifest
 
-    part = {p["path"]: p for p in version.partitions}["logB"]
-    table, _ = read_manifest(store, part["manifest"])
+    part = {p.path: p for p in version.entries}["logB"]
+    table, _ = read_manifest(store, part.manifest)
     flags = {r["key"]: r["has_sidecar"] for r in table.to_pylist()}
     assert flags == {"logB/logB_0": True, "logB/logB_1": True, "logB/logB_2": False}
 
@@ -224,10 +224,10 @@ def test_partition_depth_and_regex(tmp_path: Path) -> None:
     )
     store = open_store(str(tmp_path / "root"))
     v1 = pack(src, store, tag="v1", executor="inline", partition_depth=2)
-    assert sorted(p["path"] for p in v1.partitions) == ["city/a", "city/b"]
+    assert sorted(p.path for p in v1.entries) == ["city/a", "city/b"]
     assert v1.doc["partition_rule"] == {"depth": 2}
     v2 = pack(src, store, tag="v2", executor="inline", partition_regex=r"^(?P<partition>[^/]+)/")
-    assert [p["path"] for p in v2.partitions] == ["city"]
+    assert [p.path for p in v2.entries] == ["city"]
     # An incremental pack inherits the base's rule when none is given.
     v3 = pack(src, store, tag="v3", base="v1", executor="inline")
     assert v3.doc["partition_rule"] == {"depth": 2}
@@ -244,8 +244,8 @@ def test_revision_holding_only_a_removal_manifest_is_rebuilt(tmp_path: Path) -> 
     store = open_store(str(tmp_path / "root"))
     v1 = pack(src, store, tag="v1", executor="inline")
     remove(store, "v2", base="v1", keys=["logA/logA_0"])
-    for entry in v1.partitions:  # what gc does once v1 is retired
-        store.delete(entry["manifest"])
+    for entry in v1.entries:  # what gc does once v1 is retired
+        store.delete(entry.manifest)
     v3 = pack(src, store, tag="v3", executor="inline")
     assert v3.samples == v1.samples
     assert sorted(read_all(store, v3)) == sorted(read_all(store, v1))

@@ -53,7 +53,7 @@ def test_read_ahead_roundtrip_is_exact(tmp_path: Path, monkeypatch: pytest.Monke
     src = make_source(tmp_path / "src", FRAMES)
     store = open_store(str(tmp_path / "root"))
     version = pack(src, store, tag="v1", executor="inline", shard_size=4096)
-    assert sum(len(p["shards"]) for p in version.partitions) > 1
+    assert sum(len(p.shards) for p in version.entries) > 1
     got = read_all(store, version)
     assert sorted(got) == sorted(FRAMES)
     for key, arrays in FRAMES.items():

@@ -95,16 +95,16 @@ def test_shards_are_byte_identical_on_rebuild(tmp_path: Path) -> None:
             (store, pack(tmp_path / "src", store, tag="v1", executor="inline", shard_size=30_000))
         )
     (s1, v1), (s2, v2) = versions
-    assert [p["data_rev"] for p in v1.partitions] == [p["data_rev"] for p in v2.partitions]
-    for p1, p2 in zip(v1.partitions, v2.partitions, strict=True):
-        assert len(p1["shards"]) > 1  # rolled
-        for a, b in zip(p1["shards"], p2["shards"], strict=True):
-            assert a["key"] == b["key"]
-            assert s1.read(a["key"]) == s2.read(b["key"])
+    assert [p.data_rev for p in v1.entries] == [p.data_rev for p in v2.entries]
+    for p1, p2 in zip(v1.entries, v2.entries, strict=True):
+        assert len(p1.shards) > 1  # rolled
+        for a, b in zip(p1.shards, p2.shards, strict=True):
+            assert a.key == b.key
+            assert s1.read(a.key) == s2.read(b.key)
     # A different seed shuffles differently: same content, other bytes and revision.
     s3 = open_store(str(tmp_path / "r3"))
     v3 = pack(tmp_path / "src", s3, tag="v1", executor="inline", shard_size=30_000, seed=1)
-    assert v3.partitions[0]["data_rev"] != v1.partitions[0]["data_rev"]
+    assert v3.entries[0].data_rev != v1.entries[0].data_rev
     assert read_all(s3, v3).keys() == read_all(s1, v1).keys()
 
 
@@ -112,13 +112,13 @@ def test_shard_rolling_respects_target_size(tmp_path: Path) -> None:
     src = make_source(tmp_path / "src", {f"p/s{i:02d}": small_frame(i) for i in range(12)})
     store = open_store(str(tmp_path / "root"))
     version = pack(src, store, tag="v1", executor="inline", shard_size=2048)
-    part = version.partitions[0]
-    assert sum(s["members"] for s in part["shards"]) == 12
-    assert len(part["shards"]) >= 3
-    for shard in part["shards"]:
+    part = version.entries[0]
+    assert sum(s.members for s in part.shards) == 12
+    assert len(part.shards) >= 3
+    for shard in part.shards:
         # Only a shard with a single (oversized) member may exceed the target.
-        assert shard["size"] <= 2048 or shard["members"] == 1
-    table, meta = read_manifest(store, part["manifest"])
+        assert shard.size <= 2048 or shard.members == 1
+    table, meta = read_manifest(store, part.manifest)
     rows = table.to_pylist()
     assert [(r["shard"], r["member"]) for r in rows] == sorted(
         (r["shard"], r["member"]) for r in rows
@@ -135,9 +135,9 @@ def test_shards_read_by_tarfile_and_webdataset(tmp_path: Path) -> None:
     src = make_source(tmp_path / "src", {k: small_frame(i) for i, k in enumerate(keys)})
     store = open_store(str(tmp_path / "root"))
     version = pack(src, store, tag="v1", executor="inline")
-    part = version.partitions[0]
-    assert part["path"] == "log.v1"
-    shard_path = tmp_path / "root" / part["shards"][0]["key"]
+    part = version.entries[0]
+    assert part.path == "log.v1"
+    shard_path = tmp_path / "root" / part.shards[0].key
     with tarfile.open(shard_path) as tf:
         members = tf.getmembers()
         assert all(m.mtime == 0 and m.uid == 0 and m.uname == "" for m in members)
@@ -159,7 +159,7 @@ def test_manifest_queryable_by_duckdb_and_pyarrow(tmp_path: Path) -> None:
     synth_corpus(tmp_path / "src", 1, 5, seed=2, neighbors=4, lanes=4, skip_fraction=0.0)
     store = open_store(str(tmp_path / "root"))
     version = pack(tmp_path / "src", store, tag="v1", executor="inline")
-    path = tmp_path / "root" / version.partitions[0]["manifest"]
+    path = tmp_path / "root" / version.entries[0].manifest
     table = pq.read_table(path)
     for column in (
         "key",
@@ -181,7 +181,7 @@ def test_manifest_queryable_by_duckdb_and_pyarrow(tmp_path: Path) -> None:
     assert n == 5 and labels >= 1
     meta = pq.read_metadata(path).metadata
     assert meta[b"shardlake.format_version"] == b"1"
-    assert meta[b"shardlake.data_rev"].decode() == version.partitions[0]["data_rev"]
+    assert meta[b"shardlake.data_rev"].decode() == version.entries[0].data_rev
 
 
 def test_skipped_frames_dropped_unless_kept(tmp_path: Path) -> None:

@@ -44,10 +44,10 @@ def read_all(store: Store, version: Version) -> dict[str, dict[str, Any]]:
     """Every sample of ``version`` decoded from its shard bytes (checksums checked)."""
     decoder = Decoder()
     out: dict[str, dict[str, Any]] = {}
-    for part in version.partitions:
-        table, meta = read_manifest(store, part["manifest"])
-        assert meta.data_rev == part["data_rev"] and meta.partition_id == part["id"]
-        shards = {i: store.read(s["key"]) for i, s in enumerate(part["shards"])}
+    for part in version.entries:
+        table, meta = read_manifest(store, part.manifest)
+        assert meta.data_rev == part.data_rev and meta.partition_id == part.id
+        shards = {i: store.read(s.key) for i, s in enumerate(part.shards)}
         for row in table.to_pylist():
             payload = shards[row["shard"]][row["offset"] : row["offset"] + row["size"]]
             check_payload(payload, row["crc32"], row["key"])
@@ -69,13 +69,13 @@ def assert_consistent(store: Store) -> None:
         load_version(store, "latest", state)
     for tag, version_hash in state.versions.items():
         version = load_version_by_hash(store, tag, version_hash)
-        for part in version.partitions:
-            table, _ = read_manifest(store, part["manifest"])
-            assert table.num_rows == part["samples"]
-            for shard in part["shards"]:
-                data = store.read(shard["key"])
-                assert len(data) == shard["size"]
-                assert len(list(iter_members(data))) == shard["members"]
+        for part in version.entries:
+            table, _ = read_manifest(store, part.manifest)
+            assert table.num_rows == part.samples
+            for shard in part.shards:
+                data = store.read(shard.key)
+                assert len(data) == shard.size
+                assert len(list(iter_members(data))) == shard.members
 
 
 def test_make_source_and_read_back(tmp_path: Path) -> None:

@@ -36,12 +36,10 @@ def test_process_pool_matches_inline(tmp_path: Path) -> None:
     procs = open_store(str(tmp_path / "b"))
     v_inline = pack(src, inline, tag="v1", executor="inline")
     v_procs = pack(src, procs, tag="v1", executor="process", workers=2)
-    assert [p["data_rev"] for p in v_procs.partitions] == [
-        p["data_rev"] for p in v_inline.partitions
-    ]
-    for part in v_procs.partitions:
-        for shard in part["shards"]:
-            assert procs.read(shard["key"]) == inline.read(shard["key"])
+    assert [p.data_rev for p in v_procs.entries] == [p.data_rev for p in v_inline.entries]
+    for part in v_procs.entries:
+        for shard in part.shards:
+            assert procs.read(shard.key) == inline.read(shard.key)
     assert_consistent(procs)
 
 
@@ -94,9 +92,7 @@ def test_dask_local_cluster(tmp_path: Path) -> None:
     assert sorted(report.built) == ["log0", "log1", "log2"]
     assert len(read_all(store, report.version)) == 9
     reference = pack(src, open_store(str(tmp_path / "ref")), tag="v1", executor="inline")
-    assert [p["data_rev"] for p in report.version.partitions] == [
-        p["data_rev"] for p in reference.partitions
-    ]
+    assert [p.data_rev for p in report.version.entries] == [p.data_rev for p in reference.entries]
 
 
 def test_progress_weighted_with_eta_and_heartbeat() -> None:
@@ -223,8 +219,6 @@ def test_pack_on_every_backend(tmp_path: Path, store_location: Any) -> None:
     # The same content packed locally gives the same revisions and shard bytes.
     local = open_store(str(tmp_path / "ref"))
     reference = pack(src, local, tag="v1", executor="inline", shard_size=1500)
-    assert [p["data_rev"] for p in version.partitions] == [
-        p["data_rev"] for p in reference.partitions
-    ]
-    shard = reference.partitions[0]["shards"][0]["key"]
+    assert [p.data_rev for p in version.entries] == [p.data_rev for p in reference.entries]
+    shard = reference.entries[0].shards[0].key
     assert store.read(shard) == local.read(shard)

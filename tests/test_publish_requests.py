@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def test_incremental_publish_lists_only_new_revisions(tmp_path: Path) -> None:
     log = KeyLog()
     version = pack(src, store.with_layers(log), tag="v2", base="v1", workers=0)
     calls = log.calls
-    assert len(version.partitions) == 7
+    assert version.partition_count == 7
     listed = sorted(key for op, key in calls if op == "list")
     assert "data/" not in listed
     new = next(p for p in version.record.partitions if p.path == "log_new")
@@ -52,9 +53,9 @@ def test_publish_refuses_a_missing_new_object(tmp_path: Path) -> None:
     _partitions(src, ["a", "b"])
     store = open_store(str(tmp_path / "root"))
     v1 = pack(src, store, tag="v1", workers=0)
-    entry = dict(v1.partitions[0])
-    entry["manifest"] = entry["manifest"].replace("manifest-", "manifest-gone")
-    body = {"base": "v1", "partitions": [entry]}
+    entry = v1.entries[0]
+    gone = replace(entry, manifest=entry.manifest.replace("manifest-", "manifest-gone"))
+    body = {"base": "v1", "partitions": [gone.to_json()]}
     state: RootState = read_state(store)
     with pytest.raises(ConflictError, match="manifest-gone"):
         publish_version(store, "v2", body, state)

@@ -145,11 +145,11 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main(["get", root, "nope/nothing", "--out", str(out)]) == 1
     assert not out.exists()
     # A corrupted manifest: a clear FormatError naming it, exit 1.
-    entry = ds.partitions[0]
-    ds.store.write(entry["manifest"], b"not parquet at all")
+    entry = ds.entries[0]
+    ds.store.write(entry.manifest, b"not parquet at all")
     fresh = open_dataset(root)
     with pytest.raises(FormatError, match="manifest"):
-        fresh.manifest(entry["id"])
+        fresh.manifest(entry.id)
     # Queries read the catalog, not manifests: a corrupted segment is refused by its digest.
     segment = fresh.version.catalog_objects()[1]
     ds.store.write(segment.key, b"not parquet at all")

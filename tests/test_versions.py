@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from shardlake.errors import ConflictError, UsageError, VersionNotFoundError
+from shardlake.errors import ConflictError, FormatError, UsageError, VersionNotFoundError
 from shardlake.store import open_store
 from shardlake.versions import (
     list_versions,
@@ -42,6 +42,14 @@ def test_publish_and_latest(store):
     assert resolve_tag(store) == ("v2", v2.hash)
     assert load_version(store, "v1").record.partitions[0].skipped == 1
     assert [t for t, _, _ in list_versions(store)] == ["v1", "v2"]
+
+
+def test_publish_refuses_a_malformed_partition_entry(store):
+    body = _body(1)
+    body["partitions"][0]["samples"] = "3"
+    with pytest.raises(FormatError, match="version 'v1' partition p1: field 'samples'"):
+        publish_version(store, "v1", body, read_state(store))
+    assert read_state(store).latest is None
 
 
 def test_tag_never_reused_and_stale_base_conflicts(store):

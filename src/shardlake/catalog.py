@@ -18,7 +18,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,6 +43,7 @@ from .format.catalog import (
     segment_key,
     sha256_hex,
 )
+from .format.documents import PartitionEntry
 from .format.manifest import CORE_SCHEMA, entry_mismatches, read_entry_manifest
 from .read.verified import RefusedObjectError, read_verified
 from .store import Store
@@ -138,7 +139,7 @@ class Catalog:
 
     store: Store
     label: str  # "version 'v1'", for messages
-    entries: list[dict[str, Any]]
+    entries: Sequence[PartitionEntry]
     ref: CatalogRef | None = None
     built: pa.Table | None = field(default=None, repr=False)
 
@@ -147,7 +148,7 @@ class Catalog:
     ) -> pa.Table:
         """Rows of ``pids`` (all partitions when ``None``) in partition-id order, then manifest
         order; only ``columns`` (those the catalog has; all when ``None``)."""
-        wanted = sorted(set(pids if pids is not None else (e["id"] for e in self.entries)))
+        wanted = sorted(set(pids if pids is not None else (e.id for e in self.entries)))
         if self.built is not None:
             table = self.built
             if pids is not None:
@@ -157,12 +158,12 @@ class Catalog:
         if self.ref is None:
             raise FormatError(f"{self.store.url}: {self.label} has no catalog")
         by_segment: dict[str, list[str]] = {}
-        segment_of = {e["id"]: e["segment"] for e in self.entries}
+        segment_of = {e.id: e.segment for e in self.entries}
         for pid in wanted:
             digest = segment_of.get(pid)  # None: a partition without rows (or not in it)
             if digest:
                 by_segment.setdefault(digest, []).append(pid)
-        samples = {e["id"]: int(e["samples"]) for e in self.entries}
+        samples = {e.id: e.samples for e in self.entries}
         tables = []
         for digest, seg_pids in sorted(by_segment.items()):
             ref = self.ref.segment(digest, self.label)
@@ -194,20 +195,18 @@ _built: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
 _built_lock = threading.Lock()
 
 
-def _manifest_rows(store: Store, entries: Sequence[Mapping[str, Any]], label: str) -> pa.Table:
+def _manifest_rows(store: Store, entries: Sequence[PartitionEntry], label: str) -> pa.Table:
     """Every entry's manifest rows, read concurrently and checked against the entry."""
 
-    def one(entry: Mapping[str, Any]) -> pa.Table:
+    def one(entry: PartitionEntry) -> pa.Table:
         table, meta = read_entry_manifest(store, entry)
         problems = entry_mismatches(entry, table, meta)
         if problems:
-            raise FormatError(
-                f"{store.key_url(entry['manifest'])}: {label}: " + "; ".join(problems)
-            )
+            raise FormatError(f"{store.key_url(entry.manifest)}: {label}: " + "; ".join(problems))
         return table.replace_schema_metadata(None)
 
     with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
-        tables = list(pool.map(one, sorted(entries, key=lambda e: str(e["id"]))))
+        tables = list(pool.map(one, sorted(entries, key=lambda e: e.id)))
     return _ordered(tables, None) if len(tables) != 1 else tables[0]
 
 
@@ -225,11 +224,15 @@ def _attached(store: Store, version: Version) -> CatalogRef | None:
     return CatalogRef.from_json(doc.get("catalog"), store.key_url(key))
 
 
-def _matching(store: Store, ref: CatalogRef, version: Version) -> list[dict[str, Any]]:
+def _matching(store: Store, ref: CatalogRef, version: Version) -> tuple[PartitionEntry, ...]:
     """The attached catalog's entries, refused unless they name the version's manifests."""
-    entries = read_partitions(store, ref.partitions, f"version {version.tag!r}")
-    want = {e["id"]: (e["manifest"], e.get("manifest_sha256")) for e in version.partitions}
-    got = {e["id"]: (e["manifest"], e.get("manifest_sha256")) for e in entries}
+    where = store.key_url(ref.partitions.key)
+    entries = tuple(
+        PartitionEntry.from_json(e, where)
+        for e in read_partitions(store, ref.partitions, f"version {version.tag!r}")
+    )
+    want = {e.id: (e.manifest, e.manifest_sha256) for e in version.entries}
+    got = {e.id: (e.manifest, e.manifest_sha256) for e in entries}
     mismatch = [pid for pid in want if got.get(pid, (None, None))[0] != want[pid][0]] + [
         pid for pid, (_, sha) in want.items() if sha and got.get(pid, (None, None))[1] != sha
     ]
@@ -247,22 +250,22 @@ def load_catalog(store: Store, version: Version, *, build: bool = True) -> Catal
     label = f"version {version.tag!r}"
     ref = version.header.catalog
     if ref is not None:
-        return Catalog(store, label, version.partitions, ref)
+        return Catalog(store, label, version.entries, ref)
     attached = _attached(store, version)
     if attached is not None:
         return Catalog(store, label, _matching(store, attached, version), attached)
     if not build:
-        return Catalog(store, label, version.partitions)
+        return Catalog(store, label, version.entries)
     cache_key = (store.url, version.hash)
     with _built_lock:
         table = _built.get(cache_key)
     if table is None:
-        table = _manifest_rows(store, version.partitions, label)
+        table = _manifest_rows(store, version.entries, label)
         with _built_lock:
             _built[cache_key] = table
             while len(_built) > _BUILT_CACHE:
                 _built.popitem(last=False)
-    return Catalog(store, label, version.partitions, None, table)
+    return Catalog(store, label, version.entries, None, table)
 
 
 def catalog_rows(
@@ -282,22 +285,22 @@ def catalog_rows(
     return select(catalog.rows(None, pids), where, list(columns) if columns else None)
 
 
-def _reusable(entry: Mapping[str, Any], base: Mapping[str, Any] | None) -> bool:
+def _reusable(entry: PartitionEntry, base: PartitionEntry | None) -> bool:
     """Whether the base catalog's rows of ``entry``'s partition are this entry's rows."""
     return (
         base is not None
-        and bool(base.get("segment"))
-        and base["manifest"] == entry["manifest"]
-        and base.get("manifest_sha256") == entry.get("manifest_sha256")
+        and bool(base.segment)
+        and base.manifest == entry.manifest
+        and base.manifest_sha256 == entry.manifest_sha256
     )
 
 
 def publish_catalog(
     store: Store,
-    entries: Sequence[Mapping[str, Any]],
+    entries: Sequence[PartitionEntry],
     base: Catalog | None,
     fresh: Mapping[str, pa.Table],
-) -> tuple[CatalogRef, list[dict[str, Any]]]:
+) -> tuple[CatalogRef, list[PartitionEntry]]:
     """Write the catalog of a version of ``entries`` (manifest digests set); return its
     reference and the entries with ``segment`` set.
 
@@ -305,43 +308,44 @@ def publish_catalog(
     come from ``fresh`` (manifest tables publish already read) or their manifests, and go into
     one new segment. Above :data:`MAX_LIVE_SEGMENTS` every segment but the largest is merged.
     """
-    base_by_id = {e["id"]: e for e in base.entries} if base is not None and base.ref else {}
-    out = [dict(e) for e in entries]
+    base_by_id = {e.id: e for e in base.entries} if base is not None and base.ref else {}
+    segment_of: dict[str, str | None] = {}  # partition id -> segment holding its rows
     new = []
-    for entry in out:
-        old = base_by_id.get(entry["id"])
+    for entry in entries:
+        old = base_by_id.get(entry.id)
         if _reusable(entry, old):
-            entry["segment"] = old["segment"] if old is not None else None
-        elif entry.get("manifest"):
+            segment_of[entry.id] = old.segment if old is not None else None
+        elif entry.manifest:
             new.append(entry)
         else:
-            entry["segment"] = None  # no manifest, no rows
+            segment_of[entry.id] = None  # no manifest, no rows
     tables = _fresh_rows(store, new, fresh)
     live: dict[str, ObjectRef] = {}
     if base is not None and base.ref is not None:
-        used = {e["segment"] for e in out if e.get("segment")}
+        used = {s for s in segment_of.values() if s}
         live = {r.sha256: r for r in base.ref.segments if r.sha256 in used}
     if len(live) + bool(tables) > MAX_LIVE_SEGMENTS and base is not None:
         largest = max(live.values(), key=lambda r: r.rows)
-        merged = [e for e in out if e.get("segment") and e["segment"] != largest.sha256]
-        tables.append(base.rows(None, [e["id"] for e in merged]))
+        merged = [e for e in entries if segment_of.get(e.id) not in (None, largest.sha256)]
+        tables.append(base.rows(None, [e.id for e in merged]))
         new.extend(merged)
         live = {largest.sha256: largest}
     if tables:
         rows = _ordered(tables, None)
         ref = write_object(store, segment_key, encode_segment(rows), rows.num_rows)
         live[ref.sha256] = ref
-        for entry in new:
-            entry["segment"] = ref.sha256
-    parts = write_object(store, partitions_key, encode_partitions(out), len(out))
+        segment_of.update((e.id, ref.sha256) for e in new)
+    out = [replace(e, segment=segment_of.get(e.id)) for e in entries]
+    table = encode_partitions([e.to_json() for e in out])
+    parts = write_object(store, partitions_key, table, len(out))
     return CatalogRef(parts, tuple(sorted(live.values(), key=lambda r: r.sha256))), out
 
 
 def _fresh_rows(
-    store: Store, entries: Sequence[Mapping[str, Any]], fresh: Mapping[str, pa.Table]
+    store: Store, entries: Sequence[PartitionEntry], fresh: Mapping[str, pa.Table]
 ) -> list[pa.Table]:
-    tables = [fresh[e["id"]].replace_schema_metadata(None) for e in entries if e["id"] in fresh]
-    unread = [e for e in entries if e["id"] not in fresh]
+    tables = [fresh[e.id].replace_schema_metadata(None) for e in entries if e.id in fresh]
+    unread = [e for e in entries if e.id not in fresh]
     if unread:
         tables.append(_manifest_rows(store, unread, "publish"))
     return tables
@@ -387,7 +391,7 @@ def attach_catalog(store: Store, version: Version) -> CatalogRef:
     existing = _attached(store, version)
     if existing is not None:
         return existing
-    ref, _entries = publish_catalog(store, version.partitions, None, {})
+    ref, _entries = publish_catalog(store, version.entries, None, {})
     doc = {
         "format": "shardlake.attached-catalog/1",
         "version": version.hash,

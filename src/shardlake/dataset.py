@@ -54,8 +54,6 @@ class Dataset:
         self.store = store
         self.version = version
         self.entries: tuple[PartitionEntry, ...] = version.entries
-        # The entries as stored (dicts), for callers not yet on :attr:`entries`.
-        self.partitions: list[dict[str, Any]] = version.partitions
         self._by_id = {e.id: e for e in self.entries}
         self._manifests: dict[str, pa.Table] = {}
         self._table: pa.Table | None = None  # every row, every column: read once per Dataset

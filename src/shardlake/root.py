@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .dataset import Dataset
+from .format.documents import GcLock
 from .store import Store, open_store
 from .versions import Version, load_version, load_version_by_hash, read_state
 
@@ -275,15 +276,15 @@ class Root:
         grace = parse_duration(grace_s) if isinstance(grace_s, str) else float(grace_s)
         return collect_garbage(self.store, grace_s=grace, dry_run=dry_run, progress=progress)
 
-    def gc_lock(self) -> dict[str, Any] | None:
+    def gc_lock(self) -> GcLock | None:
         """The lease of a gc holding the root, or None."""
         return read_state(self.store).gc_lock
 
-    def break_gc_lock(self) -> dict[str, Any]:
+    def break_gc_lock(self) -> GcLock | None:
         """Release the lock of a gc known to be dead; returns the lock it released."""
         from .lifecycle.gc import break_lock
 
-        return dict(break_lock(self.store).gc_lock or {})
+        return break_lock(self.store).gc_lock
 
     # --- checks and copies ---------------------------------------------------------------------
 

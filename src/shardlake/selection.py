@@ -28,6 +28,8 @@ SHOW_MAX = 20
 class Selection:
     """A choice of samples of one version: everything, a ``where``, ``keys`` or a ``keyset``.
 
+    At most one of ``where``, ``keys`` and ``keyset``; none selects every sample.
+
     Parameters
     ----------
     dataset
@@ -38,8 +40,6 @@ class Selection:
         Sample keys; duplicates select once.
     keyset
         The name of a keyset of the same root; it must be bound to this version.
-
-    At most one of ``where``, ``keys`` and ``keyset``; none selects every sample.
     """
 
     dataset: Dataset

@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import cached_property
 from typing import Any
@@ -36,6 +36,7 @@ from .format.documents import (
     COMMIT_SCHEMA,
     VERSION_SCHEMA,
     CommitRecord,
+    GcLock,
     PartitionEntry,
     VersionHeader,
     VersionRecord,
@@ -89,9 +90,9 @@ class RootState:
     versions: dict[str, str] = field(default_factory=dict)  # live tag -> hash, publish order
     retired: tuple[str, ...] = ()
     latest: str | None = None  # tag
-    # Set while gc deletes objects ({"id", "expires_at"}): publishing is refused meanwhile, so
-    # no version can reference a revision gc is deleting (see shardlake.lifecycle.gc).
-    gc_lock: dict[str, Any] | None = None
+    # Set while gc deletes objects: publishing is refused meanwhile, so no version can
+    # reference a revision gc is deleting (see shardlake.lifecycle.gc).
+    gc_lock: GcLock | None = None
 
     def to_json(self) -> dict[str, Any]:
         # Versions as [tag, hash] pairs in publish order (canonical JSON would sort an object).
@@ -101,14 +102,14 @@ class RootState:
             "latest": self.latest,
         }
         if self.gc_lock is not None:
-            out["gc_lock"] = self.gc_lock
+            out["gc_lock"] = self.gc_lock.to_json()
         return out
 
     def gc_locked(self, now: float | None = None) -> bool:
         """Whether a gc holds the root (an expired lock of a crashed gc does not count)."""
-        if not self.gc_lock:
+        if self.gc_lock is None:
             return False
-        return float(self.gc_lock.get("expires_at", 0)) > (time.time() if now is None else now)
+        return self.gc_lock.expires_at > (time.time() if now is None else now)
 
 
 @dataclass(frozen=True)
@@ -138,8 +139,9 @@ class Version:
         return cls(tag, version_hash, doc, header, store)
 
     @cached_property
-    def partitions(self) -> list[dict[str, Any]]:
-        """Partition entries (format 2: with the ``segment`` holding their catalog rows)."""
+    def _stored_partitions(self) -> list[dict[str, Any]]:
+        """The partition list as stored (format 2: the catalog's partitions table); read
+        through :attr:`entries`."""
         ref = self.header.catalog
         if ref is None:
             return list(self.header_doc["partitions"])
@@ -150,7 +152,7 @@ class Version:
     @cached_property
     def doc(self) -> dict[str, Any]:
         """The record with its partition list (the format-1 shape, for every format)."""
-        return {**self.header_doc, "partitions": self.partitions}
+        return {**self.header_doc, "partitions": self._stored_partitions}
 
     @cached_property
     def record(self) -> VersionRecord:
@@ -271,7 +273,7 @@ def read_commit(store: Store, seq: int) -> RootState:
         versions=dict(record.versions),
         retired=record.retired,
         latest=record.latest,
-        gc_lock=None if record.gc_lock is None else record.gc_lock.to_json(),
+        gc_lock=record.gc_lock,
     )
 
 
@@ -303,22 +305,19 @@ def commit_state(
     return new
 
 
-# Transitional name for modules not yet on :func:`commit_state` (lifecycle/export.py).
-_commit = commit_state
-
 # Fields of a body that publish computes itself (a body copied from an older record may hold them).
 _COMPUTED_FIELDS = ("partitions", "partition_count", "catalog", "samples", "format")
 
 
 def build_version_doc(
-    tag: str, body: Mapping[str, Any], partitions: Sequence[Mapping[str, Any]], catalog: CatalogRef
+    tag: str, body: Mapping[str, Any], partitions: Sequence[PartitionEntry], catalog: CatalogRef
 ) -> bytes:
     """Serialise a format-2 version record (``body``'s fields, the partition count and sample
     total of ``partitions``, and the ``catalog`` reference) to its canonical bytes."""
     doc = {k: v for k, v in body.items() if k not in _COMPUTED_FIELDS}
     doc.update({"format": VERSION_SCHEMA, "format_version": RECORD_FORMAT_VERSION, "tag": tag})
     doc["partition_count"] = len(partitions)
-    doc["samples"] = sum(int(p["samples"]) for p in partitions)
+    doc["samples"] = sum(p.samples for p in partitions)
     doc["catalog"] = catalog.to_json()
     doc.setdefault("created_at", utc_now())
     return canonical_json(doc)
@@ -336,12 +335,12 @@ def check_new_tag(state: RootState, tag: str, store: Store) -> None:
 _LIST_DIRS_MAX = 64
 
 
-def _referenced(partitions: Iterable[Mapping[str, Any]]) -> set[str]:
+def _referenced(partitions: Iterable[PartitionEntry]) -> set[str]:
     keys: set[str] = set()
     for entry in partitions:
-        if entry.get("manifest"):
-            keys.add(entry["manifest"])
-        keys.update(shard["key"] for shard in entry.get("shards", []) if "key" in shard)
+        if entry.manifest:
+            keys.add(entry.manifest)
+        keys.update(shard.key for shard in entry.shards)
     return keys
 
 
@@ -358,14 +357,16 @@ def _base_catalog(store: Store, body: Mapping[str, Any], state: RootState) -> Ca
     return load_catalog(store, base, build=False)
 
 
-def _missing_objects(store: Store, body: Mapping[str, Any], base_parts: list[Any]) -> list[str]:
-    """Manifests and shards ``body`` references that are not in the store.
+def _missing_objects(
+    store: Store, entries: Sequence[PartitionEntry], base_parts: Sequence[PartitionEntry]
+) -> list[str]:
+    """Manifests and shards ``entries`` reference that are not in the store.
 
     Only objects new relative to the base version are checked (the base's are protected by gc's
     lock and the live-base check), one listing per new revision directory: the cost grows with
     what changed, not with the root.
     """
-    wanted = _referenced(body.get("partitions", [])) - _referenced(base_parts)
+    wanted = _referenced(entries) - _referenced(base_parts)
     if not wanted:
         return []
     dirs = sorted({key.rsplit("/", 1)[0] for key in wanted})
@@ -378,8 +379,8 @@ def _missing_objects(store: Store, body: Mapping[str, Any], base_parts: list[Any
 
 
 def _with_manifest_digests(
-    store: Store, partitions: list[Any], base_parts: list[Any]
-) -> tuple[list[dict[str, Any]], dict[str, pa.Table]]:
+    store: Store, partitions: Sequence[PartitionEntry], base_parts: Sequence[PartitionEntry]
+) -> tuple[list[PartitionEntry], dict[str, pa.Table]]:
     """``partitions`` with each entry's ``manifest_sha256``/``manifest_size`` set.
 
     A manifest the base already records keeps its digest; any other is read once, checked
@@ -387,16 +388,13 @@ def _with_manifest_digests(
     digest is never trusted). Cost: one read per new manifest.
     """
     known = {
-        e["manifest"]: (e["manifest_sha256"], e.get("manifest_size"))
-        for e in base_parts
-        if e.get("manifest_sha256")
+        e.manifest: (e.manifest_sha256, e.manifest_size) for e in base_parts if e.manifest_sha256
     }
     out = []
     fresh: dict[str, pa.Table] = {}
     for entry in partitions:
-        entry = dict(entry)
-        entry.pop("segment", None)  # publish decides where this version's rows live
-        key = entry.get("manifest")
+        entry = replace(entry, segment=None)  # publish decides where this version's rows live
+        key = entry.manifest
         if key:
             if key in known:
                 digest, size = known[key]
@@ -407,9 +405,8 @@ def _with_manifest_digests(
                 if problems:
                     raise FormatError(f"{store.key_url(key)}: " + "; ".join(problems))
                 digest, size = hashlib.sha256(data).hexdigest(), len(data)
-                fresh[entry["id"]] = table
-            entry["manifest_sha256"] = digest
-            entry["manifest_size"] = size
+                fresh[entry.id] = table
+            entry = replace(entry, manifest_sha256=digest, manifest_size=size)
         out.append(entry)
     return out, fresh
 
@@ -436,7 +433,9 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
         )
     base_catalog = _base_catalog(store, body, current)
     base_parts = base_catalog.entries if base_catalog is not None else []
-    missing = _missing_objects(store, body, base_parts)
+    where = f"{store.url}: version {tag!r}"
+    entries = [PartitionEntry.from_json(p, where) for p in body.get("partitions", [])]
+    missing = _missing_objects(store, entries, base_parts)
     if missing:
         # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
         # publish a version with holes (gc deletes only while it holds the lock checked above).
@@ -444,8 +443,8 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
             f"{store.url}: {len(missing)} object(s) this version references are gone (e.g. "
             f"{missing[0]}; deleted by gc?); nothing was published by this run - re-run it"
         )
-    parts, fresh = _with_manifest_digests(store, body.get("partitions", []), base_parts)
-    ids = [p["id"] for p in parts]
+    parts, fresh = _with_manifest_digests(store, entries, base_parts)
+    ids = [p.id for p in parts]
     if len(set(ids)) != len(ids):
         raise FormatError(f"{store.url}: version {tag!r} lists a partition twice")
     catalog, parts = publish_catalog(store, parts, base_catalog, fresh)

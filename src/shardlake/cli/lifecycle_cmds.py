@@ -231,7 +231,7 @@ def _break_lock(args: argparse.Namespace) -> int:
             return 1
     broken = root.break_gc_lock()
     if args.json:
-        print_json({"broken": broken})
+        print_json({"broken": None if broken is None else broken.to_json()})
     else:
         print(f"broke the gc lock: {describe_lock(broken)}")
     return 0

@@ -172,38 +172,27 @@ def read_manifest(
         raise FormatError(f"{where}: manifest is missing") from exc
 
 
-def read_entry_manifest(
-    store: Store, entry: PartitionEntry | Mapping[str, Any]
-) -> tuple[pa.Table, ManifestMeta]:
+def read_entry_manifest(store: Store, entry: PartitionEntry) -> tuple[pa.Table, ManifestMeta]:
     """The manifest a version's partition entry names, checked against its recorded digest
     (entries written before digests were recorded have none)."""
-    doc = _entry_doc(entry)
-    return read_manifest(store, doc["manifest"], sha256=doc.get("manifest_sha256"))
-
-
-def _entry_doc(entry: PartitionEntry | Mapping[str, Any]) -> Mapping[str, Any]:
-    # Transitional: callers still holding stored dicts pass them as they are.
-    return entry.to_json() if isinstance(entry, PartitionEntry) else entry
+    return read_manifest(store, entry.manifest, sha256=entry.manifest_sha256)
 
 
 METADATA_MISMATCH = "manifest metadata does not match the version entry"
 
 
-def entry_mismatches(
-    entry: PartitionEntry | Mapping[str, Any], table: pa.Table, meta: ManifestMeta
-) -> list[str]:
+def entry_mismatches(entry: PartitionEntry, table: pa.Table, meta: ManifestMeta) -> list[str]:
     """What is wrong with a manifest against the version entry naming it (metadata first).
 
     Catches a manifest swapped in from another partition or build; empty when it matches.
     """
-    entry = _entry_doc(entry)
-    pid = entry["id"]
+    pid = entry.id
     expect = {
         "partition_id": (meta.partition_id, pid),
-        "partition_path": (meta.partition_path, entry.get("path", meta.partition_path)),
-        "data_rev": (meta.data_rev, entry["data_rev"]),
-        "meta_rev": (meta.meta_rev, entry.get("meta_rev", meta.meta_rev)),
-        "manifest_rev": (meta.manifest_rev, entry["manifest_rev"]),
+        "partition_path": (meta.partition_path, entry.path),
+        "data_rev": (meta.data_rev, entry.data_rev),
+        "meta_rev": (meta.meta_rev, entry.meta_rev),
+        "manifest_rev": (meta.manifest_rev, entry.manifest_rev),
     }
     wrong = [
         f"{name} {got!r} (version says {want!r})"
@@ -213,8 +202,8 @@ def entry_mismatches(
     if wrong:
         return [f"{METADATA_MISMATCH}: " + "; ".join(wrong)]
     out = []
-    if table.num_rows != int(entry["samples"]):
-        out.append(f"{table.num_rows} rows, version says {entry['samples']} samples")
+    if table.num_rows != entry.samples:
+        out.append(f"{table.num_rows} rows, version says {entry.samples} samples")
     others = set(pc.unique(table.column("partition")).to_pylist()) - {pid}
     if others:
         out.append(f"rows name other partition(s) {sorted(others)}")

@@ -12,6 +12,7 @@ from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.layout import version_key
+from ..format.manifest import ManifestMeta, read_entry_manifest
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from ..store import Store
 from ..versions import Version, load_version, load_version_by_hash, read_state
@@ -59,6 +60,17 @@ def manifest_problem(pid: str, manifest_url: str, exc: FormatError) -> Problem:
     disagreed (a manifest damaged in transit on every read is not a damaged manifest)."""
     message = str(exc).removeprefix(f"{manifest_url}: ")
     return Problem(pid, manifest_url, None, None, message, getattr(exc, "kind", CORRUPT_AT_REST))
+
+
+def read_manifest_or_report(
+    store: Store, entry: PartitionEntry, problems: list[Problem]
+) -> tuple[pa.Table, ManifestMeta] | None:
+    """The manifest ``entry`` names, or None with why it is unusable appended to ``problems``."""
+    try:
+        return read_entry_manifest(store, entry)
+    except FormatError as exc:
+        problems.append(manifest_problem(entry.id, store.key_url(entry.manifest), exc))
+        return None
 
 
 def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:

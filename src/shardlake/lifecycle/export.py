@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -37,6 +37,7 @@ from ..errors import (
 )
 from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
+from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
 from ..format.manifest import entry_mismatches, parse_manifest, read_entry_manifest
 from ..format.source_form import npz_bytes, sidecar_json
@@ -47,7 +48,7 @@ from ..store import Store, open_store
 from ..versions import (
     RootState,
     Version,
-    _commit,
+    commit_state,
     ensure_root,
     load_version,
     load_version_bytes,
@@ -155,12 +156,12 @@ def _read_marker(src: Store) -> tuple[dict[str, Any], bytes]:
     return marker, data
 
 
-def _source_manifest(src: Store, entry: Mapping[str, Any]) -> tuple[pa.Table, bytes]:
+def _source_manifest(src: Store, entry: PartitionEntry) -> tuple[pa.Table, bytes]:
     """The manifest ``entry`` names, verified: against the entry's digest where it records one
     (two agreeing reads where it does not), its metadata and row count against the entry."""
-    key = entry["manifest"]
+    key = entry.manifest
     where = src.key_url(key)
-    digest = entry.get("manifest_sha256")
+    digest = entry.manifest_sha256
 
     def parse(data: bytes) -> pa.Table:
         if digest is not None and hashlib.sha256(data).hexdigest() != digest:
@@ -212,10 +213,10 @@ def _put_verified(dest: Store, key: str, data: bytes, report: ExportReport) -> N
     report.bytes_copied += len(data)
 
 
-def _shard_problem(dest: Store, pid: str, shard: Mapping[str, Any], rows: RowList) -> str | None:
+def _shard_problem(dest: Store, pid: str, shard: ShardEntry, rows: RowList) -> str | None:
     """What is wrong with the shard copy at ``dest`` (None when it is intact): its size, every
     listed payload against the manifest's CRC-32, every tar header against the manifest."""
-    key, size = shard["key"], int(shard["size"])
+    key, size = shard.key, shard.size
     try:
         if dest.size(key) != size:
             return f"size differs from {size}"
@@ -229,10 +230,10 @@ def _shard_problem(dest: Store, pid: str, shard: Mapping[str, Any], rows: RowLis
 
 
 def _export_shard(
-    src: Store, dest: Store, pid: str, shard: Mapping[str, Any], rows: RowList, report: ExportReport
+    src: Store, dest: Store, pid: str, shard: ShardEntry, rows: RowList, report: ExportReport
 ) -> None:
     """Copy one shard unless an intact copy is there; verify the copy, re-copying a bad one."""
-    key = shard["key"]
+    key = shard.key
     if _shard_problem(dest, pid, shard, rows) is None:
         report.skipped.append(key)
         return
@@ -242,7 +243,7 @@ def _export_shard(
         problem = _shard_problem(dest, pid, shard, rows)
         if problem is None:
             report.copied.append(key)
-            report.bytes_copied += int(shard["size"])
+            report.bytes_copied += shard.size
             return
     dest.delete(key)  # never leave a bad copy for a resume to trust
     source_bad = [p for _r, _b, p in check_shard_payloads(src, pid, key, rows, decode=False) if p]
@@ -274,14 +275,14 @@ def export_version(
         dest.create(ROOT_MARKER, marker_bytes)
     ensure_root(dest, dataset_id=str(src_marker["dataset_id"]))
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
-    total = sum(len(e["shards"]) for e in ver.partitions)
+    total = sum(len(e.shards) for e in ver.entries)
     bar = Progress(total, "export", unit="shards", enabled=progress)
-    for entry in ver.partitions:
+    for entry in ver.entries:
         table, manifest_bytes = _source_manifest(src, entry)
-        _put_verified(dest, entry["manifest"], manifest_bytes, report)
+        _put_verified(dest, entry.manifest, manifest_bytes, report)
         groups = rows_by_shard(table)
-        for index, shard in enumerate(entry["shards"]):
-            _export_shard(src, dest, entry["id"], shard, groups.get(index, []), report)
+        for index, shard in enumerate(entry.shards):
+            _export_shard(src, dest, entry.id, shard, groups.get(index, []), report)
             bar.update()
     bar.close()
     for keyset, data in chosen:
@@ -304,7 +305,9 @@ def _commit_export(src: Store, dest: Store, ver: Version) -> bool:
     versions = dict(state.versions)
     versions[ver.tag] = ver.hash
     new = RootState(state.seq + 1, versions, state.retired, ver.tag)
-    _commit(dest, state, new, "export", {"tag": ver.tag, "version": ver.hash, "source": src.url})
+    commit_state(
+        dest, state, new, "export", {"tag": ver.tag, "version": ver.hash, "source": src.url}
+    )
     return True
 
 
@@ -350,13 +353,13 @@ def export_npz(
     report = NpzExportReport(dest.url, ver.tag)
     decoder = Decoder()
     bar = Progress(len(wanted) if wanted is not None else ver.samples, "export", enabled=progress)
-    for entry in ver.partitions:
-        pid = entry["id"]
+    for entry in ver.entries:
+        pid = entry.id
         table, _meta = read_entry_manifest(src, entry)
         full = {r["key"]: r for r in table.to_pylist() if wanted is None or r["key"] in wanted}
         for index, rows in sorted(rows_by_shard(table).items()):
             rows = [r for r in rows if r["key"] in full]
-            shard = entry["shards"][index]["key"]
+            shard = entry.shards[index].key
             for row, payload, problem in check_shard_payloads(src, pid, shard, rows, decode=False):
                 if problem is not None or payload is None:
                     raise IntegrityError(str(problem or f"{src.key_url(shard)} key {row['key']!r}"))

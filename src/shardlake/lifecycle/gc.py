@@ -43,6 +43,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
+from ..format.documents import GcLock
 from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
 from ..keysets import list_keysets, referenced_versions
 from ..progress import Progress
@@ -136,7 +137,7 @@ class _Fenced:
     report: GcReport
     leftovers: list[Leftover]
     cutoff: float
-    lock: dict[str, Any]
+    lock: GcLock
     locked: RootState
 
 
@@ -218,7 +219,7 @@ def _delete_garbage(store: Store, fenced: _Fenced, progress: bool | None) -> set
     try:
         for info in sorted(report.garbage, key=_delete_order):
             bar.update()
-            if time.time() > float(fenced.lock["expires_at"]) - LOCK_MARGIN_S:
+            if time.time() > fenced.lock.expires_at - LOCK_MARGIN_S:
                 report.incomplete = True  # never delete without a valid lock; re-run gc
                 break
             # Re-stat right before deleting: a writer may have re-created the same deterministic
@@ -241,18 +242,18 @@ def _delete_garbage(store: Store, fenced: _Fenced, progress: bool | None) -> set
     return deleted
 
 
-def new_lock(ttl_s: float = LOCK_TTL_S) -> dict[str, Any]:
+def new_lock(ttl_s: float = LOCK_TTL_S) -> GcLock:
     """A fresh lease: a unique id, who holds it (for operators) and when it expires."""
     owner = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
-    return {"id": uuid.uuid4().hex, "owner": owner, "expires_at": time.time() + ttl_s}
+    return GcLock(id=uuid.uuid4().hex, expires_at=time.time() + ttl_s, owner=owner)
 
 
-def describe_lock(lock: dict[str, Any] | None) -> str:
+def describe_lock(lock: GcLock | None) -> str:
     """``gc holds the root until <UTC time> (owner ...)``, for messages."""
-    if not lock:
+    if lock is None:
         return "no gc holds the root"
-    until = datetime.fromtimestamp(float(lock.get("expires_at", 0)), timezone.utc)
-    owner = f" (owner {lock['owner']})" if lock.get("owner") else ""
+    until = datetime.fromtimestamp(lock.expires_at, timezone.utc)
+    owner = f" (owner {lock.owner})" if lock.owner else ""
     return f"gc holds the root until {until.isoformat(timespec='seconds')}{owner}"
 
 
@@ -270,8 +271,8 @@ def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:
             there = read_commit(store, locked.seq)
         except (KeyNotFoundError, FormatError):
             return False
-        mine = (locked.gc_lock or {}).get("id")
-        return there.gc_lock is not None and there.gc_lock.get("id") == mine
+        mine = None if locked.gc_lock is None else locked.gc_lock.id
+        return there.gc_lock is not None and there.gc_lock.id == mine
 
 
 def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> RootState:
@@ -287,14 +288,14 @@ def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = Non
             raise UsageError(f"{store.url}: no gc lock is held")
         new = RootState(state.seq + 1, state.versions, state.retired, state.latest)
         try:
-            commit_state(store, state, new, "gc-break-lock", {"broken": state.gc_lock})
+            commit_state(store, state, new, "gc-break-lock", {"broken": state.gc_lock.to_json()})
             return state
         except ConflictError:
             continue
     raise ConflictError(f"{store.url}: the commit log kept moving; break the gc lock again")
 
 
-def _unlock(store: Store, lock: dict[str, Any]) -> None:
+def _unlock(store: Store, lock: GcLock) -> None:
     """Commit the state without ``lock`` (keeping whatever others committed meanwhile)."""
     for _attempt in range(FENCE_ATTEMPTS * 4):
         current = read_state(store)

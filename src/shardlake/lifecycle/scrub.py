@@ -13,16 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FormatError
-from ..format.manifest import read_entry_manifest
 from ..progress import Progress
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
     Problem,
     check_shard_payloads,
-    manifest_problem,
     problem_counts,
+    read_manifest_or_report,
     rows_by_shard,
     unique_revisions,
     versions_for,
@@ -115,12 +113,11 @@ def scrub(
         part = PartitionScrub(pid)
         report.partitions.append(part)
         murl = store.key_url(entry.manifest)
-        try:
-            table, _meta = read_entry_manifest(store, entry)
-        except FormatError as exc:
-            report.problems.append(manifest_problem(pid, murl, exc))
+        read = read_manifest_or_report(store, entry, report.problems)
+        if read is None:
             part.problems += 1
             continue
+        table, _meta = read
         shards = entry.shards
         for shard_index, rows in sorted(rows_by_shard(table).items()):
             if not 0 <= shard_index < len(shards):

@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import io
 import json
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,26 +31,26 @@ from ..errors import (
     UsageError,
 )
 from ..format.codec import Decoder, arrays_equal_exact
+from ..format.documents import ShardEntry
 from ..format.layout import member_name
 from ..format.manifest import (
     CORE_COLUMNS,
     METADATA_MISMATCH,
     entry_mismatches,
-    read_entry_manifest,
 )
 from ..format.npz import load_npz
 from ..format.tar import iter_members
 from ..progress import Progress
 from ..read.payloads import DEFAULT_REREADS, TRANSPORT
 from ..store import Store, open_store
-from ..versions import load_version
+from ..versions import Version, load_version
 from .common import (
     DEFAULT_WORKERS,
     SHOW_MAX,
     Problem,
     check_shard_payloads,
-    manifest_problem,
     problem_counts,
+    read_manifest_or_report,
     rows_by_shard,
 )
 
@@ -170,9 +170,9 @@ def verify_source(
     store = open_store(url, storage_options)
     source = open_store(source_url, source_options)
     ver = load_version(store, version)
-    report = VerifyReport(ver.tag, source.url, len(ver.partitions), expected_partitions)
+    report = VerifyReport(ver.tag, source.url, ver.partition_count, expected_partitions)
     report.allow_missing = allow_missing or 0
-    expected, optional = _source_samples(source, bool(ver.doc.get("keep_skipped", False)))
+    expected, optional = _source_samples(source, ver.record.keep_skipped)
     if only_keys is not None:
         wanted = set(only_keys)
         expected, optional = expected & wanted, optional & wanted
@@ -181,58 +181,15 @@ def verify_source(
     report.source_samples = len(expected)
     present: set[str] = set()
     bar = Progress(ver.samples, "verify", enabled=progress)
-    tasks: list[tuple[str, str, list[dict[str, Any]]]] = []
-    for entry in ver.partitions:
-        pid = entry["id"]
-        murl = store.key_url(entry["manifest"])
-        try:
-            table, _meta = read_entry_manifest(store, entry)
-        except FormatError as exc:
-            report.problems.append(manifest_problem(pid, murl, exc))
-            continue
-        for index, rows in sorted(rows_by_shard(table).items()):
-            if not 0 <= index < len(entry["shards"]):
-                message = f"shard index {index} is not in the version entry"
-                report.problems.append(Problem(pid, murl, rows[0]["key"], None, message))
-                present.update(r["key"] for r in rows)
-                continue
-            tasks.append((pid, entry["shards"][index]["key"], rows))
+    tasks = _shard_tasks(store, ver, report, present)
+    known = expected | optional
 
-    def check(pid: str, shard: str, rows: list[dict[str, Any]]) -> _ShardResult:
-        result = _ShardResult()
-        decoder = Decoder()
-        for row, payload, problem in check_shard_payloads(store, pid, shard, rows, decode=False):
-            key = row["key"]
-            result.present.append(key)
-            if key not in expected and key not in optional:
-                result.extra.append(key)
-                continue
-            if problem is not None or payload is None:
-                result.problems.append(
-                    problem
-                    or Problem(pid, store.key_url(shard), key, int(row["offset"]), "no payload")
-                )
-                continue
-            where = f"{store.key_url(shard)} key {key!r} offset {row['offset']}"
-            try:
-                arrays = decoder.decode(payload, where)
-                original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
-            except (ShardlakeError, KeyNotFoundError) as exc:
-                result.problems.append(
-                    Problem(pid, store.key_url(shard), key, int(row["offset"]), str(exc))
-                )
-                continue
-            diff = _compare(arrays, original)
-            if diff:
-                result.problems.append(
-                    Problem(pid, store.key_url(shard), key, int(row["offset"]), diff)
-                )
-            result.compared += 1
-        return result
+    def check(task: tuple[str, str, list[dict[str, Any]]]) -> _ShardResult:
+        return _check_shard(store, source, known, *task)
 
     # Shards in parallel threads: npz inflate, zstd and reads release the GIL.
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for result in pool.map(lambda task: check(*task), tasks):
+        for result in pool.map(check, tasks):
             present.update(result.present)
             report.extra.extend(result.extra)
             report.problems.extend(result.problems)
@@ -243,6 +200,65 @@ def verify_source(
     report.missing = sorted(expected - present)
     report.extra.sort()
     return report
+
+
+def _shard_tasks(
+    store: Store, ver: Version, report: VerifyReport, present: set[str]
+) -> list[tuple[str, str, list[dict[str, Any]]]]:
+    """``(partition, shard key, rows)`` of every shard to check; an unreadable manifest or a row
+    naming a shard the entry lacks is reported (its keys count as present)."""
+    tasks = []
+    for entry in ver.entries:
+        pid = entry.id
+        murl = store.key_url(entry.manifest)
+        read = read_manifest_or_report(store, entry, report.problems)
+        if read is None:
+            continue
+        table, _meta = read
+        for index, rows in sorted(rows_by_shard(table).items()):
+            if not 0 <= index < len(entry.shards):
+                message = f"shard index {index} is not in the version entry"
+                report.problems.append(Problem(pid, murl, rows[0]["key"], None, message))
+                present.update(r["key"] for r in rows)
+                continue
+            tasks.append((pid, entry.shards[index].key, rows))
+    return tasks
+
+
+def _check_shard(
+    store: Store, source: Store, known: set[str], pid: str, shard: str, rows: list[dict[str, Any]]
+) -> _ShardResult:
+    """Every payload of one shard decoded and compared with its source npz (keys not in
+    ``known`` are extra, not compared)."""
+    result = _ShardResult()
+    decoder = Decoder()
+    for row, payload, problem in check_shard_payloads(store, pid, shard, rows, decode=False):
+        key = row["key"]
+        result.present.append(key)
+        if key not in known:
+            result.extra.append(key)
+            continue
+        if problem is not None or payload is None:
+            result.problems.append(
+                problem or Problem(pid, store.key_url(shard), key, int(row["offset"]), "no payload")
+            )
+            continue
+        where = f"{store.key_url(shard)} key {key!r} offset {row['offset']}"
+        try:
+            arrays = decoder.decode(payload, where)
+            original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
+        except (ShardlakeError, KeyNotFoundError) as exc:
+            result.problems.append(
+                Problem(pid, store.key_url(shard), key, int(row["offset"]), str(exc))
+            )
+            continue
+        diff = _compare(arrays, original)
+        if diff:
+            result.problems.append(
+                Problem(pid, store.key_url(shard), key, int(row["offset"]), diff)
+            )
+        result.compared += 1
+    return result
 
 
 def _compare(got: dict[str, Any], want: dict[str, Any]) -> str | None:
@@ -327,7 +343,7 @@ def verify_offsets(
     ver = load_version(store, version)
     report = OffsetsReport(ver.tag)
     bar = Progress(
-        sum(len(e["shards"]) for e in ver.partitions),
+        sum(len(e.shards) for e in ver.entries),
         "verify-offsets",
         unit="shards",
         enabled=progress,
@@ -338,15 +354,14 @@ def verify_offsets(
         catalog = rows_by_partition(catalog_rows(store, ver, CORE_COLUMNS))
     except (FormatError, IntegrityError) as exc:
         report.problems.append(Problem("", store.url, None, None, f"catalog: {exc}"))
-    for entry in ver.partitions:
-        pid = entry["id"]
+    for entry in ver.entries:
+        pid = entry.id
         report.partitions += 1
-        murl = store.key_url(entry["manifest"])
-        try:
-            table, meta = read_entry_manifest(store, entry)
-        except FormatError as exc:
-            report.problems.append(manifest_problem(pid, murl, exc))
+        murl = store.key_url(entry.manifest)
+        read = read_manifest_or_report(store, entry, report.problems)
+        if read is None:
             continue
+        table, meta = read
         problems = entry_mismatches(entry, table, meta)
         report.problems.extend(Problem(pid, murl, None, None, message) for message in problems)
         if problems and problems[0].startswith(METADATA_MISMATCH):
@@ -355,7 +370,7 @@ def verify_offsets(
         if differs is not None and not problems:
             report.problems.append(Problem(pid, murl, None, None, differs))
         groups = rows_by_shard(table)
-        for index in sorted(set(groups) - set(range(len(entry["shards"])))):
+        for index in sorted(set(groups) - set(range(len(entry.shards)))):
             report.problems.append(
                 Problem(
                     pid,
@@ -365,7 +380,7 @@ def verify_offsets(
                     f"shard index {index} is not in the version entry",
                 )
             )
-        for index, shard in enumerate(entry["shards"]):
+        for index, shard in enumerate(entry.shards):
             report.shards += 1
             bar.update()
             rows = groups.get(index, [])
@@ -378,7 +393,7 @@ def verify_offsets(
 def check_shard_headers(
     store: Store,
     pid: str,
-    shard: Mapping[str, Any],
+    shard: ShardEntry,
     rows: list[dict[str, Any]],
     *,
     rereads: int = DEFAULT_REREADS,
@@ -401,10 +416,10 @@ def check_shard_headers(
 
 
 def _shard_header_problems(
-    store: Store, pid: str, shard: Mapping[str, Any], rows: list[dict[str, Any]]
+    store: Store, pid: str, shard: ShardEntry, rows: list[dict[str, Any]]
 ) -> tuple[list[Problem], str]:
     """The problems found in one read of the shard's headers, and a digest of what was read."""
-    key = shard["key"]
+    key = shard.key
     url = store.key_url(key)
     try:
         raw = _RangeFile(store, key)
@@ -414,14 +429,12 @@ def _shard_header_problems(
 
 
 def _header_problems(
-    raw: _RangeFile, pid: str, url: str, shard: Mapping[str, Any], rows: list[dict[str, Any]]
+    raw: _RangeFile, pid: str, url: str, shard: ShardEntry, rows: list[dict[str, Any]]
 ) -> list[Problem]:
     out: list[Problem] = []
-    if shard.get("size") is not None and raw._size != int(shard["size"]):
+    if raw._size != shard.size:
         out.append(
-            Problem(
-                pid, url, None, None, f"shard is {raw._size} bytes, version says {shard['size']}"
-            )
+            Problem(pid, url, None, None, f"shard is {raw._size} bytes, version says {shard.size}")
         )
     members: list[tuple[str, int, int]] = []
     try:
@@ -429,57 +442,30 @@ def _header_problems(
             for m in iter_members(fh, url):
                 members.append((m.name, m.offset, m.size))
     except (FormatError, IntegrityError, OSError, EOFError) as exc:
-        out.append(
-            Problem(
-                pid,
-                url,
-                None,
-                None,
-                f"tar headers unreadable after {len(members)} member(s): {exc}",
-            )
-        )
+        message = f"tar headers unreadable after {len(members)} member(s): {exc}"
+        out.append(Problem(pid, url, None, None, message))
     for row in sorted(rows, key=lambda r: int(r["member"])):
-        index, offset, size = int(row["member"]), int(row["offset"]), int(row["size"])
-        if not 0 <= index < len(members):
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"member {index} is not in the shard ({len(members)} members; truncated?)",
-                )
-            )
-            continue
-        name, t_offset, t_size = members[index]
-        if name != member_name(row["key"]):
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"member {index} is {name!r}, expected {member_name(row['key'])!r}",
-                )
-            )
-        elif (t_offset, t_size) != (offset, size):
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"manifest says offset {offset} size {size}, tar header says offset {t_offset} size {t_size}",
-                )
-            )
-        elif offset + size > raw._size:
-            out.append(
-                Problem(
-                    pid,
-                    url,
-                    row["key"],
-                    offset,
-                    f"payload ends past the shard end ({raw._size} bytes; truncated)",
-                )
-            )
+        problem = _member_problem(row, members, raw._size)
+        if problem is not None:
+            out.append(Problem(pid, url, row["key"], int(row["offset"]), problem))
     return out
+
+
+def _member_problem(
+    row: dict[str, Any], members: list[tuple[str, int, int]], shard_size: int
+) -> str | None:
+    """What is wrong with one manifest row against the tar header it names (None: agrees)."""
+    index, offset, size = int(row["member"]), int(row["offset"]), int(row["size"])
+    if not 0 <= index < len(members):
+        return f"member {index} is not in the shard ({len(members)} members; truncated?)"
+    name, t_offset, t_size = members[index]
+    if name != member_name(row["key"]):
+        return f"member {index} is {name!r}, expected {member_name(row['key'])!r}"
+    if (t_offset, t_size) != (offset, size):
+        return (
+            f"manifest says offset {offset} size {size}, tar header says offset {t_offset} "
+            f"size {t_size}"
+        )
+    if offset + size > shard_size:
+        return f"payload ends past the shard end ({shard_size} bytes; truncated)"
+    return None

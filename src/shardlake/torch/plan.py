@@ -302,32 +302,14 @@ def plan_leg(
     ``epoch_samples`` (default: all rows) is what ``max_pad_fraction`` is measured against.
     """
     n_all = len(rows)
-    ids = np.arange(n_all, dtype=np.int64)
-    if exclude is not None and len(exclude):
-        keep = np.ones(n_all, dtype=bool)
-        keep[exclude] = False
-        ids = ids[keep]
+    ids = _leg_ids(n_all, exclude)
     n = len(ids)
     per_step = layout.global_batch
     steps = math.ceil(n / per_step) if n else 0
     pad = steps * per_step - n
-    basis = epoch_samples if epoch_samples is not None else n_all
-    if pad and not params.exact and pad > params.max_pad_fraction * basis:
-        raise PlanError(
-            f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
-            f"{layout.batch_size} leave {pad} slots to fill by replaying samples "
-            f"({pad / max(basis, 1):.1%} of the epoch), more than max_pad_fraction="
-            f"{params.max_pad_fraction:g}; use a smaller batch_size or fewer ranks, or raise "
-            "max_pad_fraction",
-            options=("batch_size", "max_pad_fraction"),
-        )
-    shuffled = params.shuffle
-    rng = _rng(params, epoch, layout, leg, "order") if shuffled else None
-    if pad:
-        pick_rng = _rng(params, epoch, layout, leg, "replay")
-        replay = ids[pick_rng.choice(n, size=pad, replace=pad > n)]
-    else:
-        replay = np.zeros(0, dtype=np.int64)
+    _check_padding(n, pad, epoch_samples if epoch_samples is not None else n_all, params, layout)
+    rng = _rng(params, epoch, layout, leg, "order") if params.shuffle else None
+    replay = _replay(ids, pad, _rng(params, epoch, layout, leg, "replay") if pad else None)
     pad_rows = None
     if params.exact:
         # Padding gets ids of its own past the rows, so it can be told apart after planning.
@@ -343,13 +325,7 @@ def plan_leg(
         chunks = [chunks[i] for i in rng.permutation(len(chunks))]
     # Split the chunk sequence into one contiguous segment per slot (rank-major), sized to
     # each slot's whole batches; a chunk straddling a boundary is split.
-    w = layout.slots_per_rank
-    sizes = [
-        len(range(k, steps, w)) * layout.batch_size
-        for _r in range(layout.world_size)
-        for k in range(w)
-    ]
-    segments = _split_segments(chunks, sizes)
+    segments = _split_segments(chunks, _slot_sizes(layout, steps))
     slot_rows, slot_read, slot_pos, slot_chunk = [], [], [], []
     for seg in segments:
         emit, read, pos, chunk_of = _slot_order(seg, params, rng)
@@ -370,6 +346,46 @@ def plan_leg(
         n_all if params.exact else None,
         pad_rows,
     )
+
+
+def _leg_ids(n_all: int, exclude: IntArray | None) -> IntArray:
+    """Row ids ``0..n_all-1`` without ``exclude``."""
+    ids = np.arange(n_all, dtype=np.int64)
+    if exclude is None or not len(exclude):
+        return ids
+    keep = np.ones(n_all, dtype=bool)
+    keep[exclude] = False
+    return ids[keep]
+
+
+def _check_padding(n: int, pad: int, basis: int, params: PlanParams, layout: Layout) -> None:
+    """Refuse a leg whose padding (replayed samples) exceeds ``max_pad_fraction`` of ``basis``."""
+    if pad and not params.exact and pad > params.max_pad_fraction * basis:
+        raise PlanError(
+            f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
+            f"{layout.batch_size} leave {pad} slots to fill by replaying samples "
+            f"({pad / max(basis, 1):.1%} of the epoch), more than max_pad_fraction="
+            f"{params.max_pad_fraction:g}; use a smaller batch_size or fewer ranks, or raise "
+            "max_pad_fraction",
+            options=("batch_size", "max_pad_fraction"),
+        )
+
+
+def _replay(ids: IntArray, pad: int, rng: np.random.Generator | None) -> IntArray:
+    """``pad`` of ``ids`` drawn by ``rng`` to fill the last step (with repeats if too few)."""
+    if not pad or rng is None:
+        return np.zeros(0, dtype=np.int64)
+    return ids[rng.choice(len(ids), size=pad, replace=pad > len(ids))]
+
+
+def _slot_sizes(layout: Layout, steps: int) -> list[int]:
+    """Rows of each slot (rank-major): its whole batches of the ``steps`` steps."""
+    w = layout.slots_per_rank
+    return [
+        len(range(k, steps, w)) * layout.batch_size
+        for _r in range(layout.world_size)
+        for k in range(w)
+    ]
 
 
 def plan_epoch(

@@ -7,6 +7,11 @@ from typing import Any
 
 
 def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
+    _register_pack(bsub)
+    _register_load(bsub)
+
+
+def _register_pack(bsub: argparse._SubParsersAction[Any]) -> None:
     p = bsub.add_parser(
         "pack",
         help="pack throughput and a calibrated per-partition cost model (JSON)",
@@ -45,6 +50,8 @@ def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--keep", action="store_true", help="keep the scratch packs")
     p.set_defaults(func=_run, bench_command="pack")
 
+
+def _register_load(bsub: argparse._SubParsersAction[Any]) -> None:
     p = bsub.add_parser(
         "load",
         help="loader throughput, memory, first batch, bytes fetched and mixing (JSON)",

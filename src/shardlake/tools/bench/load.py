@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import UsageError
@@ -53,27 +54,16 @@ def bench_load(
 
     ``progress``: batches on standard error (None: only on a terminal; stdout holds the JSON).
     """
-    import torch
-
-    from ...store import open_store
     from ...torch import ShardDataset
     from ...torch.plan import DEFAULT_MAX_PAD_FRACTION
     from .mixing import mixing_summary
 
-    if batch_size < 1 or num_workers < 0 or epochs < 1:
-        raise UsageError("--batch-size and --epochs must be >= 1, --num-workers >= 0")
-    if max_batches is not None and max_batches < 1:
-        raise UsageError("--max-batches must be >= 1")
+    _check_options(batch_size, num_workers, epochs, max_batches)
     mem = MemorySampler().start()
     log_fd, log_path = tempfile.mkstemp(prefix="shardlake-bench-requests-", suffix=".jsonl")
     os.close(log_fd)
     try:
-        store: Any = open_store(url, storage_options)
-        if count_bytes:
-            # Every request of every process (DataLoader workers too) appends one JSON line.
-            from ...store import RequestCounter
-
-            store = store.with_layers(RequestCounter(log_path))
+        store = _open_store(url, storage_options, log_path if count_bytes else None)
         t_open = time.perf_counter()
         ds = ShardDataset(
             store,
@@ -96,91 +86,145 @@ def bench_load(
         selection_payload = int(ds.table.size.sum())
         loader = ds.loader()
         cpu0, sampler0 = process_tree_cpu_s(), mem.cpu_s
-        samples = batches = decoded = 0
-        # Rates exclude the first batch: its cost is startup, reported as time to first batch.
-        first_samples = first_decoded = 0
-        first_batch_s: float | None = None
-        t_first = t_opened
-        epoch_rates: list[float] = []
-        planned = len(loader) * epochs
-        bar = Progress(
-            planned if max_batches is None else min(planned, max_batches),
-            "bench load",
-            unit="batches",
-            enabled=progress,
-        )
-        for epoch in range(epochs):
-            loader.set_epoch(epoch)
-            t_epoch, epoch_samples = time.perf_counter(), samples
-            for batch in loader:
-                if first_batch_s is None:
-                    t_first = time.perf_counter()
-                    first_batch_s = t_first - t_open
-                batches += 1
-                bar.update()
-                for value in batch.values():
-                    if isinstance(value, torch.Tensor):
-                        decoded += value.nbytes
-                samples += len(next(iter(batch.values())))
-                if batches == 1:
-                    first_samples, first_decoded = samples, decoded
-                if max_batches is not None and batches >= max_batches:
-                    break
-            epoch_rates.append(rate(samples - epoch_samples, time.perf_counter() - t_epoch))
-            if max_batches is not None and batches >= max_batches:
-                break
-        seconds = time.perf_counter() - t_first
-        bar.close()
+        run = _iterate(loader, epochs, max_batches, (t_open, t_opened), progress)
         # Less the memory sampler's own CPU (it reads every process's smaps).
         loader_cpu = process_tree_cpu_s() - cpu0 - (mem.cpu_s - sampler0)
         mem.stop()
         # Payload of the yielded samples, estimated from the selection's mean member size.
-        mean_member = selection_payload / max(1, len(ds.table))
-        payload = mean_member * samples
+        payload = selection_payload / max(1, len(ds.table)) * run.samples
         result: dict[str, Any] = {
             "benchmark": "load",
             "machine": machine_info(),
             "url": url,
-            "version": ds.version_tag,
-            "version_hash": ds.version_hash,
-            "selection": ds.selection_desc,
-            "selected_samples": len(ds.table),
-            "selected_payload_mb": round(selection_payload / MB, 3),
+            **_selection_fields(ds, selection_payload),
             "world_size": world_size,
             "rank": rank,
             "num_workers": num_workers,
             "batch_size": batch_size,
-            "batches": batches,
-            "samples": samples,
-            "seconds": round(seconds, 3),
-            "open_seconds": round(t_opened - t_open, 3),
-            "time_to_first_batch_s": round(first_batch_s or 0.0, 3),
-            "samples_per_s": rate(samples - first_samples, seconds),
-            "decoded_mb_per_s": rate((decoded - first_decoded) / MB, seconds),
-            "payload_mb_per_s": rate(
-                payload * (samples - first_samples) / max(1, samples) / MB, seconds
-            ),
-            "epoch_samples_per_s": epoch_rates,
+            **run.to_json(t_open, t_opened, payload),
             "cache_dir": cache_dir,
             "peak_rss_mb": round(mem.peak_rss / MB, 1),
             "peak_pss_mb": round(mem.peak_pss / MB, 1),
             "mixing": mixing,
         }
         if count_bytes:
-            from ...store.layers import summarize_request_log
-
-            log = summarize_request_log(log_path)
-            fetched = int(log["bytes_read"])
-            result["bytes_fetched"] = fetched
-            result["requests"] = log["requests"]
-            result["requests_by_op"] = log["by_op"]
-            # > 1: reads beyond the members (tar headers skimmed, manifests); ~1: exact.
-            result["fetched_per_payload"] = round(fetched / payload, 3) if payload else None
-        result["goals"] = load_goals(result, ds, loader_cpu / max(1, samples))
+            result.update(_request_fields(log_path, payload))
+        result["goals"] = load_goals(result, ds, loader_cpu / max(1, run.samples))
         return result
     finally:
         mem.stop()
         os.unlink(log_path)
+
+
+def _check_options(batch_size: int, num_workers: int, epochs: int, max_batches: int | None) -> None:
+    if batch_size < 1 or num_workers < 0 or epochs < 1:
+        raise UsageError("--batch-size and --epochs must be >= 1, --num-workers >= 0")
+    if max_batches is not None and max_batches < 1:
+        raise UsageError("--max-batches must be >= 1")
+
+
+def _selection_fields(ds: Any, selection_payload: int) -> dict[str, Any]:
+    return {
+        "version": ds.version_tag,
+        "version_hash": ds.version_hash,
+        "selection": ds.selection_desc,
+        "selected_samples": len(ds.table),
+        "selected_payload_mb": round(selection_payload / MB, 3),
+    }
+
+
+def _open_store(url: str, storage_options: dict[str, Any] | None, log_path: str | None) -> Any:
+    """The root's store; with ``log_path``, every request of every process (DataLoader workers
+    too) appends one JSON line there."""
+    from ...store import RequestCounter, open_store
+
+    store = open_store(url, storage_options)
+    return store if log_path is None else store.with_layers(RequestCounter(log_path))
+
+
+@dataclass
+class _Iteration:
+    """Counters of one loader run; the first batch's share is kept apart (it is start-up)."""
+
+    batches: int = 0
+    samples: int = 0
+    decoded: int = 0
+    first_samples: int = 0
+    first_decoded: int = 0
+    first_batch_s: float | None = None
+    seconds: float = 0.0
+    epoch_rates: list[float] = field(default_factory=list)
+
+    def to_json(self, t_open: float, t_opened: float, payload: float) -> dict[str, Any]:
+        after_first = self.samples - self.first_samples
+        return {
+            "batches": self.batches,
+            "samples": self.samples,
+            "seconds": round(self.seconds, 3),
+            "open_seconds": round(t_opened - t_open, 3),
+            "time_to_first_batch_s": round(self.first_batch_s or 0.0, 3),
+            "samples_per_s": rate(after_first, self.seconds),
+            "decoded_mb_per_s": rate((self.decoded - self.first_decoded) / MB, self.seconds),
+            "payload_mb_per_s": rate(
+                payload * after_first / max(1, self.samples) / MB, self.seconds
+            ),
+            "epoch_samples_per_s": self.epoch_rates,
+        }
+
+
+def _iterate(
+    loader: Any,
+    epochs: int,
+    max_batches: int | None,
+    opened: tuple[float, float],
+    progress: bool | None,
+) -> _Iteration:
+    """Iterate ``epochs`` epochs (at most ``max_batches`` batches), counting as it goes; rates
+    exclude the first batch, whose cost is start-up (time to first batch, from opening the
+    dataset: ``opened`` is when that began and ended)."""
+    import torch
+
+    t_open, t_first = opened
+    run = _Iteration()
+    planned = len(loader) * epochs
+    total = planned if max_batches is None else min(planned, max_batches)
+    bar = Progress(total, "bench load", unit="batches", enabled=progress)
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        t_epoch, epoch_samples = time.perf_counter(), run.samples
+        for batch in loader:
+            if run.first_batch_s is None:
+                t_first = time.perf_counter()
+                run.first_batch_s = t_first - t_open
+            run.batches += 1
+            bar.update()
+            run.decoded += sum(v.nbytes for v in batch.values() if isinstance(v, torch.Tensor))
+            run.samples += len(next(iter(batch.values())))
+            if run.batches == 1:
+                run.first_samples, run.first_decoded = run.samples, run.decoded
+            if max_batches is not None and run.batches >= max_batches:
+                break
+        run.epoch_rates.append(rate(run.samples - epoch_samples, time.perf_counter() - t_epoch))
+        if max_batches is not None and run.batches >= max_batches:
+            break
+    run.seconds = time.perf_counter() - t_first
+    bar.close()
+    return run
+
+
+def _request_fields(log_path: str, payload: float) -> dict[str, Any]:
+    """Bytes fetched and requests made, from the request log."""
+    from ...store.layers import summarize_request_log
+
+    log = summarize_request_log(log_path)
+    fetched = int(log["bytes_read"])
+    return {
+        "bytes_fetched": fetched,
+        "requests": log["requests"],
+        "requests_by_op": log["by_op"],
+        # > 1: reads beyond the members (tar headers skimmed, manifests); ~1: exact.
+        "fetched_per_payload": round(fetched / payload, 3) if payload else None,
+    }
 
 
 def load_goals(result: dict[str, Any], ds: Any, loader_cpu_s: float) -> dict[str, Any]:

@@ -141,8 +141,7 @@ def bench_pack(
 
     ``progress``: calibration packs on standard error (None: only on a terminal).
     """
-    from ...pack import discover, pack_with_report
-    from ...store import open_store
+    from ...pack import discover
 
     if calibrate < 1 or workers < 1:
         raise UsageError("--calibrate and --workers must be >= 1")
@@ -151,129 +150,173 @@ def bench_pack(
     scratch = Path(tempfile.mkdtemp(prefix="shardlake-bench-pack-"))
     mem = MemorySampler().start()  # the pack worker processes are children: they count
     try:
-        if source is None:
-            from ..synth import synth_corpus
-
-            # Unequal partition sizes, so the fit can tell per-partition overhead from rate.
-            counts = [
-                max(1, synth_samples * (i + 1) // synth_partitions) for i in range(synth_partitions)
-            ]
-            synth_corpus(scratch / "src", synth_partitions, counts, seed=0, neighbors=neighbors)
-            src = scratch / "src"
-        else:
-            src = Path(source)
+        src = (
+            Path(source)
+            if source is not None
+            else _synth_source(scratch / "src", synth_partitions, synth_samples, neighbors)
+        )
         tree = discover(src)
         tree.check_packable()
         parts = list(tree.partitions.values())
         chosen = pick_calibration(parts, calibrate)
-
-        base = root or str(scratch / "roots")
-        run_prefix = _join(base, f"bench-{uuid.uuid4().hex[:12]}")
-        # Warm-up: the first pack in a process pays for worker start and imports; time none of it.
-        warm = chosen[0]
-        pack_with_report(
-            src,
-            _join(run_prefix, "warmup"),
-            tag="bench",
-            workers=1,
-            path_list=[f.npz for f in warm.files[:1]],
-            storage_options=storage_options,
-        )
-        points: list[Calibration] = []
-        bar = Progress(len(chosen), "bench pack", unit="calibration packs", enabled=progress)
-        for i, part in enumerate(chosen):
-            paths = [f.npz for f in part.files]
-            t0 = time.perf_counter()
-            pack_with_report(
-                src,
-                _join(run_prefix, f"cal-{i}"),
-                tag="bench",
-                workers=1,
-                path_list=paths,
-                storage_options=storage_options,
-            )
-            points.append(
-                Calibration(part.path, part.samples, part.npz_bytes, time.perf_counter() - t0)
-            )
-            bar.update()
-        bar.close()
+        run_prefix = _join(root or str(scratch / "roots"), f"bench-{uuid.uuid4().hex[:12]}")
+        points = _calibration_packs(src, chosen, run_prefix, storage_options, progress)
         model = fit(points)
-        cal_samples = sum(p.samples for p in points)
-        cal_bytes = sum(p.npz_bytes for p in points)
-        cal_seconds = sum(p.seconds for p in points)
         result: dict[str, Any] = {
             "benchmark": "pack",
             "machine": machine_info(),
             "source": str(src),
             "root": run_prefix,
-            "calibration": {
-                "partitions": len(points),
-                "samples": cal_samples,
-                "npz_mb": round(cal_bytes / MB, 3),
-                "seconds": round(cal_seconds, 3),
-                "samples_per_s_1_worker": rate(cal_samples, cal_seconds),
-                "mb_per_s_1_worker": rate(cal_bytes / MB, cal_seconds),
-            },
+            "calibration": _calibration_summary(points),
         }
         if parallel and workers > 1 and len(chosen) > 1:
-            paths = [f.npz for part in chosen for f in part.files]
-            t0 = time.perf_counter()
-            report = pack_with_report(
-                src,
-                _join(run_prefix, "parallel"),
-                tag="bench",
-                workers=workers,
-                path_list=paths,
-                storage_options=storage_options,
+            result["parallel"], model = _parallel_pack(
+                src, chosen, run_prefix, workers, storage_options, points, model
             )
-            wall = time.perf_counter() - t0
-            efficiency = min(1.0, cal_seconds / (workers * wall)) if wall > 0 else None
-            model = CostModel(
-                model.overhead_s,
-                model.bytes_per_s,
-                model.calibration,
-                parallel_efficiency=efficiency,
-            )
-            payload = sum(int(p.get("payload_bytes", 0)) for p in report.version.partitions)
-            result["parallel"] = {
-                "workers": workers,
-                "seconds": round(wall, 3),
-                "samples_per_s": rate(cal_samples, wall),
-                "mb_per_s": rate(cal_bytes / MB, wall),
-                "payload_mb_per_s": rate(payload / MB, wall),
-                "speedup": round(cal_seconds / wall, 3) if wall > 0 else None,
-                "efficiency": round(efficiency, 3) if efficiency is not None else None,
-            }
         result["cost_model"] = model.to_json()
         files = [src / f.npz for part in chosen for f in part.files][:stage_frames]
-        result["stage_ms_per_frame"] = stage_costs(src, files)
-        result["goals"] = pack_goals(
-            result["stage_ms_per_frame"], result["calibration"]["samples_per_s_1_worker"] or 0.0
-        )
-
+        stages = result["stage_ms_per_frame"] = stage_costs(src, files)
+        result["goals"] = pack_goals(stages, result["calibration"]["samples_per_s_1_worker"] or 0.0)
         if corpus_sizes is not None:
             sizes, corpus_name = corpus_sizes, str(corpus)
         else:
             sizes = [{"npz_bytes": p.npz_bytes, "samples": p.samples} for p in parts]
             corpus_name = str(src)
+        by_workers = sorted(set(predict_workers or [workers]))
         result["prediction"] = {
             "corpus": corpus_name,
-            "by_workers": [
-                extrapolate(model, sizes, w) for w in sorted(set(predict_workers or [workers]))
-            ],
+            "by_workers": [extrapolate(model, sizes, w) for w in by_workers],
         }
         mem.stop()
-        result["peak_rss_mb"] = round(mem.peak_rss / MB, 1)  # whole process tree, sampled
-        result["peak_pss_mb"] = round(mem.peak_pss / MB, 1)
-        # The kernel's exact peaks: this process, and the largest single finished child.
-        result["peak_rss_self_mb"] = round(peak_rss_bytes() / MB, 1)
-        result["peak_rss_largest_child_mb"] = round(peak_rss_bytes(children=True) / MB, 1)
+        result.update(_memory_peaks(mem))
         if root is not None and not keep:
-            store = open_store(run_prefix, storage_options)
-            for key in store.list(""):
-                store.delete(key)
+            _delete_run(run_prefix, storage_options)
         return result
     finally:
         mem.stop()
         if not keep:
             shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _synth_source(dest: Path, partitions: int, samples: int, neighbors: int) -> Path:
+    """A synthetic source of unequal partition sizes, so the fit can tell per-partition
+    overhead from rate."""
+    from ..synth import synth_corpus
+
+    counts = [max(1, samples * (i + 1) // partitions) for i in range(partitions)]
+    synth_corpus(dest, partitions, counts, seed=0, neighbors=neighbors)
+    return dest
+
+
+def _calibration_packs(
+    src: Path,
+    chosen: list[Any],
+    run_prefix: str,
+    storage_options: dict[str, Any] | None,
+    progress: bool | None,
+) -> list[Calibration]:
+    """Pack each chosen partition alone with one worker, timed (after an untimed warm-up)."""
+    from ...pack import pack_with_report
+
+    # Warm-up: the first pack in a process pays for worker start and imports; time none of it.
+    pack_with_report(
+        src,
+        _join(run_prefix, "warmup"),
+        tag="bench",
+        workers=1,
+        path_list=[f.npz for f in chosen[0].files[:1]],
+        storage_options=storage_options,
+    )
+    points: list[Calibration] = []
+    bar = Progress(len(chosen), "bench pack", unit="calibration packs", enabled=progress)
+    for i, part in enumerate(chosen):
+        t0 = time.perf_counter()
+        pack_with_report(
+            src,
+            _join(run_prefix, f"cal-{i}"),
+            tag="bench",
+            workers=1,
+            path_list=[f.npz for f in part.files],
+            storage_options=storage_options,
+        )
+        points.append(
+            Calibration(part.path, part.samples, part.npz_bytes, time.perf_counter() - t0)
+        )
+        bar.update()
+    bar.close()
+    return points
+
+
+def _calibration_summary(points: list[Calibration]) -> dict[str, Any]:
+    samples = sum(p.samples for p in points)
+    nbytes = sum(p.npz_bytes for p in points)
+    seconds = sum(p.seconds for p in points)
+    return {
+        "partitions": len(points),
+        "samples": samples,
+        "npz_mb": round(nbytes / MB, 3),
+        "seconds": round(seconds, 3),
+        "samples_per_s_1_worker": rate(samples, seconds),
+        "mb_per_s_1_worker": rate(nbytes / MB, seconds),
+    }
+
+
+def _parallel_pack(
+    src: Path,
+    chosen: list[Any],
+    run_prefix: str,
+    workers: int,
+    storage_options: dict[str, Any] | None,
+    points: list[Calibration],
+    model: CostModel,
+) -> tuple[dict[str, Any], CostModel]:
+    """The calibration partitions packed at once by ``workers``: the run's numbers, and the
+    cost model with the parallel efficiency it measured."""
+    from ...pack import pack_with_report
+
+    cal_samples = sum(p.samples for p in points)
+    cal_bytes = sum(p.npz_bytes for p in points)
+    cal_seconds = sum(p.seconds for p in points)
+    t0 = time.perf_counter()
+    report = pack_with_report(
+        src,
+        _join(run_prefix, "parallel"),
+        tag="bench",
+        workers=workers,
+        path_list=[f.npz for part in chosen for f in part.files],
+        storage_options=storage_options,
+    )
+    wall = time.perf_counter() - t0
+    efficiency = min(1.0, cal_seconds / (workers * wall)) if wall > 0 else None
+    model = CostModel(
+        model.overhead_s, model.bytes_per_s, model.calibration, parallel_efficiency=efficiency
+    )
+    payload = sum(e.payload_bytes for e in report.version.entries)
+    run = {
+        "workers": workers,
+        "seconds": round(wall, 3),
+        "samples_per_s": rate(cal_samples, wall),
+        "mb_per_s": rate(cal_bytes / MB, wall),
+        "payload_mb_per_s": rate(payload / MB, wall),
+        "speedup": round(cal_seconds / wall, 3) if wall > 0 else None,
+        "efficiency": round(efficiency, 3) if efficiency is not None else None,
+    }
+    return run, model
+
+
+def _memory_peaks(mem: MemorySampler) -> dict[str, float]:
+    return {
+        "peak_rss_mb": round(mem.peak_rss / MB, 1),  # whole process tree, sampled
+        "peak_pss_mb": round(mem.peak_pss / MB, 1),
+        # The kernel's exact peaks: this process, and the largest single finished child.
+        "peak_rss_self_mb": round(peak_rss_bytes() / MB, 1),
+        "peak_rss_largest_child_mb": round(peak_rss_bytes(children=True) / MB, 1),
+    }
+
+
+def _delete_run(run_prefix: str, storage_options: dict[str, Any] | None) -> None:
+    from ...store import open_store
+
+    store = open_store(run_prefix, storage_options)
+    for key in store.list(""):
+        store.delete(key)
