@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 
@@ -107,14 +107,27 @@ def unique_revisions(versions: Iterable[Version]) -> list[PartitionEntry]:
     return list(seen.values())
 
 
-def rows_by_shard(table: pa.Table) -> dict[int, list[dict[str, Any]]]:
+class ShardRow(NamedTuple):
+    """One manifest row's payload in its shard: the core columns the checks read."""
+
+    key: str
+    shard: int
+    member: int
+    offset: int
+    size: int
+    raw_size: int | None
+    crc32: int
+
+
+def rows_by_shard(table: pa.Table) -> dict[int, list[ShardRow]]:
     """Core manifest rows grouped by shard index, each group sorted by payload offset."""
-    cols = ["key", "shard", "member", "offset", "size", "raw_size", "crc32"]
-    groups: dict[int, list[dict[str, Any]]] = {}
-    for row in table.select(cols).to_pylist():
-        groups.setdefault(int(row["shard"]), []).append(row)
+    columns = [table.column(name).to_pylist() for name in ShardRow._fields]
+    groups: dict[int, list[ShardRow]] = {}
+    for values in zip(*columns, strict=True):
+        row = ShardRow(*values)
+        groups.setdefault(row.shard, []).append(row)
     for rows in groups.values():
-        rows.sort(key=lambda r: int(r["offset"]))
+        rows.sort(key=lambda r: r.offset)
     return groups
 
 
@@ -122,12 +135,12 @@ def check_shard_payloads(
     store: Store,
     pid: str,
     shard_key: str,
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[ShardRow],
     *,
     decode: bool = True,
     batch_bytes: int = BATCH_BYTES,
     on_bytes: Any = None,
-) -> Iterator[tuple[dict[str, Any], bytes | None, Problem | None]]:
+) -> Iterator[tuple[ShardRow, bytes | None, Problem | None]]:
     """Read ``rows``' payloads from one shard in bounded batches and check each.
 
     Payloads go through the one read path (:func:`shardlake.read.read_payloads`): a mismatch is
@@ -140,8 +153,8 @@ def check_shard_payloads(
     start = 0
     while start < len(rows):
         end, size = start, 0
-        while end < len(rows) and (end == start or size + int(rows[end]["size"]) <= batch_bytes):
-            size += int(rows[end]["size"])
+        while end < len(rows) and (end == start or size + rows[end].size <= batch_bytes):
+            size += rows[end].size
             end += 1
         batch = rows[start:end]
         try:
@@ -151,7 +164,7 @@ def check_shard_payloads(
                 msg = (
                     "shard is missing" if i == 0 and start == 0 else "shard is missing (see above)"
                 )
-                yield row, None, Problem(pid, url, row["key"], int(row["offset"]), msg)
+                yield row, None, Problem(pid, url, row.key, row.offset, msg)
             return
         for row, result in zip(batch, results, strict=True):
             problem, kind = result.problem, result.kind
@@ -163,23 +176,21 @@ def check_shard_payloads(
             if problem is None:
                 yield row, result.payload, None
             else:
-                where = (pid, url, row["key"], int(row["offset"]))
+                where = (pid, url, row.key, row.offset)
                 yield row, None, Problem(*where, problem, kind or CORRUPT_AT_REST)
         start = end
 
 
-def payload_ref(shard_key: str, row: dict[str, Any]) -> PayloadRef:
+def payload_ref(shard_key: str, row: ShardRow) -> PayloadRef:
     """The read-path reference of one manifest row's payload."""
-    return PayloadRef(
-        shard_key, int(row["offset"]), int(row["size"]), int(row["crc32"]), str(row["key"])
-    )
+    return PayloadRef(shard_key, row.offset, row.size, row.crc32, row.key)
 
 
-def _decode_problem(decoder: Decoder, payload: bytes, row: dict[str, Any]) -> str | None:
+def _decode_problem(decoder: Decoder, payload: bytes, row: ShardRow) -> str | None:
     try:
         raw = decoder.decompress(payload)
     except IntegrityError as exc:
         return str(exc).split(": ", 1)[-1]
-    if row.get("raw_size") is not None and len(raw) != int(row["raw_size"]):
-        return f"decompressed size {len(raw)}, manifest says {row['raw_size']}"
+    if row.raw_size is not None and len(raw) != row.raw_size:
+        return f"decompressed size {len(raw)}, manifest says {row.raw_size}"
     return None

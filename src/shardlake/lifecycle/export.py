@@ -57,11 +57,11 @@ from ..versions import (
     read_state,
     resolve_tag,
 )
-from .common import check_shard_payloads, rows_by_shard
+from .common import ShardRow, check_shard_payloads, rows_by_shard
 from .verify import check_shard_headers
 
 T = TypeVar("T")
-RowList = list[dict[str, Any]]
+RowList = list[ShardRow]
 # Copies of one shard before export gives up on it (each copy is verified at the destination).
 SHARD_COPIES = 3
 
@@ -358,19 +358,19 @@ def export_npz(
         table, _meta = read_entry_manifest(src, entry)
         full = {r["key"]: r for r in table.to_pylist() if wanted is None or r["key"] in wanted}
         for index, rows in sorted(rows_by_shard(table).items()):
-            rows = [r for r in rows if r["key"] in full]
+            rows = [r for r in rows if r.key in full]
             shard = entry.shards[index].key
             for row, payload, problem in check_shard_payloads(src, pid, shard, rows, decode=False):
                 if problem is not None or payload is None:
-                    raise IntegrityError(str(problem or f"{src.key_url(shard)} key {row['key']!r}"))
-                arrays = decoder.decode(payload, f"{src.key_url(shard)} key {row['key']!r}")
+                    raise IntegrityError(str(problem or f"{src.key_url(shard)} key {row.key!r}"))
+                arrays = decoder.decode(payload, f"{src.key_url(shard)} key {row.key!r}")
                 data = npz_bytes(arrays)
-                dest.write(row["key"] + ".npz", data)
+                dest.write(row.key + ".npz", data)
                 report.samples += 1
                 report.bytes_written += len(data)
-                side = sidecar_json(full[row["key"]])
+                side = sidecar_json(full[row.key])
                 if side is not None:
-                    dest.write(row["key"] + ".json", side)
+                    dest.write(row.key + ".json", side)
                     report.sidecars += 1
                     report.bytes_written += len(side)
                 bar.update()

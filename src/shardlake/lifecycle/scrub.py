@@ -18,6 +18,7 @@ from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
     Problem,
+    ShardRow,
     check_shard_payloads,
     problem_counts,
     read_manifest_or_report,
@@ -74,13 +75,13 @@ class ScrubReport:
 
 
 def _scrub_shard(
-    store: Store, pid: str, shard_key: str, rows: list[dict[str, Any]], kwargs: dict[str, Any]
+    store: Store, pid: str, shard_key: str, rows: list[ShardRow], kwargs: dict[str, Any]
 ) -> tuple[int, int, list[Problem]]:
     samples = size = 0
     problems: list[Problem] = []
     for row, _payload, problem in check_shard_payloads(store, pid, shard_key, rows, **kwargs):
         samples += 1
-        size += int(row["size"])
+        size += row.size
         if problem is not None:
             problems.append(problem)
     return samples, size, problems
@@ -107,7 +108,7 @@ def scrub(
     entries = unique_revisions(versions)
     bar = Progress(sum(e.samples for e in entries), "scrub", enabled=progress)
     kwargs: dict[str, Any] = {} if batch_bytes is None else {"batch_bytes": batch_bytes}
-    tasks: list[tuple[PartitionScrub, str, list[dict[str, Any]]]] = []
+    tasks: list[tuple[PartitionScrub, str, list[ShardRow]]] = []
     for entry in entries:
         pid = entry.id
         part = PartitionScrub(pid)
@@ -122,7 +123,7 @@ def scrub(
         for shard_index, rows in sorted(rows_by_shard(table).items()):
             if not 0 <= shard_index < len(shards):
                 message = f"shard index {shard_index} is not in the version entry"
-                report.problems.append(Problem(pid, murl, rows[0]["key"], None, message))
+                report.problems.append(Problem(pid, murl, rows[0].key, None, message))
                 part.problems += 1
                 continue
             tasks.append((part, shards[shard_index].key, rows))

@@ -48,6 +48,7 @@ from .common import (
     DEFAULT_WORKERS,
     SHOW_MAX,
     Problem,
+    ShardRow,
     check_shard_payloads,
     problem_counts,
     read_manifest_or_report,
@@ -184,7 +185,7 @@ def verify_source(
     tasks = _shard_tasks(store, ver, report, present)
     known = expected | optional
 
-    def check(task: tuple[str, str, list[dict[str, Any]]]) -> _ShardResult:
+    def check(task: tuple[str, str, list[ShardRow]]) -> _ShardResult:
         return _check_shard(store, source, known, *task)
 
     # Shards in parallel threads: npz inflate, zstd and reads release the GIL.
@@ -204,7 +205,7 @@ def verify_source(
 
 def _shard_tasks(
     store: Store, ver: Version, report: VerifyReport, present: set[str]
-) -> list[tuple[str, str, list[dict[str, Any]]]]:
+) -> list[tuple[str, str, list[ShardRow]]]:
     """``(partition, shard key, rows)`` of every shard to check; an unreadable manifest or a row
     naming a shard the entry lacks is reported (its keys count as present)."""
     tasks = []
@@ -218,45 +219,41 @@ def _shard_tasks(
         for index, rows in sorted(rows_by_shard(table).items()):
             if not 0 <= index < len(entry.shards):
                 message = f"shard index {index} is not in the version entry"
-                report.problems.append(Problem(pid, murl, rows[0]["key"], None, message))
-                present.update(r["key"] for r in rows)
+                report.problems.append(Problem(pid, murl, rows[0].key, None, message))
+                present.update(r.key for r in rows)
                 continue
             tasks.append((pid, entry.shards[index].key, rows))
     return tasks
 
 
 def _check_shard(
-    store: Store, source: Store, known: set[str], pid: str, shard: str, rows: list[dict[str, Any]]
+    store: Store, source: Store, known: set[str], pid: str, shard: str, rows: list[ShardRow]
 ) -> _ShardResult:
     """Every payload of one shard decoded and compared with its source npz (keys not in
     ``known`` are extra, not compared)."""
     result = _ShardResult()
     decoder = Decoder()
     for row, payload, problem in check_shard_payloads(store, pid, shard, rows, decode=False):
-        key = row["key"]
+        key = row.key
         result.present.append(key)
         if key not in known:
             result.extra.append(key)
             continue
         if problem is not None or payload is None:
             result.problems.append(
-                problem or Problem(pid, store.key_url(shard), key, int(row["offset"]), "no payload")
+                problem or Problem(pid, store.key_url(shard), key, row.offset, "no payload")
             )
             continue
-        where = f"{store.key_url(shard)} key {key!r} offset {row['offset']}"
+        where = f"{store.key_url(shard)} key {key!r} offset {row.offset}"
         try:
             arrays = decoder.decode(payload, where)
             original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
         except (ShardlakeError, KeyNotFoundError) as exc:
-            result.problems.append(
-                Problem(pid, store.key_url(shard), key, int(row["offset"]), str(exc))
-            )
+            result.problems.append(Problem(pid, store.key_url(shard), key, row.offset, str(exc)))
             continue
         diff = _compare(arrays, original)
         if diff:
-            result.problems.append(
-                Problem(pid, store.key_url(shard), key, int(row["offset"]), diff)
-            )
+            result.problems.append(Problem(pid, store.key_url(shard), key, row.offset, diff))
         result.compared += 1
     return result
 
@@ -375,7 +372,7 @@ def verify_offsets(
                 Problem(
                     pid,
                     murl,
-                    groups[index][0]["key"],
+                    groups[index][0].key,
                     None,
                     f"shard index {index} is not in the version entry",
                 )
@@ -394,7 +391,7 @@ def check_shard_headers(
     store: Store,
     pid: str,
     shard: ShardEntry,
-    rows: list[dict[str, Any]],
+    rows: list[ShardRow],
     *,
     rereads: int = DEFAULT_REREADS,
 ) -> list[Problem]:
@@ -416,7 +413,7 @@ def check_shard_headers(
 
 
 def _shard_header_problems(
-    store: Store, pid: str, shard: ShardEntry, rows: list[dict[str, Any]]
+    store: Store, pid: str, shard: ShardEntry, rows: list[ShardRow]
 ) -> tuple[list[Problem], str]:
     """The problems found in one read of the shard's headers, and a digest of what was read."""
     key = shard.key
@@ -429,7 +426,7 @@ def _shard_header_problems(
 
 
 def _header_problems(
-    raw: _RangeFile, pid: str, url: str, shard: ShardEntry, rows: list[dict[str, Any]]
+    raw: _RangeFile, pid: str, url: str, shard: ShardEntry, rows: list[ShardRow]
 ) -> list[Problem]:
     out: list[Problem] = []
     if raw._size != shard.size:
@@ -444,23 +441,23 @@ def _header_problems(
     except (FormatError, IntegrityError, OSError, EOFError) as exc:
         message = f"tar headers unreadable after {len(members)} member(s): {exc}"
         out.append(Problem(pid, url, None, None, message))
-    for row in sorted(rows, key=lambda r: int(r["member"])):
+    for row in sorted(rows, key=lambda r: r.member):
         problem = _member_problem(row, members, raw._size)
         if problem is not None:
-            out.append(Problem(pid, url, row["key"], int(row["offset"]), problem))
+            out.append(Problem(pid, url, row.key, row.offset, problem))
     return out
 
 
 def _member_problem(
-    row: dict[str, Any], members: list[tuple[str, int, int]], shard_size: int
+    row: ShardRow, members: list[tuple[str, int, int]], shard_size: int
 ) -> str | None:
     """What is wrong with one manifest row against the tar header it names (None: agrees)."""
-    index, offset, size = int(row["member"]), int(row["offset"]), int(row["size"])
+    index, offset, size = row.member, row.offset, row.size
     if not 0 <= index < len(members):
         return f"member {index} is not in the shard ({len(members)} members; truncated?)"
     name, t_offset, t_size = members[index]
-    if name != member_name(row["key"]):
-        return f"member {index} is {name!r}, expected {member_name(row['key'])!r}"
+    if name != member_name(row.key):
+        return f"member {index} is {name!r}, expected {member_name(row.key)!r}"
     if (t_offset, t_size) != (offset, size):
         return (
             f"manifest says offset {offset} size {size}, tar header says offset {t_offset} "
