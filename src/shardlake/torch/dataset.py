@@ -152,11 +152,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         cache_bytes: int | None = None,
     ) -> None:
         IterableDataset.__init__(self)
-        d_rank, d_world = dist_info()
-        self.rank = d_rank if rank is None else rank
-        self.world_size = d_world if world_size is None else world_size
-        if not 0 <= self.rank < self.world_size:
-            raise PlanError(f"rank {self.rank} is outside world_size {self.world_size}")
+        self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.exact = exact
@@ -530,3 +526,13 @@ def train_valid(
         **options,
     )
     return train, valid
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's rank and the world size: as given, else from torch.distributed."""
+    d_rank, d_world = dist_info()
+    rank = d_rank if rank is None else rank
+    world_size = d_world if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise PlanError(f"rank {rank} is outside world_size {world_size}")
+    return rank, world_size
