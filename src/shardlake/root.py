@@ -320,10 +320,12 @@ class Root:
         format: str = "root",
         dest_options: dict[str, Any] | None = None,
         progress: bool | None = None,
+        allow_foreign: bool = False,
     ) -> ExportReport | NpzExportReport:
         """Copy ``version`` to ``dest``: a self-contained root (``format="root"``, with the
         given ``keysets``) or ``<key>.npz`` + ``<key>.json`` files (``format="npz"``, at most
-        one keyset selecting the samples)."""
+        one keyset selecting the samples). ``allow_foreign``: a root export may go into a
+        location that already holds other objects (refused by default)."""
         from .errors import UsageError
         from .lifecycle.export import export_npz, export_version
 
@@ -348,6 +350,7 @@ class Root:
             keysets=keysets,
             dest_options=dest_options,
             progress=progress,
+            allow_foreign=allow_foreign,
         )
 
     def verify(

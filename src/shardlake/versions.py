@@ -49,6 +49,7 @@ from .format.layout import (
     check_name,
     commit_key,
     commit_seq,
+    is_owned_key,
     version_key,
 )
 from .format.manifest import entry_mismatches, parse_manifest
@@ -193,13 +194,42 @@ def parse_root_marker(data: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def ensure_root(store: Store, dataset_id: str | None = None) -> dict[str, Any]:
+FOREIGN_SHOWN = 5
+
+
+def check_foreign(store: Store, *, allow_foreign: bool = False) -> None:
+    """Refuse a location that holds objects but no shardlake root (``allow_foreign`` proceeds).
+
+    The first publish into a folder or bucket of other people's files is almost always a wrong
+    URL; gc would leave those files alone, but they would share a prefix with the dataset.
+    """
+    if allow_foreign or read_root_marker(store) is not None:
+        return
+    foreign = [key for key in store.list("") if not is_owned_key(key)]
+    if foreign:
+        shown = ", ".join(foreign[:FOREIGN_SHOWN]) + (
+            ", ..." if len(foreign) > FOREIGN_SHOWN else ""
+        )
+        raise ConflictError(
+            f"{store.url} is not empty and not a shardlake root: it holds {len(foreign)} "
+            f"object(s) shardlake did not write ({shown}); publish into an empty location, or "
+            "allow the foreign objects (gc leaves them alone)",
+            options=("allow_foreign",),
+        )
+
+
+def ensure_root(
+    store: Store, dataset_id: str | None = None, *, allow_foreign: bool = False
+) -> dict[str, Any]:
     """Create the root marker if absent (create-if-absent); return the marker in force.
 
     ``dataset_id`` (export) asks for a specific id; an existing root with another id is refused.
+    A location holding foreign objects is refused unless ``allow_foreign`` (:func:`check_foreign`).
     """
-    store.ensure_create_enforced()
     marker = read_root_marker(store)
+    if marker is None:
+        check_foreign(store, allow_foreign=allow_foreign)
+    store.ensure_create_enforced()
     if marker is None:
         candidate = {
             "format": ROOT_SCHEMA,

@@ -70,8 +70,9 @@ def _add_gc(sub: argparse._SubParsersAction[Any]) -> None:
         "gc",
         help="delete objects no live version or keyset references",
         description="Delete unreferenced shards, manifests, version documents and staging "
-        "leftovers older than the grace period. Writers that started before gc must re-run "
-        "their publish (they get a clear conflict error).",
+        "leftovers older than the grace period. Only names shardlake writes are candidates: "
+        "foreign objects under the root are counted and shown, never deleted. Writers that "
+        "started before gc must re-run their publish (they get a clear conflict error).",
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
@@ -111,6 +112,11 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
         "--keyset", action="append", metavar="NAME", help="keyset(s) to carry (npz: to select)"
     )
     p.add_argument("--format", choices=("root", "npz"), default="root")
+    p.add_argument(
+        "--allow-foreign",
+        action="store_true",
+        help="export into a location that already holds other objects (gc leaves them alone)",
+    )
     add_storage_flags(p, "dest", "DEST")
     _progress_flag(p)
     finish_command(p, cmd_export)
@@ -209,6 +215,13 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"younger than {args.grace}; {report.referenced} referenced by "
         f"{len(report.live_versions)} version(s)"
     )
+    if report.foreign:
+        shown = ", ".join(info.key for info in report.foreign[:5])
+        more = ", ..." if len(report.foreign) > 5 else ""
+        print(
+            f"{len(report.foreign)} foreign object(s) under the root, left alone "
+            f"(not written by shardlake): {shown}{more}"
+        )
     return 0
 
 
@@ -278,6 +291,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         format=args.format,
         dest_options=parse_storage_options(args.dest_storage_options) or None,
         progress=progress_wanted(args),
+        allow_foreign=args.allow_foreign,
     )
     if args.json:
         print_json(report.to_json())

@@ -143,6 +143,11 @@ def _add_pack(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--require-sidecars", action="store_true")
     p.add_argument("--replace-all", action="store_true", help="rebuild every partition")
     p.add_argument("--source-namespace", metavar="NS", help="source identity (default: its path)")
+    p.add_argument(
+        "--allow-foreign",
+        action="store_true",
+        help="publish into a location that already holds other objects (gc leaves them alone)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
         "--heartbeat", type=float, default=60.0, help="seconds without progress before a heartbeat"
@@ -277,6 +282,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
         replace_all=args.replace_all,
         source_namespace=args.source_namespace,
         progress=progress_wanted(args),
+        allow_foreign=args.allow_foreign,
     )
     report = open_root(args).pack(
         args.source, tag=args.tag, base=args.base, options=options, heartbeat_s=args.heartbeat

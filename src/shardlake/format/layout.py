@@ -33,6 +33,29 @@ PROBE_DIR = "_shardlake"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _COMMIT_RE = re.compile(r"^commits/(\d{12})\.json$")
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+# The names shardlake writes (docs/format.md, "Names shardlake owns"). Anything else under a root
+# is foreign: gc never deletes it, whatever its age.
+_OWNED_RE = re.compile(
+    "|".join(
+        (
+            re.escape(ROOT_MARKER),
+            rf"{DATA_DIR}/[0-9a-z]{{1,64}}/[0-9a-z]{{1,64}}/shard-\d{{6}}\.tar",
+            rf"{DATA_DIR}/[0-9a-z]{{1,64}}/[0-9a-z]{{1,64}}/manifest-[0-9a-z]{{1,64}}\.parquet",
+            rf"{VERSIONS_DIR}/{_NAME}/[0-9a-f]{{1,64}}\.json",
+            r"catalog/(?:partitions|segments)/[0-9a-f]{64}\.parquet",
+            rf"catalog/versions/{_NAME}/[0-9a-f]{{1,64}}\.json",
+            rf"{COMMITS_DIR}/\d{{12}}\.json",
+            rf"{KEYSETS_DIR}/{_NAME}\.(?:parquet|json)",
+            rf"{PROBE_DIR}/.+",
+        )
+    )
+)
+
+
+def is_owned_key(key: str) -> bool:
+    """True if ``key`` has the name shape of an object shardlake writes (see docs/format.md)."""
+    return _OWNED_RE.fullmatch(key) is not None
 
 
 def check_name(kind: str, name: str) -> str:

@@ -48,6 +48,7 @@ from ..store import Store, open_store
 from ..versions import (
     RootState,
     Version,
+    check_foreign,
     commit_state,
     ensure_root,
     load_version,
@@ -115,14 +116,10 @@ def _select_keysets(
     return out
 
 
-def _check_dest(src_marker: dict[str, Any], dest: Store) -> None:
+def _check_dest(src_marker: dict[str, Any], dest: Store, allow_foreign: bool) -> None:
     marker = read_root_marker(dest)
     if marker is None:
-        if dest.list(""):
-            raise ConflictError(
-                f"{dest.url} is not empty and not a shardlake root; export needs an empty "
-                "destination or a root of the same dataset"
-            )
+        check_foreign(dest, allow_foreign=allow_foreign)
         return
     if marker.get("dataset_id") != src_marker.get("dataset_id"):
         raise ConflictError(
@@ -260,20 +257,24 @@ def export_version(
     src_options: dict[str, Any] | None = None,
     dest_options: dict[str, Any] | None = None,
     progress: bool | None = None,
+    allow_foreign: bool = False,
 ) -> ExportReport:
-    """Copy ``version``'s closure from ``src_url`` to ``dest_url``; see the module docs."""
+    """Copy ``version``'s closure from ``src_url`` to ``dest_url``; see the module docs.
+
+    ``allow_foreign`` exports into a location that holds objects but no shardlake root (refused
+    by default; gc leaves those objects alone)."""
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)
     src_marker, marker_bytes = _read_marker(src)
     ver, doc_bytes = load_version_bytes(src, *resolve_tag(src, version))
     chosen = _select_keysets(src, ver.hash, keysets)
-    _check_dest(src_marker, dest)
+    _check_dest(src_marker, dest, allow_foreign)
     # The marker goes first and byte for byte (same dataset_id and created_at), so a re-run
     # recognises its own partial export and the copy is indistinguishable from the source.
     dest.ensure_create_enforced()
     with contextlib.suppress(AlreadyExistsError):
         dest.create(ROOT_MARKER, marker_bytes)
-    ensure_root(dest, dataset_id=str(src_marker["dataset_id"]))
+    ensure_root(dest, dataset_id=str(src_marker["dataset_id"]), allow_foreign=True)
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
     total = sum(len(e.shards) for e in ver.entries)
     bar = Progress(total, "export", unit="shards", enabled=progress)

@@ -1,10 +1,12 @@
 """``gc``: delete every object that no live version and no keyset references.
 
-Garbage is anything under ``data/`` and ``versions/`` outside the closure of the live versions
-(and of versions a keyset is bound to, retired or not), other unknown objects in the root, and
-staging left by killed writers (local ``.shardlake-tmp-*`` files, unfinished S3 multipart
-uploads; see :meth:`Store.leftovers`). The root marker, the commit
-log, keysets and the capability-probe area are never touched.
+Garbage is an object whose name has one of the shapes shardlake writes under ``data/``,
+``versions/`` and ``catalog/`` (:func:`~shardlake.format.layout.is_owned_key`) and that lies
+outside the closure of the live versions (and of versions a keyset is bound to, retired or not),
+plus staging left by killed writers (local ``.shardlake-tmp-*`` files, unfinished S3 multipart
+uploads; see :meth:`Store.leftovers`). The root marker, the commit log, keysets and the
+capability-probe area are never touched. Every other object under the root is *foreign*: it is
+counted and shown, never deleted, at any grace.
 
 Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock there is):
 
@@ -44,7 +46,7 @@ from typing import Any
 
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.documents import GcLock
-from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER
+from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER, is_owned_key
 from ..keysets import list_keysets, referenced_versions
 from ..progress import Progress
 from ..store import Leftover, ObjectInfo, Store, open_store
@@ -59,6 +61,7 @@ _KEEP_PREFIXES = (COMMITS_DIR + "/", KEYSETS_DIR + "/", PROBE_DIR + "/")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 FENCE_ATTEMPTS = 5
+FOREIGN_EXAMPLES = 5
 
 
 def parse_duration(text: str) -> float:
@@ -80,6 +83,8 @@ class GcReport:
     # staging of killed writers (local temp files, unfinished multipart uploads) removed
     leftovers: list[Leftover] = field(default_factory=list)
     incomplete: bool = False  # stopped before its lock expired; run gc again
+    # objects shardlake did not write (names outside docs/format.md's shapes): never deleted
+    foreign: list[ObjectInfo] = field(default_factory=list)
 
     @property
     def garbage_bytes(self) -> int:
@@ -100,6 +105,8 @@ class GcReport:
             "kept_young_bytes": sum(o.size for o in self.young),
             "leftovers": [item.path for item in self.leftovers],
             "incomplete": self.incomplete,
+            "foreign": len(self.foreign),
+            "foreign_examples": [o.key for o in self.foreign[:FOREIGN_EXAMPLES]],
         }
 
 
@@ -176,6 +183,9 @@ def _survey(
     cutoff = time.time() - grace_s
     report = GcReport(dry_run, grace_s, live, len(refs))
     for info in store.list_info(""):
+        if not is_owned_key(info.key):
+            report.foreign.append(info)
+            continue
         if _is_protected(info.key) or info.key in refs:
             continue
         # Unknown mtime counts as young unless there is no grace at all.
@@ -222,6 +232,8 @@ def _delete_garbage(store: Store, fenced: _Fenced, progress: bool | None) -> set
             if time.time() > fenced.lock.expires_at - LOCK_MARGIN_S:
                 report.incomplete = True  # never delete without a valid lock; re-run gc
                 break
+            if not is_owned_key(info.key):  # never, whatever a caller put in the list
+                continue
             # Re-stat right before deleting: a writer may have re-created the same deterministic
             # key (a revision rebuilt from scratch) since the listing.
             try:

@@ -50,6 +50,9 @@ class PackOptions:
         The identity of the source for incremental packs (default: its absolute path).
     progress
         Show progress on standard error (a bar in a terminal, periodic lines otherwise).
+    allow_foreign
+        Publish the first version into a location that already holds objects shardlake did not
+        write (refused by default; gc leaves such objects alone either way).
     """
 
     workers: int | None = None
@@ -71,6 +74,7 @@ class PackOptions:
     replace_all: bool = False
     source_namespace: str | None = None
     progress: bool = False
+    allow_foreign: bool = False
 
     def as_kwargs(self) -> dict[str, Any]:
         """The options as keyword arguments (shallow: an executor object is passed as is)."""

@@ -70,11 +70,32 @@ def check_options(source: str | os.PathLike[str], tag: str, opts: PackOptions) -
         raise SourceError(f"{source}: source is not a directory")
 
 
+def check_apart(source: str | os.PathLike[str], store: Store) -> None:
+    """Refuse a root inside its own source tree, or a source inside the root (symlinks resolved).
+
+    Either way one pass would read what the other writes (and a root's gc scope would cover the
+    source's files).
+    """
+    if store.protocol not in ("file", "local"):
+        return  # sources are local directories; an object-store root cannot overlap one
+    src = os.path.realpath(source)
+    root = os.path.realpath(store.root)
+    if root == src or root.startswith(src.rstrip(os.sep) + os.sep):
+        raise UsageError(
+            f"the root {root} is inside the source tree {src}; put the root outside the source"
+        )
+    if src.startswith(root.rstrip(os.sep) + os.sep):
+        raise UsageError(
+            f"the source {src} is inside the root {root}; put the root outside the source"
+        )
+
+
 def resolve_settings(
     store: Store, source: str | os.PathLike[str], tag: str, base: str | None, opts: PackOptions
 ) -> PackSettings:
     """Root, tag and base checked; the recipe and partition rule this pack uses."""
-    ensure_root(store)
+    check_apart(source, store)
+    ensure_root(store, allow_foreign=opts.allow_foreign)
     state = read_state(store)
     check_new_tag(state, tag, store)
     base_version: Version | None = None
