@@ -42,9 +42,9 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
-from shardlake.dataset import open_dataset
 from shardlake.format.codec import Decoder, decode_safetensors, to_python_strings
 from shardlake.pack import pack
+from shardlake.query.dataset import open_dataset
 from shardlake.store import open_store
 from shardlake.tools.bench.measure import MemorySampler
 from shardlake.tools.synth import synth_corpus

@@ -8,7 +8,7 @@ the same number of worker processes (one task per partition), timed as whole poo
 - **shardlake**: ``pack`` (hashes every source, verifies every sample bit-exactly, writes parquet
   manifests, publishes a version);
 - **floor**: only the unavoidable work, per frame, on bytes already in memory: the fastest inflate
-  (:func:`shardlake.format.npz.load_npz`), safetensors encode and zstd; no I/O, no verification.
+  (:func:`shardlake.source.npz.load_npz`), safetensors encode and zstd; no I/O, no verification.
 
     .venv/bin/python benchmarks/pack.py --partitions 4 --samples 50 --workers 2
 
@@ -64,7 +64,7 @@ def _wds_partition(args: tuple[str, list[str], str, int, int]) -> tuple[int, int
 def _floor_partition(args: tuple[str, list[str], int]) -> tuple[int, float]:
     """Floor worker: frames already in memory -> fastest inflate + safetensors + zstd, timed."""
     from shardlake.format.codec import Encoder, encode_safetensors
-    from shardlake.format.npz import load_npz
+    from shardlake.source.npz import load_npz
 
     root, keys, level = args
     blobs = [Path(root, key + ".npz").read_bytes() for key in keys]  # untimed: no I/O

@@ -136,7 +136,7 @@ def build_root(
     url: str, partitions: int, per_partition: int, options: dict[str, Any] | None = None
 ) -> Store:
     """A root with version ``v1`` of ``partitions`` x ``per_partition`` tiny samples."""
-    from shardlake.versions import publish_version, read_state
+    from shardlake.meta.versions import publish_version, read_state
 
     store = open_store(url, options)
     sample = encoded_sample()
@@ -201,8 +201,8 @@ def run_child(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
 def measure(
     url: str, n: int, per_partition: int, options: dict[str, Any] | None, empty_pss: int
 ) -> dict[str, Any]:
-    from shardlake.keysets import create_keyset
-    from shardlake.versions import load_version, publish_version, read_state
+    from shardlake.meta.keysets import create_keyset
+    from shardlake.meta.versions import load_version, publish_version, read_state
 
     started = time.perf_counter()
     store = build_root(url, n, per_partition, options)

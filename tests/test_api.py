@@ -22,7 +22,7 @@ from shardlake.errors import (
     UsageError,
     VersionNotFoundError,
 )
-from shardlake.format.npz import load_npz
+from shardlake.source.npz import load_npz
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

@@ -12,10 +12,8 @@ import pytest
 from test_pack_support import make_source, small_frame
 
 import shardlake
-import shardlake.catalog as catalog_mod
-from shardlake.catalog import catalog_rows, load_catalog
+import shardlake.meta.catalog as catalog_mod
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.catalog import (
     SEGMENT_ROW_GROUP,
@@ -26,11 +24,13 @@ from shardlake.format.catalog import (
     row_groups_for,
 )
 from shardlake.format.manifest import read_entry_manifest
+from shardlake.meta.catalog import catalog_rows, load_catalog
+from shardlake.meta.versions import load_version, publish_version, read_state
 from shardlake.pack import pack
+from shardlake.query.dataset import open_dataset
 from shardlake.store import Store, open_store
 from shardlake.store.layers import Request, RequestCounter
 from shardlake.torch import ShardDataset
-from shardlake.versions import load_version, publish_version, read_state
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 

@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import shardlake
-from shardlake.keysets import create_keyset
+from shardlake.meta.keysets import create_keyset
+from shardlake.meta.versions import load_version, publish_version, read_state
 from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset
-from shardlake.versions import load_version, publish_version, read_state
 
 _spec = importlib.util.spec_from_file_location(
     "scale_bench", Path(__file__).resolve().parents[1] / "benchmarks" / "scale.py"

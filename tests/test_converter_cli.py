@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from shardlake.cli.main import main
-from shardlake.keysets import load_keyset
+from shardlake.meta.keysets import load_keyset
 from shardlake.tools.synth import SynthResult, synth_corpus
 
 PARTITIONS = 12  # 3 locations x (train, valid) x dates/times: frames sit 4 directories deep

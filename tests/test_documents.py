@@ -11,8 +11,8 @@ import pytest
 
 from shardlake.errors import FormatError
 from shardlake.format.documents import CommitRecord, PartitionEntry, VersionRecord
+from shardlake.meta.versions import hash_bytes, load_version, read_state
 from shardlake.store import open_store
-from shardlake.versions import hash_bytes, load_version, read_state
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "v1" / "root"
 
@@ -104,8 +104,8 @@ def _copy_golden(dest: Path) -> Any:
 
 
 def test_publish_records_manifest_digests_and_readers_refuse_a_flip(tmp_path: Path) -> None:
-    from shardlake.dataset import open_dataset
     from shardlake.lifecycle.remove import remove
+    from shardlake.query.dataset import open_dataset
 
     store = _copy_golden(tmp_path / "r")
     old = load_version(store, "v2")

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from shardlake.format.manifest import parse_manifest
-from shardlake.keysets import decode_keyset
+from shardlake.meta.keysets import decode_keyset
 
 GOLDEN = Path(__file__).parent / "data" / "golden" / "v1" / "root"
 

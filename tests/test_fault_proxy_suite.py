@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import pytest
 
-from shardlake.dataset import open_dataset
 from shardlake.errors import ShardlakeError
 from shardlake.lifecycle import (
     collect_garbage,
@@ -35,14 +34,15 @@ from shardlake.lifecycle import (
     verify_offsets,
     verify_source,
 )
+from shardlake.meta.versions import read_state
 from shardlake.pack import pack
+from shardlake.query.dataset import open_dataset
 from shardlake.store import Store, open_store
 from shardlake.store.classify import Verdict, classify
 from shardlake.testing.proxy import FaultProxy
 from shardlake.testing.servers import S3Server, moto_s3_server
 from shardlake.tools.synth import synth_corpus
 from shardlake.torch import ShardDataset
-from shardlake.versions import read_state
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -321,7 +321,7 @@ def test_pack_whose_commit_reply_is_lost_reports_its_success(s3: S3Server, sourc
 @pytest.fixture(scope="module")
 def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
     """A root with one version and a keyset, and what a fault-free reader sees in it."""
-    from shardlake.keysets import create_keyset, load_keyset
+    from shardlake.meta.keysets import create_keyset, load_keyset
 
     url = s3.fresh_url("flip")
     clean = open_store(url, s3.storage_options)
@@ -342,7 +342,7 @@ def test_a_body_damaged_in_transit_costs_a_reread(
     botocore raises FlexibleChecksumError, which the store must retry; without them the
     damaged bytes reach shardlake, whose digest check must re-read them. Either way the
     reader gets the right document, never an error or the damaged one."""
-    from shardlake.keysets import load_keyset
+    from shardlake.meta.keysets import load_keyset
 
     url, want = published_root
     with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:
@@ -391,10 +391,10 @@ def test_export_killed_through_a_faulty_network_then_rerun(
 
 _VERSIONS = """
 import json, sys
-from shardlake.dataset import open_dataset
+from shardlake.query.dataset import open_dataset
 from shardlake.errors import ShardlakeError
 from shardlake.store import open_store
-from shardlake.versions import list_versions
+from shardlake.meta.versions import list_versions
 try:
     list_versions(open_store(sys.argv[1], json.loads(sys.argv[2])))
 except ShardlakeError as exc:

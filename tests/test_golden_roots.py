@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from shardlake.dataset import open_dataset
-from shardlake.keysets import load_keyset
+from shardlake.meta.keysets import load_keyset
+from shardlake.meta.versions import list_versions
+from shardlake.query.dataset import open_dataset
 from shardlake.torch import ShardDataset
-from shardlake.versions import list_versions
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 FORMATS = sorted(p.name for p in GOLDEN.iterdir() if (p / "expected.json").is_file())

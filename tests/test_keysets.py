@@ -9,11 +9,11 @@ import pytest
 from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
-from shardlake.keysets import create_keyset, load_keyset, parse_key_list
 from shardlake.lifecycle import remove
+from shardlake.meta.keysets import create_keyset, load_keyset, parse_key_list
+from shardlake.query.dataset import open_dataset
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus

@@ -10,16 +10,16 @@ import pytest
 from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
-from shardlake.format.npz import load_npz
-from shardlake.keysets import create_keyset, load_keyset
 from shardlake.lifecycle import export_npz, export_version, remove, scrub
+from shardlake.meta.keysets import create_keyset, load_keyset
+from shardlake.meta.versions import read_root_marker, read_state
+from shardlake.query.dataset import open_dataset
+from shardlake.source.npz import load_npz
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
-from shardlake.versions import read_root_marker, read_state
 
 
 def _packed(location: StoreLocation, src: Path) -> Store:

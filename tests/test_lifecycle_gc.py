@@ -13,17 +13,17 @@ import pytest
 from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
 from shardlake.format.layout import COMMITS_DIR, ROOT_MARKER, commit_key
-from shardlake.keysets import create_keyset
 from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
+from shardlake.meta.keysets import create_keyset
+from shardlake.meta.versions import load_version, read_commit, read_state
+from shardlake.query.dataset import open_dataset
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
-from shardlake.versions import load_version, read_commit, read_state
 
 
 def _pack(location: StoreLocation, src: Path, tag: str, **kw: object) -> None:
@@ -242,7 +242,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
 
 def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     from shardlake.format.documents import GcLock
-    from shardlake.versions import RootState, commit_state
+    from shardlake.meta.versions import RootState, commit_state
 
     location = StoreLocation("local", str(tmp_path / "root"))
     src = tmp_path / "src"

@@ -16,10 +16,10 @@ from shardlake.errors import AlreadyExistsError, ConflictError
 from shardlake.format.layout import COMMITS_DIR
 from shardlake.lifecycle import collect_garbage
 from shardlake.lifecycle.gc import new_lock
+from shardlake.meta.versions import RootState, commit_state, read_commit, read_state
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
-from shardlake.versions import RootState, commit_state, read_commit, read_state
 
 JUNK = "data/junk/x/shard-000000.tar"
 

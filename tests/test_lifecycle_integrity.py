@@ -10,9 +10,9 @@ import pytest
 from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError
 from shardlake.lifecycle import scrub, verify_offsets, verify_source
+from shardlake.query.dataset import open_dataset
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -192,8 +192,8 @@ def test_verify_membership_and_exact_allow_missing(
     # A source array changed after packing: the bit-exact compare names the key and array.
     import numpy as np
 
-    from shardlake.format.npz import load_npz
-    from shardlake.format.source_form import npz_bytes
+    from shardlake.source.npz import load_npz
+    from shardlake.source.source_form import npz_bytes
 
     arrays = load_npz((src / f"{keys[2]}.npz").read_bytes(), "x")
     arrays["ego_current_state"] = arrays["ego_current_state"] + np.float32(1)

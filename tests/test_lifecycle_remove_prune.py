@@ -10,14 +10,14 @@ import pytest
 from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
 from shardlake.lifecycle import prune_versions, remove, scrub, verify_offsets
+from shardlake.meta.versions import list_versions, read_state
 from shardlake.pack import pack
+from shardlake.query.dataset import open_dataset
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
-from shardlake.versions import list_versions, read_state
 
 
 def _packed(location: StoreLocation, src: Path, tag: str = "v1") -> list[str]:
@@ -165,7 +165,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
     gated_once = threading.local()
     first_round: list[str] = []
     results: dict[str, object] = {}
-    import shardlake.versions as versions_mod
+    import shardlake.meta.versions as versions_mod
 
     real_commit = versions_mod.commit_state
 

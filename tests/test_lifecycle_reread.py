@@ -11,9 +11,9 @@ import pytest
 from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import IntegrityError
 from shardlake.lifecycle import scrub, verify_source
+from shardlake.query.dataset import open_dataset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation

@@ -17,16 +17,16 @@ import pyarrow.parquet as pq
 import pytest
 from lifecycle_support import pack_small
 
-from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.layout import commit_key, keyset_key, version_key
-from shardlake.keysets import create_keyset, load_keyset
 from shardlake.lifecycle import export_version, scrub, verify_offsets
+from shardlake.meta.keysets import create_keyset, load_keyset
+from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
+from shardlake.query.dataset import open_dataset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
-from shardlake.versions import RECORD_DIGEST, load_version, read_state
 
 
 class FlipReads(Store):
@@ -252,8 +252,8 @@ def test_keyset_digest_fast_path_equals_canonical_json() -> None:
     import hashlib
     import random
 
-    from shardlake.keysets import content_digest
-    from shardlake.versions import canonical_json
+    from shardlake.meta.keysets import content_digest
+    from shardlake.meta.versions import canonical_json
 
     rng = random.Random(1)
     alphabet = ["a", "/", "é", '"', "\\", "\x01", "\u2028", "\U0001f600", ".", "\x7f", "\t"]

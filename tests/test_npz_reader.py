@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from shardlake.errors import SourceError
-from shardlake.format.npz import load_npz
+from shardlake.source.npz import load_npz
 
 SCALARS = [
     "?", "i1", "u1", "<i2", ">i2", "<u4", ">i8", "<f2", ">f4", "<f8", ">f8", "<c8", ">c16",

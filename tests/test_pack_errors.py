@@ -20,9 +20,9 @@ from shardlake.errors import (
     SourceError,
     VersionNotFoundError,
 )
+from shardlake.meta.versions import read_state
 from shardlake.pack import pack
 from shardlake.store import open_store
-from shardlake.versions import read_state
 
 
 def _good(root: Path) -> Path:
@@ -237,7 +237,7 @@ def test_errors_are_shardlake_errors() -> None:
 def test_partition_id_collision_is_a_hard_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import shardlake.pack.source as source_mod
+    import shardlake.source.tree as source_mod
     from shardlake.pack import inspect_source
 
     src = _good(tmp_path / "src")

@@ -14,9 +14,9 @@ from test_pack_support import assert_consistent, make_source, read_all, small_fr
 
 import shardlake.pack.build as build_mod
 from shardlake.errors import SourceError, UsageError
+from shardlake.meta.versions import load_version
 from shardlake.pack import pack, pack_with_report
 from shardlake.store import open_store
-from shardlake.versions import load_version
 
 PARTS = ("logA", "logB", "logC")
 

@@ -12,9 +12,9 @@ from test_pack_support import make_source, read_all, small_frame
 
 import shardlake.pack.build as build
 from shardlake.errors import PackWorkerError
+from shardlake.meta.versions import read_state
 from shardlake.pack import pack
 from shardlake.store import Store, open_store
-from shardlake.versions import read_state
 
 FRAMES = {f"log/f{i:02d}": small_frame(i) for i in range(12)}
 

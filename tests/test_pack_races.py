@@ -16,9 +16,9 @@ import pytest
 from test_pack_support import assert_consistent, make_source, read_all, small_frame
 
 from shardlake.errors import ConflictError
+from shardlake.meta.versions import load_version, publish_version, read_state
 from shardlake.pack import pack
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.versions import load_version, publish_version, read_state
 
 
 def corpus(root: Path) -> Path:

@@ -11,9 +11,9 @@ import numpy as np
 from shardlake.format.codec import Decoder, check_payload
 from shardlake.format.manifest import read_manifest
 from shardlake.format.tar import iter_members
+from shardlake.meta.versions import Version, load_version, load_version_by_hash, read_state
 from shardlake.store import Store
 from shardlake.tools.synth import write_npz
-from shardlake.versions import Version, load_version, load_version_by_hash, read_state
 
 
 def make_source(

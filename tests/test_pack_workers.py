@@ -18,10 +18,10 @@ import pytest
 from test_pack_support import assert_consistent, make_source, read_all, small_frame
 
 from shardlake.errors import PackWorkerError
+from shardlake.meta.versions import read_state
 from shardlake.pack import pack, pack_with_report
-from shardlake.progress import Progress
+from shardlake.progress.bar import Progress
 from shardlake.store import open_store
-from shardlake.versions import read_state
 
 
 def corpus(root: Path) -> Path:

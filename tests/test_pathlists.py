@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from shardlake.errors import SelectionError, SourceError
-from shardlake.keysets import parse_key_list
-from shardlake.pathlists import map_keys, parse_entries, read_source_paths, source_npz_paths
+from shardlake.meta.keysets import parse_key_list
+from shardlake.source.pathlists import map_keys, parse_entries, read_source_paths, source_npz_paths
 
 
 def test_text_and_json_lists_give_the_same_entries() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from shardlake.progress import Progress, human_bytes
+from shardlake.progress.bar import Progress, human_bytes
 
 
 class _Terminal(io.StringIO):

@@ -12,9 +12,9 @@ import pytest
 from test_pack_support import make_source, small_frame
 
 from shardlake.errors import ConflictError
+from shardlake.meta.versions import RootState, publish_version, read_state
 from shardlake.pack import pack
 from shardlake.store import Request, open_store
-from shardlake.versions import RootState, publish_version, read_state
 
 
 class KeyLog:

@@ -10,10 +10,10 @@ import pytest
 from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
-from shardlake.dataset import open_dataset
 from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
-from shardlake.format.npz import load_npz
-from shardlake.format.source_form import npz_bytes, sidecar_of
+from shardlake.query.dataset import open_dataset
+from shardlake.source.npz import load_npz
+from shardlake.source.source_form import npz_bytes, sidecar_of
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

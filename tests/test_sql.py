@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from shardlake.errors import SelectionError
-from shardlake.sql import check_where, select, select_mask
+from shardlake.query.sql import check_where, select, select_mask
 
 SECRET_TABLE = pa.table({"s": [42]})  # a Python variable DuckDB must never see
 

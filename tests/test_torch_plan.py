@@ -165,7 +165,7 @@ def test_importing_shardlake_does_not_import_torch() -> None:
     import sys
 
     code = (
-        "import sys, shardlake, shardlake.dataset, shardlake.keysets;"
+        "import sys, shardlake, shardlake.query.dataset, shardlake.meta.keysets;"
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -33,7 +33,7 @@ def read_log(run: Path) -> list[dict[str, float]]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """A tiny corpus, packed; the last log is validation, the others training, on both paths."""
-    from shardlake.keysets import create_keyset
+    from shardlake.meta.keysets import create_keyset
     from shardlake.pack import pack
 
     tmp = tmp_path_factory.mktemp("train")

@@ -3,8 +3,7 @@ import threading
 import pytest
 
 from shardlake.errors import ConflictError, FormatError, UsageError, VersionNotFoundError
-from shardlake.store import open_store
-from shardlake.versions import (
+from shardlake.meta.versions import (
     list_versions,
     load_version,
     publish_version,
@@ -12,6 +11,7 @@ from shardlake.versions import (
     resolve_tag,
     retire_versions,
 )
+from shardlake.store import open_store
 
 
 def _body(n):

@@ -26,21 +26,21 @@ from .errors import (
 from .store import Store, open_store
 
 if TYPE_CHECKING:
-    from .dataset import Dataset
-    from .keysets import Keyset
+    from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
+    from .query.dataset import Dataset
+    from .query.selection import Selection
     from .root import Root, VersionInfo, open
-    from .selection import Selection
 
 # Imported on first use: ``import shardlake`` stays cheap (no pyarrow compute, DuckDB or pack
 # machinery until a root is opened), which every CLI call and worker process pays.
 _LAZY = {
-    "Dataset": "dataset",
-    "Keyset": "keysets",
+    "Dataset": "query.dataset",
+    "Keyset": "meta.keysets",
     "PackOptions": "pack",
     "PackReport": "pack",
     "Root": "root",
-    "Selection": "selection",
+    "Selection": "query.selection",
     "VersionInfo": "root",
     "open": "root",
 }

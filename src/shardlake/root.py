@@ -2,7 +2,7 @@
 
 A root is a store URL holding versions, keysets, partition revisions and the commit log. Its
 methods are thin: they delegate to the pack and lifecycle modules, which do the work, and to
-:class:`~shardlake.dataset.Dataset` for reading. The CLI calls exactly these methods.
+:class:`~shardlake.query.dataset.Dataset` for reading. The CLI calls exactly these methods.
 """
 
 from __future__ import annotations
@@ -14,20 +14,20 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
-from .dataset import Dataset
 from .format.documents import GcLock
+from .meta.versions import Version, load_version, load_version_by_hash, read_state
+from .query.dataset import Dataset
 from .store import Store, open_store
-from .versions import Version, load_version, load_version_by_hash, read_state
 
 if TYPE_CHECKING:
-    from .catalog import CatalogInfo
-    from .keysets import DisjointReport, Keyset
     from .lifecycle.export import ExportReport, NpzExportReport
     from .lifecycle.gc import GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveReport
     from .lifecycle.scrub import ScrubReport
     from .lifecycle.verify import OffsetsReport, VerifyReport
+    from .meta.catalog import CatalogInfo
+    from .meta.keysets import DisjointReport, Keyset
     from .pack import PackOptions, PackReport
 
 _DOCUMENT_READERS = 16
@@ -153,13 +153,13 @@ class Root:
 
     def keysets(self) -> list[Keyset]:
         """Every keyset of the root."""
-        from .keysets import list_keysets
+        from .meta.keysets import list_keysets
 
         return list_keysets(self.store)
 
     def keyset(self, name: str) -> Keyset:
         """Keyset ``name`` (:class:`~shardlake.errors.NotFoundError` if there is none)."""
-        from .keysets import load_keyset
+        from .meta.keysets import load_keyset
 
         return load_keyset(self.store, name)
 
@@ -181,7 +181,7 @@ class Root:
         of the list to keys (default: the version's source namespace). ``allow_unmatched``:
         exactly this many entries may match no key.
         """
-        from .keysets import create_keyset
+        from .meta.keysets import create_keyset
 
         return create_keyset(
             self.store,
@@ -196,7 +196,7 @@ class Root:
 
     def check_disjoint(self, a: str, b: str) -> DisjointReport:
         """Compare keysets ``a`` and ``b`` (``overlap`` counts the keys in both)."""
-        from .keysets import check_disjoint
+        from .meta.keysets import check_disjoint
 
         return check_disjoint(self.store, a, b)
 
@@ -378,7 +378,7 @@ class Root:
 
         source = _location(source)
         if only_keys is None and isinstance(source, str):
-            from .pack.source import scoped_frame_keys
+            from .source.tree import scoped_frame_keys
 
             only_keys = scoped_frame_keys(
                 source,
@@ -403,7 +403,7 @@ class Root:
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
         """Write the catalog of ``version`` (default: every live version) where it was published
         before format 2 (idempotent: versions with a catalog are reported, not rewritten)."""
-        from .catalog import attach_catalogs
+        from .meta.catalog import attach_catalogs
 
         if version is not None:
             versions = [load_version(self.store, version)]

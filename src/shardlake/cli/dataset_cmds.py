@@ -143,8 +143,8 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_get(args: argparse.Namespace) -> int:
     from ..errors import SelectionError, UsageError
-    from ..format.source_form import npz_bytes, sidecar_json
-    from ..keysets import keys_from_file
+    from ..meta.keysets import keys_from_file
+    from ..source.source_form import npz_bytes, sidecar_json
 
     if not args.keys and not args.keys_file:
         raise UsageError("give at least one KEY", options=("keys",))

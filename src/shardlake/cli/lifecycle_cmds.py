@@ -196,7 +196,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from ..lifecycle import collect_garbage
     from ..lifecycle.gc import parse_duration
-    from ..progress import human_bytes
+    from ..progress.bar import human_bytes
 
     if args.break_lock:
         return _break_lock(args)
@@ -252,7 +252,7 @@ def _break_lock(args: argparse.Namespace) -> int:
 
 def cmd_scrub(args: argparse.Namespace) -> int:
     from ..lifecycle.common import problem_counts
-    from ..progress import human_bytes
+    from ..progress.bar import human_bytes
     from ..read.payloads import CORRUPT_AT_REST
 
     report = open_root(args).scrub(

@@ -224,6 +224,6 @@ def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
     )
     bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
     bsub.required = True
-    from ..tools.bench.cli import register_bench
+    from .bench_cmds import register_bench
 
     register_bench(bsub)

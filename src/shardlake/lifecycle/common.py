@@ -13,9 +13,9 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.layout import version_key
 from ..format.manifest import ManifestMeta, read_entry_manifest
+from ..meta.versions import Version, load_version, load_version_by_hash, read_state
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from ..store import Store
-from ..versions import Version, load_version, load_version_by_hash, read_state
 
 # Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
 BATCH_BYTES = 32 * 2**20

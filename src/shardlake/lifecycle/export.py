@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from ..dataset import Dataset
 from ..errors import (
     AlreadyExistsError,
     ConflictError,
@@ -40,12 +39,8 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
 from ..format.manifest import entry_mismatches, parse_manifest, read_entry_manifest
-from ..format.source_form import npz_bytes, sidecar_json
-from ..keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
-from ..progress import Progress
-from ..read.verified import read_verified
-from ..store import Store, open_store
-from ..versions import (
+from ..meta.keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
+from ..meta.versions import (
     RootState,
     Version,
     check_foreign,
@@ -58,6 +53,11 @@ from ..versions import (
     read_state,
     resolve_tag,
 )
+from ..progress.bar import Progress
+from ..query.dataset import Dataset
+from ..read.verified import read_verified
+from ..source.source_form import npz_bytes, sidecar_json
+from ..store import Store, open_store
 from .common import ShardRow, check_shard_payloads, rows_by_shard
 from .verify import check_shard_headers
 
@@ -343,7 +343,7 @@ def export_npz(
     """Write ``<key>.npz`` (+ ``<key>.json`` sidecar) for every sample of ``version``.
 
     Arrays come back bit-exact (names, order, dtype, shape, bytes); sidecars are rebuilt from
-    the manifest columns (see :func:`shardlake.format.source_form.sidecar_of`).
+    the manifest columns (see :func:`shardlake.source.source_form.sidecar_of`).
     """
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)

@@ -47,10 +47,16 @@ from typing import Any
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.documents import GcLock
 from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER, is_owned_key
-from ..keysets import list_keysets, referenced_versions
-from ..progress import Progress
+from ..meta.keysets import list_keysets, referenced_versions
+from ..meta.versions import (
+    RootState,
+    commit_state,
+    load_version_by_hash,
+    read_commit,
+    read_state,
+)
+from ..progress.bar import Progress
 from ..store import Leftover, ObjectInfo, Store, open_store
-from ..versions import RootState, commit_state, load_version_by_hash, read_commit, read_state
 from .common import version_closure
 
 DEFAULT_GRACE_S = 6 * 3600.0

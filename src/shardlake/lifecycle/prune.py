@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import UsageError
+from ..meta.versions import RootState, retire_versions
 from ..store import Store, open_store
-from ..versions import RootState, retire_versions
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,11 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..dataset import Dataset
 from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.documents import PartitionEntry
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, read_entry_manifest, read_manifest, write_manifest
-from ..pack.sidecar import skipped_note
-from ..store import Store, open_store
-from ..versions import (
+from ..meta.versions import (
     RootState,
     Version,
     check_new_tag,
@@ -30,6 +27,9 @@ from ..versions import (
     publish_version,
     read_state,
 )
+from ..query.dataset import Dataset
+from ..source.sidecar import skipped_note
+from ..store import Store, open_store
 
 _DOC_FIELDS_SET_BY_PUBLISH = ("format", "format_version", "tag", "samples", "created_at")
 SHOW_MAX = 20
@@ -104,7 +104,7 @@ def remove(
     """Publish ``tag``: ``base`` without ``partitions``, ``keys`` or the rows matching ``where``.
 
     ``key_file`` names a local key list instead of ``keys`` (see
-    :func:`shardlake.keysets.keys_from_file`). Returns the new version and counts
+    :func:`shardlake.meta.keysets.keys_from_file`). Returns the new version and counts
     (``partitions_removed``, ``samples_removed``, ``manifests_written``). Unknown partitions or
     keys are refused before anything is written; a version that would be empty is refused; a
     racing writer yields :class:`ConflictError`.
@@ -145,7 +145,7 @@ def remove(
 
 
 def _keys_of_file(ds: Dataset, key_file: str, strip_prefix: str | None) -> list[str]:
-    from ..keysets import keys_from_file
+    from ..meta.keysets import keys_from_file
 
     listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
     if listed.unmapped:

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..progress import Progress
+from ..progress.bar import Progress
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,

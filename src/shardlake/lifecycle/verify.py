@@ -21,7 +21,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..catalog import catalog_mismatch, catalog_rows, rows_by_partition
 from ..errors import (
     FormatError,
     IntegrityError,
@@ -38,12 +37,13 @@ from ..format.manifest import (
     METADATA_MISMATCH,
     entry_mismatches,
 )
-from ..format.npz import load_npz
 from ..format.tar import iter_members
-from ..progress import Progress
+from ..meta.catalog import catalog_mismatch, catalog_rows, rows_by_partition
+from ..meta.versions import Version, load_version
+from ..progress.bar import Progress
 from ..read.payloads import DEFAULT_REREADS, TRANSPORT
+from ..source.npz import load_npz
 from ..store import Store, open_store
-from ..versions import Version, load_version
 from .common import (
     DEFAULT_WORKERS,
     SHOW_MAX,

@@ -1,10 +1,10 @@
 """Pack npz+sidecar source trees into verified, versioned shard datasets (see ``packer``)."""
 
-from ..format.npz import load_npz
+from ..source.npz import load_npz
+from ..source.tree import PartitionRule, discover, inspect_source, read_path_list
 from .build import Recipe, build_partition, verify_sample
 from .options import PackOptions
 from .packer import InlineExecutor, PackReport, pack, pack_with_report
-from .source import PartitionRule, discover, inspect_source, read_path_list
 
 __all__ = [
     "InlineExecutor",

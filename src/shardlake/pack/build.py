@@ -55,12 +55,12 @@ from ..format.manifest import (
     read_manifest,
     write_manifest,
 )
-from ..format.npz import load_npz
 from ..format.tar import ShardWriter
+from ..meta.versions import canonical_json
+from ..source.npz import load_npz
+from ..source.sidecar import is_skipped, read_sidecar
+from ..source.tree import NPZ, SIDECAR, SourcePartition
 from ..store import Store
-from ..versions import canonical_json
-from .sidecar import is_skipped, read_sidecar
-from .source import NPZ, SIDECAR, SourcePartition
 
 DEFAULT_SHARD_SIZE = 1 << 30
 # Keep npz bytes from the hashing pass for the encoding pass up to this much per partition.

@@ -35,16 +35,16 @@ from ..errors import (
     SourceError,
     UsageError,
 )
-from ..progress import DEFAULT_HEARTBEAT_S, Progress
-from ..store import Store, open_store
-from ..versions import (
+from ..meta.versions import (
     Version,
 )
+from ..progress.bar import DEFAULT_HEARTBEAT_S, Progress
+from ..source.tree import SourcePartition
+from ..store import Store, open_store
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
 from .publish import publish
-from .source import SourcePartition
 
 
 class InlineExecutor(cf.Executor):

@@ -13,12 +13,19 @@ from dataclasses import dataclass, field
 from ..errors import SourceError, UsageError, VersionNotFoundError
 from ..format.documents import PartitionEntry, VersionRecord
 from ..format.layout import check_name
-from ..pathlists import PathEntry, source_npz_paths
+from ..meta.versions import (
+    RootState,
+    Version,
+    check_new_tag,
+    ensure_root,
+    load_version,
+    read_state,
+)
+from ..source.pathlists import PathEntry, source_npz_paths
+from ..source.tree import PartitionRule, SourceTree, discover, read_path_list
 from ..store import Store
-from ..versions import RootState, Version, check_new_tag, ensure_root, load_version, read_state
 from .build import BuildTask, Recipe
 from .options import PackOptions
-from .source import PartitionRule, SourceTree, discover, read_path_list
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ from typing import Any
 
 from ..errors import ConflictError, OutcomeUnknownError
 from ..lifecycle.gc import describe_lock
+from ..meta.versions import RootState, Version, publish_version, read_state
 from ..store import Store
-from ..versions import RootState, Version, publish_version, read_state
 
 PUBLISH_ATTEMPTS = 10
 

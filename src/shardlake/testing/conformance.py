@@ -6,8 +6,8 @@ the promises of ``docs/storage.md`` by subclassing :class:`StoreConformance` in 
 providing a ``store`` fixture that yields a fresh, empty :class:`~shardlake.store.Store`::
 
     import uuid, pytest
-    from shardlake.store import open_store, register_backend
-    from shardlake.testing.conformance import StoreConformance
+    from ..store import open_store, register_backend
+    from .conformance import StoreConformance
 
     register_backend("myfs", MyBackend)
 

@@ -126,7 +126,7 @@ def _keysets(
     say: _Say,
     step: str,
 ) -> dict[str, Any]:
-    from ..keysets import check_disjoint, create_keyset
+    from ..meta.keysets import check_disjoint, create_keyset
 
     where_valid = f"log_file_id IN {_in_list(valid_logs)}"
     train = create_keyset(
@@ -222,8 +222,8 @@ def _version_rows(
     root: str, so: dict[str, Any] | None, packed: dict[str, PackReport], say: _Say
 ) -> list[dict[str, Any]]:
     """One summary row per published version, from the pack report that made it."""
+    from ..meta.versions import list_versions
     from ..store import open_store
-    from ..versions import list_versions
 
     rows = []
     for tag, vhash, latest in list_versions(open_store(root, so)):

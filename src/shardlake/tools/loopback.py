@@ -2,8 +2,8 @@
 
 Usage, inside or outside pytest::
 
-    from shardlake.store import open_store
-    from shardlake.tools.loopback import moto_s3_server, fake_gcs_server
+    from ..store import open_store
+    from .loopback import moto_s3_server, fake_gcs_server
 
     with moto_s3_server() as s3:
         store = open_store(s3.url("my/prefix"), s3.storage_options)

@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 VALID_KEY = "__valid__"  # bool per sample: False marks the padding of an exact pass
 INDEX_KEY = "__index__"  # int64 per sample: its row in ``ds.table`` (see ``ShardDataset.keys_of``)
-DATASET_STATE_FORMAT = "shardlake.dataset-state/1"
+DATASET_STATE_FORMAT = "shardlake.query.dataset-state/1"
 
 
 @dataclass(frozen=True)
@@ -506,8 +506,8 @@ def train_valid(
         shuffle=False,
         **options,
     )
-    from ..dataset import open_dataset
-    from ..selection import check_disjoint
+    from ..query.dataset import open_dataset
+    from ..query.selection import check_disjoint
 
     version_ds = open_dataset(url, valid.version_tag, options.get("storage_options"))
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)

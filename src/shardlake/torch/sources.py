@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..dataset import open_dataset
 from ..errors import SelectionError, UsageError
+from ..query.dataset import open_dataset
 from ..store import Store
 from .reader import RowTable
 from .strings import StringColumn

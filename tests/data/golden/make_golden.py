@@ -100,7 +100,7 @@ def write_source(src: Path, count: int, changed: int | None = None) -> dict[str,
 
 def make_root(out: Path) -> None:
     from shardlake.format.layout import RECORD_FORMAT_VERSION
-    from shardlake.keysets import create_keyset
+    from shardlake.meta.keysets import create_keyset
     from shardlake.pack import pack
 
     root = out / "root"

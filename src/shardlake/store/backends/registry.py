@@ -62,7 +62,7 @@ def make_backend(
 ) -> Backend:
     """The backend for ``protocol`` with a filesystem built from ``storage_options``."""
     check_protocol(protocol)
-    from ...read.obstore_client import READ_CLIENT_OPTION, READ_CLIENTS, ObstoreReads
+    from .obstore import READ_CLIENT_OPTION, READ_CLIENTS, ObstoreReads
 
     storage_options = dict(storage_options)
     read_client = storage_options.pop(READ_CLIENT_OPTION, "s3fs")

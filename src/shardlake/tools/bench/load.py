@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...errors import UsageError
-from ...progress import Progress
+from ...progress.bar import Progress
 from .measure import (
     MB,
     MemorySampler,

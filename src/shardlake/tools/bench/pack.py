@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
-from ...progress import Progress
+from ...progress.bar import Progress
 from .costmodel import Calibration, CostModel, extrapolate, fit, load_partition_sizes
 from .measure import MB, MemorySampler, machine_info, peak_rss_bytes, rate
 
@@ -40,8 +40,8 @@ def stage_costs(source: Path, files: list[Path], level: int = 3) -> dict[str, fl
     import numpy as np
 
     from ...format.codec import Decoder, Encoder, encode_safetensors
-    from ...format.npz import load_npz
     from ...pack.build import verify_sample
+    from ...source.npz import load_npz
 
     encoder, decoder = Encoder(level), Decoder()
     names = ("read+sha256", "npz_inflate", "safetensors_encode", "zstd", "verify", "np.load")

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from .errors import AlreadyExistsError, FormatError, IntegrityError, KeyNotFoundError
-from .format.catalog import (
+from ..errors import AlreadyExistsError, FormatError, IntegrityError, KeyNotFoundError
+from ..format.catalog import (
     MAX_LIVE_SEGMENTS,
     CatalogRef,
     ObjectRef,
@@ -43,10 +43,10 @@ from .format.catalog import (
     segment_key,
     sha256_hex,
 )
-from .format.documents import PartitionEntry
-from .format.manifest import CORE_SCHEMA, entry_mismatches, read_entry_manifest
-from .read.verified import RefusedObjectError, read_verified
-from .store import Store
+from ..format.documents import PartitionEntry
+from ..format.manifest import CORE_SCHEMA, entry_mismatches, read_entry_manifest
+from ..read.verified import RefusedObjectError, read_verified
+from ..store import Store
 
 if TYPE_CHECKING:
     from .versions import Version
@@ -280,7 +280,7 @@ def catalog_rows(
     catalog = load_catalog(store, version)
     if where is None:
         return catalog.rows(columns, pids)
-    from .sql import select
+    from ..query.sql import select
 
     return select(catalog.rows(None, pids), where, list(columns) if columns else None)
 

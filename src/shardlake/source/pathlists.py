@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import SourceError
+from ..errors import SourceError
 
 NPZ = ".npz"
 SHOWN_CHARS = 120

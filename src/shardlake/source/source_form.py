@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
+from ..format.manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
 
 
 def npz_bytes(arrays: Mapping[str, np.ndarray[Any, Any]], *, compress: bool = True) -> bytes:

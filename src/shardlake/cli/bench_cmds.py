@@ -97,14 +97,14 @@ def _register_load(bsub: argparse._SubParsersAction[Any]) -> None:
         action="store_true",
         help="do not log store requests (saves a little overhead; drops bytes_fetched)",
     )
-    from ...cli.common import add_storage_flags
+    from .common import add_storage_flags
 
     add_storage_flags(p)
     p.set_defaults(func=_run, bench_command="load")
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ...cli.common import print_json
+    from .common import print_json
 
     print_json(run_bench(args))
     return 0
@@ -112,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     if args.bench_command == "pack":
-        from .pack import bench_pack
+        from ..tools.bench.pack import bench_pack
 
         return bench_pack(
             args.source,
@@ -127,8 +127,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             neighbors=args.neighbors,
             keep=args.keep,
         )
-    from ...cli.common import parse_storage_options
-    from .load import bench_load
+    from ..tools.bench.load import bench_load
+    from .common import parse_storage_options
 
     return bench_load(
         args.url,

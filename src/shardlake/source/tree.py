@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import SourceError, UsageError
 from ..format.layout import partition_id, short_hash
-from ..pathlists import read_entries, source_npz_paths
+from .pathlists import read_entries, source_npz_paths
 
 NPZ = ".npz"
 SIDECAR = ".json"
@@ -195,7 +195,7 @@ def read_path_list(
     strip_prefix: str | None = None,
 ) -> list[str]:
     """The relative npz paths of a ``--path-list`` file (text or JSON, relative or absolute
-    entries; see :mod:`shardlake.pathlists`). Without ``source`` only relative entries map."""
+    entries; see :mod:`shardlake.source.pathlists`). Without ``source`` only relative entries map."""
     return source_npz_paths(read_entries(path), source, strip_prefix=strip_prefix)
 
 

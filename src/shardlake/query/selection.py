@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import SelectionError
 from . import sql
-from .errors import SelectionError
 
 if TYPE_CHECKING:
+    from ..torch import ShardDataset
     from .dataset import Dataset
-    from .torch import ShardDataset
 
 SHOW_MAX = 20
 
@@ -35,7 +35,7 @@ class Selection:
     dataset
         The version the selection applies to.
     where
-        A sandboxed SQL boolean expression over the manifest columns (see :mod:`shardlake.sql`).
+        A sandboxed SQL boolean expression over the manifest columns (see :mod:`shardlake.query.sql`).
     keys
         Sample keys; duplicates select once.
     keyset
@@ -77,7 +77,7 @@ class Selection:
     def _listed(self) -> Sequence[str]:
         if self.keyset is None:
             return self.keys or ()
-        from .keysets import load_keyset
+        from ..meta.keysets import load_keyset
 
         keyset = load_keyset(self.dataset.store, self.keyset)
         keyset.check_version(self.dataset.version)

@@ -22,9 +22,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import pathlists
-from .dataset import Dataset, open_dataset
-from .errors import (
+from ..errors import (
     AlreadyExistsError,
     ConflictError,
     FormatError,
@@ -32,9 +30,11 @@ from .errors import (
     SelectionError,
     SourceError,
 )
-from .format.layout import KEYSETS_DIR, check_name, keyset_key
-from .read.verified import read_verified
-from .store import Store, open_store
+from ..format.layout import KEYSETS_DIR, check_name, keyset_key
+from ..query.dataset import Dataset, open_dataset
+from ..read.verified import read_verified
+from ..source import pathlists
+from ..store import Store, open_store
 from .versions import Version, canonical_json, ensure_root, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
@@ -88,7 +88,7 @@ def parse_key_list(
 ) -> tuple[list[str], list[str]]:
     """Keys from a key-list file: ``(keys, unmapped_entries)``, in file order.
 
-    Accepted forms (see :mod:`shardlake.pathlists`): a text file with one key per line (blank
+    Accepted forms (see :mod:`shardlake.source.pathlists`): a text file with one key per line (blank
     lines and ``#`` lines ignored), or a JSON list of strings such as the training lists of
     absolute ``.npz`` paths. With ``strip_prefix`` every entry must start with it (``OLD_ROOT``);
     the prefix and a trailing ``.npz`` are removed. Entries that cannot be mapped are returned as
@@ -171,7 +171,7 @@ def match_keys(
 def _unmatched_message(
     ds: Dataset, unmatched: list[str], allow: int | None, local_paths: Mapping[str, str]
 ) -> str:
-    from .pack.sidecar import skipped_note
+    from ..source.sidecar import skipped_note
 
     skipped = {k for k in unmatched if k in local_paths and _is_skipped_frame(local_paths[k])}
     shown = ", ".join(
@@ -196,7 +196,7 @@ def _unmatched_message(
 
 def _is_skipped_frame(npz_path: str) -> bool:
     """Whether the sidecar beside a listed local ``.npz`` says ``is_skipped`` (False if none)."""
-    from .pack.sidecar import is_skipped, read_sidecar
+    from ..source.sidecar import is_skipped, read_sidecar
 
     sidecar = npz_path[: -len(pathlists.NPZ)] + ".json"
     if not os.path.isfile(sidecar):

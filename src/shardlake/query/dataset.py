@@ -16,19 +16,19 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..errors import FormatError, IntegrityError, NotFoundError
+from ..format.codec import Decoder
+from ..format.documents import PartitionEntry
+from ..format.manifest import entry_mismatches, read_entry_manifest
+from ..meta.catalog import catalog_rows
+from ..meta.versions import Version, load_version
+from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
+from ..store import Store, open_store
 from . import sql
-from .catalog import catalog_rows
-from .errors import FormatError, IntegrityError, NotFoundError
-from .format.codec import Decoder
-from .format.documents import PartitionEntry
-from .format.manifest import entry_mismatches, read_entry_manifest
-from .read.payloads import PayloadRef, describe, fetch_payload, read_payloads
-from .store import Store, open_store
-from .versions import Version, load_version
 
 if TYPE_CHECKING:
+    from ..torch import ShardDataset
     from .selection import Selection
-    from .torch import ShardDataset
 
 _MANIFEST_READERS = 16
 _PAYLOAD_COLUMNS = ["key", "partition", "shard", "offset", "size", "crc32"]
@@ -115,7 +115,7 @@ class Dataset:
         self, columns: Sequence[str] | None = None, pids: Iterable[str] | None = None
     ) -> pa.Table:
         """All (or the given) partitions' manifest rows as one table, from the version's catalog
-        (see :mod:`shardlake.catalog`); a few given partitions are read from their manifests."""
+        (see :mod:`shardlake.meta.catalog`); a few given partitions are read from their manifests."""
         if pids is None and (columns is None or self._table is not None):
             with self._lock:
                 if self._table is None:
@@ -192,7 +192,7 @@ class Dataset:
         ``options`` are those of ``ShardDataset``: a selection (``where``, ``keys``,
         ``keyset``), ``seed``, ``shuffle``, ``num_workers``, ``rank``, ``world_size``, ...
         """
-        from .torch import ShardDataset  # torch is imported only when asked for
+        from ..torch import ShardDataset  # torch is imported only when asked for
 
         return ShardDataset(self.store, self.version.tag, batch_size=batch_size, **options)
 

@@ -22,8 +22,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from .catalog import Catalog, load_catalog, publish_catalog, read_partitions
-from .errors import (
+from ..errors import (
     AlreadyExistsError,
     ConflictError,
     FormatError,
@@ -31,8 +30,8 @@ from .errors import (
     UsageError,
     VersionNotFoundError,
 )
-from .format.catalog import CatalogRef, ObjectRef
-from .format.documents import (
+from ..format.catalog import CatalogRef, ObjectRef
+from ..format.documents import (
     COMMIT_SCHEMA,
     VERSION_SCHEMA,
     CommitRecord,
@@ -41,7 +40,7 @@ from .format.documents import (
     VersionHeader,
     VersionRecord,
 )
-from .format.layout import (
+from ..format.layout import (
     COMMITS_DIR,
     DATA_DIR,
     RECORD_FORMAT_VERSION,
@@ -52,9 +51,10 @@ from .format.layout import (
     is_owned_key,
     version_key,
 )
-from .format.manifest import entry_mismatches, parse_manifest
-from .read.verified import read_verified
-from .store import Store
+from ..format.manifest import entry_mismatches, parse_manifest
+from ..read.verified import read_verified
+from ..store import Store
+from .catalog import Catalog, load_catalog, publish_catalog, read_partitions
 
 ROOT_SCHEMA = "shardlake.root/1"
 

@@ -25,7 +25,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import SelectionError
+from ..errors import SelectionError
 
 VIEW = "manifest"
 DEFAULT_TIMEOUT_S = 300.0
