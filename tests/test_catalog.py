@@ -23,11 +23,12 @@ from shardlake.format.catalog import (
     encode_segment,
     row_groups_for,
 )
-from shardlake.format.manifest import read_entry_manifest
 from shardlake.meta.catalog import catalog_rows, load_catalog
 from shardlake.meta.versions import load_version, publish_version, read_state
 from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
+from shardlake.query.sql import select
+from shardlake.read.manifests import read_entry_manifest
 from shardlake.store import Store, open_store
 from shardlake.store.layers import Request, RequestCounter
 from shardlake.torch import ShardDataset
@@ -115,7 +116,7 @@ def test_incremental_publish_writes_one_segment_and_reads_equal_manifests(
     for tag in ("v1", "v2"):
         got = catalog_rows(store, load_version(store, tag))
         assert got.equals(_manifest_rows(store, tag).select(got.column_names))
-    picked = catalog_rows(store, v2, ["key"], where="partition = 'nope' OR key LIKE 'd/%'")
+    picked = select(catalog_rows(store, v2), "partition = 'nope' OR key LIKE 'd/%'", ["key"])
     assert sorted(picked.column("key").to_pylist()) == ["d/f0", "d/f1"]
 
 

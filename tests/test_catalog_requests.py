@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import shardlake
-from shardlake.meta.keysets import create_keyset
 from shardlake.meta.versions import load_version, publish_version, read_state
+from shardlake.query.keyset_build import create_keyset
 from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset

@@ -321,7 +321,8 @@ def test_pack_whose_commit_reply_is_lost_reports_its_success(s3: S3Server, sourc
 @pytest.fixture(scope="module")
 def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
     """A root with one version and a keyset, and what a fault-free reader sees in it."""
-    from shardlake.meta.keysets import create_keyset, load_keyset
+    from shardlake.meta.keysets import load_keyset
+    from shardlake.query.keyset_build import create_keyset
 
     url = s3.fresh_url("flip")
     clean = open_store(url, s3.storage_options)

@@ -12,8 +12,9 @@ from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
 from shardlake.lifecycle import remove
-from shardlake.meta.keysets import create_keyset, load_keyset, parse_key_list
+from shardlake.meta.keysets import load_keyset, parse_key_list
 from shardlake.query.dataset import open_dataset
+from shardlake.query.keyset_build import create_keyset
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus

@@ -13,9 +13,10 @@ from shardlake.cli.main import main
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
 from shardlake.lifecycle import export_npz, export_version, remove, scrub
-from shardlake.meta.keysets import create_keyset, load_keyset
+from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import read_root_marker, read_state
 from shardlake.query.dataset import open_dataset
+from shardlake.query.keyset_build import create_keyset
 from shardlake.source.npz import load_npz
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation

@@ -18,9 +18,9 @@ from shardlake.format.layout import COMMITS_DIR, ROOT_MARKER, commit_key
 from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
-from shardlake.meta.keysets import create_keyset
 from shardlake.meta.versions import load_version, read_commit, read_state
 from shardlake.query.dataset import open_dataset
+from shardlake.query.keyset_build import create_keyset
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus

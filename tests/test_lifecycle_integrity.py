@@ -120,7 +120,8 @@ def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
     """A manifest whose offsets were edited (metadata intact) is caught against the headers."""
     import pyarrow.compute as pc
 
-    from shardlake.format.manifest import read_manifest, write_manifest
+    from shardlake.format.manifest import write_manifest
+    from shardlake.read.manifests import read_manifest
 
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")

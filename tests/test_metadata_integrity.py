@@ -20,9 +20,10 @@ from lifecycle_support import pack_small
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.layout import commit_key, keyset_key, version_key
 from shardlake.lifecycle import export_version, scrub, verify_offsets
-from shardlake.meta.keysets import create_keyset, load_keyset
+from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
 from shardlake.query.dataset import open_dataset
+from shardlake.query.keyset_build import create_keyset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation

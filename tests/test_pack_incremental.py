@@ -114,7 +114,7 @@ def test_sidecar_only_change_writes_manifest_only(
     new = {p.path: p for p in report.version.entries}["logB"]
     assert new.data_rev == old.data_rev and new.shards == old.shards
     assert new.meta_rev != old.meta_rev
-    from shardlake.format.manifest import read_manifest
+    from shardlake.read.manifests import read_manifest
 
     table, _ = read_manifest(store, new.manifest)
     rows = {r["key"]: r for r in table.to_pylist()}
@@ -209,7 +209,7 @@ def test_require_sidecars(tmp_path: Path) -> None:
         pack(src, store, tag="v1", executor="inline", require_sidecars=True)
     assert store.list("data/") == []  # refused before building anything
     version = pack(src, store, tag="v1", executor="inline")
-    from shardlake.format.manifest import read_manifest
+    from shardlake.read.manifests import read_manifest
 
     part = {p.path: p for p in version.entries}["logB"]
     table, _ = read_manifest(store, part.manifest)

@@ -15,9 +15,9 @@ from test_pack_support import assert_consistent, make_source, read_all, small_fr
 
 from shardlake.format.codec import arrays_equal_exact
 from shardlake.format.layout import unescape_member_key
-from shardlake.format.manifest import read_manifest
 from shardlake.pack import pack, pack_with_report, verify_sample
 from shardlake.pack.build import load_npz, shuffle_order
+from shardlake.read.manifests import read_manifest
 from shardlake.store import open_store
 from shardlake.tools.synth import synth_corpus
 

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 
 from shardlake.format.codec import Decoder, check_payload
-from shardlake.format.manifest import read_manifest
 from shardlake.format.tar import iter_members
 from shardlake.meta.versions import Version, load_version, load_version_by_hash, read_state
+from shardlake.read.manifests import read_manifest
 from shardlake.store import Store
 from shardlake.tools.synth import write_npz
 

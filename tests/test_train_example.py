@@ -33,8 +33,8 @@ def read_log(run: Path) -> list[dict[str, float]]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """A tiny corpus, packed; the last log is validation, the others training, on both paths."""
-    from shardlake.meta.keysets import create_keyset
     from shardlake.pack import pack
+    from shardlake.query.keyset_build import create_keyset
 
     tmp = tmp_path_factory.mktemp("train")
     src = synth_corpus(tmp / "src", PARTITIONS, SAMPLES, seed=3, neighbors=4, lanes=4)

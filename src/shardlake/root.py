@@ -27,8 +27,9 @@ if TYPE_CHECKING:
     from .lifecycle.scrub import ScrubReport
     from .lifecycle.verify import OffsetsReport, VerifyReport
     from .meta.catalog import CatalogInfo
-    from .meta.keysets import DisjointReport, Keyset
+    from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
+    from .query.keyset_build import DisjointReport
 
 _DOCUMENT_READERS = 16
 
@@ -181,7 +182,7 @@ class Root:
         of the list to keys (default: the version's source namespace). ``allow_unmatched``:
         exactly this many entries may match no key.
         """
-        from .meta.keysets import create_keyset
+        from .query.keyset_build import create_keyset
 
         return create_keyset(
             self.store,
@@ -196,7 +197,7 @@ class Root:
 
     def check_disjoint(self, a: str, b: str) -> DisjointReport:
         """Compare keysets ``a`` and ``b`` (``overlap`` counts the keys in both)."""
-        from .meta.keysets import check_disjoint
+        from .query.keyset_build import check_disjoint
 
         return check_disjoint(self.store, a, b)
 

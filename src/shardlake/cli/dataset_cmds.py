@@ -143,7 +143,7 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_get(args: argparse.Namespace) -> int:
     from ..errors import SelectionError, UsageError
-    from ..meta.keysets import keys_from_file
+    from ..query.keyset_build import keys_from_file
     from ..source.source_form import npz_bytes, sidecar_json
 
     if not args.keys and not args.keys_file:

@@ -227,7 +227,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _break_lock(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from ..lifecycle.gc import describe_lock
+    from ..meta.versions import describe_lock
 
     root = open_root(args)
     lock = root.gc_lock()

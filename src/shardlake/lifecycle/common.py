@@ -12,8 +12,9 @@ from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.layout import version_key
-from ..format.manifest import ManifestMeta, read_entry_manifest
+from ..format.manifest import ManifestMeta
 from ..meta.versions import Version, load_version, load_version_by_hash, read_state
+from ..read.manifests import read_entry_manifest
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from ..store import Store
 

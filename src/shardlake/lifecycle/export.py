@@ -38,7 +38,7 @@ from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
-from ..format.manifest import entry_mismatches, parse_manifest, read_entry_manifest
+from ..format.manifest import entry_mismatches, parse_manifest
 from ..meta.keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
 from ..meta.versions import (
     RootState,
@@ -55,6 +55,7 @@ from ..meta.versions import (
 )
 from ..progress.bar import Progress
 from ..query.dataset import Dataset
+from ..read.manifests import read_entry_manifest
 from ..read.verified import read_verified
 from ..source.source_form import npz_bytes, sidecar_json
 from ..store import Store, open_store

@@ -41,7 +41,6 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
@@ -51,6 +50,7 @@ from ..meta.keysets import list_keysets, referenced_versions
 from ..meta.versions import (
     RootState,
     commit_state,
+    describe_lock,
     load_version_by_hash,
     read_commit,
     read_state,
@@ -264,15 +264,6 @@ def new_lock(ttl_s: float = LOCK_TTL_S) -> GcLock:
     """A fresh lease: a unique id, who holds it (for operators) and when it expires."""
     owner = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
     return GcLock(id=uuid.uuid4().hex, expires_at=time.time() + ttl_s, owner=owner)
-
-
-def describe_lock(lock: GcLock | None) -> str:
-    """``gc holds the root until <UTC time> (owner ...)``, for messages."""
-    if lock is None:
-        return "no gc holds the root"
-    until = datetime.fromtimestamp(lock.expires_at, timezone.utc)
-    owner = f" (owner {lock.owner})" if lock.owner else ""
-    return f"gc holds the root until {until.isoformat(timespec='seconds')}{owner}"
 
 
 def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.documents import PartitionEntry
 from ..format.layout import manifest_key, short_hash
-from ..format.manifest import ManifestMeta, read_entry_manifest, read_manifest, write_manifest
+from ..format.manifest import ManifestMeta, write_manifest
 from ..meta.versions import (
     RootState,
     Version,
@@ -28,6 +28,7 @@ from ..meta.versions import (
     read_state,
 )
 from ..query.dataset import Dataset
+from ..read.manifests import read_entry_manifest, read_manifest
 from ..source.sidecar import skipped_note
 from ..store import Store, open_store
 
@@ -104,7 +105,7 @@ def remove(
     """Publish ``tag``: ``base`` without ``partitions``, ``keys`` or the rows matching ``where``.
 
     ``key_file`` names a local key list instead of ``keys`` (see
-    :func:`shardlake.meta.keysets.keys_from_file`). Returns the new version and counts
+    :func:`shardlake.query.keyset_build.keys_from_file`). Returns the new version and counts
     (``partitions_removed``, ``samples_removed``, ``manifests_written``). Unknown partitions or
     keys are refused before anything is written; a version that would be empty is refused; a
     racing writer yields :class:`ConflictError`.
@@ -145,7 +146,7 @@ def remove(
 
 
 def _keys_of_file(ds: Dataset, key_file: str, strip_prefix: str | None) -> list[str]:
-    from ..meta.keysets import keys_from_file
+    from ..query.keyset_build import keys_from_file
 
     listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
     if listed.unmapped:

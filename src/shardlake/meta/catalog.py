@@ -44,7 +44,8 @@ from ..format.catalog import (
     sha256_hex,
 )
 from ..format.documents import PartitionEntry
-from ..format.manifest import CORE_SCHEMA, entry_mismatches, read_entry_manifest
+from ..format.manifest import CORE_SCHEMA, entry_mismatches
+from ..read.manifests import read_entry_manifest
 from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
 
@@ -272,17 +273,11 @@ def catalog_rows(
     store: Store,
     version: Version,
     columns: Sequence[str] | None = None,
-    where: str | None = None,
     pids: Sequence[str] | None = None,
 ) -> pa.Table:
-    """``version``'s rows (``columns`` of them; all when ``None``), optionally only ``pids`` and
-    only rows matching the SQL boolean expression ``where`` (over every column)."""
-    catalog = load_catalog(store, version)
-    if where is None:
-        return catalog.rows(columns, pids)
-    from ..query.sql import select
-
-    return select(catalog.rows(None, pids), where, list(columns) if columns else None)
+    """``version``'s rows (``columns`` of them; all when ``None``), optionally only ``pids``'s.
+    Filtering by SQL is the query layer's (:func:`shardlake.query.sql.select`)."""
+    return load_catalog(store, version).rows(columns, pids)
 
 
 def _reusable(entry: PartitionEntry, base: PartitionEntry | None) -> bool:

@@ -52,11 +52,11 @@ from ..format.manifest import (
     CORE_COLUMNS,
     ManifestMeta,
     build_manifest_table,
-    read_manifest,
     write_manifest,
 )
 from ..format.tar import ShardWriter
 from ..meta.versions import canonical_json
+from ..read.manifests import read_manifest
 from ..source.npz import load_npz
 from ..source.sidecar import is_skipped, read_sidecar
 from ..source.tree import NPZ, SIDECAR, SourcePartition

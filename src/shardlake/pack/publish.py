@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConflictError, OutcomeUnknownError
-from ..lifecycle.gc import describe_lock
-from ..meta.versions import RootState, Version, publish_version, read_state
+from ..meta.versions import RootState, Version, describe_lock, publish_version, read_state
 from ..store import Store
 
 PUBLISH_ATTEMPTS = 10

@@ -19,9 +19,10 @@ import pyarrow.compute as pc
 from ..errors import FormatError, IntegrityError, NotFoundError
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
-from ..format.manifest import entry_mismatches, read_entry_manifest
+from ..format.manifest import entry_mismatches
 from ..meta.catalog import catalog_rows
 from ..meta.versions import Version, load_version
+from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from ..store import Store, open_store
 from . import sql

@@ -126,7 +126,7 @@ def _keysets(
     say: _Say,
     step: str,
 ) -> dict[str, Any]:
-    from ..meta.keysets import check_disjoint, create_keyset
+    from ..query.keyset_build import check_disjoint, create_keyset
 
     where_valid = f"log_file_id IN {_in_list(valid_logs)}"
     train = create_keyset(

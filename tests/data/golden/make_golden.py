@@ -100,8 +100,8 @@ def write_source(src: Path, count: int, changed: int | None = None) -> dict[str,
 
 def make_root(out: Path) -> None:
     from shardlake.format.layout import RECORD_FORMAT_VERSION
-    from shardlake.meta.keysets import create_keyset
     from shardlake.pack import pack
+    from shardlake.query.keyset_build import create_keyset
 
     root = out / "root"
     if root.exists():
