@@ -235,9 +235,9 @@ def test_commands_through_a_faulty_network(
         got = run("epoch", lambda: epoch_digests(store, "v1"))
         assert got.ok and got.result == want  # bit-identical to the fault-free epoch
 
-        store.write("data/zz-orphan/rev/junk.bin", b"garbage")  # something for gc to delete
+        store.write("data/0rphan/rev/shard-000000.tar", b"garbage")  # something for gc to delete
         gc = with_reruns("gc", lambda: collect_garbage(store, grace_s=0), lambda: False)
-        assert not clean.exists("data/zz-orphan/rev/junk.bin")
+        assert not clean.exists("data/0rphan/rev/shard-000000.tar")
         assert read_state(clean).gc_lock is None and gc.ok
 
         dest = tmp_path / "export"
@@ -287,7 +287,7 @@ def test_gc_whose_lock_reply_is_lost_still_collects(s3: S3Server, source: Path) 
     url = s3.fresh_url("gclock")
     clean = open_store(url, s3.storage_options)
     pack_through(source, clean, "v1")()
-    clean.write("data/zz-orphan/rev/junk.bin", b"garbage")
+    clean.write("data/0rphan/rev/shard-000000.tar", b"garbage")
     with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:
         # The lock's commit lands, its reply is lost (#11 finding 2): gc must not refuse itself.
         lose_commit_reply(proxy, failed_readbacks=1)
@@ -295,7 +295,7 @@ def test_gc_whose_lock_reply_is_lost_still_collects(s3: S3Server, source: Path) 
         report = run("gc", lambda: collect_garbage(store, grace_s=0))
         assert proxy.injected["lost_reply"] == 1
     assert report.ok, report.error
-    assert not clean.exists("data/zz-orphan/rev/junk.bin")
+    assert not clean.exists("data/0rphan/rev/shard-000000.tar")
     assert read_state(clean).gc_lock is None  # released: publishers are not blocked
     pack_through(source, clean, "v2", base="v1")()
     assert published(clean, "v2")
