@@ -6,6 +6,8 @@ bash scripts/setup.sh
 .venv/bin/ruff check src tests conformance benchmarks examples
 .venv/bin/ruff format --check src tests conformance benchmarks examples
 .venv/bin/mypy
+# The layer order of docs/architecture.md (no layer imports a higher one).
+.venv/bin/lint-imports --no-cache
 # The API reference must build without warnings (a missing or broken reference fails here).
 site_dir=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"

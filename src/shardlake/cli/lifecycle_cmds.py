@@ -60,7 +60,15 @@ def _add_remove(sub: argparse._SubParsersAction[Any]) -> None:
 def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("prune-version", help="retire version tags (gc reclaims their bytes)")
     p.add_argument("root", metavar="ROOT")
-    p.add_argument("tags", metavar="TAG", nargs="+")
+    p.add_argument("tags", metavar="TAG", nargs="*")
+    p.add_argument(
+        "--version",
+        dest="version_tags",
+        action="append",
+        default=[],
+        metavar="TAG",
+        help="a tag to retire (repeatable; same as TAG)",
+    )
     p.add_argument("--force", action="store_true", help="also retire the version 'latest' names")
     finish_command(p, cmd_prune)
 
@@ -184,7 +192,12 @@ def cmd_remove(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    report = open_root(args).prune(args.tags, force=args.force)
+    from ..errors import UsageError
+
+    tags = list(dict.fromkeys([*args.tags, *args.version_tags]))
+    if not tags:
+        raise UsageError("name the version(s) to retire: TAG or --version TAG")
+    report = open_root(args).prune(tags, force=args.force)
     if args.json:
         print_json(report.to_json())
     else:

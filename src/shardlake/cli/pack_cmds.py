@@ -164,7 +164,8 @@ def _add_versions(sub: argparse._SubParsersAction[Any]) -> None:
 def _add_show(sub: argparse._SubParsersAction[Any]) -> None:
     p = sub.add_parser("show", help="describe one version (default: latest)")
     p.add_argument("root", metavar="ROOT")
-    p.add_argument("tag", metavar="TAG", nargs="?", default="latest")
+    p.add_argument("tag", metavar="TAG", nargs="?", default=None)
+    p.add_argument("--version", dest="version_tag", metavar="TAG", help="same as TAG")
     finish_command(p, cmd_show)
 
 
@@ -312,7 +313,9 @@ def cmd_versions(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    version = open_root(args).dataset(args.tag).version
+    if args.tag is not None and args.version_tag is not None and args.tag != args.version_tag:
+        raise UsageError(f"two versions given ({args.tag!r} and --version {args.version_tag!r})")
+    version = open_root(args).dataset(args.tag or args.version_tag or "latest").version
     if args.json:
         print_json({"tag": version.tag, "hash": version.hash, **version.doc})
         return 0

@@ -12,6 +12,7 @@ import functools
 import os
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -446,8 +447,6 @@ class Store:
         with self._lock:
             if self._create_checked:
                 return
-            from .capability import probe_create_if_absent
-
             if not probe_create_if_absent(self):
                 raise CapabilityError(
                     f"{self.url} does not enforce create-if-absent (conditional writes); "
@@ -520,3 +519,20 @@ def open_store(
     store = Store(url, storage_options, retry=retry)
     store.backend  # noqa: B018 - fail now on unknown protocols, missing packages, bad options
     return store
+
+
+PROBE_PREFIX = "_shardlake/probe"
+
+
+def probe_create_if_absent(store: Store) -> bool:
+    """Create a fresh probe key twice; True if the second create is refused."""
+    key = f"{PROBE_PREFIX}/{uuid.uuid4().hex}"
+    store.create(key, b"first")
+    try:
+        try:
+            store.create(key, b"second")
+        except AlreadyExistsError:
+            return store.read(key) == b"first"
+        return False
+    finally:
+        store.delete(key)

@@ -8,7 +8,7 @@ import gc
 import json
 from collections.abc import Iterator
 from dataclasses import asdict, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
@@ -16,9 +16,11 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import PlanError, UsageError
 from .collate import BUFFER_KEY, BufferPool
-from .dataset import ShardDataset
 from .ddp import RankSync, distributed
 from .plan import Cursor, Layout, Leg
+
+if TYPE_CHECKING:
+    from .dataset import ShardDataset  # which builds this loader (ShardDataset.loader)
 
 STATE_FORMAT = "shardlake.loader-state/1"
 POOL_SIZE = 8  # reusable shared batch buffers per worker (prefetched + held by the user)

@@ -1,0 +1,100 @@
+"""The layer order of docs/architecture.md: no import circle but the one Dataset.to_torch closes.
+
+import-linter (run by scripts/test.sh) checks that no layer imports a higher one; this test checks
+what it does not: circles between modules, counting lazy imports inside functions too.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "src" / "shardlake"
+# Dataset.to_torch imports the loader when called; the loader reads the Dataset it was given.
+KNOWN_CIRCLE = {
+    "shardlake.query.dataset",
+    "shardlake.torch",
+    "shardlake.torch.dataset",
+    "shardlake.torch.sources",
+}
+LOOSE_ALLOWED = {"__init__.py", "root.py", "errors.py"}
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            inside.update(id(n) for n in ast.walk(node))
+    return inside
+
+
+def _graph() -> dict[str, set[str]]:
+    paths = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = defaultdict(set)
+    for name, path in paths.items():
+        tree = ast.parse(path.read_text())
+        skip = _type_checking_nodes(tree)
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(tree):
+            if id(node) in skip or not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                found = sub if sub in paths else target
+                if found in paths and found != name:
+                    graph[name].add(found)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_but_the_one_to_torch_closes() -> None:
+    assert _circles(_graph()) == [KNOWN_CIRCLE]
+
+
+def test_no_loose_domain_modules_at_the_top() -> None:
+    loose = {p.name for p in PACKAGE.glob("*.py")}
+    assert loose <= LOOSE_ALLOWED, loose - LOOSE_ALLOWED
