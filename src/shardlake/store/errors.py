@@ -87,6 +87,14 @@ _CREDENTIAL_HINTS = {
 }
 
 
+def credential_hint(protocol: str | None) -> str:
+    """What to set for ``protocol``'s credentials (environment variables, storage options)."""
+    family = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}.get(
+        protocol or "", protocol or ""
+    )
+    return _CREDENTIAL_HINTS.get(family, "configure the backend's credentials")
+
+
 def translate_error(
     exc: BaseException,
     op: str,
@@ -103,11 +111,9 @@ def translate_error(
     status = _status(exc)
     code = s3_error_code(exc)
     if any(marker in lowered for marker in _NO_CREDENTIALS):
-        family = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}.get(
-            protocol or "", protocol or ""
+        return CredentialsMissingError(
+            f"{where}: credentials missing - {credential_hint(protocol)}"
         )
-        hint = _CREDENTIAL_HINTS.get(family, "configure the backend's credentials")
-        return CredentialsMissingError(f"{where}: credentials missing - {hint}")
     if (
         code in CREDENTIAL_REJECTED_CODES
         or status == 401

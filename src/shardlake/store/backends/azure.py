@@ -54,7 +54,18 @@ class AzureBackend(BucketBackend):
         options = dict(storage_options)
         options.setdefault("connection_timeout", policy.request_timeout)
         options.setdefault("read_timeout", policy.request_timeout)
-        fs = fsspec.filesystem(protocol, **options)
+        try:
+            fs = fsspec.filesystem(protocol, **options)
+        except ValueError as exc:
+            # adlfs connects in its constructor (which open_store calls): nothing to sign with.
+            if "must provide either a connection_string" not in str(exc).lower():
+                raise
+            from ...errors import CredentialsMissingError
+            from ..errors import credential_hint
+
+            raise CredentialsMissingError(
+                f"open {protocol}://: credentials missing - {credential_hint(protocol)}"
+            ) from None
         _single_try(fs)
         return fs
 
