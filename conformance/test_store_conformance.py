@@ -1,6 +1,6 @@
 """shardlake's own backends run the StoreConformance kit (shardlake.testing.conformance) on
-every loopback backend - local, memory, S3 (moto), GCS (fake-gcs-server) - and on a real
-bucket when SHARDLAKE_CONFORMANCE_URL is set."""
+every loopback backend - local, memory, S3 (moto), S3 (SeaweedFS), GCS (fake-gcs-server),
+Azure Blob (Azurite) - and on a real bucket when SHARDLAKE_CONFORMANCE_URL is set."""
 
 from collections.abc import Callable
 

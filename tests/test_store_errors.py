@@ -3,6 +3,7 @@
 import errno
 import logging
 import os
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -77,10 +78,12 @@ def test_credentials_in_url_are_refused_and_redacted() -> None:
     assert "storage_options" in str(caught.value)
 
 
-def test_missing_package_names_the_extra() -> None:
+def test_missing_package_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "adlfs", None)  # as if the azure extra were not installed
     with pytest.raises(UsageError) as caught:
-        open_store("abfs://container/prefix")  # adlfs is not a shardlake dependency
+        open_store("abfs://container/prefix", {"skip_instance_cache": True})
     assert "missing package" in str(caught.value)
+    assert "shardlake[azure]" in str(caught.value)
 
 
 @pytest.mark.parametrize(

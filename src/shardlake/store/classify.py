@@ -11,7 +11,8 @@ Every failure of one request is one of three kinds:
   conditional write must read back what is there before it reports a verdict.
 
 The classification looks at the real exception objects of s3fs / aiobotocore / botocore,
-gcsfs / aiohttp / requests and local I/O, and walks ``__cause__`` where a library wraps one.
+gcsfs / aiohttp / requests, adlfs / azure-core and local I/O, and walks ``__cause__`` where a
+library wraps one.
 """
 
 from __future__ import annotations
@@ -55,6 +56,9 @@ _REFUSED_TYPES = {
     "FlexibleChecksumError",
     "ChecksumError",  # gcsfs: md5/crc32c of a body
     "ProxyError",  # gcsfs raises HTTP 502 as requests' ProxyError
+    # azure-core: the request was never sent (connect failure or connect timeout)
+    "ServiceRequestError",
+    "ServiceRequestTimeoutError",
 }
 # Sent, then lost: the server may have acted on it.
 _MAYBE_ACTED_TYPES = {
@@ -74,6 +78,21 @@ _MAYBE_ACTED_TYPES = {
     "ProtocolError",
     "HTTPClientError",
     "FSTimeoutError",
+    # azure-core: sent, then the reply failed or timed out (ServiceResponseTimeoutError is one)
+    "ServiceResponseError",
+}
+# S3 error codes of a request the server refused without acting, whatever their status (409
+# OperationAborted / ConditionalRequestConflict: a competing operation is in flight, retry;
+# 400 RequestTimeout: the body did not arrive in time).
+_REFUSED_S3_CODES = {
+    "SlowDown",
+    "ServiceUnavailable",
+    "OperationAborted",
+    "ConditionalRequestConflict",
+    "RequestTimeout",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
 }
 _REFUSED_MARKERS = (
     "slowdown",
@@ -145,6 +164,8 @@ def classify(exc: BaseException) -> Verdict:
         verdict = _by_type_name(cause)
         if verdict is not None:
             return verdict
+    if s3_error_code(exc) in _REFUSED_S3_CODES:
+        return Verdict.TRANSIENT
     for cause in chain:  # then an HTTP status (s3fs raises OSError(EIO) from a 404 page)
         status = http_status(cause)
         if status is not None and status >= 400:
@@ -180,6 +201,23 @@ def s3_error_code(exc: BaseException) -> str | None:
         if isinstance(response, dict) and isinstance(response.get("Error"), dict):
             code = response["Error"].get("Code")
             return str(code) if code is not None else None
+    return None
+
+
+def azure_error_code(exc: BaseException) -> str | None:
+    """The Azure storage error code (``BlobNotFound``, ``ContainerNotFound``,
+    ``AuthenticationFailed``...) behind ``exc``: azure-core's ``error_code``, also where adlfs
+    raised a builtin error while handling it (``__context__``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "error_code", None)
+        if code is not None:
+            return str(getattr(code, "value", code))
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
     return None
 
 

@@ -1,4 +1,5 @@
-"""Translation of backend exceptions (OSError, botocore, gcsfs HTTP errors) to shardlake errors.
+"""Translation of backend exceptions (OSError, botocore, gcsfs HTTP errors, azure-core errors) to
+shardlake errors.
 
 Messages name the operation and the (redacted) URL; raw exception text is redacted too, and
 storage options are never part of a message.
@@ -20,7 +21,7 @@ from ..errors import (
 from .backends import is_already_exists
 from .backends.base import EndpointMismatch
 from .backends.s3 import CREDENTIAL_REJECTED_CODES
-from .classify import causes, http_status, s3_error_code
+from .classify import azure_error_code, causes, http_status, s3_error_code
 from .url import redact
 
 _NO_CREDENTIALS = (
@@ -29,8 +30,18 @@ _NO_CREDENTIALS = (
     "partial credentials",
     "could not find default credentials",
     "defaultcredentialserror",
+    # adlfs without connection string, account name or credential
+    "must provide either a connection_string or account_name",
+    # azure-identity: no source of a token (environment, managed identity, az login...)
+    "credentialunavailableerror",
+    "defaultazurecredential failed to retrieve a token",
 )
 _BAD_CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken", "invalidtoken")
+# Azure storage error codes: the key, SAS or token itself was refused (not merely lacking
+# permission); Azurite answers a bad shared key with AuthorizationFailure "Server failed to
+# authenticate the request".
+_AZURE_REJECTED_CODES = frozenset({"AuthenticationFailed", "InvalidAuthenticationInfo"})
+_AZURE_PROTOCOLS = frozenset({"az", "abfs", "abfss"})
 
 
 def _status(exc: BaseException) -> int | None:
@@ -47,7 +58,21 @@ def _is_missing_bucket(exc: BaseException, text: str) -> bool:
         "nosuchbucket" in lowered
         or "bucket does not exist" in lowered
         or ("bucket" in lowered and "not found" in lowered)
+        or azure_error_code(exc) == "ContainerNotFound"
     )
+
+
+def _chain_text(exc: BaseException) -> str:
+    return " ".join(f"{type(c).__name__} {c}" for c in causes(exc)).lower()
+
+
+def _azure_rejected(exc: BaseException, lowered: str) -> bool:
+    code = azure_error_code(exc)
+    if code in _AZURE_REJECTED_CODES:
+        return True
+    if type(exc).__name__ == "ClientAuthenticationError" and code is None:
+        return True  # raised by a token credential: a refused secret or certificate
+    return code == "AuthorizationFailure" and "failed to authenticate" in lowered
 
 
 _CREDENTIAL_HINTS = {
@@ -55,7 +80,19 @@ _CREDENTIAL_HINTS = {
     "in storage_options",
     "gs": "set GOOGLE_APPLICATION_CREDENTIALS (or run gcloud auth application-default login), or "
     "pass token in storage_options",
+    "az": "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+    "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or sign in for DefaultAzureCredential "
+    "(az login, managed identity, AZURE_CLIENT_ID...), or pass connection_string / account_name "
+    "with account_key, sas_token or credential in storage_options",
 }
+
+
+def credential_hint(protocol: str | None) -> str:
+    """What to set for ``protocol``'s credentials (environment variables, storage options)."""
+    family = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az"}.get(
+        protocol or "", protocol or ""
+    )
+    return _CREDENTIAL_HINTS.get(family, "configure the backend's credentials")
 
 
 def translate_error(
@@ -74,13 +111,14 @@ def translate_error(
     status = _status(exc)
     code = s3_error_code(exc)
     if any(marker in lowered for marker in _NO_CREDENTIALS):
-        family = {"s3a": "s3", "gcs": "gs"}.get(protocol or "", protocol or "")
-        hint = _CREDENTIAL_HINTS.get(family, "configure the backend's credentials")
-        return CredentialsMissingError(f"{where}: credentials missing - {hint}")
+        return CredentialsMissingError(
+            f"{where}: credentials missing - {credential_hint(protocol)}"
+        )
     if (
         code in CREDENTIAL_REJECTED_CODES
         or status == 401
         or any(marker in lowered for marker in _BAD_CREDENTIALS)
+        or _azure_rejected(exc, _chain_text(exc))
     ):
         return CredentialsRejectedError(
             f"{where}: credentials rejected - the store does not accept this key id or secret"
@@ -90,8 +128,9 @@ def translate_error(
     if is_already_exists(exc):
         return AlreadyExistsError(f"{where}: already exists")
     if bucket is not None and (code == "NoSuchBucket" or _is_missing_bucket(exc, text)):
+        noun = "container" if protocol in _AZURE_PROTOCOLS else "bucket"
         return BucketNotFoundError(
-            f"{where}: bucket {bucket!r} does not exist - create it or fix the store URL"
+            f"{where}: {noun} {bucket!r} does not exist - create it or fix the store URL"
         )
     if isinstance(exc, FileNotFoundError) or status == 404 or "nosuchkey" in lowered:
         return KeyNotFoundError(f"{where}: no such key")

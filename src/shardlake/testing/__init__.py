@@ -8,11 +8,15 @@
   (``store.with_layers(FaultInjector(FaultPlan(...)))``).
 * :mod:`shardlake.testing.proxy` - a fault-injecting HTTP proxy in front of a loopback S3.
 * :mod:`shardlake.testing.servers` - moto's S3 server and fake-gcs-server on 127.0.0.1 (from
-  :mod:`shardlake.tools.loopback`), with the ``storage_options`` that reach them.
+  :mod:`shardlake.tools.loopback`), with the ``storage_options`` that reach them, plus
+  :mod:`shardlake.testing.seaweedfs` (SeaweedFS, a real S3-compatible store) and
+  :mod:`shardlake.testing.azurite` (Azurite, Azure Blob); ``StoreServers`` starts any of them.
 
 Nothing in the library imports this package; it needs the ``test`` extra.
 """
 
+from .azurite import AzuriteServer, azurite_server
+from .seaweedfs import SeaweedFSServer, seaweedfs_server
 from .servers import (
     GCSServer,
     S3Server,
@@ -23,10 +27,14 @@ from .servers import (
 )
 
 __all__ = [
+    "AzuriteServer",
     "GCSServer",
     "S3Server",
+    "SeaweedFSServer",
     "StoreServers",
+    "azurite_server",
     "fake_gcs_server",
     "moto_s3_server",
+    "seaweedfs_server",
     "start_store_server",
 ]

@@ -4,11 +4,19 @@ Load it from a ``conftest.py`` with ``pytest_plugins = ["shardlake.testing.pytes
 It is the only module of :mod:`shardlake.testing` that imports pytest.  Fixtures:
 
 * ``store_kind`` - parametrised over ``local``, ``memory``, ``s3`` (moto), ``gcs``
-  (fake-gcs-server); narrow it per test with ``@pytest.mark.parametrize("store_kind", [...])``;
+  (fake-gcs-server) by default, or over ``SHARDLAKE_STORE_KINDS`` (``all`` adds ``seaweedfs``
+  and ``azure``); narrow it per test with ``@pytest.mark.parametrize("store_kind", [...])``;
 * ``store_location`` / ``store_url`` / ``store`` - a fresh, empty prefix on that backend, its URL,
   the opened :class:`~shardlake.store.Store`;
 * ``store_factory`` - ``store_factory(kind=None, label="t")`` makes further fresh locations;
-* ``store_servers`` - the session's lazily started loopback servers.
+* ``store_servers`` - the session's lazily started loopback servers;
+* ``seaweedfs_server`` / ``azurite_server`` - two of them, started for the session: a
+  :class:`~shardlake.testing.servers.StoreServer` each (``endpoint_url``, ``bucket``,
+  ``storage_options``, ``env``, ``url(prefix)``, ``fresh_url(label)``), SeaweedFS speaking S3
+  (``s3://`` URLs) and Azurite Azure Blob (``az://`` URLs).
+
+While a test runs, the ``env`` of every location it made (``AWS_ENDPOINT_URL``...) is in
+``os.environ`` too, so a bare URL or a CLI call in the test reaches the same server.
 """
 
 from __future__ import annotations
@@ -19,13 +27,13 @@ import pytest
 
 from ..store import Store
 from .fixtures import (
-    LOOPBACK_KINDS,
     StoreLocation,
     cleanup_location,
     new_location,
     shared_servers,
+    store_kinds,
 )
-from .servers import StoreServers
+from .servers import StoreServer, StoreServers
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +41,19 @@ def store_servers() -> StoreServers:
     return shared_servers()
 
 
-@pytest.fixture(params=LOOPBACK_KINDS)
+@pytest.fixture(scope="session")
+def seaweedfs_server(store_servers: StoreServers) -> StoreServer:
+    """SeaweedFS (master, volume, filer, S3 gateway) on 127.0.0.1, one per session."""
+    return store_servers.get("seaweedfs")
+
+
+@pytest.fixture(scope="session")
+def azurite_server(store_servers: StoreServers) -> StoreServer:
+    """Azurite's blob service on 127.0.0.1, one per session."""
+    return store_servers.get("azure")
+
+
+@pytest.fixture(params=store_kinds())
 def store_kind(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -43,6 +63,7 @@ def store_factory(
     store_kind: str, store_servers: StoreServers, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Callable[..., StoreLocation]]:
     made: list[StoreLocation] = []
+    env = pytest.MonkeyPatch()
 
     def make(kind: str | None = None, label: str = "t") -> StoreLocation:
         kind = kind or store_kind
@@ -50,12 +71,17 @@ def store_factory(
             location = StoreLocation("local", str(tmp_path_factory.mktemp(f"store-{label}")))
         else:
             location = new_location(kind, label, store_servers)
+        for name, value in location.env.items():
+            env.setenv(name, value)
         made.append(location)
         return location
 
-    yield make
-    for location in made:
-        cleanup_location(location)
+    try:
+        yield make
+    finally:
+        env.undo()
+        for location in made:
+            cleanup_location(location)
 
 
 @pytest.fixture

@@ -1,5 +1,12 @@
-"""The loopback S3 / GCS servers, re-exported for tests (they live in
-:mod:`shardlake.tools.loopback`, which the demo uses without the test extra)."""
+"""The loopback servers for tests: moto's S3 and fake-gcs-server (from
+:mod:`shardlake.tools.loopback`, which the demo uses without the test extra), plus SeaweedFS
+(:mod:`shardlake.testing.seaweedfs`, a real S3-compatible store) and Azurite
+(:mod:`shardlake.testing.azurite`, Azure Blob)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 from ..tools.loopback import (
     DEFAULT_BUCKET,
@@ -13,13 +20,67 @@ from ..tools.loopback import (
     MissingServerError,
     S3Server,
     StoreServer,
-    StoreServers,
     fake_gcs_server,
     gcs_storage_options,
     moto_s3_server,
     s3_storage_options,
-    start_store_server,
 )
+from ..tools.loopback import StoreServers as _LoopbackServers
+from ..tools.loopback import start_store_server as _start_loopback_server
+
+# Store kinds with a loopback server, and what serves each.
+SERVER_KINDS = ("s3", "gcs", "seaweedfs", "azure")
+
+
+@contextlib.contextmanager
+def start_store_server(
+    kind: str, bucket: str = DEFAULT_BUCKET, *, set_env: bool = True
+) -> Iterator[StoreServer]:
+    """The loopback server of store kind ``kind``: ``"s3"`` (moto), ``"gcs"`` / ``"gs"``
+    (fake-gcs-server), ``"seaweedfs"`` (SeaweedFS, S3 API) or ``"azure"`` (Azurite)."""
+    if kind == "seaweedfs":
+        from .seaweedfs import seaweedfs_server
+
+        with seaweedfs_server(bucket, set_env=set_env) as server:
+            yield server
+    elif kind == "azure":
+        from .azurite import azurite_server
+
+        with azurite_server(bucket, set_env=set_env) as azure:
+            yield azure
+    elif kind in ("s3", "gcs", "gs"):
+        with _start_loopback_server(kind, bucket, set_env=set_env) as server:
+            yield server
+    else:
+        raise ValueError(
+            f"no loopback server for store kind {kind!r}: use one of {', '.join(SERVER_KINDS)}"
+        )
+
+
+class StoreServers(_LoopbackServers):
+    """Start loopback servers lazily on first use and stop them all at :meth:`close`.
+
+    One instance per pytest session or per run::
+
+        with StoreServers() as servers:
+            s3 = servers.get("seaweedfs")
+
+    SeaweedFS speaks S3 like moto does, so its ``AWS_*`` settings are never put into
+    ``os.environ`` (they would redirect the moto kind); a test on it applies
+    :attr:`StoreServer.env` itself (the pytest plugin does, for the test's store kind).
+    """
+
+    def get(self, kind: str) -> StoreServer:
+        kind = "gcs" if kind == "gs" else kind
+        if kind not in ("seaweedfs", "azure"):
+            return super().get(kind)
+        if kind not in self._running:
+            set_env = self._set_env and kind != "seaweedfs"
+            self._running[kind] = self._stack.enter_context(
+                start_store_server(kind, set_env=set_env)
+            )
+        return self._running[kind]
+
 
 __all__ = [
     "DEFAULT_BUCKET",
@@ -29,6 +90,7 @@ __all__ = [
     "GCS_TEST_BLOCK_SIZE",
     "REGION",
     "S3_TEST_BLOCK_SIZE",
+    "SERVER_KINDS",
     "GCSServer",
     "MissingServerError",
     "S3Server",

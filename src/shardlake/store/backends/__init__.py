@@ -4,6 +4,7 @@ Each backend states how it achieves create-if-absent, atomic overwrite and visib
 streaming writes; ``docs/storage.md`` explains the guarantees.
 """
 
+from .azure import AzureBackend
 from .base import Backend, BucketBackend, Leftover, is_already_exists, is_unsatisfiable_range
 from .gcs import GCSBackend
 from .local import LocalBackend
@@ -12,6 +13,7 @@ from .registry import check_protocol, make_backend, register_backend
 from .s3 import S3Backend
 
 __all__ = [
+    "AzureBackend",
     "Backend",
     "BucketBackend",
     "GCSBackend",

@@ -7,6 +7,7 @@ from typing import Any
 
 import fsspec
 
+from ..classify import causes, http_status
 from ..retry import RetryPolicy
 from .base import BucketBackend
 
@@ -35,7 +36,23 @@ class GCSBackend(BucketBackend):
 
     def _create(self, path: str, data: bytes) -> None:
         # chunksize above the size keeps pipe_file on the simple (precondition-honouring) upload.
-        self.fs.pipe_file(path, data, mode="create", chunksize=len(data) + 1)
+        try:
+            self.fs.pipe_file(path, data, mode="create", chunksize=len(data) + 1)
+        except FileExistsError:
+            raise
+        except Exception as exc:
+            if refused_create(exc):
+                raise FileExistsError(f"{path}: already exists (HTTP 412)") from exc
+            raise
+
+
+def refused_create(exc: BaseException) -> bool:
+    """Whether a failed ``ifGenerationMatch=0`` upload means "the object exists": HTTP 412,
+    however the client raised it (gcsfs maps a 412 reply to ``FileExistsError`` itself; this
+    reads the status from its ``HttpError`` / aiohttp error too)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    return any(http_status(cause) == 412 for cause in causes(exc))
 
 
 @functools.cache

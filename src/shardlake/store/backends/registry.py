@@ -6,6 +6,7 @@ from typing import Any
 
 from ...errors import InvalidURLError, UsageError
 from ..retry import RetryPolicy
+from .azure import AzureBackend
 from .base import Backend
 from .gcs import GCSBackend
 from .local import LocalBackend
@@ -20,9 +21,20 @@ _BACKENDS: dict[str, type[Backend]] = {
     "s3a": S3Backend,
     "gs": GCSBackend,
     "gcs": GCSBackend,
+    "az": AzureBackend,
+    "abfs": AzureBackend,
+    "abfss": AzureBackend,
 }
 
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+_EXTRAS = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+}
 
 
 def register_backend(protocol: str, backend_class: type[Backend]) -> None:
@@ -53,7 +65,7 @@ def check_protocol(protocol: str) -> None:
     ):
         raise InvalidURLError(
             f"unknown store protocol {protocol!r}: use an absolute path, file://, memory://, "
-            "s3://BUCKET/PREFIX or gs://BUCKET/PREFIX"
+            "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX"
         )
 
 

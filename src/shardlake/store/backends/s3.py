@@ -9,7 +9,7 @@ from typing import Any
 
 import fsspec
 
-from ..classify import causes, is_transient, s3_error_code
+from ..classify import causes, http_status, is_transient, s3_error_code
 from ..retry import RetryPolicy, call_with_retry
 from ..url import redact
 from .base import BucketBackend, EndpointMismatch, Leftover
@@ -24,6 +24,30 @@ CREDENTIAL_REJECTED_CODES = frozenset(
         "TokenRefreshRequired",
     }
 )
+# 409s a conditional PUT can meet that say "retry", not "it exists" (AWS: a competing
+# conditional write is in flight; the retry then meets that write's object, or none).
+_RETRY_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
+
+
+def refused_create(exc: BaseException) -> bool:
+    """Whether a failed ``If-None-Match: *`` PUT means "the key exists", decided by the
+    protocol: HTTP 412 (or a 409 other than "conflicting operation, retry") in the botocore
+    error s3fs wraps.  s3fs itself maps a 412 to ``FileExistsError`` only when the error body
+    carries AWS's ``Condition`` element, which SeaweedFS and other S3-compatible servers omit
+    (s3fs then raises ``OSError(EINVAL)``)."""
+    if isinstance(exc, FileExistsError):
+        return True
+    for cause in causes(exc):
+        response = getattr(cause, "response", None)
+        if not isinstance(response, dict):
+            continue
+        status = http_status(cause)
+        if status == 412:
+            return True
+        if status == 409:
+            return s3_error_code(cause) not in _RETRY_CONFLICT_CODES
+        return False
+    return False
 
 
 class S3Backend(BucketBackend):
@@ -82,6 +106,16 @@ class S3Backend(BucketBackend):
         fs.retries = 1
         return fs
 
+    def _create(self, path: str, data: bytes) -> None:
+        try:
+            self.fs.pipe_file(path, data, mode="create")
+        except FileExistsError:
+            raise
+        except Exception as exc:
+            if refused_create(exc):
+                raise FileExistsError(f"{path}: already exists (HTTP {_status_of(exc)})") from exc
+            raise
+
     def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
         if self.fast_reads is not None and self.fast_reads.usable():
             try:
@@ -135,6 +169,14 @@ class S3Backend(BucketBackend):
         self.fs.call_s3(
             "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=leftover.upload_id
         )
+
+
+def _status_of(exc: BaseException) -> int | None:
+    for cause in causes(exc):
+        status = http_status(cause)
+        if status is not None:
+            return status
+    return None
 
 
 def _s3_headers(reply: Any) -> bool:

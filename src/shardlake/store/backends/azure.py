@@ -1,0 +1,122 @@
+"""Azure Blob Storage through adlfs (``az://`` / ``abfs://`` / ``abfss://``): conditional Put Blob,
+block-list streaming, one retry layer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
+from typing import Any
+
+import fsspec
+
+from ..classify import azure_error_code
+from ..retry import RetryPolicy
+from .base import BucketBackend
+
+# Storage error codes of a 409 on a create that do not mean "the blob exists".
+_NOT_EXISTS_CONFLICTS = frozenset(
+    {
+        "ContainerBeingDeleted",
+        "ContainerDisabled",
+        "BlobArchived",
+        "BlobBeingRehydrated",
+        "OperationNotAllowedOnIncrementalCopyBlob",
+        "PublicAccessNotPermitted",
+    }
+)
+# One GET per whole-object or ranged read: the SDK would otherwise split anything above
+# max_single_get_size (32 MiB) into a first GET and further ranged GETs.
+_ONE_GET = 2**40
+
+
+class AzureBackend(BucketBackend):
+    """Azure Blob Storage (adlfs): Put Blob replaces atomically; create sends
+    ``If-None-Match: *`` (``upload_blob(overwrite=False)``), refused with 409 BlobAlreadyExists.
+
+    Streaming writes stage blocks and commit the block list at close: nothing is visible
+    before, and a writer killed midway leaves only uncommitted blocks, which Azure drops on its
+    own within a week and which no listing or read ever sees (so :meth:`leftovers` finds none).
+    Reads are one GET each (whole object or one range), with no HEAD before them.
+
+    Credentials are adlfs's: ``connection_string`` / ``AZURE_STORAGE_CONNECTION_STRING``,
+    ``account_name`` with ``account_key`` or ``sas_token`` (or the ``AZURE_STORAGE_*`` variables),
+    a ``credential`` object, a service principal (``client_id``, ``client_secret``,
+    ``tenant_id``), and otherwise ``DefaultAzureCredential`` (environment, managed identity,
+    ``az login``).  ``anon=True`` reads a public container.
+    """
+
+    whole_read_options: Mapping[str, Any] = MappingProxyType({"max_concurrency": 1})
+
+    @classmethod
+    def make_filesystem(
+        cls, protocol: str, storage_options: dict[str, Any], policy: RetryPolicy
+    ) -> fsspec.AbstractFileSystem:
+        options = dict(storage_options)
+        options.setdefault("connection_timeout", policy.request_timeout)
+        options.setdefault("read_timeout", policy.request_timeout)
+        try:
+            fs = fsspec.filesystem(protocol, **options)
+        except ValueError as exc:
+            # adlfs connects in its constructor (which open_store calls): nothing to sign with.
+            if "must provide either a connection_string" not in str(exc).lower():
+                raise
+            from ...errors import CredentialsMissingError
+            from ..errors import credential_hint
+
+            raise CredentialsMissingError(
+                f"open {protocol}://: credentials missing - {credential_hint(protocol)}"
+            ) from None
+        _single_try(fs)
+        return fs
+
+    def _create(self, path: str, data: bytes) -> None:
+        try:
+            self.fs.pipe_file(path, data, mode="create", max_concurrency=1)
+        except Exception as exc:
+            if refused_create(exc):
+                raise FileExistsError(f"{path}: already exists") from exc
+            if isinstance(exc, FileExistsError):  # adlfs' mapping of any ResourceExistsError
+                code = azure_error_code(exc)
+                raise OSError(f"{path}: create refused ({code}), not by an existing blob") from exc
+            raise
+
+
+def _single_try(fs: Any) -> None:
+    """One try per request (azure-core's storage policy retries 10 times, with backoff, outside
+    any deadline; the store's policy retries instead), and one GET per read."""
+    client = getattr(fs, "service_client", None)
+    config = getattr(client, "_config", None)
+    retry = getattr(config, "retry_policy", None)
+    if retry is not None:
+        # The pipeline holds this very policy object (shared by every blob client made from it).
+        for attr in ("total_retries", "connect_retries", "read_retries", "status_retries"):
+            if hasattr(retry, attr):
+                setattr(retry, attr, 0)
+    if config is not None and hasattr(config, "max_single_get_size"):
+        config.max_single_get_size = _ONE_GET
+        config.max_chunk_get_size = _ONE_GET
+
+
+def chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from or while handling (adlfs raises ``FileExistsError``
+    inside the ``except ResourceExistsError`` block, without ``from``)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+
+
+def refused_create(exc: BaseException) -> bool:
+    """Whether a failed ``If-None-Match: *`` Put Blob means "the blob exists": 409 (the
+    service's BlobAlreadyExists) or 412 (ConditionNotMet), read from the azure-core error."""
+    for cause in chain(exc):
+        status = getattr(cause, "status_code", None)
+        if status == 412:
+            return True
+        if status == 409:
+            return azure_error_code(cause) not in _NOT_EXISTS_CONFLICTS
+    return False
