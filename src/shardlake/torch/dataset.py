@@ -502,14 +502,14 @@ def train_valid(
         **options,
     )
     from ..query.dataset import open_dataset
-    from ..query.selection import check_disjoint
+    from ..query.selection import require_disjoint
 
     version_ds = open_dataset(url, valid.version_tag, options.get("storage_options"))
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:
         train_sel = valid_sel.complement()
-    check_disjoint(train_sel, valid_sel, "train and valid selections")
+    require_disjoint(train_sel, valid_sel, "train and valid selections")
     chosen: dict[str, Any] = {} if train_sel.keys is None else {"keys": train_sel.keys}
     train = ShardDataset(
         url,
