@@ -28,7 +28,7 @@ from ..meta.versions import (
     Version,
 )
 from ..progress.bar import DEFAULT_HEARTBEAT_S, Progress
-from ..read.tasks import InlineExecutor, Task, executor_for, make_executor, run_tasks
+from ..read.tasks import InlineExecutor, Task, error_text, executor_for, make_executor, run_tasks
 
 __all__ = ["InlineExecutor", "PackReport", "make_executor", "pack", "pack_with_report"]
 from ..source.tree import SourcePartition
@@ -208,7 +208,7 @@ def _run_builds(
     if failed:
         raise PackWorkerError(
             f"{len(failed)} of {len(tasks)} partition build(s) failed; nothing was published: "
-            + "; ".join(f"{jobs[i].label}: {why}" for i, why in failed)
+            + "; ".join(f"{jobs[i].label}: {error_text(exc)}" for i, exc in failed)
         )
     return {t.partition.id: r for t, r in zip(tasks, done, strict=True)}
 

@@ -139,11 +139,11 @@ def run_tasks(
     mp_context_name: str | None = None,
     preload: Sequence[str] = (),
     poll_s: float = 1.0,
-) -> tuple[list[Any], list[tuple[int, str]]]:
+) -> tuple[list[Any], list[tuple[int, BaseException]]]:
     """Run every task; ``(results, failures)``: results in task order (None where it failed),
-    failures as ``(task index, why)``. Ctrl-C cancels what is pending and stops pool workers."""
+    failures as ``(task index, exception)`` (see :func:`error_text`). Ctrl-C cancels what is pending and stops pool workers."""
     results: list[Any] = [None] * len(tasks)
-    failures: list[tuple[int, str]] = []
+    failures: list[tuple[int, BaseException]] = []
     if not tasks:
         return results, failures
     n = min(workers or os.cpu_count() or 1, len(tasks))
@@ -165,7 +165,7 @@ def run_tasks(
             for proc in list(getattr(executor, "_processes", {}).values()):
                 proc.terminate()
         close()
-    failures.sort()
+    failures.sort(key=lambda f: f[0])
     return results, failures
 
 
@@ -192,7 +192,7 @@ def _wait(
     executor: cf.Executor,
     pending: dict[cf.Future[Any], int],
     results: list[Any],
-    failures: list[tuple[int, str]],
+    failures: list[tuple[int, BaseException]],
     progress: Progress,
     poll_s: float,
     stop: threading.Event,
@@ -217,7 +217,7 @@ def _wait(
             except BaseException as exc:  # noqa: BLE001 - every failure is reported by task
                 if isinstance(exc, KeyboardInterrupt):
                     raise
-                failures.append((index, error_text(exc)))
+                failures.append((index, exc))
                 continue
             progress.update(tasks[index].weight, groups=1)
         progress.poll(in_flight)
