@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..read.tasks import ExecutorSpec
+from ..read.tasks import ExecutorSpec as ExecutorSpec
 
 
 @dataclass(frozen=True)
