@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import shutil
 from collections.abc import Iterator
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +128,29 @@ def test_memory_root_refuses_dask(dask_address: str) -> None:
     root = shardlake.open("memory://lifecycle-dask-refuse")
     with pytest.raises(UsageError, match="memory://"):
         root.scrub(executor=dask_address)
+
+
+class _DiesOnSecond(cf.Executor):
+    """Every task but the second runs; the second's worker 'dies' (BrokenProcessPool)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        self.calls += 1
+        future: cf.Future[Any] = cf.Future()
+        if self.calls == 2:
+            future.set_exception(BrokenProcessPool("killed"))
+        else:
+            future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def test_dead_task_reported_by_partition(packed: tuple[Path, Path]) -> None:
+    _src, root = packed
+    entries = load_version(open_store(str(root)), "v1").entries
+    report = shardlake.open(str(root)).scrub(executor=_DiesOnSecond())
+    assert not report.ok
+    [problem] = report.problems
+    assert problem.partition == entries[1].id and "worker process died" in problem.message
+    assert [p.partition for p in report.partitions] == [e.id for e in entries]
