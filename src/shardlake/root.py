@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
     from .query.keyset_build import DisjointReport
+    from .read.tasks import ExecutorSpec
 
 _DOCUMENT_READERS = 16
 
@@ -297,9 +298,12 @@ class Root:
         workers: int | None = None,
         batch_bytes: int | None = None,
         progress: bool | None = None,
+        executor: ExecutorSpec = None,
     ) -> ScrubReport:
         """Re-read every payload of ``version`` (or every live version) and check it;
-        ``workers`` shards at once, about ``batch_bytes`` read per request."""
+        ``workers`` partitions at once, about ``batch_bytes`` read per request. ``executor``:
+        ``"thread"`` (default), ``"process"``, ``"inline"``, ``"dask://HOST:PORT"`` or an
+        Executor (the same spec pack takes)."""
         from .lifecycle.scrub import scrub
 
         extra: dict[str, Any] = {} if workers is None else {"workers": workers}
@@ -309,6 +313,7 @@ class Root:
             all_versions=all_versions,
             progress=progress,
             batch_bytes=batch_bytes,
+            executor=executor,
             **extra,
         )
 
@@ -322,16 +327,22 @@ class Root:
         dest_options: dict[str, Any] | None = None,
         progress: bool | None = None,
         allow_foreign: bool = False,
+        workers: int | None = None,
+        executor: ExecutorSpec = None,
     ) -> ExportReport | NpzExportReport:
         """Copy ``version`` to ``dest``: a self-contained root (``format="root"``, with the
         given ``keysets``) or ``<key>.npz`` + ``<key>.json`` files (``format="npz"``, at most
         one keyset selecting the samples). ``allow_foreign``: a root export may go into a
-        location that already holds other objects (refused by default)."""
+        location that already holds other objects (refused by default). A root export copies
+        one partition per task on ``executor`` (the spec pack takes), ``workers`` at once."""
         from .errors import UsageError
         from .lifecycle.export import export_npz, export_version
 
         dest = _location(dest)
+        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
         if format == "npz":
+            if executor is not None:
+                raise UsageError("an npz export runs here: executor is for root exports")
             if keysets and len(keysets) > 1:
                 raise UsageError("an npz export takes at most one keyset", options=("keysets",))
             return export_npz(
@@ -352,6 +363,8 @@ class Root:
             dest_options=dest_options,
             progress=progress,
             allow_foreign=allow_foreign,
+            executor=executor,
+            **extra,
         )
 
     def verify(
@@ -369,11 +382,13 @@ class Root:
         source_options: dict[str, Any] | None = None,
         workers: int | None = None,
         progress: bool | None = None,
+        executor: ExecutorSpec = None,
     ) -> VerifyReport:
         """Prove ``version`` equals the source tree ``source``, bit for bit.
 
         ``path_list``/``strip_prefix``/``include``/``exclude`` scope the source as pack did;
         ``allow_missing`` accepts exactly that many source frames absent from the version.
+        ``executor`` runs one task per partition (the spec pack takes; default threads).
         """
         from .lifecycle.verify import verify_source
 
@@ -398,6 +413,7 @@ class Root:
             source_options=source_options,
             progress=progress,
             only_keys=only_keys,
+            executor=executor,
             **extra,
         )
 
@@ -414,12 +430,19 @@ class Root:
         return attach_catalogs(self.store, versions)
 
     def verify_offsets(
-        self, version: str = "latest", *, progress: bool | None = None
+        self,
+        version: str = "latest",
+        *,
+        progress: bool | None = None,
+        workers: int | None = None,
+        executor: ExecutorSpec = None,
     ) -> OffsetsReport:
-        """Check manifest offsets against the tar headers and manifests against the version."""
+        """Check manifest offsets against the tar headers and manifests against the version;
+        one task per partition on ``executor`` (the spec pack takes; default threads)."""
         from .lifecycle.verify import verify_offsets
 
-        return verify_offsets(self.store, version, progress=progress)
+        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
+        return verify_offsets(self.store, version, progress=progress, executor=executor, **extra)
 
 
 def _location(url: str | os.PathLike[str] | Store) -> str | Store:

@@ -24,7 +24,17 @@ def _progress_flag(p: argparse.ArgumentParser) -> None:
 
 def _workers_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--workers", type=int, default=4, metavar="N", help="shards checked at once (default 4)"
+        "--workers", type=int, default=4, metavar="N", help="partitions checked at once (default 4)"
+    )
+
+
+def _executor_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--executor",
+        default=None,
+        metavar="SPEC",
+        help="where the per-partition tasks run: thread (default, --workers threads), process, "
+        "inline or dask://HOST:PORT (the same spec pack takes)",
     )
 
 
@@ -102,6 +112,7 @@ def _add_scrub(sub: argparse._SubParsersAction[Any]) -> None:
     which.add_argument("--all", action="store_true", help="every live version")
     _progress_flag(p)
     _workers_flag(p)
+    _executor_flag(p)
     finish_command(p, cmd_scrub)
 
 
@@ -127,6 +138,8 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     )
     add_storage_flags(p, "dest", "DEST")
     _progress_flag(p)
+    _workers_flag(p)
+    _executor_flag(p)
     finish_command(p, cmd_export)
 
 
@@ -161,6 +174,7 @@ def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
     _progress_flag(p)
     _workers_flag(p)
+    _executor_flag(p)
     finish_command(p, cmd_verify)
 
 
@@ -172,6 +186,8 @@ def _add_verify_offsets(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     _progress_flag(p)
+    _workers_flag(p)
+    _executor_flag(p)
     finish_command(p, cmd_verify_offsets)
 
 
@@ -269,7 +285,11 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     from ..read.payloads import CORRUPT_AT_REST
 
     report = open_root(args).scrub(
-        args.tag, all_versions=args.all, progress=progress_wanted(args), workers=args.workers
+        args.tag,
+        all_versions=args.all,
+        progress=progress_wanted(args),
+        workers=args.workers,
+        executor=args.executor,
     )
     if args.json:
         print_json(report.to_json())
@@ -305,6 +325,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         dest_options=parse_storage_options(args.dest_storage_options) or None,
         progress=progress_wanted(args),
         allow_foreign=args.allow_foreign,
+        workers=args.workers,
+        executor=args.executor,
     )
     if args.json:
         print_json(report.to_json())
@@ -335,6 +357,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         source_options=parse_storage_options(args.source_storage_options) or None,
         progress=progress_wanted(args),
         workers=args.workers,
+        executor=args.executor,
     )
     if args.json:
         print_json(report.to_json())
@@ -358,7 +381,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_offsets(args: argparse.Namespace) -> int:
-    report = open_root(args).verify_offsets(args.tag, progress=progress_wanted(args))
+    report = open_root(args).verify_offsets(
+        args.tag, progress=progress_wanted(args), workers=args.workers, executor=args.executor
+    )
     if args.json:
         print_json(report.to_json())
         return 0 if report.ok else 1

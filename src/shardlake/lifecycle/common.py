@@ -14,8 +14,10 @@ from ..format.documents import PartitionEntry
 from ..format.layout import version_key
 from ..format.manifest import ManifestMeta
 from ..meta.versions import Version, load_version, load_version_by_hash, read_state
+from ..progress.bar import Progress
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
+from ..read.tasks import ExecutorSpec, Task, error_text, run_tasks
 from ..store import Store
 
 # Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
@@ -195,3 +197,22 @@ def _decode_problem(decoder: Decoder, payload: bytes, row: ShardRow) -> str | No
     if row.raw_size is not None and len(raw) != row.raw_size:
         return f"decompressed size {len(raw)}, manifest says {row.raw_size}"
     return None
+
+
+def run_partition_tasks(
+    tasks: Sequence[Task],
+    executor: ExecutorSpec,
+    workers: int,
+    bar: Progress,
+) -> tuple[list[Any], dict[int, BaseException]]:
+    """Run per-partition tasks (default: ``workers`` threads); ``(results, failures by task
+    index)``. The caller reports each failure by partition: nothing is silently lost."""
+    spec = "thread" if executor is None else executor
+    with bar:
+        results, failures = run_tasks(tasks, spec, max(1, workers), bar)
+    return results, dict(failures)
+
+
+def task_problem(pid: str, where: str, exc: BaseException) -> Problem:
+    """A task that died (worker killed, store unreachable): reported against its partition."""
+    return Problem(pid, where, None, None, f"check did not finish: {error_text(exc)}", TRANSPORT)

@@ -33,6 +33,7 @@ from ..errors import (
     IntegrityError,
     KeyNotFoundError,
     NotFoundError,
+    ShardlakeError,
 )
 from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
@@ -56,10 +57,17 @@ from ..meta.versions import (
 from ..progress.bar import Progress
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest
+from ..read.tasks import ExecutorSpec, Task, error_text, executor_for
 from ..read.verified import read_verified
 from ..source.source_form import npz_bytes, sidecar_json
 from ..store import Store, open_store
-from .common import ShardRow, check_shard_payloads, rows_by_shard
+from .common import (
+    DEFAULT_WORKERS,
+    ShardRow,
+    check_shard_payloads,
+    rows_by_shard,
+    run_partition_tasks,
+)
 from .verify import check_shard_headers
 
 T = TypeVar("T")
@@ -259,13 +267,17 @@ def export_version(
     dest_options: dict[str, Any] | None = None,
     progress: bool | None = None,
     allow_foreign: bool = False,
+    executor: ExecutorSpec = None,
+    workers: int = DEFAULT_WORKERS,
 ) -> ExportReport:
     """Copy ``version``'s closure from ``src_url`` to ``dest_url``; see the module docs.
 
     ``allow_foreign`` exports into a location that holds objects but no shardlake root (refused
-    by default; gc leaves those objects alone)."""
+    by default; gc leaves those objects alone). Partitions are copied by one task each on
+    ``executor`` (default: ``workers`` threads)."""
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)
+    spec = executor_for(dest, executor_for(src, executor, "exported"), "exported")
     src_marker, marker_bytes = _read_marker(src)
     ver, doc_bytes = load_version_bytes(src, *resolve_tag(src, version))
     chosen = _select_keysets(src, ver.hash, keysets)
@@ -277,16 +289,29 @@ def export_version(
         dest.create(ROOT_MARKER, marker_bytes)
     ensure_root(dest, dataset_id=str(src_marker["dataset_id"]), allow_foreign=True)
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
-    total = sum(len(e.shards) for e in ver.entries)
-    bar = Progress(total, "export", unit="shards", enabled=progress)
-    for entry in ver.entries:
-        table, manifest_bytes = _source_manifest(src, entry)
-        _put_verified(dest, entry.manifest, manifest_bytes, report)
-        groups = rows_by_shard(table)
-        for index, shard in enumerate(entry.shards):
-            _export_shard(src, dest, entry.id, shard, groups.get(index, []), report)
-            bar.update()
-    bar.close()
+    entries = ver.entries
+    bar = Progress(
+        sum(len(e.shards) for e in entries),
+        "export",
+        unit="shards",
+        groups=len(entries),
+        enabled=progress,
+    )
+    # One task per partition: the worker reads from src and writes to dest itself, so the
+    # bytes never pass through the client.
+    tasks = [
+        Task(f"{e.path} ({e.id})", _export_partition, (src, dest, e), len(e.shards))
+        for e in entries
+    ]
+    results, failures = run_partition_tasks(tasks, spec, workers, bar)
+    for index in range(len(entries)):
+        if index not in failures:
+            part: ExportReport = results[index]
+            report.copied.extend(part.copied)
+            report.skipped.extend(part.skipped)
+            report.bytes_copied += part.bytes_copied
+    if failures:
+        _raise_failures(tasks, failures)
     for keyset, data in chosen:
         _put_verified(dest, keyset_key(keyset.name), data, report)
         report.keysets.append(keyset.name)
@@ -295,6 +320,29 @@ def export_version(
     _put_verified(dest, version_key(ver.tag, ver.hash), doc_bytes, report)
     report.committed = _commit_export(src, dest, ver)
     return report
+
+
+def _export_partition(src: Store, dest: Store, entry: PartitionEntry) -> ExportReport:
+    """One task: a partition's manifest and shards copied and verified at ``dest``."""
+    part = ExportReport(src.url, dest.url, "", "")
+    table, manifest_bytes = _source_manifest(src, entry)
+    _put_verified(dest, entry.manifest, manifest_bytes, part)
+    groups = rows_by_shard(table)
+    for index, shard in enumerate(entry.shards):
+        _export_shard(src, dest, entry.id, shard, groups.get(index, []), part)
+    return part
+
+
+def _raise_failures(tasks: Sequence[Task], failures: dict[int, BaseException]) -> None:
+    """Nothing is committed; the copies that verified stay, so a re-run resumes."""
+    if len(failures) == 1:
+        exc = next(iter(failures.values()))
+        if isinstance(exc, ShardlakeError):
+            raise exc
+    raise IntegrityError(
+        f"{len(failures)} of {len(tasks)} partition(s) failed to export; nothing was committed: "
+        + "; ".join(f"{tasks[i].label}: {error_text(exc)}" for i, exc in sorted(failures.items()))
+    )
 
 
 def _commit_export(src: Store, dest: Store, ver: Version) -> bool:

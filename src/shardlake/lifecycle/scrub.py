@@ -9,20 +9,22 @@ Memory stays bounded: payloads are fetched per shard in multi-range batches of a
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..format.documents import PartitionEntry
 from ..progress.bar import Progress
+from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
     Problem,
-    ShardRow,
     check_shard_payloads,
     problem_counts,
     read_manifest_or_report,
     rows_by_shard,
+    run_partition_tasks,
+    task_problem,
     unique_revisions,
     versions_for,
 )
@@ -74,17 +76,34 @@ class ScrubReport:
         }
 
 
-def _scrub_shard(
-    store: Store, pid: str, shard_key: str, rows: list[ShardRow], kwargs: dict[str, Any]
-) -> tuple[int, int, list[Problem]]:
-    samples = size = 0
+def _scrub_partition(
+    store: Store, entry: PartitionEntry, kwargs: dict[str, Any]
+) -> tuple[PartitionScrub, list[Problem]]:
+    """One task: every payload of one partition revision (memory: one batch at a time)."""
+    pid = entry.id
+    part = PartitionScrub(pid)
     problems: list[Problem] = []
-    for row, _payload, problem in check_shard_payloads(store, pid, shard_key, rows, **kwargs):
-        samples += 1
-        size += row.size
-        if problem is not None:
-            problems.append(problem)
-    return samples, size, problems
+    read = read_manifest_or_report(store, entry, problems)
+    if read is None:
+        part.problems += 1
+        return part, problems
+    table, _meta = read
+    murl = store.key_url(entry.manifest)
+    shards = entry.shards
+    for shard_index, rows in sorted(rows_by_shard(table).items()):
+        if not 0 <= shard_index < len(shards):
+            message = f"shard index {shard_index} is not in the version entry"
+            problems.append(Problem(pid, murl, rows[0].key, None, message))
+            part.problems += 1
+            continue
+        key = shards[shard_index].key
+        for row, _payload, problem in check_shard_payloads(store, pid, key, rows, **kwargs):
+            part.samples += 1
+            part.bytes += row.size
+            if problem is not None:
+                part.problems += 1
+                problems.append(problem)
+    return part, problems
 
 
 def scrub(
@@ -96,48 +115,31 @@ def scrub(
     progress: bool | None = None,
     batch_bytes: int | None = None,
     workers: int = DEFAULT_WORKERS,
+    executor: ExecutorSpec = None,
 ) -> ScrubReport:
     """Check every payload of ``version`` (or every live version); see :class:`ScrubReport`.
 
-    ``workers`` shards are checked at once (threads: zstd and CRC-32 release the GIL, and
-    object-store reads overlap); memory stays below ``workers`` x ``batch_bytes``.
+    One task per partition revision on ``executor`` (default: ``workers`` threads; zstd and
+    CRC-32 release the GIL); memory per task stays below ``batch_bytes``. The report does not
+    depend on the executor.
     """
     store = open_store(url, storage_options)
+    spec = executor_for(store, executor, "scrubbed")
     versions = versions_for(store, version, all_versions)
     report = ScrubReport([v.tag for v in versions])
     entries = unique_revisions(versions)
-    bar = Progress(sum(e.samples for e in entries), "scrub", enabled=progress)
+    bar = Progress(sum(e.samples for e in entries), "scrub", groups=len(entries), enabled=progress)
     kwargs: dict[str, Any] = {} if batch_bytes is None else {"batch_bytes": batch_bytes}
-    tasks: list[tuple[PartitionScrub, str, list[ShardRow]]] = []
-    for entry in entries:
-        pid = entry.id
-        part = PartitionScrub(pid)
+    tasks = [
+        Task(f"{e.path} ({e.id})", _scrub_partition, (store, e, kwargs), e.samples) for e in entries
+    ]
+    results, failures = run_partition_tasks(tasks, spec, workers, bar)
+    for index, entry in enumerate(entries):
+        if index in failures:
+            part = PartitionScrub(entry.id, problems=1)
+            problems = [task_problem(entry.id, store.key_url(entry.manifest), failures[index])]
+        else:
+            part, problems = results[index]
         report.partitions.append(part)
-        murl = store.key_url(entry.manifest)
-        read = read_manifest_or_report(store, entry, report.problems)
-        if read is None:
-            part.problems += 1
-            continue
-        table, _meta = read
-        shards = entry.shards
-        for shard_index, rows in sorted(rows_by_shard(table).items()):
-            if not 0 <= shard_index < len(shards):
-                message = f"shard index {shard_index} is not in the version entry"
-                report.problems.append(Problem(pid, murl, rows[0].key, None, message))
-                part.problems += 1
-                continue
-            tasks.append((part, shards[shard_index].key, rows))
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = [
-            pool.submit(_scrub_shard, store, part.partition, key, rows, kwargs)
-            for part, key, rows in tasks
-        ]
-        for (part, _key, _rows), future in zip(tasks, futures, strict=True):
-            samples, size, problems = future.result()
-            part.samples += samples
-            part.bytes += size
-            part.problems += len(problems)
-            report.problems.extend(problems)
-            bar.update(samples)
-    bar.close()
+        report.problems.extend(problems)
     return report

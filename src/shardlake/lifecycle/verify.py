@@ -17,7 +17,6 @@ import hashlib
 import io
 import json
 from collections.abc import Collection
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +29,7 @@ from ..errors import (
     UsageError,
 )
 from ..format.codec import Decoder, arrays_equal_exact
-from ..format.documents import ShardEntry
+from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import member_name
 from ..format.manifest import (
     CORE_COLUMNS,
@@ -39,9 +38,10 @@ from ..format.manifest import (
 )
 from ..format.tar import iter_members
 from ..meta.catalog import catalog_mismatch, catalog_rows, rows_by_partition
-from ..meta.versions import Version, load_version
+from ..meta.versions import load_version
 from ..progress.bar import Progress
 from ..read.payloads import DEFAULT_REREADS, TRANSPORT
+from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..source.npz import load_npz
 from ..store import Store, open_store
 from .common import (
@@ -53,6 +53,8 @@ from .common import (
     problem_counts,
     read_manifest_or_report,
     rows_by_shard,
+    run_partition_tasks,
+    task_problem,
 )
 
 NPZ = ".npz"
@@ -122,14 +124,6 @@ class VerifyReport:
         }
 
 
-@dataclass
-class _ShardResult:
-    present: list[str] = field(default_factory=list)
-    extra: list[str] = field(default_factory=list)
-    problems: list[Problem] = field(default_factory=list)
-    compared: int = 0
-
-
 def _source_samples(source: Store, keep_skipped: bool) -> tuple[set[str], set[str]]:
     """``(expected, optional)`` keys of the source tree; skipped frames are optional."""
     keys = source.list("")
@@ -161,15 +155,19 @@ def verify_source(
     progress: bool | None = None,
     workers: int = DEFAULT_WORKERS,
     only_keys: Collection[str] | None = None,
+    executor: ExecutorSpec = None,
 ) -> VerifyReport:
     """Compare ``version`` with the source tree at ``source_url``; see :class:`VerifyReport`.
 
-    ``only_keys`` (a path list's frames, as keys) limits the source to those frames.
+    ``only_keys`` (a path list's frames, as keys) limits the source to those frames. One task
+    per partition runs on ``executor`` (default: ``workers`` threads).
     """
     if allow_missing is not None and allow_missing < 0:
         raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
     store = open_store(url, storage_options)
     source = open_store(source_url, source_options)
+    spec = executor_for(store, executor, "verified")
+    spec = executor_for(source, spec, "verified")
     ver = load_version(store, version)
     report = VerifyReport(ver.tag, source.url, ver.partition_count, expected_partitions)
     report.allow_missing = allow_missing or 0
@@ -181,81 +179,89 @@ def verify_source(
         raise SourceError(f"{source.url}: no .npz files here; is this the source tree?")
     report.source_samples = len(expected)
     present: set[str] = set()
-    bar = Progress(ver.samples, "verify", enabled=progress)
-    tasks = _shard_tasks(store, ver, report, present)
+    entries = ver.entries
+    bar = Progress(ver.samples, "verify", groups=len(entries), enabled=progress)
     known = expected | optional
-
-    def check(task: tuple[str, str, list[ShardRow]]) -> _ShardResult:
-        return _check_shard(store, source, known, *task)
-
-    # Shards in parallel threads: npz inflate, zstd and reads release the GIL.
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        for result in pool.map(check, tasks):
-            present.update(result.present)
-            report.extra.extend(result.extra)
-            report.problems.extend(result.problems)
-            report.compared += result.compared
-            bar.update(len(result.present))
-    bar.close()
+    tasks = [
+        Task(f"{e.path} ({e.id})", _verify_partition, (store, source, e), e.samples)
+        for e in entries
+    ]
+    # One task per partition: the worker reads the manifest, every payload and its source npz;
+    # the client keeps only keys, so membership is decided here, the same for any executor.
+    results, failures = run_partition_tasks(tasks, spec, workers, bar)
+    for index, entry in enumerate(entries):
+        if index in failures:
+            murl = store.key_url(entry.manifest)
+            report.problems.append(task_problem(entry.id, murl, failures[index]))
+            continue
+        result: _PartitionResult = results[index]
+        report.problems.extend(result.problems)
+        present.update(result.present)
+        for key, problem, compared in result.rows:
+            present.add(key)
+            if key not in known:
+                report.extra.append(key)
+                continue
+            if problem is not None:
+                report.problems.append(problem)
+            report.compared += compared
     report.version_samples = len(present)
     report.missing = sorted(expected - present)
     report.extra.sort()
     return report
 
 
-def _shard_tasks(
-    store: Store, ver: Version, report: VerifyReport, present: set[str]
-) -> list[tuple[str, str, list[ShardRow]]]:
-    """``(partition, shard key, rows)`` of every shard to check; an unreadable manifest or a row
-    naming a shard the entry lacks is reported (its keys count as present)."""
-    tasks = []
-    for entry in ver.entries:
-        pid = entry.id
-        murl = store.key_url(entry.manifest)
-        read = read_manifest_or_report(store, entry, report.problems)
-        if read is None:
+@dataclass
+class _PartitionResult:
+    problems: list[Problem] = field(default_factory=list)
+    present: list[str] = field(default_factory=list)  # keys of rows naming no shard
+    # (key, problem, compared) of every row: membership is decided by the client
+    rows: list[tuple[str, Problem | None, bool]] = field(default_factory=list)
+
+
+def _verify_partition(store: Store, source: Store, entry: PartitionEntry) -> _PartitionResult:
+    """One task: every payload of one partition decoded and compared with its source npz; an
+    unreadable manifest or a row naming a shard the entry lacks is reported."""
+    out = _PartitionResult()
+    pid = entry.id
+    read = read_manifest_or_report(store, entry, out.problems)
+    if read is None:
+        return out
+    table, _meta = read
+    murl = store.key_url(entry.manifest)
+    for index, rows in sorted(rows_by_shard(table).items()):
+        if not 0 <= index < len(entry.shards):
+            message = f"shard index {index} is not in the version entry"
+            out.problems.append(Problem(pid, murl, rows[0].key, None, message))
+            out.present.extend(r.key for r in rows)
             continue
-        table, _meta = read
-        for index, rows in sorted(rows_by_shard(table).items()):
-            if not 0 <= index < len(entry.shards):
-                message = f"shard index {index} is not in the version entry"
-                report.problems.append(Problem(pid, murl, rows[0].key, None, message))
-                present.update(r.key for r in rows)
-                continue
-            tasks.append((pid, entry.shards[index].key, rows))
-    return tasks
+        out.rows.extend(_check_shard(store, source, pid, entry.shards[index].key, rows))
+    return out
 
 
 def _check_shard(
-    store: Store, source: Store, known: set[str], pid: str, shard: str, rows: list[ShardRow]
-) -> _ShardResult:
-    """Every payload of one shard decoded and compared with its source npz (keys not in
-    ``known`` are extra, not compared)."""
-    result = _ShardResult()
+    store: Store, source: Store, pid: str, shard: str, rows: list[ShardRow]
+) -> list[tuple[str, Problem | None, bool]]:
+    """``(key, problem, compared)`` of every payload of one shard, decoded and compared with
+    its source npz."""
+    out: list[tuple[str, Problem | None, bool]] = []
     decoder = Decoder()
+    url = store.key_url(shard)
     for row, payload, problem in check_shard_payloads(store, pid, shard, rows, decode=False):
         key = row.key
-        result.present.append(key)
-        if key not in known:
-            result.extra.append(key)
-            continue
         if problem is not None or payload is None:
-            result.problems.append(
-                problem or Problem(pid, store.key_url(shard), key, row.offset, "no payload")
-            )
+            out.append((key, problem or Problem(pid, url, key, row.offset, "no payload"), False))
             continue
-        where = f"{store.key_url(shard)} key {key!r} offset {row.offset}"
+        where = f"{url} key {key!r} offset {row.offset}"
         try:
             arrays = decoder.decode(payload, where)
             original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
         except (ShardlakeError, KeyNotFoundError) as exc:
-            result.problems.append(Problem(pid, store.key_url(shard), key, row.offset, str(exc)))
+            out.append((key, Problem(pid, url, key, row.offset, str(exc)), False))
             continue
         diff = _compare(arrays, original)
-        if diff:
-            result.problems.append(Problem(pid, store.key_url(shard), key, row.offset, diff))
-        result.compared += 1
-    return result
+        out.append((key, Problem(pid, url, key, row.offset, diff) if diff else None, True))
+    return out
 
 
 def _compare(got: dict[str, Any], want: dict[str, Any]) -> str | None:
@@ -334,15 +340,22 @@ def verify_offsets(
     *,
     storage_options: dict[str, Any] | None = None,
     progress: bool | None = None,
+    executor: ExecutorSpec = None,
+    workers: int = DEFAULT_WORKERS,
 ) -> OffsetsReport:
-    """Check manifests against tar headers and version entries; see the module docs."""
+    """Check manifests against tar headers and version entries; see the module docs.
+
+    One task per partition runs on ``executor`` (default: ``workers`` threads)."""
     store = open_store(url, storage_options)
+    spec = executor_for(store, executor, "verified")
     ver = load_version(store, version)
     report = OffsetsReport(ver.tag)
+    entries = ver.entries
     bar = Progress(
-        sum(len(e.shards) for e in ver.entries),
+        sum(len(e.shards) for e in entries),
         "verify-offsets",
         unit="shards",
+        groups=len(entries),
         enabled=progress,
     )
     # The catalog must agree with the manifests it indexes (one read of it, not one per row).
@@ -351,40 +364,56 @@ def verify_offsets(
         catalog = rows_by_partition(catalog_rows(store, ver, CORE_COLUMNS))
     except (FormatError, IntegrityError) as exc:
         report.problems.append(Problem("", store.url, None, None, f"catalog: {exc}"))
-    for entry in ver.entries:
-        pid = entry.id
+    tasks = []
+    for e in entries:
+        # A compact copy: a zero-copy slice would ship the whole catalog with every task.
+        rows = None if catalog is None else catalog.get(e.id)
+        rows = None if rows is None else rows.take(list(range(rows.num_rows)))
+        args = (store, e, catalog is not None, rows)
+        tasks.append(Task(f"{e.path} ({e.id})", _offsets_partition, args, len(e.shards)))
+    results, failures = run_partition_tasks(tasks, spec, workers, bar)
+    for index, entry in enumerate(entries):
         report.partitions += 1
-        murl = store.key_url(entry.manifest)
-        read = read_manifest_or_report(store, entry, report.problems)
-        if read is None:
+        if index in failures:
+            murl = store.key_url(entry.manifest)
+            report.problems.append(task_problem(entry.id, murl, failures[index]))
             continue
-        table, meta = read
-        problems = entry_mismatches(entry, table, meta)
-        report.problems.extend(Problem(pid, murl, None, None, message) for message in problems)
-        if problems and problems[0].startswith(METADATA_MISMATCH):
-            continue
-        differs = None if catalog is None else catalog_mismatch(catalog.get(pid), table)
-        if differs is not None and not problems:
-            report.problems.append(Problem(pid, murl, None, None, differs))
-        groups = rows_by_shard(table)
-        for index in sorted(set(groups) - set(range(len(entry.shards)))):
-            report.problems.append(
-                Problem(
-                    pid,
-                    murl,
-                    groups[index][0].key,
-                    None,
-                    f"shard index {index} is not in the version entry",
-                )
-            )
-        for index, shard in enumerate(entry.shards):
-            report.shards += 1
-            bar.update()
-            rows = groups.get(index, [])
-            report.rows += len(rows)
-            report.problems.extend(check_shard_headers(store, pid, shard, rows))
-    bar.close()
+        shards, nrows, problems = results[index]
+        report.shards += shards
+        report.rows += nrows
+        report.problems.extend(problems)
     return report
+
+
+def _offsets_partition(
+    store: Store, entry: PartitionEntry, have_catalog: bool, catalog: Any
+) -> tuple[int, int, list[Problem]]:
+    """One task: ``(shards, rows, problems)`` of one partition's manifest against its entry,
+    the catalog rows and every shard's tar headers."""
+    pid = entry.id
+    out: list[Problem] = []
+    murl = store.key_url(entry.manifest)
+    read = read_manifest_or_report(store, entry, out)
+    if read is None:
+        return 0, 0, out
+    table, meta = read
+    problems = entry_mismatches(entry, table, meta)
+    out.extend(Problem(pid, murl, None, None, message) for message in problems)
+    if problems and problems[0].startswith(METADATA_MISMATCH):
+        return 0, 0, out
+    differs = catalog_mismatch(catalog, table) if have_catalog else None
+    if differs is not None and not problems:
+        out.append(Problem(pid, murl, None, None, differs))
+    groups = rows_by_shard(table)
+    for index in sorted(set(groups) - set(range(len(entry.shards)))):
+        message = f"shard index {index} is not in the version entry"
+        out.append(Problem(pid, murl, groups[index][0].key, None, message))
+    nrows = 0
+    for index, shard in enumerate(entry.shards):
+        rows = groups.get(index, [])
+        nrows += len(rows)
+        out.extend(check_shard_headers(store, pid, shard, rows))
+    return len(entry.shards), nrows, out
 
 
 def check_shard_headers(

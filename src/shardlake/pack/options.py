@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-ExecutorSpec = str | cf.Executor | None
+from ..read.tasks import ExecutorSpec as ExecutorSpec
 
 
 @dataclass(frozen=True)

@@ -16,50 +16,27 @@ The stages, in order (what makes a crash at any point harmless); this module dri
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import contextlib
 import dataclasses
-import multiprocessing
 import os
-import signal
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..errors import (
-    PackWorkerError,
-    SourceError,
-    UsageError,
-)
+from ..errors import PackWorkerError, SourceError
 from ..meta.versions import (
     Version,
 )
 from ..progress.bar import DEFAULT_HEARTBEAT_S, Progress
+from ..read.tasks import InlineExecutor, Task, error_text, executor_for, make_executor, run_tasks
+
+__all__ = ["InlineExecutor", "PackReport", "make_executor", "pack", "pack_with_report"]
 from ..source.tree import SourcePartition
 from ..store import Store, open_store
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
 from .publish import publish
-
-
-class InlineExecutor(cf.Executor):
-    """Runs each task at submit time in the calling thread (tests, debugging, spies)."""
-
-    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
-        future: cf.Future[Any] = cf.Future()
-        future.set_running_or_notify_cancel()
-        try:
-            future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # noqa: BLE001 - delivered through the future
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            future.set_exception(exc)
-        return future
 
 
 @dataclass
@@ -105,67 +82,8 @@ class PackReport:
         )
 
 
-def _mp_context(name: str | None) -> Any:
-    if name is None:
-        # forkserver: workers do not inherit the parent's threads (s3fs loops, servers) or locks.
-        name = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-    ctx = multiprocessing.get_context(name)
-    if name == "forkserver":
-        ctx.set_forkserver_preload(["shardlake.pack.build"])
-    return ctx
-
-
-def make_executor(
-    spec: ExecutorSpec, workers: int | None, mp_context: str | None = None
-) -> tuple[cf.Executor, Callable[[], None]]:
-    """``(executor, close)`` for an executor spec: process (default), thread, inline, dask://HOST:PORT,
-    or an Executor instance (used as-is, never shut down here)."""
-    n = workers or os.cpu_count() or 1
-    if n < 1:
-        raise UsageError("workers must be >= 1", options=("workers",))
-    if isinstance(spec, cf.Executor):
-        return spec, lambda: None
-    if spec in (None, "process"):
-        pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=_mp_context(mp_context))
-        return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
-    if spec == "thread":
-        tpool = cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="shardlake-pack")
-        return tpool, lambda: tpool.shutdown(wait=True, cancel_futures=True)
-    if spec == "inline":
-        return InlineExecutor(), lambda: None
-    if isinstance(spec, str) and spec.startswith(("dask://", "tcp://")):
-        try:
-            import distributed
-        except ImportError as exc:
-            raise UsageError(
-                "a dask:// executor needs the 'dask' extra (pip install shardlake[dask])"
-            ) from exc
-        address = "tcp://" + spec.split("://", 1)[1]
-        try:
-            client = distributed.Client(address, timeout="30s")
-        except OSError as exc:
-            raise UsageError(
-                f"executor {spec}: cannot connect to the Dask scheduler ({exc})",
-                options=("executor",),
-            ) from exc
-        return client.get_executor(pure=False), client.close
-    raise UsageError(
-        f"executor {spec!r}: use process, thread, inline or dask://HOST:PORT",
-        options=("executor",),
-    )
-
-
 def _describe(part: SourcePartition) -> str:
     return f"{part.path} ({part.id})"
-
-
-def _error_text(exc: BaseException) -> str:
-    if isinstance(exc, BrokenProcessPool):
-        return "worker process died (killed or out of memory)"
-    name = type(exc).__name__
-    if name == "KilledWorker":
-        return f"Dask worker died ({exc})"
-    return f"{name}: {exc}" if not isinstance(exc, SourceError) else str(exc)
 
 
 def pack_with_report(
@@ -231,14 +149,7 @@ def pack_with_report(
 
 
 def _executor_for(store: Store, spec: ExecutorSpec) -> ExecutorSpec:
-    """memory:// lives in this process only: builds in other processes would write elsewhere."""
-    if store.protocol != "memory":
-        return spec
-    if spec in (None, "process"):
-        return "thread"
-    if isinstance(spec, str) and spec.startswith(("dask://", "tcp://")):
-        raise UsageError("a memory:// root cannot be packed by Dask workers (other processes)")
-    return spec
+    return executor_for(store, spec, "packed")
 
 
 def _collect(plan: PackPlan, results: dict[str, BuildResult]) -> dict[str, Any]:
@@ -284,92 +195,22 @@ def _run_builds(
     poll_s: float,
 ) -> dict[str, BuildResult]:
     """Run every build; any failure -> :class:`PackWorkerError` naming the partitions."""
-    results: dict[str, BuildResult] = {}
-    if not tasks:
-        return results
-    executor, close = make_executor(
-        spec, min(workers or os.cpu_count() or 1, len(tasks)), mp_context
+    jobs = [Task(_describe(t.partition), build_partition, (t,), t.partition.samples) for t in tasks]
+    done, failed = run_tasks(
+        jobs,
+        spec,
+        workers,
+        progress,
+        mp_context_name=mp_context,
+        preload=["shardlake.pack.build"],
+        poll_s=poll_s,
     )
-    failures: list[str] = []
-    pending: dict[cf.Future[BuildResult], BuildTask] = {}
-    interrupted = False
-    stop = threading.Event()
-    try:
-        with _sigint_sets(stop):
-            _wait_builds(tasks, executor, pending, results, failures, progress, poll_s, stop)
-    except KeyboardInterrupt:
-        interrupted = True
-        for future in pending:
-            future.cancel()
-        raise
-    finally:
-        if interrupted and isinstance(executor, cf.ProcessPoolExecutor):
-            # Do not wait for running builds on Ctrl-C: stop the workers now.
-            for proc in list(getattr(executor, "_processes", {}).values()):
-                proc.terminate()
-        close()
-    if failures:
+    if failed:
         raise PackWorkerError(
-            f"{len(failures)} of {len(tasks)} partition build(s) failed; nothing was published: "
-            + "; ".join(failures)
+            f"{len(failed)} of {len(tasks)} partition build(s) failed; nothing was published: "
+            + "; ".join(f"{jobs[i].label}: {error_text(exc)}" for i, exc in failed)
         )
-    return results
-
-
-@contextlib.contextmanager
-def _sigint_sets(stop: threading.Event) -> Iterator[None]:
-    """Turn Ctrl-C into ``stop.set()`` while builds run (main thread only).
-
-    A KeyboardInterrupt raised asynchronously inside ``concurrent.futures`` can leave a future's
-    lock held, so a build thread blocks forever on completion; the wait loop raises it instead,
-    at a safe point.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, lambda _sig, _frame: stop.set())
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-def _wait_builds(
-    tasks: list[BuildTask],
-    executor: cf.Executor,
-    pending: dict[cf.Future[BuildResult], BuildTask],
-    results: dict[str, BuildResult],
-    failures: list[str],
-    progress: Progress,
-    poll_s: float,
-    stop: threading.Event,
-) -> None:
-    """Submit every build and collect results until done or ``stop`` (Ctrl-C) is set."""
-    for task in tasks:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        pending[executor.submit(build_partition, task)] = task
-
-    def in_flight() -> list[str]:
-        running = [_describe(t.partition) for f, t in pending.items() if f.running()]
-        return running or [_describe(t.partition) for t in pending.values()]
-
-    while pending:
-        if stop.is_set():
-            raise KeyboardInterrupt
-        done, _ = cf.wait(list(pending), timeout=min(poll_s, 0.25), return_when=cf.FIRST_COMPLETED)
-        for future in done:
-            task = pending.pop(future)
-            try:
-                result = future.result()
-            except BaseException as exc:  # noqa: BLE001 - every failure is reported by partition
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                failures.append(f"{_describe(task.partition)}: {_error_text(exc)}")
-                continue
-            results[task.partition.id] = result
-            progress.update(task.partition.samples, groups=1)
-        progress.poll(in_flight)
+    return {t.partition.id: r for t, r in zip(tasks, done, strict=True)}
 
 
 def pack(

@@ -1,0 +1,223 @@
+"""Executors and a task runner shared by pack and the read passes (scrub, verify, export).
+
+One place for the executor spec (``process``, ``thread``, ``inline``, ``dask://HOST:PORT`` or an
+Executor), so pack and lifecycle (peers) run tasks the same way: submitted from the client,
+progress and ETA on the client, every failure reported by task, never silently lost.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SourceError, UsageError
+from ..progress.bar import Progress
+from ..store import Store
+
+ExecutorSpec = str | cf.Executor | None
+
+
+class InlineExecutor(cf.Executor):
+    """Runs each task at submit time in the calling thread (tests, debugging, spies)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> cf.Future[Any]:
+        future: cf.Future[Any] = cf.Future()
+        future.set_running_or_notify_cancel()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - delivered through the future
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            future.set_exception(exc)
+        return future
+
+
+def mp_context(name: str | None, preload: Sequence[str] = ()) -> Any:
+    if name is None:
+        # forkserver: workers do not inherit the parent's threads (s3fs loops, servers) or locks.
+        name = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    ctx = multiprocessing.get_context(name)
+    if name == "forkserver" and preload:
+        ctx.set_forkserver_preload(list(preload))
+    return ctx
+
+
+def is_dask(spec: ExecutorSpec) -> bool:
+    return isinstance(spec, str) and spec.startswith(("dask://", "tcp://"))
+
+
+def make_executor(
+    spec: ExecutorSpec,
+    workers: int | None,
+    mp_context_name: str | None = None,
+    *,
+    preload: Sequence[str] = (),
+) -> tuple[cf.Executor, Callable[[], None]]:
+    """``(executor, close)`` for an executor spec: process (default), thread, inline, dask://HOST:PORT,
+    or an Executor instance (used as-is, never shut down here)."""
+    n = workers or os.cpu_count() or 1
+    if n < 1:
+        raise UsageError("workers must be >= 1", options=("workers",))
+    if isinstance(spec, cf.Executor):
+        return spec, lambda: None
+    if spec in (None, "process"):
+        ctx = mp_context(mp_context_name, preload)
+        pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx)
+        return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
+    if spec == "thread":
+        tpool = cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="shardlake")
+        return tpool, lambda: tpool.shutdown(wait=True, cancel_futures=True)
+    if spec == "inline":
+        return InlineExecutor(), lambda: None
+    if is_dask(spec):
+        try:
+            import distributed
+        except ImportError as exc:
+            raise UsageError(
+                "a dask:// executor needs the 'dask' extra (pip install shardlake[dask])"
+            ) from exc
+        address = "tcp://" + str(spec).split("://", 1)[1]
+        try:
+            client = distributed.Client(address, timeout="30s")
+        except OSError as exc:
+            raise UsageError(
+                f"executor {spec}: cannot connect to the Dask scheduler ({exc})",
+                options=("executor",),
+            ) from exc
+        return client.get_executor(pure=False), client.close
+    raise UsageError(
+        f"executor {spec!r}: use process, thread, inline or dask://HOST:PORT",
+        options=("executor",),
+    )
+
+
+def executor_for(store: Store, spec: ExecutorSpec, verb: str = "packed") -> ExecutorSpec:
+    """memory:// lives in this process only: tasks in other processes would see another store."""
+    if store.protocol != "memory":
+        return spec
+    if spec in (None, "process"):
+        return "thread"
+    if is_dask(spec):
+        raise UsageError(f"a memory:// root cannot be {verb} by Dask workers (other processes)")
+    return spec
+
+
+def error_text(exc: BaseException) -> str:
+    if isinstance(exc, BrokenProcessPool):
+        return "worker process died (killed or out of memory)"
+    name = type(exc).__name__
+    if name == "KilledWorker":
+        return f"Dask worker died ({exc})"
+    return f"{name}: {exc}" if not isinstance(exc, SourceError) else str(exc)
+
+
+@dataclass(frozen=True)
+class Task:
+    """One unit of work: ``fn(*args)`` on a worker; ``label`` names it in failures and
+    progress, ``weight`` is its share of the progress bar (samples)."""
+
+    label: str
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    weight: int = 1
+
+
+def run_tasks(
+    tasks: Sequence[Task],
+    spec: ExecutorSpec,
+    workers: int | None,
+    progress: Progress,
+    *,
+    mp_context_name: str | None = None,
+    preload: Sequence[str] = (),
+    poll_s: float = 1.0,
+) -> tuple[list[Any], list[tuple[int, BaseException]]]:
+    """Run every task; ``(results, failures)``: results in task order (None where it failed),
+    failures as ``(task index, exception)`` (see :func:`error_text`). Ctrl-C cancels what is pending and stops pool workers."""
+    results: list[Any] = [None] * len(tasks)
+    failures: list[tuple[int, BaseException]] = []
+    if not tasks:
+        return results, failures
+    n = min(workers or os.cpu_count() or 1, len(tasks))
+    executor, close = make_executor(spec, n, mp_context_name, preload=preload)
+    pending: dict[cf.Future[Any], int] = {}
+    interrupted = False
+    stop = threading.Event()
+    try:
+        with _sigint_sets(stop):
+            _wait(tasks, executor, pending, results, failures, progress, poll_s, stop)
+    except KeyboardInterrupt:
+        interrupted = True
+        for future in pending:
+            future.cancel()
+        raise
+    finally:
+        if interrupted and isinstance(executor, cf.ProcessPoolExecutor):
+            # Do not wait for running tasks on Ctrl-C: stop the workers now.
+            for proc in list(getattr(executor, "_processes", {}).values()):
+                proc.terminate()
+        close()
+    failures.sort(key=lambda f: f[0])
+    return results, failures
+
+
+@contextlib.contextmanager
+def _sigint_sets(stop: threading.Event) -> Iterator[None]:
+    """Turn Ctrl-C into ``stop.set()`` while tasks run (main thread only).
+
+    A KeyboardInterrupt raised asynchronously inside ``concurrent.futures`` can leave a future's
+    lock held, so a worker thread blocks forever on completion; the wait loop raises it instead,
+    at a safe point.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda _sig, _frame: stop.set())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _wait(
+    tasks: Sequence[Task],
+    executor: cf.Executor,
+    pending: dict[cf.Future[Any], int],
+    results: list[Any],
+    failures: list[tuple[int, BaseException]],
+    progress: Progress,
+    poll_s: float,
+    stop: threading.Event,
+) -> None:
+    for index, task in enumerate(tasks):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        pending[executor.submit(task.fn, *task.args)] = index
+
+    def in_flight() -> list[str]:
+        running = [tasks[i].label for f, i in pending.items() if f.running()]
+        return running or [tasks[i].label for i in pending.values()]
+
+    while pending:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        done, _ = cf.wait(list(pending), timeout=min(poll_s, 0.25), return_when=cf.FIRST_COMPLETED)
+        for future in done:
+            index = pending.pop(future)
+            try:
+                results[index] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - every failure is reported by task
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                failures.append((index, exc))
+                continue
+            progress.update(tasks[index].weight, groups=1)
+        progress.poll(in_flight)
