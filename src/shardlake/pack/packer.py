@@ -16,6 +16,7 @@ The stages, in order (what makes a crash at any point harmless); this module dri
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import contextlib
 import dataclasses
@@ -126,7 +127,9 @@ def make_executor(
     if isinstance(spec, cf.Executor):
         return spec, lambda: None
     if spec in (None, "process"):
-        pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=_mp_context(mp_context))
+        ctx = _mp_context(mp_context)
+        check_main_guard(ctx.get_start_method())
+        pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx)
         return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
     if spec == "thread":
         tpool = cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="shardlake-pack")
@@ -151,6 +154,44 @@ def make_executor(
         return client.get_executor(pure=False), client.close
     raise UsageError(
         f"executor {spec!r}: use process, thread, inline or dask://HOST:PORT",
+        options=("executor",),
+    )
+
+
+def _script_has_main_guard(path: str) -> bool:
+    """Whether the script compares ``__name__`` with ``"__main__"`` anywhere (unreadable: yes)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            names = [node.left, *node.comparators]
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in names) and any(
+                isinstance(n, ast.Constant) and n.value == "__main__" for n in names
+            ):
+                return True
+    return False
+
+
+def check_main_guard(start_method: str | None) -> None:
+    """Refuse a process pool that would re-run an unguarded main script in every worker.
+
+    spawn and forkserver workers re-import ``__main__`` from its file; without the guard the
+    script's top-level ``pack`` call would run again in each worker, and the pool breaks.
+    """
+    if start_method == "fork":
+        return
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py") or _script_has_main_guard(path):
+        return
+    raise UsageError(
+        f"pack builds in worker processes, and each one re-imports your script {path}, which "
+        'has no `if __name__ == "__main__":` guard, so every worker would run the script '
+        'again; put the script\'s top-level code under `if __name__ == "__main__":`, or pack '
+        'with executor="thread" (or executor="inline") to build in this process',
         options=("executor",),
     )
 
