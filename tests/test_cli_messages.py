@@ -90,3 +90,14 @@ def test_show_prints_no_python_reprs(capsys, root):
     assert code == 0
     assert "{" not in out and "None" not in out
     assert "codec=safetensors+zstd" in out and "depth=1" in out
+
+
+def test_cli_output_names_no_python_parameter(capsys, tmp_path):
+    bad = tmp_path / "deep"
+    for log in range(3):
+        synth_corpus(bad / "a" / f"log{log}", 1, 2, seed=log, neighbors=2, lanes=4)
+    code, _, err = _run(
+        capsys, ["pack", str(bad), str(tmp_path / "r"), "--tag", "v1", "--partition-regex", "(x"]
+    )
+    assert code == 2 and "partition regex '(x'" in err and "(see --partition-regex)" in err
+    assert "partition_regex" not in err
