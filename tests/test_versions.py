@@ -2,7 +2,7 @@ import threading
 
 import pytest
 
-from shardlake.errors import ConflictError, FormatError, UsageError, VersionNotFoundError
+from shardlake.errors import ConflictError, FormatError, VersionNotFoundError
 from shardlake.meta.versions import (
     list_versions,
     load_version,
@@ -86,7 +86,7 @@ def test_racing_publishers_exactly_one_wins(store):
 def test_retire_requires_force_for_latest(store):
     publish_version(store, "v1", _body(1), read_state(store))
     publish_version(store, "v2", _body(2), read_state(store))
-    with pytest.raises(UsageError, match="needs force") as refused:
+    with pytest.raises(ConflictError, match="needs force") as refused:
         retire_versions(store, ["v2"])
     assert refused.value.options == ("force",)  # the CLI shows it as --force
     retire_versions(store, ["v2"], force=True)

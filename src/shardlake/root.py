@@ -15,7 +15,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .format.documents import GcLock
-from .meta.versions import Version, load_version, load_version_by_hash, read_state
+from .meta.versions import (
+    Version,
+    load_version,
+    load_version_by_hash,
+    read_state,
+    require_root,
+)
 from .query.dataset import Dataset
 from .store import Store, open_store
 
@@ -125,8 +131,11 @@ class Root:
     # --- versions ------------------------------------------------------------------------------
 
     def versions(self) -> list[VersionInfo]:
-        """Every live version, in publish order (their documents read concurrently)."""
+        """Every live version, in publish order (their documents read concurrently).
+
+        A location with no root (no marker, no commits) is refused: ``no shardlake root at``."""
         state = read_state(self.store)
+        require_root(self.store, state)
 
         def info(item: tuple[str, str]) -> VersionInfo:
             tag, version_hash = item

@@ -6,9 +6,11 @@ Exit codes: 0 ok, 1 error (one line on stderr, never a traceback), 2 usage, 130 
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .. import __version__
 from ..errors import ShardlakeError, UsageError
@@ -18,8 +20,16 @@ from .common import flag_advice, resolve_local_paths
 COMMAND_GROUPS = (pack_cmds, dataset_cmds, lifecycle_cmds, run_cmds, catalog_cmds)
 
 
+class _Parser(argparse.ArgumentParser):
+    """No flag prefixes (``--wher`` must not mean ``--where``); subparsers inherit the class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="shardlake",
         description="Versioned, verifiable, cloud-portable shard datasets.",
     )
@@ -33,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        _reject_unknown(parser, args, extras)
     resolve_local_paths(args)
     try:
         code = args.func(args)
@@ -58,6 +70,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     return int(code or 0)
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    """The innermost (sub)command parser that ``args`` went through."""
+    current = parser
+    while True:
+        subs = [a for a in current._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return current
+        chosen = getattr(args, subs[0].dest, None)
+        if chosen not in subs[0].choices:
+            return current
+        current = subs[0].choices[chosen]
+
+
+def _reject_unknown(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]
+) -> None:
+    """Usage error (exit 2) for unknown arguments, suggesting the nearest flag of the command."""
+    command = _command_parser(parser, args)
+    known = sorted(o for a in command._actions for o in a.option_strings if o.startswith("--"))
+    parts = []
+    for extra in extras:
+        flag = extra.split("=", 1)[0]
+        close = (
+            difflib.get_close_matches(flag, known, n=1, cutoff=0.6) if flag.startswith("-") else []
+        )
+        parts.append(f"{extra} (did you mean `{close[0]}`?)" if close else extra)
+    command.error("unrecognized arguments: " + " ".join(parts))
 
 
 def _option_flags(parser: argparse.ArgumentParser) -> set[str]:

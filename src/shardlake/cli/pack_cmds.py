@@ -312,6 +312,11 @@ def cmd_versions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pairs(doc: Any) -> str:
+    """``{'codec': 'x', 'level': 3}`` as ``codec=x level=3`` (no Python reprs in reports)."""
+    return " ".join(f"{k}={v}" for k, v in dict(doc).items()) or "-"
+
+
 def cmd_show(args: argparse.Namespace) -> int:
     if args.tag is not None and args.version_tag is not None and args.tag != args.version_tag:
         raise UsageError(f"two versions given ({args.tag!r} and --version {args.version_tag!r})")
@@ -325,10 +330,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     payload = sum(p.payload_bytes for p in parts)
     print(f"version {version.tag} ({version.hash})")
     print(f"created_at      {record.created_at}")
-    print(f"base            {record.base}")
+    print(f"base            {record.base or '- (packed from scratch)'}")
     print(f"format_version  {record.format_version}")
-    print(f"recipe          {dict(record.recipe)}")
-    print(f"partition_rule  {dict(record.partition_rule)}")
+    print(f"recipe          {_pairs(record.recipe)}")
+    print(f"partition_rule  {_pairs(record.partition_rule)}")
     print(f"source          {record.source_namespace}")
     print(
         f"samples         {record.samples} in {len(parts)} partitions, {shards} shards, "

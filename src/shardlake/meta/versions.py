@@ -27,7 +27,6 @@ from ..errors import (
     ConflictError,
     FormatError,
     KeyNotFoundError,
-    UsageError,
     VersionNotFoundError,
 )
 from ..format.catalog import CatalogRef, ObjectRef
@@ -512,7 +511,8 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
         if tag not in base.versions:
             raise VersionNotFoundError(f"{store.url}: no live version {tag!r}")
     if base.latest in tags and not force:
-        raise UsageError(
+        # A refusal of valid input (exit 1), not a usage error: the root's state decides it.
+        raise ConflictError(
             f"{store.url}: version {base.latest!r} is what 'latest' points to; retiring it "
             "needs force",
             options=("force",),
@@ -525,6 +525,24 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
     return commit_state(store, base, new, "retire", {"tags": list(tags)})
 
 
+TAGS_SHOWN = 10
+
+
+def require_root(store: Store, state: RootState) -> None:
+    """Refuse to read a location that has no commits and no root marker: a wrong URL or folder."""
+    if state.seq == 0 and not state.versions and read_root_marker(store) is None:
+        raise VersionNotFoundError(f"no shardlake root at {store.url}")
+
+
+def _known_tags(state: RootState) -> str:
+    """The newest live tags (up to :data:`TAGS_SHOWN`) and where to see them all."""
+    tags = list(state.versions)
+    if not tags:
+        return "the root has no published version"
+    shown = ", ".join(reversed(tags[-TAGS_SHOWN:])) + (", ..." if len(tags) > TAGS_SHOWN else "")
+    return f"tags there are: {shown} (all of them: shardlake versions ROOT)"
+
+
 def resolve_tag(
     store: Store, tag: str = "latest", state: RootState | None = None
 ) -> tuple[str, str]:
@@ -532,13 +550,14 @@ def resolve_tag(
     state = state or read_state(store)
     if tag == "latest":
         if state.latest is None:
-            raise VersionNotFoundError(
-                f"{store.url}: no published version (is this a shardlake root?)"
-            )
+            require_root(store, state)
+            raise VersionNotFoundError(f"{store.url}: no published version yet")
         tag = state.latest
     if tag not in state.versions:
         retired = " (it was retired)" if tag in state.retired else ""
-        raise VersionNotFoundError(f"{store.url}: unknown version {tag!r}{retired}")
+        raise VersionNotFoundError(
+            f"{store.url}: unknown version {tag!r}{retired}; {_known_tags(state)}"
+        )
     return tag, state.versions[tag]
 
 

@@ -7,6 +7,7 @@ sample access (single ranged reads for :meth:`Dataset.get`, batched multi-range 
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -315,6 +316,9 @@ def open_dataset(
     version: str = "latest",
     storage_options: dict[str, Any] | None = None,
 ) -> Dataset:
-    """Open ``version`` (a tag or ``latest``) of the dataset root at ``url``."""
+    """Open ``version`` (a tag or ``latest``) of the dataset root at ``url`` (a relative local
+    path resolves against the working directory, as in :func:`shardlake.open`)."""
+    if isinstance(url, str) and url.strip() and "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
     store = open_store(url, storage_options)
     return Dataset(store, load_version(store, version))

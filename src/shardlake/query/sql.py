@@ -17,6 +17,8 @@ because DuckDB only computes a boolean mask and pyarrow does the filtering.
 
 from __future__ import annotations
 
+import difflib
+import re
 import threading
 from collections.abc import Sequence
 from typing import cast
@@ -147,12 +149,47 @@ def _run_with_timeout(
                     f"selection {where!r} did not finish within {timeout:g} s"
                 ) from exc
             raise SelectionError(f"selection {where!r} was interrupted") from exc
+        except duckdb.BinderException as exc:
+            raise SelectionError(_binder_message(where, exc, table.column_names)) from exc
         except duckdb.Error as exc:
             raise SelectionError(f"invalid selection {where!r}: {_one_line(exc)}") from exc
     finally:
         if timer is not None:
             timer.cancel()
         con.close()
+
+
+_MISSING_COLUMN = re.compile(r'Referenced column "([^"]+)" not found')
+_MISSING_TABLE = re.compile(r'Referenced table "([^"]+)" not found')
+COLUMNS_SHOWN = 40
+
+
+def _binder_message(where: str, exc: BaseException, columns: Sequence[str]) -> str:
+    """A missing column in the user's terms: its name, the valid columns, how to quote dots."""
+    text = str(exc)
+    valid = [c for c in columns if c != _MASK]
+    shown = ", ".join(valid[:COLUMNS_SHOWN]) + (", ..." if len(valid) > COLUMNS_SHOWN else "")
+    quoting = 'write a name with a dot in double quotes, e.g. "skipping_info.label" = 3'
+    table = _MISSING_TABLE.search(text)
+    if table:
+        # `a.b` unquoted reads as column b of a table a: the user meant the dotted column.
+        prefix = table.group(1)
+        typed = re.search(rf"(?<![\w\"]){re.escape(prefix)}\.\w+", where)
+        dotted = [c for c in valid if c.startswith(prefix + ".")]
+        example = f'"{typed.group(0) if typed else (dotted or ["skipping_info.label"])[0]}"'
+        return (
+            f"selection {where!r}: {table.group(1)}.… is read as a table; write a column name "
+            f"with a dot in double quotes, e.g. {example}; columns: {shown}"
+        )
+    column = _MISSING_COLUMN.search(text)
+    if column:
+        name = column.group(1)
+        close = [c for c in valid if c.endswith("." + name)] or difflib.get_close_matches(
+            name, valid, n=1
+        )
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        return f"selection {where!r}: no column {name!r}{hint}; columns: {shown}; {quoting}"
+    return f"invalid selection {where!r}: {_one_line(exc)}"
 
 
 def _as_mask(result: pa.Table, rows: int, where: str) -> pa.BooleanArray:

@@ -7,11 +7,13 @@ progress and ETA on the client, every failure reported by task, never silently l
 
 from __future__ import annotations
 
+import ast
 import concurrent.futures as cf
 import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -70,6 +72,7 @@ def make_executor(
         return spec, lambda: None
     if spec in (None, "process"):
         ctx = mp_context(mp_context_name, preload)
+        check_main_guard(ctx.get_start_method())
         pool = cf.ProcessPoolExecutor(max_workers=n, mp_context=ctx)
         return pool, lambda: pool.shutdown(wait=True, cancel_futures=True)
     if spec == "thread":
@@ -221,3 +224,41 @@ def _wait(
                 continue
             progress.update(tasks[index].weight, groups=1)
         progress.poll(in_flight)
+
+
+def _script_has_main_guard(path: str) -> bool:
+    """Whether the script compares ``__name__`` with ``"__main__"`` anywhere (unreadable: yes)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            names = [node.left, *node.comparators]
+            if any(isinstance(n, ast.Name) and n.id == "__name__" for n in names) and any(
+                isinstance(n, ast.Constant) and n.value == "__main__" for n in names
+            ):
+                return True
+    return False
+
+
+def check_main_guard(start_method: str | None) -> None:
+    """Refuse a process pool that would re-run an unguarded main script in every worker.
+
+    spawn and forkserver workers re-import ``__main__`` from its file; without the guard the
+    script's top-level call (a pack, a verify) would run again in each worker, and the pool breaks.
+    """
+    if start_method == "fork":
+        return
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".py") or _script_has_main_guard(path):
+        return
+    raise UsageError(
+        f"shardlake runs its tasks in worker processes, and each one re-imports your script "
+        f'{path}, which has no `if __name__ == "__main__":` guard, so every worker would run '
+        'the script again; put the script\'s top-level code under `if __name__ == "__main__":`, '
+        'or use executor="thread" (or executor="inline") to work in this process',
+        options=("executor",),
+    )

@@ -131,7 +131,9 @@ def source_npz_paths(
         rel = _relative(entry, root, prefix)
         if rel is None:
             how = (
-                f"the strip_prefix {strip_prefix}" if strip_prefix else f"the source {root or '?'}"
+                f"the stripped prefix {strip_prefix}"
+                if strip_prefix
+                else f"the source {root or '?'}"
             )
             raise SourceError(
                 f"{entry.where}: {shorten(entry.text)} is absolute but not under {how}; give the "

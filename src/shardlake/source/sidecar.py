@@ -74,5 +74,5 @@ def skipped_note(record: VersionRecord) -> str:
         return ""
     return (
         f"the version left out {left_out} is_skipped frame(s) at pack time; drop skipped frames "
-        "from the list or pack with keep_skipped"
+        "from the list or pack again keeping skipped frames"
     )

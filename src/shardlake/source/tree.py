@@ -45,12 +45,12 @@ class PartitionRule:
                 compiled = re.compile(self.regex)
             except re.error as exc:
                 raise UsageError(
-                    f"partition_regex {self.regex!r} is not a valid regex ({exc})",
+                    f"partition regex {self.regex!r} is not a valid regex ({exc})",
                     options=("partition_regex",),
                 ) from exc
             if "partition" not in compiled.groupindex:
                 raise UsageError(
-                    f"partition_regex {self.regex!r} needs a named group (?P<partition>...)",
+                    f"partition regex {self.regex!r} needs a named group (?P<partition>...)",
                     options=("partition_regex",),
                 )
         elif self.depth is None or self.depth < 1:
@@ -80,7 +80,8 @@ class PartitionRule:
         return {"regex": self.regex} if self.regex is not None else {"depth": self.depth}
 
     def describe(self) -> str:
-        return f"partition_regex {self.regex!r}" if self.regex else f"partition_depth {self.depth}"
+        # Neutral words: this text reaches both the Python API and the CLI.
+        return f"partition regex {self.regex!r}" if self.regex else f"partition depth {self.depth}"
 
     def partition_of(self, relpath: str) -> str | None:
         """The partition path of ``relpath`` (``/``-separated), or None if it is in none."""
@@ -435,8 +436,8 @@ def suggest_depth(tree: SourceTree) -> str | None:
     largest = max(p.samples for p in tree.partitions.values())
     sizes = sorted(counts.values())
     return (
-        f"partition_depth 1 gives {shallow} partition(s) of up to {largest} frames; the frames "
-        f"sit {depth} directories deep: partition_depth {depth} gives {len(counts)} partitions "
+        f"partition depth 1 gives {shallow} partition(s) of up to {largest} frames; the frames "
+        f"sit {depth} directories deep: partition depth {depth} gives {len(counts)} partitions "
         f"of {sizes[0]}..{sizes[-1]} frames (median {sizes[len(sizes) // 2]})"
     )
 

@@ -35,7 +35,7 @@ from .classify import Verdict, classify
 from .errors import translate_error
 from .keys import check_key, check_prefix
 from .layers import Request, StoreLayer
-from .retry import RetryLoop, RetryPolicy, split_retry_options
+from .retry import RetryLoop, RetryPolicy, mark_answered, split_retry_options
 from .url import ParsedURL, parse_url, redact
 
 T = TypeVar("T")
@@ -192,7 +192,10 @@ class Store:
 
         for layer in reversed(self._layers):
             send = functools.partial(layer, request, send)
-        return send()
+        result = send()
+        if self.protocol not in ("file", "memory"):
+            mark_answered()  # an endpoint answered: later refusals are outages, retried in full
+        return result
 
     def _send(
         self,

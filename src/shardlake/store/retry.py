@@ -7,15 +7,17 @@ operation costs at most :attr:`RetryPolicy.deadline` seconds however the network
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from ..errors import RetriesExhaustedError, UsageError
+from ..errors import EndpointError, RetriesExhaustedError, UsageError
 from .classify import Verdict, classify
 from .url import redact
 
@@ -121,6 +123,59 @@ def split_retry_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in (DEADLINE_OPTION, ATTEMPT_TIMEOUT_OPTION)}
 
 
+# A wrong endpoint URL fails fast: when nothing has answered any remote request in this process
+# and an endpoint refuses connections for this long, retrying for the whole deadline cannot help.
+# Refusals after a first answer (a server restarting mid-run) keep the full retry policy.
+FIRST_CONTACT_S = 5.0
+_contact_lock = threading.Lock()
+_answered = False
+_first_refusal: dict[str, float] = {}
+
+
+def mark_answered() -> None:
+    """A remote request succeeded: from now on refusals are mid-run outages, retried in full."""
+    global _answered
+    _answered = True
+
+
+def refused_endpoint(exc: BaseException) -> str | None:
+    """``http://HOST:PORT`` when ``exc`` is a refused connection (nothing listens), else None."""
+    refused = False
+    endpoint: str | None = None
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionRefusedError) or (
+            getattr(current, "errno", None) == errno.ECONNREFUSED
+        ):
+            refused = True
+        url = getattr(current, "kwargs", {}).get("endpoint_url") if endpoint is None else None
+        if isinstance(url, str) and "://" in url:
+            scheme, rest = url.split("://", 1)
+            endpoint = f"{scheme}://{rest.split('/', 1)[0]}"
+        host, port = getattr(current, "host", None), getattr(current, "port", None)
+        if endpoint is None and isinstance(host, str) and isinstance(port, int):
+            endpoint = f"{'https' if port == 443 else 'http'}://{host}:{port}"
+        current = current.__cause__ or current.__context__
+    return endpoint if refused and endpoint else None
+
+
+def _check_first_contact(exc: BaseException, pause: float, clock: Callable[[], float]) -> None:
+    """Raise :class:`EndpointError` when the process's first requests to an endpoint keep
+    being refused for :data:`FIRST_CONTACT_S` seconds (counting the coming pause)."""
+    if _answered:
+        return
+    endpoint = refused_endpoint(exc)
+    if endpoint is None:
+        return
+    now = clock()
+    with _contact_lock:
+        first = _first_refusal.setdefault(endpoint, now)
+    if now - first + pause >= FIRST_CONTACT_S:
+        raise EndpointError(f"nothing listens at {endpoint} - check the endpoint URL") from exc
+
+
 class RetryLoop:
     """The attempts of one operation: call :meth:`backoff` after each retryable failure."""
 
@@ -150,6 +205,7 @@ class RetryLoop:
         policy = self.policy
         pause = policy.delay(self.attempts)
         left = policy.deadline - self.elapsed
+        _check_first_contact(exc, pause, self._clock)
         if (policy.attempts is not None and self.attempts >= policy.attempts) or pause >= left:
             raise RetriesExhaustedError(
                 f"{self.describe()} failed after {self.attempts} attempt(s) in "
