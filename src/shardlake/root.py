@@ -27,9 +27,10 @@ if TYPE_CHECKING:
     from .lifecycle.scrub import ScrubReport
     from .lifecycle.verify import OffsetsReport, VerifyReport
     from .meta.catalog import CatalogInfo
+    from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
-    from .query.keyset_build import DisjointReport
+    from .query.keyset_build import DisjointReport, KeysetReport
 
 _DOCUMENT_READERS = 16
 
@@ -150,7 +151,34 @@ class Root:
         """Open ``version`` (a tag or ``latest``) for reading."""
         return Dataset(self.store, load_version(self.store, version))
 
+    def diff(self, a: str, b: str, *, samples: bool = False) -> VersionDiff:
+        """What changed from version ``a`` to ``b``: partitions added, removed, with new data or
+        only new metadata, and samples added, removed or with different payload bytes (their
+        keys too with ``samples``). Reads only the catalog objects that differ."""
+        from .meta.diff import diff_versions
+
+        state = read_state(self.store)
+        va, vb = load_version(self.store, a, state), load_version(self.store, b, state)
+        return diff_versions(self.store, va, vb, samples=samples)
+
     # --- keysets -------------------------------------------------------------------------------
+
+    def rebase_keyset(
+        self, name: str, version: str, *, new_name: str, strict: bool = False
+    ) -> KeysetReport:
+        """Publish keyset ``new_name`` bound to ``version`` with the keys of keyset ``name``
+        that version still has (``name`` is not modified); ``strict``: fail instead when a key
+        is dropped or its payload changed."""
+        from .query.keyset_build import rebase_keyset
+
+        return rebase_keyset(self.store, name, version, new_name=new_name, strict=strict)
+
+    def delete_keyset(self, name: str) -> Keyset:
+        """Retire keyset ``name`` (a tombstone, then its object goes); the next :meth:`gc`
+        releases what only it pinned. Returns the retired keyset."""
+        from .meta.keysets import delete_keyset
+
+        return delete_keyset(self.store, name)
 
     def keysets(self) -> list[Keyset]:
         """Every keyset of the root."""
