@@ -147,9 +147,12 @@ class Root:
         version = load_version(self.store, tag, state)
         return VersionInfo.of(version, version.tag == state.latest)
 
-    def dataset(self, version: str = "latest") -> Dataset:
-        """Open ``version`` (a tag or ``latest``) for reading."""
-        return Dataset(self.store, load_version(self.store, version))
+    def dataset(self, version: str | None = "latest", *, keyset: str | None = None) -> Dataset:
+        """Open ``version`` (a tag or ``latest``) for reading; ``None`` with a ``keyset``: the
+        version that keyset is bound to."""
+        from .query.dataset import resolve_version
+
+        return Dataset(self.store, resolve_version(self.store, version, keyset))
 
     def diff(self, a: str, b: str, *, samples: bool = False) -> VersionDiff:
         """What changed from version ``a`` to ``b``: partitions added, removed, with new data or
@@ -291,9 +294,10 @@ class Root:
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
         """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
-        from .lifecycle.prune import PruneReport, prune_versions
+        from .lifecycle.prune import PruneReport, pinning_keysets, prune_versions
 
-        return PruneReport.of(list(tags), prune_versions(self.store, tags, force=force))
+        state = prune_versions(self.store, tags, force=force)
+        return PruneReport.of(list(tags), state, pinning_keysets(self.store, list(tags)))
 
     def gc(
         self, *, grace_s: float | str = "6h", dry_run: bool = False, progress: bool | None = None

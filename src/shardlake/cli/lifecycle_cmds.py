@@ -203,6 +203,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     else:
         print(f"retired {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
         print("run 'shardlake gc' to reclaim their storage")
+        for tag, names in report.pinned.items():
+            print(
+                f"version {tag} is still kept by keyset(s) {', '.join(names)}: gc reclaims it "
+                "once they are deleted ('shardlake keyset ROOT delete NAME')"
+            )
     return 0
 
 
