@@ -107,8 +107,13 @@ def test_diff_then_rebase_reports_exactly(
     assert main(argv) == 1
     assert "3 key(s) dropped, 1 changed" in capsys.readouterr().err
     assert {k.name for k in opened.keysets()} == {"all", "all2"}
-    # The version's lineage: v2's base is v1.
+    # The version's lineage: v2's base is v1, in `versions` and `show`.
     assert opened.version("v2").base == "v1"
+    assert main(["versions", root, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["tag"]: r["base"] for r in rows} == {"v1": None, "v2": "v1"}
+    assert main(["show", root, "--version", "v2"]) == 0
+    assert any(line.split() == ["base", "v1"] for line in capsys.readouterr().out.splitlines())
 
 
 def test_diff_of_a_version_with_itself_reads_no_rows(tmp_path: Path) -> None:

@@ -95,3 +95,13 @@ def test_delete_leaves_a_tombstone_and_gc_releases_the_pruned_version(
     # The name can be used again after a delete.
     again = root.create_keyset("train", version="v2", where="true")
     assert again.version_tag == "v2" and root.keyset("train").version_tag == "v2"
+
+
+def test_delete_then_identical_recreate_is_live(tmp_path: Path) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    root = _root(location, tmp_path)
+    root.delete_keyset("train")
+    again = root.create_keyset("train", version="v1", where="true")  # same second, same rows
+    assert root.keyset("train") == again and [k.name for k in root.keysets()] == ["train"]
+    root.delete_keyset("train")
+    assert root.keysets() == []

@@ -181,6 +181,10 @@ def publish_keyset(
     key = keyset_key(name)
     marker = ensure_root(store)
     data = _encode(name, rows, version, str(marker["dataset_id"]), recipe, rebased_from)
+    tomb = tombstone_key(name)
+    if store.exists(tomb) and not store.exists(key):
+        # The name was retired and its keyset is gone: the new one must not read as retired.
+        store.delete(tomb)
     try:
         store.create(key, data)
     except AlreadyExistsError as exc:
