@@ -105,3 +105,14 @@ def test_delete_then_identical_recreate_is_live(tmp_path: Path) -> None:
     assert root.keyset("train") == again and [k.name for k in root.keysets()] == ["train"]
     root.delete_keyset("train")
     assert root.keysets() == []
+
+
+def test_export_npz_with_keyset_uses_its_version(tmp_path: Path) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    root = _root(location, tmp_path)
+    dest = tmp_path / "out"
+    argv = ["export", location.url, str(dest), "--format", "npz", "--keyset", "train"]
+    assert main(argv) == 0
+    assert sorted(p.relative_to(dest).as_posix()[:-4] for p in dest.rglob("*.npz")) == sorted(
+        root.keyset("train").keys
+    )

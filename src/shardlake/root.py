@@ -348,7 +348,7 @@ class Root:
         self,
         dest: str | os.PathLike[str] | Store,
         *,
-        version: str = "latest",
+        version: str | None = None,
         keysets: Sequence[str] | None = None,
         format: str = "root",
         dest_options: dict[str, Any] | None = None,
@@ -358,10 +358,15 @@ class Root:
         """Copy ``version`` to ``dest``: a self-contained root (``format="root"``, with the
         given ``keysets``) or ``<key>.npz`` + ``<key>.json`` files (``format="npz"``, at most
         one keyset selecting the samples). ``allow_foreign``: a root export may go into a
-        location that already holds other objects (refused by default)."""
+        location that already holds other objects (refused by default). ``version`` ``None``:
+        the version of the one keyset given, else ``latest``."""
         from .errors import UsageError
         from .lifecycle.export import export_npz, export_version
 
+        if version is None:
+            version = (
+                self.keyset(keysets[0]).version_tag if keysets and len(keysets) == 1 else "latest"
+            )
         dest = _location(dest)
         if format == "npz":
             if keysets and len(keysets) > 1:

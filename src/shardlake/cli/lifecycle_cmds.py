@@ -115,7 +115,13 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("dest", metavar="DEST")
-    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument(
+        "--version",
+        dest="tag",
+        default=None,
+        metavar="TAG",
+        help="default: the version of the one --keyset given, else latest",
+    )
     p.add_argument(
         "--keyset", action="append", metavar="NAME", help="keyset(s) to carry (npz: to select)"
     )
