@@ -121,9 +121,11 @@ def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     root = location.url
     with pytest.raises(NotFoundError, match="no keyset 'nope'"):
         load_keyset(root, "nope")
+    # An identical re-create is a no-op (issue 18); a different selection is refused.
+    first = create_keyset(root, "a", where="true")
+    assert create_keyset(root, "a", where="true") == first
     with pytest.raises(ConflictError):
-        create_keyset(root, "a", where="true")
-        create_keyset(root, "a", where="true")
+        create_keyset(root, "a", keys=first.keys[:1])
     cases = [
         (["keyset", root, "show", "nope"], 1, "no keyset"),
         (["keyset", root, "create", "x", "--where", "true; SELECT 1"], 1, "';' is not allowed"),

@@ -33,9 +33,10 @@ if TYPE_CHECKING:
     from .lifecycle.scrub import ScrubReport
     from .lifecycle.verify import OffsetsReport, VerifyReport
     from .meta.catalog import CatalogInfo
+    from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
-    from .query.keyset_build import DisjointReport
+    from .query.keyset_build import DisjointReport, KeysetReport
     from .read.tasks import ExecutorSpec
 
 _DOCUMENT_READERS = 16
@@ -156,11 +157,41 @@ class Root:
         version = load_version(self.store, tag, state)
         return VersionInfo.of(version, version.tag == state.latest)
 
-    def dataset(self, version: str = "latest") -> Dataset:
-        """Open ``version`` (a tag or ``latest``) for reading."""
-        return Dataset(self.store, load_version(self.store, version))
+    def dataset(self, version: str | None = "latest", *, keyset: str | None = None) -> Dataset:
+        """Open ``version`` (a tag or ``latest``) for reading; ``None`` with a ``keyset``: the
+        version that keyset is bound to."""
+        from .query.dataset import resolve_version
+
+        return Dataset(self.store, resolve_version(self.store, version, keyset))
+
+    def diff(self, a: str, b: str, *, samples: bool = False) -> VersionDiff:
+        """What changed from version ``a`` to ``b``: partitions added, removed, with new data or
+        only new metadata, and samples added, removed or with different payload bytes (their
+        keys too with ``samples``). Reads only the catalog objects that differ."""
+        from .meta.diff import diff_versions
+
+        state = read_state(self.store)
+        va, vb = load_version(self.store, a, state), load_version(self.store, b, state)
+        return diff_versions(self.store, va, vb, samples=samples)
 
     # --- keysets -------------------------------------------------------------------------------
+
+    def rebase_keyset(
+        self, name: str, version: str, *, new_name: str, strict: bool = False
+    ) -> KeysetReport:
+        """Publish keyset ``new_name`` bound to ``version`` with the keys of keyset ``name``
+        that version still has (``name`` is not modified); ``strict``: fail instead when a key
+        is dropped or its payload changed."""
+        from .query.keyset_build import rebase_keyset
+
+        return rebase_keyset(self.store, name, version, new_name=new_name, strict=strict)
+
+    def delete_keyset(self, name: str) -> Keyset:
+        """Retire keyset ``name`` (a tombstone, then its object goes); the next :meth:`gc`
+        releases what only it pinned. Returns the retired keyset."""
+        from .meta.keysets import delete_keyset
+
+        return delete_keyset(self.store, name)
 
     def keysets(self) -> list[Keyset]:
         """Every keyset of the root."""
@@ -273,9 +304,10 @@ class Root:
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
         """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
-        from .lifecycle.prune import PruneReport, prune_versions
+        from .lifecycle.prune import PruneReport, pinning_keysets, prune_versions
 
-        return PruneReport.of(list(tags), prune_versions(self.store, tags, force=force))
+        state = prune_versions(self.store, tags, force=force)
+        return PruneReport.of(list(tags), state, pinning_keysets(self.store, list(tags)))
 
     def gc(
         self, *, grace_s: float | str = "6h", dry_run: bool = False, progress: bool | None = None
@@ -330,7 +362,7 @@ class Root:
         self,
         dest: str | os.PathLike[str] | Store,
         *,
-        version: str = "latest",
+        version: str | None = None,
         keysets: Sequence[str] | None = None,
         format: str = "root",
         dest_options: dict[str, Any] | None = None,
@@ -343,10 +375,15 @@ class Root:
         given ``keysets``) or ``<key>.npz`` + ``<key>.json`` files (``format="npz"``, at most
         one keyset selecting the samples). ``allow_foreign``: a root export may go into a
         location that already holds other objects (refused by default). A root export copies
-        one partition per task on ``executor`` (the spec pack takes), ``workers`` at once."""
+        one partition per task on ``executor`` (the spec pack takes), ``workers`` at once.
+        ``version`` ``None``: the version of the one keyset given, else ``latest``."""
         from .errors import UsageError
         from .lifecycle.export import export_npz, export_version
 
+        if version is None:
+            version = (
+                self.keyset(keysets[0]).version_tag if keysets and len(keysets) == 1 else "latest"
+            )
         dest = _location(dest)
         extra: dict[str, Any] = {} if workers is None else {"workers": workers}
         if format == "npz":

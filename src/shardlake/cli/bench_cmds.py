@@ -64,7 +64,9 @@ def _register_load(bsub: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     p.add_argument("url", metavar="ROOT", help="dataset root URL")
-    p.add_argument("--version", default="latest", help="version tag (default: latest)")
+    p.add_argument(
+        "--version", default=None, help="version tag (default: the keyset's version, or latest)"
+    )
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
     sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")

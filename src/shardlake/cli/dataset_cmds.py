@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     _add_query(sub)
     _add_get(sub)
     _add_keyset(sub)
+    _add_diff(sub)
 
 
 def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
@@ -65,7 +66,8 @@ def _add_keyset(sub: argparse._SubParsersAction[Any]) -> None:
         "keyset",
         help="named, immutable sample selections bound to one version",
         description="keyset ROOT create NAME (--where SQL | --keys FILE) [--version T]; "
-        "keyset ROOT list; keyset ROOT show NAME; keyset ROOT check A B",
+        "keyset ROOT list; keyset ROOT show NAME; keyset ROOT check A B; "
+        "keyset ROOT rebase NAME --version B --as NEW; keyset ROOT delete NAME",
     )
     p.add_argument("root", metavar="ROOT")
     ks = p.add_subparsers(dest="action", metavar="ACTION")
@@ -100,6 +102,35 @@ def _add_keyset(sub: argparse._SubParsersAction[Any]) -> None:
     c.add_argument("a", metavar="A")
     c.add_argument("b", metavar="B")
     finish_command(c, cmd_keyset_check)
+    c = ks.add_parser(
+        "rebase",
+        help="carry a keyset to another version as a new keyset (the keys it still has)",
+    )
+    c.add_argument("name", metavar="NAME")
+    c.add_argument("--version", dest="tag", required=True, metavar="TAG", help="the new version")
+    c.add_argument("--as", dest="new_name", required=True, metavar="NEW", help="the new keyset")
+    c.add_argument(
+        "--strict", action="store_true", help="fail if a key is dropped or its payload changed"
+    )
+    finish_command(c, cmd_keyset_rebase)
+    c = ks.add_parser("delete", help="retire a keyset (gc then releases what only it kept)")
+    c.add_argument("name", metavar="NAME")
+    finish_command(c, cmd_keyset_delete)
+
+
+def _add_diff(sub: argparse._SubParsersAction[Any]) -> None:
+    p = sub.add_parser(
+        "diff",
+        help="what changed between two versions (partitions and samples)",
+        description="Compare version A with version B: partitions added, removed, with new "
+        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed or "
+        "with different payload bytes. Reads only the catalog objects that differ.",
+    )
+    p.add_argument("root", metavar="ROOT")
+    p.add_argument("a", metavar="A", help="the older version (tag)")
+    p.add_argument("b", metavar="B", help="the newer version (tag)")
+    p.add_argument("--samples", action="store_true", help="list the keys too")
+    finish_command(p, cmd_diff)
 
 
 # --- query / get -------------------------------------------------------------------------------
@@ -229,7 +260,8 @@ def cmd_keyset_list(args: argparse.Namespace) -> int:
         print_json([k.info() for k in keysets])
     else:
         for k in keysets:
-            print(f"{k.name}\t{len(k)} samples\tversion {k.version_tag} ({k.version_hash})")
+            origin = f"\trebased_from: {k.rebased_from}" if k.rebased_from else ""
+            print(f"{k.name}\t{len(k)} samples\tversion {k.version_tag} ({k.version_hash}){origin}")
     return 0
 
 
@@ -243,6 +275,8 @@ def cmd_keyset_show(args: argparse.Namespace) -> int:
     else:
         for name in ("name", "version", "version_hash", "samples", "partitions", "created_at"):
             print(f"{name}: {info[name]}")
+        if keyset.rebased_from:
+            print(f"rebased_from: {keyset.rebased_from}")
         print(f"recipe: {json.dumps(info['recipe'], sort_keys=True)}")
         more = "" if args.show_keys or len(keyset) <= SHOW_MAX else f" (first {SHOW_MAX})"
         print(f"keys{more}:")
@@ -264,3 +298,56 @@ def cmd_keyset_check(args: argparse.Namespace) -> int:
     if not report.same_version and not args.json:
         print("note: the two keysets are bound to different versions", file=sys.stderr)
     return 0 if report.disjoint else 1
+
+
+def cmd_keyset_rebase(args: argparse.Namespace) -> int:
+    report = open_root(args).rebase_keyset(
+        args.name, args.tag, new_name=args.new_name, strict=args.strict
+    )
+    if args.json:
+        print_json(report.to_json())
+        return 0
+    print(
+        f"keyset {report.name}: {report.kept} kept, {report.dropped} dropped, "
+        f"{report.changed} changed; bound to version {report.version} ({report.version_hash}), "
+        f"rebased from {report.rebased_from}"
+    )
+    return 0
+
+
+def cmd_keyset_delete(args: argparse.Namespace) -> int:
+    keyset = open_root(args).delete_keyset(args.name)
+    if args.json:
+        print_json({**keyset.info(), "deleted": True})
+    else:
+        print(
+            f"keyset {keyset.name} retired (it was bound to version {keyset.version_tag}); "
+            "gc releases what only it kept"
+        )
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    diff = open_root(args).diff(args.a, args.b, samples=args.samples)
+    doc = diff.to_json()
+    if args.json:
+        print_json(doc)
+        return 0
+    parts, samples = doc["partitions"], doc["samples"]
+    print(f"{diff.from_tag} ({diff.from_hash[:12]}) -> {diff.to_tag} ({diff.to_hash[:12]})")
+    print(
+        f"partitions: {len(parts['added'])} added, {len(parts['removed'])} removed, "
+        f"{len(parts['data_changed'])} data changed, {len(parts['meta_changed'])} meta changed, "
+        f"{parts['unchanged']} unchanged"
+    )
+    print(
+        f"samples:    {samples['added']} added, {samples['removed']} removed, "
+        f"{samples['changed']} changed"
+    )
+    for name in ("added", "removed", "data_changed", "meta_changed"):
+        for path in parts[name]:
+            print(f"  {name:<13} {path}")
+    for name in ("added_keys", "removed_keys", "changed_keys"):
+        for key in samples.get(name) or []:
+            print(f"  {name[:-5]:<13} {key}")
+    return 0

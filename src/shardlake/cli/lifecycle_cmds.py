@@ -126,7 +126,13 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("dest", metavar="DEST")
-    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    p.add_argument(
+        "--version",
+        dest="tag",
+        default=None,
+        metavar="TAG",
+        help="default: the version of the one --keyset given, else latest",
+    )
     p.add_argument(
         "--keyset", action="append", metavar="NAME", help="keyset(s) to carry (npz: to select)"
     )
@@ -219,6 +225,11 @@ def cmd_prune(args: argparse.Namespace) -> int:
     else:
         print(f"retired {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
         print("run 'shardlake gc' to reclaim their storage")
+        for tag, names in report.pinned.items():
+            print(
+                f"version {tag} is still kept by keyset(s) {', '.join(names)}: gc reclaims it "
+                "once they are deleted ('shardlake keyset ROOT delete NAME')"
+            )
     return 0
 
 

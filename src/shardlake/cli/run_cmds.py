@@ -58,7 +58,7 @@ def _mixing(args: argparse.Namespace) -> int:
 
     ds = (
         open_root(args)
-        .dataset(args.version)
+        .dataset(args.version, keyset=args.keyset)
         .to_torch(
             keyset=args.keyset,
             where=args.where,
@@ -191,7 +191,9 @@ def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     p.add_argument("root", metavar="ROOT", help="dataset root URL")
-    p.add_argument("--version", default="latest", help="version tag")
+    p.add_argument(
+        "--version", default=None, help="version tag (default: the keyset's version, or latest)"
+    )
     sel = p.add_mutually_exclusive_group()
     sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
     sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")

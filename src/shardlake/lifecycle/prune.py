@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
@@ -18,13 +18,33 @@ class PruneReport:
     retired: list[str]
     live: list[str]
     latest: str | None
+    # retired tag -> the keysets still bound to it (gc keeps its bytes until they are deleted)
+    pinned: dict[str, list[str]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, retired: list[str], state: RootState) -> PruneReport:
-        return cls(retired, list(state.versions), state.latest)
+    def of(
+        cls, retired: list[str], state: RootState, pinned: dict[str, list[str]] | None = None
+    ) -> PruneReport:
+        return cls(retired, list(state.versions), state.latest, pinned or {})
 
     def to_json(self) -> dict[str, Any]:
-        return {"retired": self.retired, "latest": self.latest, "live": self.live}
+        return {
+            "retired": self.retired,
+            "latest": self.latest,
+            "live": self.live,
+            "pinned_by_keysets": self.pinned,
+        }
+
+
+def pinning_keysets(url: str | Store, tags: Sequence[str]) -> dict[str, list[str]]:
+    """For each of ``tags`` some live keyset is bound to, those keysets' names."""
+    from ..meta.keysets import list_keysets
+
+    out: dict[str, list[str]] = {}
+    for keyset in list_keysets(open_store(url)):
+        if keyset.version_tag in tags:
+            out.setdefault(keyset.version_tag, []).append(keyset.name)
+    return {tag: sorted(names) for tag, names in out.items()}
 
 
 def prune_versions(

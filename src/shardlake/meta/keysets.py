@@ -55,6 +55,7 @@ class Keyset:
     dataset_id: str = ""
     recipe: dict[str, Any] = field(default_factory=dict)
     created_at: str = ""
+    rebased_from: str = ""  # "NAME@hash" of the keyset it was rebased from, if any
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -78,6 +79,7 @@ class Keyset:
             "dataset_id": self.dataset_id,
             "recipe": self.recipe,
             "created_at": self.created_at,
+            "rebased_from": self.rebased_from or None,
         }
 
 
@@ -136,7 +138,12 @@ def read_key_list(
 
 
 def _encode(
-    name: str, rows: pa.Table, version: Version, dataset_id: str, recipe: dict[str, Any]
+    name: str,
+    rows: pa.Table,
+    version: Version,
+    dataset_id: str,
+    recipe: dict[str, Any],
+    rebased_from: str = "",
 ) -> bytes:
     rows = rows.select(["key", "partition"]).sort_by("key")
     meta = {
@@ -149,6 +156,8 @@ def _encode(
         "created_at": utc_now(),
         "samples": str(rows.num_rows),
     }
+    if rebased_from:
+        meta["rebased_from"] = rebased_from
     meta[CONTENT_DIGEST] = content_digest(
         {k: str(v) for k, v in meta.items()},
         rows.column("key").to_pylist(),
@@ -161,11 +170,21 @@ def _encode(
 
 
 def publish_keyset(
-    store: Store, name: str, rows: pa.Table, version: Version, recipe: dict[str, Any]
+    store: Store,
+    name: str,
+    rows: pa.Table,
+    version: Version,
+    recipe: dict[str, Any],
+    *,
+    rebased_from: str = "",
 ) -> Keyset:
     key = keyset_key(name)
     marker = ensure_root(store)
-    data = _encode(name, rows, version, str(marker["dataset_id"]), recipe)
+    data = _encode(name, rows, version, str(marker["dataset_id"]), recipe, rebased_from)
+    tomb = tombstone_key(name)
+    if store.exists(tomb) and not store.exists(key):
+        # The name was retired and its keyset is gone: the new one must not read as retired.
+        store.delete(tomb)
     try:
         store.create(key, data)
     except AlreadyExistsError as exc:
@@ -232,6 +251,7 @@ def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
             dataset_id=kv.get("dataset_id", ""),
             recipe=json.loads(kv.get("recipe", "{}")),
             created_at=kv.get("created_at", ""),
+            rebased_from=kv.get("rebased_from", ""),
         )
     except FormatError:
         raise
@@ -252,11 +272,14 @@ def load_keyset(
     check_name("keyset", name)
     store = open_store(url, storage_options)
     try:
-        return load_keyset_bytes(store, name)[0]
+        keyset = load_keyset_bytes(store, name)[0]
+        if not is_retired(store, keyset):
+            return keyset
     except FileNotFoundError:
-        available = list_keyset_names(store)
-        hint = f"; keysets here: {', '.join(available[:20])}" if available else "; there are none"
-        raise NotFoundError(f"{store.url}: no keyset {name!r}{hint}") from None
+        pass
+    available = [k.name for k in list_keysets(store)]
+    hint = f"; keysets here: {', '.join(available[:20])}" if available else "; there are none"
+    raise NotFoundError(f"{store.url}: no keyset {name!r}{hint}") from None
 
 
 def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:
@@ -276,8 +299,78 @@ def list_keyset_names(store: Store) -> list[str]:
 
 
 def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None) -> list[Keyset]:
+    """Every live keyset (retired ones, and one deleted while listing, are left out)."""
     store = open_store(url, storage_options)
-    return [load_keyset(store, name) for name in list_keyset_names(store)]
+    out = []
+    for name in list_keyset_names(store):
+        try:
+            keyset = load_keyset_bytes(store, name)[0]
+        except FileNotFoundError:
+            continue  # deleted after its tombstone was written
+        if not is_retired(store, keyset):
+            out.append(keyset)
+    return out
+
+
+# --- retiring --------------------------------------------------------------------------------
+
+TOMBSTONE_SCHEMA = "shardlake.keyset-tombstone/1"
+
+
+def tombstone_key(name: str) -> str:
+    return f"{KEYSETS_DIR}/{name}.json"
+
+
+def _tombstone(store: Store, name: str) -> dict[str, Any] | None:
+    try:
+        data = store.read(tombstone_key(name))
+    except FileNotFoundError:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
+        raise FormatError(f"{store.key_url(tombstone_key(name))}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict) or doc.get("format") != TOMBSTONE_SCHEMA:
+        raise FormatError(f"{store.key_url(tombstone_key(name))}: not a keyset tombstone")
+    return doc
+
+
+def _identity(keyset: Keyset) -> str:
+    """What a tombstone names: the keyset's content (a later keyset of the same name differs)."""
+    body = {"version_hash": keyset.version_hash, "created_at": keyset.created_at}
+    return hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def is_retired(store: Store, keyset: Keyset) -> bool:
+    """Whether the tombstone of ``keyset``'s name retires this very keyset."""
+    doc = _tombstone(store, keyset.name)
+    return doc is not None and doc.get("keyset") == _identity(keyset)
+
+
+def delete_keyset(store: Store, name: str) -> Keyset:
+    """Retire keyset ``name``: write its tombstone (create-if-absent), then delete its parquet.
+
+    The tombstone first, so a reader that still finds the parquet sees it retired and never
+    half a keyset; gc then no longer keeps what only it pinned. Returns the retired keyset."""
+    check_name("keyset", name)
+    keyset = load_keyset(store, name)
+    doc = {
+        "format": TOMBSTONE_SCHEMA,
+        "name": name,
+        "keyset": _identity(keyset),
+        "version_tag": keyset.version_tag,
+        "version_hash": keyset.version_hash,
+        "deleted_at": utc_now(),
+    }
+    key = tombstone_key(name)
+    try:
+        store.create(key, canonical_json(doc))
+    except AlreadyExistsError:
+        # A name reused after an earlier delete: that tombstone names the older keyset.
+        store.delete(key)
+        store.create(key, canonical_json(doc))
+    store.delete(keyset_key(name))
+    return keyset
 
 
 def referenced_versions(keysets: Iterable[Keyset]) -> set[tuple[str, str]]:

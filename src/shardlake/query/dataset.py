@@ -22,7 +22,7 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.manifest import entry_mismatches
 from ..meta.catalog import catalog_rows
-from ..meta.versions import Version, load_version
+from ..meta.versions import Version, load_version, load_version_by_hash
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from ..store import Store, open_store
@@ -313,12 +313,26 @@ class Dataset:
 
 def open_dataset(
     url: str | Store,
-    version: str = "latest",
+    version: str | None = "latest",
     storage_options: dict[str, Any] | None = None,
+    *,
+    keyset: str | None = None,
 ) -> Dataset:
-    """Open ``version`` (a tag or ``latest``) of the dataset root at ``url`` (a relative local
-    path resolves against the working directory, as in :func:`shardlake.open`)."""
+    """Open ``version`` (a tag or ``latest``) of the dataset root at ``url``; ``None``: the
+    version keyset ``keyset`` is bound to (``latest`` without one). A relative local path
+    resolves against the working directory, as in :func:`shardlake.open`."""
     if isinstance(url, str) and url.strip() and "://" not in url:
         url = os.path.abspath(os.path.expanduser(url))
     store = open_store(url, storage_options)
-    return Dataset(store, load_version(store, version))
+    return Dataset(store, resolve_version(store, version, keyset))
+
+
+def resolve_version(store: Store, version: str | None, keyset: str | None = None) -> Version:
+    """``version``, or with ``None`` the version ``keyset`` is bound to (a keyset knows its
+    version, even once pruned), else ``latest``."""
+    if version is None and keyset is not None:
+        from ..meta.keysets import load_keyset
+
+        bound = load_keyset(store, keyset)
+        return load_version_by_hash(store, bound.version_tag, bound.version_hash)
+    return load_version(store, version or "latest")

@@ -12,7 +12,17 @@ import pyarrow as pa
 
 from ..errors import ConflictError, SelectionError, SourceError
 from ..format.layout import check_name, keyset_key
-from ..meta.keysets import SHOW_MAX, Keyset, load_keyset, publish_keyset, read_key_list
+from ..meta.diff import compare_versions
+from ..meta.keysets import (
+    SHOW_MAX,
+    Keyset,
+    is_retired,
+    load_keyset,
+    load_keyset_bytes,
+    publish_keyset,
+    read_key_list,
+)
+from ..meta.versions import load_version, load_version_by_hash
 from ..source import pathlists
 from ..store import Store, open_store
 from .dataset import Dataset, open_dataset
@@ -125,10 +135,7 @@ def create_keyset(
         raise SelectionError("allow_unmatched must be >= 0", options=("allow_unmatched",))
     store = open_store(url, storage_options)
     key = keyset_key(name)
-    if store.exists(key):
-        raise ConflictError(
-            f"{store.key_url(key)}: keyset {name!r} already exists; keysets are immutable"
-        )
+    existing = _existing(store, name)
     ds = open_dataset(store, version)
     if key_file is not None:
         listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
@@ -142,7 +149,136 @@ def create_keyset(
             ds, keys, unmapped, allow_unmatched=allow_unmatched, local_paths=local_paths
         )
         recipe = {"keys": len(keys), "unmatched": len(unmapped) + len(keys) - rows.num_rows}
+    if existing is not None:
+        if _same(existing, rows, ds.version.hash):
+            return existing  # the same selection again: nothing to do
+        raise ConflictError(
+            f"{store.key_url(key)}: keyset {name!r} already exists with a different selection "
+            f"(bound to {existing.version_tag!r}, {len(existing)} samples); keysets are "
+            f"immutable: choose a new name, or retire it first with "
+            f"'shardlake keyset ROOT delete {name}'"
+        )
     return publish_keyset(store, name, rows, ds.version, recipe)
+
+
+def _existing(store: Store, name: str) -> Keyset | None:
+    """The live keyset ``name``; a retired one still there is removed (its delete was cut
+    short), so the name can be used again."""
+    try:
+        keyset = load_keyset_bytes(store, name)[0]
+    except FileNotFoundError:
+        return None
+    if is_retired(store, keyset):
+        store.delete(keyset_key(name))
+        return None
+    return keyset
+
+
+def _same(keyset: Keyset, rows: pa.Table, version_hash: str) -> bool:
+    if keyset.version_hash != version_hash or len(keyset) != rows.num_rows:
+        return False
+    ordered = rows.select(["key", "partition"]).sort_by("key")
+    keys: list[str] = ordered.column("key").to_pylist()
+    parts: list[str] = ordered.column("partition").to_pylist()
+    return keys == keyset.keys and parts == keyset.partitions
+
+
+@dataclass(frozen=True)
+class KeysetReport:
+    """What :func:`rebase_keyset` did: keyset ``name`` (from ``source``) bound to ``version``.
+
+    ``kept``: keys the version still has (all in the new keyset); ``dropped``: keys it no
+    longer has; ``changed``: kept keys whose payload bytes differ in the new version."""
+
+    name: str
+    source: str
+    version: str
+    version_hash: str
+    kept: int
+    dropped: int
+    changed: int
+    dropped_keys: list[str]
+    changed_keys: list[str]
+    rebased_from: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "source": self.source,
+            "version": self.version,
+            "version_hash": self.version_hash,
+            "kept": self.kept,
+            "dropped": self.dropped,
+            "changed": self.changed,
+            "dropped_keys": self.dropped_keys[:SHOW_MAX],
+            "changed_keys": self.changed_keys[:SHOW_MAX],
+            "rebased_from": self.rebased_from,
+        }
+
+
+def rebase_keyset(
+    url: str | Store,
+    name: str,
+    version: str,
+    *,
+    new_name: str,
+    strict: bool = False,
+    storage_options: dict[str, Any] | None = None,
+) -> KeysetReport:
+    """Publish keyset ``new_name`` bound to ``version``: the keys of keyset ``name`` that
+    version still has. Keyset ``name`` is never modified. ``strict``: a dropped or changed key
+    fails (:class:`SelectionError`) and nothing is written.
+
+    Reads the two versions' partitions tables and the catalog rows of the partitions that
+    differ between them (:func:`shardlake.meta.diff.compare_versions`)."""
+    check_name("keyset", new_name)
+    store = open_store(url, storage_options)
+    source = load_keyset(store, name)
+    old = load_version_by_hash(store, source.version_tag, source.version_hash)
+    new = load_version(store, version)
+    cmp = compare_versions(store, old, new)
+    dropped = [k for k in source.keys if k in cmp.removed_keys]
+    changed = [k for k in source.keys if k in cmp.changed_keys]
+    if strict and (dropped or changed):
+        shown = ", ".join(repr(k) for k in (dropped + changed)[:SHOW_MAX])
+        raise SelectionError(
+            f"keyset {name!r} in version {new.tag!r}: {len(dropped)} key(s) dropped, "
+            f"{len(changed)} changed (strict): {shown}",
+            options=("strict",),
+        )
+    gone = set(dropped)
+    keys = [k for k in source.keys if k not in gone]
+    parts = [
+        cmp.new_partition_of.get(k, p)
+        for k, p in zip(source.keys, source.partitions, strict=True)
+        if k not in gone
+    ]
+    rows = pa.table({"key": pa.array(keys, pa.string()), "partition": pa.array(parts, pa.string())})
+    origin = f"{name}@{source.version_hash}"
+    existing = _existing(store, new_name)
+    if existing is not None:
+        if not (_same(existing, rows, new.hash) and existing.rebased_from == origin):
+            raise ConflictError(
+                f"{store.key_url(keyset_key(new_name))}: keyset {new_name!r} already exists; "
+                f"choose a new name, or retire it first with "
+                f"'shardlake keyset ROOT delete {new_name}'"
+            )
+        made = existing
+    else:
+        recipe = {"rebased_from": origin}
+        made = publish_keyset(store, new_name, rows, new, recipe, rebased_from=origin)
+    return KeysetReport(
+        name=made.name,
+        source=name,
+        version=new.tag,
+        version_hash=new.hash,
+        kept=len(keys),
+        dropped=len(dropped),
+        changed=len(changed),
+        dropped_keys=dropped,
+        changed_keys=changed,
+        rebased_from=origin,
+    )
 
 
 @dataclass(frozen=True)

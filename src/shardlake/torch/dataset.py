@@ -88,7 +88,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     def __init__(
         self,
         url: str | Store,
-        version: str = "latest",
+        version: str | None = None,
         *,
         batch_size: int,
         keyset: str | None = None,

@@ -48,7 +48,7 @@ class Source:
     """
 
     url: str | Store
-    version: str = "latest"
+    version: str | None = None  # None: the keyset's own version, else latest
     keyset: str | None = None
     where: str | None = None
     keys: Sequence[str] | None = None
@@ -73,7 +73,7 @@ class Source:
         if self.name is not None:
             return self.name
         url = self.url if isinstance(self.url, str) else self.url.url
-        return f"{url}@{self.version}"
+        return f"{url}@{self.version or (self.keyset and 'keyset ' + self.keyset) or 'latest'}"
 
 
 @dataclass
@@ -91,7 +91,7 @@ class SourceRows:
 
 def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
     """Resolve ``source``: open its version and select its manifest rows (the table set-up)."""
-    ds = open_dataset(source.url, source.version, source.storage_options)
+    ds = open_dataset(source.url, source.version, source.storage_options, keyset=source.keyset)
     columns = ds.manifests().column_names
     missing = [c for c in meta_columns if c not in columns]
     if missing:

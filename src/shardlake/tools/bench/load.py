@@ -33,7 +33,7 @@ from .measure import (
 def bench_load(
     url: str,
     *,
-    version: str = "latest",
+    version: str | None = None,
     keyset: str | None = None,
     where: str | None = None,
     batch_size: int = 32,

@@ -1,0 +1,172 @@
+"""What changed between two versions (``shardlake diff``), read from their catalogs.
+
+Partitions are compared by ``data_rev``/``meta_rev`` in the two partitions tables; catalog rows
+are read only for partitions added, removed or with a different ``data_rev`` (the same
+``data_rev`` means the same samples and payload bytes, so a metadata-only change reads no rows).
+Two versions sharing one partitions table cost no row read at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ..format.documents import PartitionEntry
+from ..store import Store
+from .catalog import load_catalog
+from .versions import Version
+
+# The per-sample columns that identify its payload bytes (source_sha256 when recorded).
+_PAYLOAD_COLUMNS = ["key", "partition", "source_sha256", "crc32", "raw_size"]
+
+
+@dataclass(frozen=True)
+class VersionDiff:
+    """What changed from version ``from_tag`` to ``to_tag``.
+
+    Partitions are named by path; ``data_changed``: a different ``data_rev``; ``meta_changed``:
+    the same ``data_rev``, a different ``meta_rev``. Samples ``changed``: the same key with
+    different payload bytes. The key lists are filled only when asked for (``samples=True``).
+    """
+
+    from_tag: str
+    from_hash: str
+    to_tag: str
+    to_hash: str
+    added: list[str]
+    removed: list[str]
+    data_changed: list[str]
+    meta_changed: list[str]
+    unchanged: int
+    samples_added: int
+    samples_removed: int
+    samples_changed: int
+    added_keys: list[str] | None = None
+    removed_keys: list[str] | None = None
+    changed_keys: list[str] | None = None
+
+    @property
+    def identical(self) -> bool:
+        return not (self.added or self.removed or self.data_changed or self.meta_changed)
+
+    def to_json(self) -> dict[str, Any]:
+        samples: dict[str, Any] = {
+            "added": self.samples_added,
+            "removed": self.samples_removed,
+            "changed": self.samples_changed,
+        }
+        if self.added_keys is not None:
+            samples["added_keys"] = self.added_keys
+            samples["removed_keys"] = self.removed_keys
+            samples["changed_keys"] = self.changed_keys
+        return {
+            "from": {"tag": self.from_tag, "hash": self.from_hash},
+            "to": {"tag": self.to_tag, "hash": self.to_hash},
+            "partitions": {
+                "added": self.added,
+                "removed": self.removed,
+                "data_changed": self.data_changed,
+                "meta_changed": self.meta_changed,
+                "unchanged": self.unchanged,
+            },
+            "samples": samples,
+        }
+
+
+@dataclass
+class Comparison:
+    """The full comparison (what :class:`VersionDiff` and keyset rebase are made from)."""
+
+    added: list[PartitionEntry] = field(default_factory=list)
+    removed: list[PartitionEntry] = field(default_factory=list)
+    data_changed: list[tuple[PartitionEntry, PartitionEntry]] = field(default_factory=list)
+    meta_changed: list[tuple[PartitionEntry, PartitionEntry]] = field(default_factory=list)
+    unchanged: int = 0
+    added_keys: set[str] = field(default_factory=set)
+    removed_keys: set[str] = field(default_factory=set)
+    changed_keys: set[str] = field(default_factory=set)
+    # key -> partition id in the newer version, for the keys of the partitions rows were read of
+    new_partition_of: dict[str, str] = field(default_factory=dict)
+
+
+def _payloads(table: pa.Table) -> dict[str, tuple[str, Any]]:
+    """key -> (partition, payload identity) of catalog rows."""
+    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    n = table.num_rows
+    keys, parts = cols["key"], cols["partition"]
+    sha = cols.get("source_sha256", [None] * n)
+    crc = cols.get("crc32", [None] * n)
+    raw = cols.get("raw_size", [None] * n)
+    return {keys[i]: (parts[i], sha[i] if sha[i] else (crc[i], raw[i])) for i in range(n)}
+
+
+def compare_versions(store: Store, a: Version, b: Version) -> Comparison:
+    """Compare ``a`` (older) with ``b``: partition entries, then rows of the differing ones."""
+    out = Comparison()
+    ref_a, ref_b = a.header.catalog, b.header.catalog
+    if (
+        ref_a is not None
+        and ref_b is not None
+        and ref_a.partitions.sha256 == ref_b.partitions.sha256
+    ):
+        out.unchanged = a.partition_count  # one partitions table: nothing differs
+        return out
+    old = {e.id: e for e in a.entries}
+    new = {e.id: e for e in b.entries}
+    for pid, entry in new.items():
+        before = old.get(pid)
+        if before is None:
+            out.added.append(entry)
+        elif before.data_rev != entry.data_rev:
+            out.data_changed.append((before, entry))
+        elif before.meta_rev != entry.meta_rev:
+            out.meta_changed.append((before, entry))
+        else:
+            out.unchanged += 1
+    out.removed = [e for pid, e in old.items() if pid not in new]
+    old_pids = [e.id for e in out.removed] + [o.id for o, _ in out.data_changed]
+    new_pids = [e.id for e in out.added] + [n.id for _, n in out.data_changed]
+    before_rows = _rows(store, a, old_pids)
+    after_rows = _rows(store, b, new_pids)
+    out.new_partition_of = {k: part for k, (part, _) in after_rows.items()}
+    out.added_keys = set(after_rows) - set(before_rows)
+    out.removed_keys = set(before_rows) - set(after_rows)
+    out.changed_keys = {
+        k for k, (_, pay) in after_rows.items() if k in before_rows and before_rows[k][1] != pay
+    }
+    return out
+
+
+def _rows(store: Store, version: Version, pids: Sequence[str]) -> dict[str, tuple[str, Any]]:
+    if not pids:
+        return {}
+    return _payloads(load_catalog(store, version).rows(_PAYLOAD_COLUMNS, pids))
+
+
+def diff_versions(store: Store, a: Version, b: Version, *, samples: bool = False) -> VersionDiff:
+    """:class:`VersionDiff` of ``a`` -> ``b`` (key lists, sorted, with ``samples``)."""
+    c = compare_versions(store, a, b)
+
+    def paths(entries: Sequence[PartitionEntry]) -> list[str]:
+        return sorted(e.path for e in entries)
+
+    return VersionDiff(
+        from_tag=a.tag,
+        from_hash=a.hash,
+        to_tag=b.tag,
+        to_hash=b.hash,
+        added=paths(c.added),
+        removed=paths(c.removed),
+        data_changed=paths([n for _, n in c.data_changed]),
+        meta_changed=paths([n for _, n in c.meta_changed]),
+        unchanged=c.unchanged,
+        samples_added=len(c.added_keys),
+        samples_removed=len(c.removed_keys),
+        samples_changed=len(c.changed_keys),
+        added_keys=sorted(c.added_keys) if samples else None,
+        removed_keys=sorted(c.removed_keys) if samples else None,
+        changed_keys=sorted(c.changed_keys) if samples else None,
+    )
