@@ -7,7 +7,8 @@ exception means the same thing, the shardlake error also inherits it, so callers
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+from collections.abc import Collection, Iterable, Sequence
 
 
 class ShardlakeError(Exception):
@@ -131,3 +132,14 @@ class IntegrityError(ShardlakeError, OSError):
 
 class PackWorkerError(ShardlakeError, RuntimeError):
     """One or more partition builds failed or their worker died; nothing was published."""
+
+
+def check_keywords(given: Iterable[str], valid: Collection[str], where: str) -> None:
+    """Refuse keywords that are not settings of ``where``, naming the nearest valid one.
+
+    Options objects take overrides as keywords; a typo fails here, when the call is made, not
+    later where the setting would have been read."""
+    for name in sorted(set(given) - set(valid)):
+        near = difflib.get_close_matches(name, sorted(valid), n=1)
+        hint = f" (did you mean {near[0]!r}?)" if near else f"; valid: {', '.join(sorted(valid))}"
+        raise UsageError(f"{where}: unknown keyword {name!r}{hint}")

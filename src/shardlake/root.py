@@ -8,7 +8,7 @@ methods are thin: they delegate to the pack and lifecycle modules, which do the 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveReport
     from .lifecycle.scrub import ScrubReport
-    from .lifecycle.verify import OffsetsReport, VerifyReport
+    from .lifecycle.verify import OffsetsReport, VerifyOptions, VerifyReport
     from .meta.catalog import CatalogInfo
     from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
@@ -417,51 +417,19 @@ class Root:
         self,
         source: str | os.PathLike[str] | Store,
         *,
-        version: str = "latest",
-        allow_missing: int | None = None,
-        expected_partitions: int | None = None,
-        path_list: str | None = None,
-        strip_prefix: str | None = None,
-        include: Sequence[str] = (),
-        exclude: Sequence[str] = (),
-        only_keys: Collection[str] | None = None,
-        source_options: dict[str, Any] | None = None,
-        workers: int | None = None,
-        progress: bool | None = None,
-        executor: ExecutorSpec = None,
+        options: VerifyOptions | None = None,
+        **overrides: Any,
     ) -> VerifyReport:
-        """Prove ``version`` equals the source tree ``source``, bit for bit.
+        """Prove a version equals the source tree ``source``, bit for bit.
 
-        ``path_list``/``strip_prefix``/``include``/``exclude`` scope the source as pack did;
-        ``allow_missing`` accepts exactly that many source frames absent from the version.
-        ``executor`` runs one task per partition (the spec pack takes; default threads).
+        Settings are :class:`~shardlake.lifecycle.verify.VerifyOptions` (``version``,
+        ``allow_missing``, ``path_list``, ``executor``, ...), as an object or as keywords
+        (keywords override the object; an unknown one fails at once, naming the nearest).
         """
-        from .lifecycle.verify import verify_source
+        from .lifecycle.verify import VerifyOptions, verify_version
 
-        source = _location(source)
-        if only_keys is None and isinstance(source, str):
-            from .source.tree import scoped_frame_keys
-
-            only_keys = scoped_frame_keys(
-                source,
-                path_list=path_list,
-                strip_prefix=strip_prefix,
-                include=include,
-                exclude=exclude,
-            )
-        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        return verify_source(
-            self.store,
-            source,
-            version=version,
-            allow_missing=allow_missing,
-            expected_partitions=expected_partitions,
-            source_options=source_options,
-            progress=progress,
-            only_keys=only_keys,
-            executor=executor,
-            **extra,
-        )
+        opts = VerifyOptions.build(options, overrides)
+        return verify_version(self.store, _location(source), opts)
 
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
         """Write the catalog of ``version`` (default: every live version) where it was published

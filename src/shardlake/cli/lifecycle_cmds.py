@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Any
 
@@ -356,8 +357,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = open_root(args).verify(
-        args.source,
+    from ..lifecycle.verify import VerifyOptions
+
+    options = VerifyOptions(
         version=args.tag,
         allow_missing=args.allow_missing,
         expected_partitions=args.expected_partitions,
@@ -367,9 +369,11 @@ def cmd_verify(args: argparse.Namespace) -> int:
         exclude=args.exclude,
         source_options=parse_storage_options(args.source_storage_options) or None,
         progress=progress_wanted(args),
-        workers=args.workers,
         executor=args.executor,
     )
+    if args.workers is not None:
+        options = dataclasses.replace(options, workers=args.workers)
+    report = open_root(args).verify(args.source, options=options)
     if args.json:
         print_json(report.to_json())
         return 0 if report.ok else 1

@@ -16,7 +16,8 @@ import dataclasses
 import hashlib
 import io
 import json
-from collections.abc import Collection
+import os
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,7 @@ from ..errors import (
     ShardlakeError,
     SourceError,
     UsageError,
+    check_keywords,
 )
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.documents import PartitionEntry, ShardEntry
@@ -143,30 +145,87 @@ def _source_samples(source: Store, keep_skipped: bool) -> tuple[set[str], set[st
     return expected, optional
 
 
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How ``verify`` compares a version with its source tree.
+
+    Parameters
+    ----------
+    version
+        The version to check (a tag or ``latest``).
+    allow_missing
+        Accept exactly this many source frames absent from the version.
+    expected_partitions
+        Fail unless the version has exactly this many partitions.
+    path_list, strip_prefix, include, exclude
+        Scope the source as pack did (a path-list file; its prefix; glob patterns).
+    only_keys
+        Compare only these sample keys (``path_list`` computes them).
+    source_options
+        Storage options of the source location.
+    workers
+        Partitions checked at once.
+    progress
+        Show progress on standard error (``None``: only on a terminal).
+    executor
+        Where the per-partition tasks run: the spec pack takes (default threads).
+    """
+
+    version: str = "latest"
+    allow_missing: int | None = None
+    expected_partitions: int | None = None
+    path_list: str | os.PathLike[str] | None = None
+    strip_prefix: str | None = None
+    include: Sequence[str] = ()
+    exclude: Sequence[str] = ()
+    only_keys: Collection[str] | None = None
+    source_options: dict[str, Any] | None = None
+    workers: int = DEFAULT_WORKERS
+    progress: bool | None = None
+    executor: ExecutorSpec = None
+
+    @classmethod
+    def build(cls, options: VerifyOptions | None, overrides: dict[str, Any]) -> VerifyOptions:
+        """``options`` (default: all defaults) with keyword ``overrides`` of single fields."""
+        check_keywords(overrides, [f.name for f in dataclasses.fields(cls)], "verify")
+        chosen = {k: v for k, v in overrides.items() if not (k == "workers" and v is None)}
+        return dataclasses.replace(options or cls(), **chosen)
+
+
 def verify_source(
     url: str | Store,
     source_url: str | Store,
     *,
-    version: str = "latest",
-    allow_missing: int | None = None,
-    expected_partitions: int | None = None,
     storage_options: dict[str, Any] | None = None,
-    source_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
-    workers: int = DEFAULT_WORKERS,
-    only_keys: Collection[str] | None = None,
-    executor: ExecutorSpec = None,
+    options: VerifyOptions | None = None,
+    **overrides: Any,
 ) -> VerifyReport:
-    """Compare ``version`` with the source tree at ``source_url``; see :class:`VerifyReport`.
-
-    ``only_keys`` (a path list's frames, as keys) limits the source to those frames. One task
-    per partition runs on ``executor`` (default: ``workers`` threads).
-    """
-    if allow_missing is not None and allow_missing < 0:
-        raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
+    """:func:`verify_version` on the root at ``url``; keywords are :class:`VerifyOptions` fields."""
     store = open_store(url, storage_options)
-    source = open_store(source_url, source_options)
-    spec = executor_for(store, executor, "verified")
+    return verify_version(store, source_url, VerifyOptions.build(options, overrides))
+
+
+def verify_version(store: Store, source_url: str | Store, options: VerifyOptions) -> VerifyReport:
+    """Compare ``options.version`` with the source tree at ``source_url``; see
+    :class:`VerifyReport`. One task per partition runs on ``options.executor``."""
+    opts = options
+    if opts.allow_missing is not None and opts.allow_missing < 0:
+        raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
+    source = open_store(source_url, opts.source_options)
+    only_keys = opts.only_keys
+    if only_keys is None and isinstance(source_url, str):
+        from ..source.tree import scoped_frame_keys
+
+        only_keys = scoped_frame_keys(
+            source_url,
+            path_list=opts.path_list,
+            strip_prefix=opts.strip_prefix,
+            include=opts.include,
+            exclude=opts.exclude,
+        )
+    version, allow_missing = opts.version, opts.allow_missing
+    expected_partitions, progress, workers = opts.expected_partitions, opts.progress, opts.workers
+    spec = executor_for(store, opts.executor, "verified")
     spec = executor_for(source, spec, "verified")
     ver = load_version(store, version)
     report = VerifyReport(ver.tag, source.url, ver.partition_count, expected_partitions)

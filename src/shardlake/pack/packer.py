@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..errors import PackWorkerError, SourceError
+from ..errors import PackWorkerError, SourceError, check_keywords
 from ..meta.versions import (
     Version,
 )
@@ -104,6 +104,7 @@ def pack_with_report(
     ``options`` holds every other setting; keyword ``overrides`` replace single fields of it.
     """
     started = time.monotonic()
+    check_keywords(overrides, [f.name for f in dataclasses.fields(PackOptions)], "pack")
     opts = dataclasses.replace(options or PackOptions(), **overrides)
     check_options(source, tag, opts)
     store = open_store(root_url, storage_options)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import UsageError, check_keywords
 from ..read.options import ReadOptions
 from .plan import DEFAULT_INTERLEAVE, DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
 
@@ -79,18 +78,8 @@ class LoaderOptions:
         An unknown keyword fails here, at construction, naming the nearest valid one."""
         if options is not None and not isinstance(options, LoaderOptions):
             raise UsageError(f"{where}: options must be a LoaderOptions, not {type(options)}")
-        unknown = sorted(set(keywords) - set(cls.names()))
-        if unknown:
-            raise UsageError(f"{where}: {unknown_keyword(unknown[0], cls.names())}")
+        check_keywords(keywords, cls.names(), where)
         chosen = dict(keywords)
         if chosen.get("read_options", ReadOptions()) is None:
             chosen["read_options"] = ReadOptions()
         return dataclasses.replace(options or cls(), **chosen)
-
-
-def unknown_keyword(name: str, valid: Sequence[str]) -> str:
-    """``unknown keyword 'sede' (did you mean 'seed'?)``, or the valid ones without a match."""
-    near = difflib.get_close_matches(name, valid, n=1)
-    if near:
-        return f"unknown keyword {name!r} (did you mean {near[0]!r}?)"
-    return f"unknown keyword {name!r}; valid: {', '.join(valid)}"
