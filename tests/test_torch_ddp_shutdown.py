@@ -20,7 +20,7 @@ def test_error_run_exits_cleanly_ten_times(tmp_path: Path) -> None:
     table = ShardDataset(str(bad), batch_size=4, num_workers=0).table
     for row in range(len(table)):
         flip_byte(bad, table.shard_keys[int(table.shard[row])], int(table.offset[row]) + 100)
-    cfg = {"roots": [str(good), str(bad)], "batch_size": 4, "workers": 2}
+    cfg = {"roots": [str(good), str(bad)], "batch_size": 4, "workers": 1}
     for run in range(RUNS):
         # mp.spawn raises if any rank exits non-zero (the shutdown race exited 1).
         results = run_ranks(2, cfg, tmp_path)
