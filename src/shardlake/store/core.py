@@ -689,10 +689,8 @@ def _trusted_record(store: Store, now: float) -> bool:
     every create check passed, younger than :data:`PROBE_RECORD_TTL_S`) is at the root."""
     try:
         doc = json.loads(store.read(PROBE_RECORD_KEY))
-    except (KeyNotFoundError, ValueError):
-        return False
-    except StoreError:
-        return False  # unreadable: probe afresh
+    except (StoreError, ValueError):
+        return False  # absent, unreadable or damaged: probe afresh
     if not isinstance(doc, dict) or doc.get("format") != _RECORD_FORMAT:
         return False
     checked_at = doc.get("checked_at")
