@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .query.dataset import Dataset
     from .query.selection import Selection
     from .root import Root, VersionInfo, open
+    from .store.check import StoreReport, check_store
 
 # Imported on first use: ``import shardlake`` stays cheap (no pyarrow compute, DuckDB or pack
 # machinery until a root is opened), which every CLI call and worker process pays.
@@ -41,7 +42,9 @@ _LAZY = {
     "PackReport": "pack",
     "Root": "root",
     "Selection": "query.selection",
+    "StoreReport": "store.check",
     "VersionInfo": "root",
+    "check_store": "store.check",
     "open": "root",
 }
 
@@ -75,10 +78,12 @@ __all__ = [
     "SourceError",
     "Store",
     "StoreError",
+    "StoreReport",
     "UsageError",
     "VersionInfo",
     "VersionNotFoundError",
     "__version__",
+    "check_store",
     "open",
     "open_store",
 ]

@@ -18,9 +18,12 @@ Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock
   moved). So a writer that reused an old unreferenced revision (pack's "revision already
   complete" path) can never publish a version referencing what gc deleted: it gets a clear
   ConflictError and re-runs after gc, when the revision is either gone (rebuilt) or intact.
-  The lock is a lease (``id``, ``owner``, ``expires_at``): a crashed gc's lock expires after
-  :data:`LOCK_TTL_S` and the next gc takes the root over; a gc never deletes after its lock is
-  about to expire (it stops, reports ``incomplete``, and the next run continues). A lost reply
+  The lock is a short lease (``id``, ``owner``, ``expires_at``, :data:`LOCK_TTL_S`) that the
+  holder renews every :data:`LOCK_RENEW_S` while it deletes (a ``gc-renew`` commit carrying the
+  same id, later expiry), so a killed gc's lease lapses within a minute; a lock whose owner ran
+  on this host and whose process is gone is taken over at once, with a note. A gc never
+  deletes after its lease is about to expire (renewal failed: it stops, reports
+  ``incomplete``, and the next run continues). A lost reply
   on the lock commit is settled by reading the commit back (its id is unique), and an operator
   who knows the holder is dead releases it at once with :func:`break_lock`
   (``shardlake gc --break-lock``).
@@ -38,6 +41,7 @@ import getpass
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -52,17 +56,20 @@ from ..meta.versions import (
     commit_state,
     describe_lock,
     load_version_by_hash,
+    lock_holder_gone,
     read_commit,
     read_state,
+    takeover_note,
 )
 from ..progress.bar import Progress
 from ..store import Leftover, ObjectInfo, Store, open_store
 from .common import version_closure
 
 DEFAULT_GRACE_S = 6 * 3600.0
-# A crashed gc's lock stops blocking publishes after this long.
-LOCK_TTL_S = 3600.0
-LOCK_MARGIN_S = 120.0
+# The lease: a crashed gc's lock stops blocking publishes this long after its last renewal.
+LOCK_TTL_S = 60.0
+LOCK_RENEW_S = 20.0  # the holder renews this often while it works
+LOCK_MARGIN_S = 15.0  # no deletion this close to the lease's expiry
 _KEEP_PREFIXES = (COMMITS_DIR + "/", KEYSETS_DIR + "/", PROBE_DIR + "/")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -91,6 +98,7 @@ class GcReport:
     incomplete: bool = False  # stopped before its lock expired; run gc again
     # objects shardlake did not write (names outside docs/format.md's shapes): never deleted
     foreign: list[ObjectInfo] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # e.g. a dead holder's lock taken over
 
     @property
     def garbage_bytes(self) -> int:
@@ -113,6 +121,7 @@ class GcReport:
             "incomplete": self.incomplete,
             "foreign": len(self.foreign),
             "foreign_examples": [o.key for o in self.foreign[:FOREIGN_EXAMPLES]],
+            "notes": self.notes,
         }
 
 
@@ -172,10 +181,12 @@ def collect_garbage(
     if isinstance(fenced, GcReport):
         return fenced  # a dry run, or nothing to delete
     report = fenced.report
+    renewer = _Renewer(store, fenced.lock)
     try:
-        deleted = _delete_garbage(store, fenced, progress)
+        deleted = _delete_garbage(store, fenced, progress, renewer)
     finally:
-        _unlock(store, fenced.lock)
+        renewer.stop()
+        _unlock(store, renewer.lock)
     report.garbage = [info for info in report.garbage if info.key in deleted]
     _check_after(store, fenced.locked, deleted)
     return report
@@ -217,6 +228,9 @@ def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced |
             return report
         if state.gc_locked():
             raise ConflictError(f"{store.url}: {describe_lock(state.gc_lock)}; re-run gc later")
+        held = state.gc_lock
+        if held is not None and held.expires_at > time.time() and lock_holder_gone(held):
+            report.notes.append(takeover_note(held))
         store.ensure_create_enforced()
         lock = new_lock()
         locked = RootState(state.seq + 1, dict(state.versions), state.retired, state.latest, lock)
@@ -227,7 +241,55 @@ def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced |
     )
 
 
-def _delete_garbage(store: Store, fenced: _Fenced, progress: bool | None) -> set[str]:
+class _Renewer:
+    """Renews the gc lease every :data:`LOCK_RENEW_S` in a background thread while gc works;
+    ``lock`` is the lease in force. A lease lost to a takeover is never renewed again."""
+
+    def __init__(self, store: Store, lock: GcLock) -> None:
+        self.store, self.lock, self.lost = store, lock, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shardlake-gc-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOCK_RENEW_S):
+            try:
+                renewed = _renew(self.store, self.lock)
+            except Exception:  # noqa: BLE001 - retried next round; deletions stop at expiry
+                continue
+            if renewed is None:
+                self.lost = True
+                return
+            self.lock = renewed
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def expiring(self) -> bool:
+        return self.lost or time.time() > self.lock.expires_at - LOCK_MARGIN_S
+
+
+def _renew(store: Store, lock: GcLock) -> GcLock | None:
+    """Commit ``lock`` with a fresh expiry; None if the root no longer holds it."""
+    for _attempt in range(FENCE_ATTEMPTS):
+        current = read_state(store)
+        if current.gc_lock is None or current.gc_lock.id != lock.id:
+            return None
+        renewed = GcLock(id=lock.id, expires_at=time.time() + LOCK_TTL_S, owner=lock.owner)
+        new = RootState(current.seq + 1, current.versions, current.retired, current.latest, renewed)
+        try:
+            commit_state(store, current, new, "gc-renew", {})
+            return renewed
+        except ConflictError:
+            if _take_lock_settled(store, new):
+                return renewed
+    return lock  # the log kept moving: the current lease stands, try again next round
+
+
+def _delete_garbage(
+    store: Store, fenced: _Fenced, progress: bool | None, renewer: _Renewer
+) -> set[str]:
     """Delete the surveyed garbage while the lease holds; the keys deleted."""
     report = fenced.report
     deleted: set[str] = set()
@@ -235,7 +297,7 @@ def _delete_garbage(store: Store, fenced: _Fenced, progress: bool | None) -> set
     try:
         for info in sorted(report.garbage, key=_delete_order):
             bar.update()
-            if time.time() > fenced.lock.expires_at - LOCK_MARGIN_S:
+            if renewer.expiring():
                 report.incomplete = True  # never delete without a valid lock; re-run gc
                 break
             if not is_owned_key(info.key):  # never, whatever a caller put in the list
@@ -276,12 +338,17 @@ def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:
         commit_state(store, state, locked, "gc-lock", {})
         return True
     except ConflictError:
-        try:
-            there = read_commit(store, locked.seq)
-        except (KeyNotFoundError, FormatError):
-            return False
-        mine = None if locked.gc_lock is None else locked.gc_lock.id
-        return there.gc_lock is not None and there.gc_lock.id == mine
+        return _take_lock_settled(store, locked)
+
+
+def _take_lock_settled(store: Store, locked: RootState) -> bool:
+    """Whether the commit at ``locked.seq`` is ours after all (a create whose reply was lost)."""
+    try:
+        there = read_commit(store, locked.seq)
+    except (KeyNotFoundError, FormatError):
+        return False
+    mine = None if locked.gc_lock is None else locked.gc_lock
+    return there.gc_lock is not None and there.gc_lock == mine
 
 
 def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> RootState:
@@ -308,7 +375,7 @@ def _unlock(store: Store, lock: GcLock) -> None:
     """Commit the state without ``lock`` (keeping whatever others committed meanwhile)."""
     for _attempt in range(FENCE_ATTEMPTS * 4):
         current = read_state(store)
-        if current.gc_lock != lock:
+        if current.gc_lock is None or current.gc_lock.id != lock.id:
             return  # taken over after expiry, or already released
         new = RootState(current.seq + 1, current.versions, current.retired, current.latest)
         try:

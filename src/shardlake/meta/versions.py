@@ -12,6 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
+import re
+import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -106,10 +110,52 @@ class RootState:
         return out
 
     def gc_locked(self, now: float | None = None) -> bool:
-        """Whether a gc holds the root (an expired lock of a crashed gc does not count)."""
+        """Whether a gc holds the root. An expired lease does not count, nor does one whose
+        holder ran on this host and whose process is gone (taken over at once, with a note)."""
         if self.gc_lock is None:
             return False
-        return self.gc_lock.expires_at > (time.time() if now is None else now)
+        if self.gc_lock.expires_at <= (time.time() if now is None else now):
+            return False
+        if lock_holder_gone(self.gc_lock):
+            if self.gc_lock.id not in _NOTED:
+                _NOTED.add(self.gc_lock.id)
+                log.warning("note: %s", takeover_note(self.gc_lock))
+            return False
+        return True
+
+
+log = logging.getLogger("shardlake.gc")
+_NOTED: set[str] = set()  # lock ids whose takeover was noted in this process
+_OWNER_RE = re.compile(r"@(?P<host>\S+) pid (?P<pid>\d+)$")
+
+
+def lock_holder_gone(lock: GcLock) -> bool:
+    """Whether ``lock``'s holder (``user@host pid N``) ran on this host and its process is gone
+    (or a zombie). A holder on another host is never judged: only its lease can lapse."""
+    match = _OWNER_RE.search(lock.owner)
+    if match is None or match["host"] != socket.gethostname():
+        return False
+    pid = int(match["pid"])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # alive, another user's
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # killed, not yet reaped
+    except (OSError, IndexError):
+        return False
+
+
+def takeover_note(lock: GcLock) -> str:
+    return (
+        f"taking over the gc lock of {lock.owner}: that process is gone from this host "
+        "(killed?), so its lease no longer protects anything"
+    )
 
 
 @dataclass(frozen=True)

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from ..errors import IntegrityError, KeyNotFoundError, StoreError
 from ..format.codec import payload_checksum
 from ..store import Store
+from ..store.retry import DEFAULT_INTEGRITY_REREADS
 
 CORRUPT_AT_REST = "corrupt at rest"
 TRANSPORT = "transport error"
-# Extra reads of a mismatching payload before it is reported (3 reads in all).
-DEFAULT_REREADS = 2
+# Extra reads of a mismatching payload before it is reported (3 reads in all); a read without
+# an explicit ``rereads`` uses its store's ``retry.integrity_rereads`` (one policy for all reads).
+DEFAULT_REREADS = DEFAULT_INTEGRITY_REREADS
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ def read_payloads(
     store: Store,
     refs: Sequence[PayloadRef],
     *,
-    rereads: int = DEFAULT_REREADS,
+    rereads: int | None = None,
     single: bool = False,
 ) -> list[PayloadRead]:
     """Read ``refs`` (one coalesced multi-range read), re-reading mismatches up to ``rereads``.
@@ -92,7 +94,10 @@ def read_payloads(
     Never raises for a bad payload: each result says ok, corrupt at rest or transport error. A
     missing shard (:class:`~shardlake.errors.KeyNotFoundError`) propagates: that is no payload
     question. Other store errors that outlast the store's retries become transport results.
+    ``rereads`` None: the store's ``retry.integrity_rereads``.
     """
+    if rereads is None:
+        rereads = store.retry.integrity_rereads
     first = _read(store, refs, single)
     if isinstance(first, StoreError):
         _reraise_missing(first)
@@ -129,7 +134,7 @@ def _reraise_missing(exc: StoreError) -> None:
         raise exc
 
 
-def fetch_payload(store: Store, ref: PayloadRef, *, rereads: int = DEFAULT_REREADS) -> bytes:
+def fetch_payload(store: Store, ref: PayloadRef, *, rereads: int | None = None) -> bytes:
     """One payload, checked; :class:`IntegrityError` naming shard, key, offset and the verdict."""
     (result,) = read_payloads(store, [ref], rereads=rereads, single=True)
     if result.error is not None:

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from ..errors import FormatError
 from ..store import Store
-from .payloads import CORRUPT_AT_REST, DEFAULT_REREADS, TRANSPORT
+from .payloads import CORRUPT_AT_REST, TRANSPORT
 
 T = TypeVar("T")
 
@@ -38,15 +38,18 @@ def read_verified(
     key: str,
     check: Callable[[bytes], T],
     *,
-    rereads: int = DEFAULT_REREADS,
+    rereads: int | None = None,
 ) -> tuple[T, bytes]:
     """``(check(data), data)`` for the first read of ``key`` whose bytes pass ``check``.
 
     ``check`` raises :class:`FormatError` for bytes it refuses. After ``rereads`` extra reads
+    (None: the store's ``retry.integrity_rereads``)
     the last error is raised again as :class:`RefusedObjectError`, with the verdict appended: ``corrupt at rest`` when every
     read returned the same bytes, ``transport error`` when they differed. A missing object
     (:class:`~shardlake.errors.KeyNotFoundError`) and store errors propagate unchanged.
     """
+    if rereads is None:  # one re-read policy for every read: the store's
+        rereads = store.retry.integrity_rereads
     seen: list[bytes] = []
     while True:
         data = store.read(key)

@@ -27,6 +27,8 @@ log = logging.getLogger("shardlake.store")
 
 DEFAULT_DEADLINE = 120.0
 DEFAULT_ATTEMPT_TIMEOUT = 30.0
+# Extra reads of a checksum mismatch before a verdict (3 reads in all).
+DEFAULT_INTEGRITY_REREADS = 2
 
 # Storage options the store consumes itself (never passed to the fsspec filesystem).
 DEADLINE_OPTION = "retry_deadline"
@@ -37,6 +39,7 @@ _ENV = {
     "max_delay": "SHARDLAKE_RETRY_MAX_DELAY",
     "deadline": "SHARDLAKE_RETRY_DEADLINE",
     "attempt_timeout": "SHARDLAKE_RETRY_ATTEMPT_TIMEOUT",
+    "integrity_rereads": "SHARDLAKE_RETRY_INTEGRITY_REREADS",
 }
 
 
@@ -57,6 +60,9 @@ class RetryPolicy:
     attempt_timeout
         Seconds one request may wait to connect or for the next bytes of its reply (handed to
         botocore / gcsfs as their timeouts).
+    integrity_rereads
+        Extra reads of bytes that arrived but fail their checksum or digest (a flipped byte in
+        transit), before a verdict: every payload, metadata and probe read-back uses it.
     """
 
     attempts: int | None = None
@@ -64,8 +70,11 @@ class RetryPolicy:
     max_delay: float = 5.0
     deadline: float = DEFAULT_DEADLINE
     attempt_timeout: float = DEFAULT_ATTEMPT_TIMEOUT
+    integrity_rereads: int = DEFAULT_INTEGRITY_REREADS
 
     def __post_init__(self) -> None:
+        if self.integrity_rereads < 0:
+            raise UsageError("RetryPolicy.integrity_rereads must be >= 0")
         if self.attempts is not None and self.attempts < 1:
             raise UsageError("RetryPolicy.attempts must be >= 1")
         if self.base_delay < 0 or self.max_delay < 0:
@@ -77,11 +86,12 @@ class RetryPolicy:
     def from_env(cls) -> RetryPolicy:
         """The default policy, overridable by ``SHARDLAKE_RETRY_DEADLINE``,
         ``SHARDLAKE_RETRY_ATTEMPT_TIMEOUT``, ``SHARDLAKE_RETRY_ATTEMPTS``,
-        ``SHARDLAKE_RETRY_BASE_DELAY`` and ``SHARDLAKE_RETRY_MAX_DELAY``."""
+        ``SHARDLAKE_RETRY_BASE_DELAY``, ``SHARDLAKE_RETRY_MAX_DELAY`` and
+        ``SHARDLAKE_RETRY_INTEGRITY_REREADS``."""
         found = {field: os.environ[name] for field, name in _ENV.items() if os.environ.get(name)}
         try:
             values: dict[str, Any] = {
-                field: int(text) if field == "attempts" else float(text)
+                field: int(text) if field in ("attempts", "integrity_rereads") else float(text)
                 for field, text in found.items()
             }
         except ValueError as exc:

@@ -14,6 +14,12 @@ request of a store made with ``store.with_layers(FaultInjector(plan))`` first co
 * ``permanent``: key prefixes whose requests fail with "access denied" (never retried).
 * ``ignore_create``: ``create`` silently overwrites, like an S3-compatible server that ignores
   If-None-Match; :meth:`Store.ensure_create_enforced` must refuse such a store.
+* ``flip_reads``: the first that many ``read_range``/``read_ranges`` attempts of each key come
+  back with the first byte of every range flipped (a reply damaged in transit).
+* ``racy_create``: ``create`` is check-then-write (``exists()``, a pause of ``racy_create`` seconds,
+  then a plain write), like a gateway that answers a lone conditional PUT correctly but lets
+  concurrent ones all win; :meth:`Store.ensure_create_enforced` must refuse it too
+  (:class:`CheckThenWriteStore` is the same as a ready-made layer).
 
 Count requests with :class:`shardlake.store.RequestCounter` as another layer::
 
@@ -30,6 +36,7 @@ import errno
 import hashlib
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -42,7 +49,13 @@ T = TypeVar("T")
 
 WRITE_OPS = frozenset({"write", "create", "delete"})
 
-__all__ = ["FaultInjector", "FaultPlan", "InjectedFault", "inject_faults"]
+__all__ = [
+    "CheckThenWriteStore",
+    "FaultInjector",
+    "FaultPlan",
+    "InjectedFault",
+    "inject_faults",
+]
 
 
 class InjectedFault(ConnectionResetError):
@@ -63,6 +76,8 @@ class FaultPlan:
     max_consecutive: int | None = None
     permanent: tuple[str, ...] = ()  # key prefixes that are "access denied"
     ignore_create: bool = False
+    flip_reads: int = 0
+    racy_create: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("fail_rate", "lost_reply_rate"):
@@ -128,8 +143,17 @@ class FaultInjector:
             # What a server that ignores If-None-Match does: a plain overwrite.
             request.backend.write(request.path, request.data)
             result = cast(T, None)
+        elif op == "create" and plan.racy_create > 0 and request.data is not None:
+            result = cast(T, _check_then_write(request, plan.racy_create))
         else:
             result = send()
+        if op in ("read_range", "read_ranges") and plan.flip_reads:
+            with self._lock:
+                n_read = self._seen["flip|" + key]
+                self._seen["flip|" + key] += 1
+            if n_read < plan.flip_reads:
+                self._fault("flip", "flip|" + key)
+                result = cast(T, _flipped(result))
         if (
             eligible
             and op in ("write", "create")
@@ -146,6 +170,32 @@ class FaultInjector:
         with self._lock:
             self._streak[what] += 1
             self.injected[op] += 1
+
+
+def _flipped(result: Any) -> Any:
+    """A read's reply with the first byte of every range flipped."""
+
+    def flip(data: bytes) -> bytes:
+        return bytes([data[0] ^ 0xFF]) + data[1:] if data else data
+
+    return [flip(b) for b in result] if isinstance(result, list) else flip(result)
+
+
+def _check_then_write(request: Request, pause: float) -> None:
+    """A non-atomic create: look, pause, then overwrite (concurrent creators all win)."""
+    if request.backend.exists(request.path):
+        raise FileExistsError(errno.EEXIST, f"exists: {request.path}")
+    time.sleep(pause)
+    request.backend.write(request.path, request.data or b"")
+
+
+class CheckThenWriteStore(FaultInjector):
+    """A store layer whose create is check-then-write with a ``pause`` between the check and
+    the write: every concurrent create of one key wins (the bug of SeaweedFS #8800, versitygw
+    #2288, rustfs #1659); a lone create is refused correctly."""
+
+    def __init__(self, pause: float = 0.05) -> None:
+        super().__init__(FaultPlan(racy_create=pause))
 
 
 def inject_faults(store: Store, plan: FaultPlan) -> Store:

@@ -259,6 +259,11 @@ class ShardLoader:
                 yield batch
                 batch = None  # drop our reference, so only the user's keeps the buffer
         finally:
+            # Join the workers now, before an error leaves the loader: left to the iterator's
+            # __del__ at interpreter shutdown, the join races teardown and a rank can exit 1.
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
             del it
         # A complete pass: the next iteration is the next epoch.
         self.cursor = Cursor(self.cursor.epoch + 1)

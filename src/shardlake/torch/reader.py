@@ -13,9 +13,10 @@ Retries of failed requests belong to the store layer (its retry policy). Integri
 once per payload: a zstd frame carrying a content checksum (every frame shardlake writes) is
 verified while it is decompressed, so the loader makes no separate CRC-32 pass over it; other
 payloads, and those bound for the epoch cache, are checked against the manifest's CRC-32 as
-they arrive. A payload failing either check is re-read once (:meth:`SlotReader.refetch`, which
-checks the CRC-32); a second mismatch is an ``IntegrityError`` naming the store URL, shard, key
-and offset.
+they arrive. A payload failing either check is re-read (:meth:`SlotReader.refetch`, which
+checks the CRC-32) up to the store's ``retry.integrity_rereads`` times, like every other payload
+read; a mismatch on every read is an ``IntegrityError`` naming the store URL, shard, key and
+offset.
 
 With an :class:`~shardlake.read.cache.EpochCache`, payloads are looked up there first and the
 fetched ones are stored there (after their CRC check) for the next epoch.
@@ -217,24 +218,30 @@ class SlotReader:
         return payload_checksum(payload) == int(self.table.crc32[row])
 
     def refetch(self, row: int) -> bytes:
-        """Re-read one payload from the store once; ``IntegrityError`` if it still mismatches.
+        """Re-read one payload from the store, up to the store's ``retry.integrity_rereads``
+        times (the one re-read policy of every payload read); ``IntegrityError`` if every
+        re-read mismatches.
 
         Called after a CRC mismatch and after a zstd frame checksum failure at decode time (a
         payload served by the cache is re-read from the store, never from the cache).
         """
         shard_key, start, size, crc = self._member(row)
-        self.requests += 1
-        payload = self.store.read_range(shard_key, start, start + size)
-        self.bytes_fetched += len(payload)
-        actual = payload_checksum(payload)
-        if len(payload) != size or actual != crc:
-            raise IntegrityError(
-                f"{self.where(row)}: payload checksum mismatch (crc32 {actual:08x}, manifest "
-                f"says {crc:08x}, {len(payload)} of {size} bytes) on two reads"
+        rereads = self.store.retry.integrity_rereads
+        problem = "no re-read allowed (retry.integrity_rereads is 0)"
+        for _ in range(rereads):
+            self.requests += 1
+            payload = self.store.read_range(shard_key, start, start + size)
+            self.bytes_fetched += len(payload)
+            actual = payload_checksum(payload)
+            if len(payload) == size and actual == crc:
+                if self.cache is not None:
+                    self.cache.put(shard_key, start, size, crc, payload)
+                return payload
+            problem = (
+                f"payload checksum mismatch (crc32 {actual:08x}, manifest says {crc:08x}, "
+                f"{len(payload)} of {size} bytes)"
             )
-        if self.cache is not None:
-            self.cache.put(shard_key, start, size, crc, payload)
-        return payload
+        raise IntegrityError(f"{self.where(row)}: {problem} on {rereads + 1} reads")
 
     # --- emitting ------------------------------------------------------------------------------
 
