@@ -42,7 +42,7 @@ from ..format.tar import iter_members
 from ..meta.catalog import catalog_mismatch, catalog_rows, rows_by_partition
 from ..meta.versions import load_version
 from ..progress.bar import Progress
-from ..read.payloads import DEFAULT_REREADS, TRANSPORT
+from ..read.payloads import TRANSPORT
 from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..source.npz import load_npz
 from ..store import Store, open_store
@@ -481,15 +481,18 @@ def check_shard_headers(
     shard: ShardEntry,
     rows: list[ShardRow],
     *,
-    rereads: int = DEFAULT_REREADS,
+    rereads: int | None = None,
 ) -> list[Problem]:
     """Problems of one shard's tar headers against its manifest rows (empty: all agree).
 
-    A shard with problems is read again (up to ``rereads`` times): problems are reported only
+    A shard with problems is read again (up to ``rereads`` times; default: the store's
+    ``integrity_rereads``, the one re-read policy of every read): problems are reported only
     when no read is clean, as corrupt at rest when every read found the same ones, else as
     transport errors (a header damaged in transit is not a damaged shard).
     """
     seen: list[tuple[list[Problem], str]] = []
+    if rereads is None:
+        rereads = store.retry.integrity_rereads
     for _ in range(1 + rereads):
         problems, read_digest = _shard_header_problems(store, pid, shard, rows)
         if not problems:
