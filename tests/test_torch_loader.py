@@ -18,10 +18,12 @@ from test_torch_support import (
 )
 from torch.utils.data import DataLoader
 
+import shardlake
 from shardlake.errors import IntegrityError, PlanError, SelectionError
 from shardlake.store import RequestCounter, open_store
 from shardlake.store.layers import summarize_request_log
 from shardlake.testing.faults import FaultInjector, FaultPlan
+from shardlake.tools.synth import synth_corpus
 from shardlake.torch import ReadOptions, ShardDataset, train_valid
 from shardlake.torch.mixing import batch_mixing, js_distance, plan_mixing
 
@@ -300,3 +302,25 @@ def test_workers_are_forked_with_the_parents_objects_frozen(corpus: tuple[Path, 
     batch = next(iter(ds.loader(multiprocessing_context="fork")))
     assert int(batch["frozen"].min()) > 0  # no copy-on-write walk of them by the worker's gc
     assert gc.get_freeze_count() == 0  # the parent collects as before
+
+
+def test_loader_options_object_and_keywords_agree_and_typos_fail_early(tmp_path: Path) -> None:
+    from shardlake.errors import UsageError
+    from shardlake.torch import LoaderOptions
+
+    src = tmp_path / "src"
+    synth_corpus(src, 2, 4, seed=3, neighbors=2, lanes=4)
+    root = str(tmp_path / "root")
+    shardlake.open(root).pack(src, tag="v1")
+    by_keywords = ShardDataset(root, batch_size=2, seed=7, num_workers=0, include_key=True)
+    by_object = ShardDataset(
+        root, batch_size=2, options=LoaderOptions(seed=7, num_workers=0, include_key=True)
+    )
+    keys = [b["__key__"] for b in by_keywords]
+    assert keys and keys == [b["__key__"] for b in by_object]
+    # A keyword overrides the options object.
+    assert ShardDataset(root, batch_size=2, options=LoaderOptions(seed=7), seed=8).options.seed == 8
+    with pytest.raises(UsageError, match="unknown keyword 'sede' \\(did you mean 'seed'\\?\\)"):
+        ShardDataset(root, batch_size=2, sede=7)
+    with pytest.raises(UsageError, match="did you mean 'num_workers'"):
+        shardlake.open(root).dataset().to_torch(batch_size=2, num_worker=0)

@@ -198,9 +198,9 @@ class Root:
 
     def check_disjoint(self, a: str, b: str) -> DisjointReport:
         """Compare keysets ``a`` and ``b`` (``overlap`` counts the keys in both)."""
-        from .query.keyset_build import check_disjoint
+        from .query.keyset_build import keyset_overlap
 
-        return check_disjoint(self.store, a, b)
+        return keyset_overlap(self.store, a, b)
 
     # --- writers -------------------------------------------------------------------------------
 

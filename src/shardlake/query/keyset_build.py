@@ -168,7 +168,7 @@ class DisjointReport:
         }
 
 
-def check_disjoint(
+def keyset_overlap(
     url: str | Store, a: str, b: str, storage_options: dict[str, Any] | None = None
 ) -> DisjointReport:
     """Compare two keysets' keys; ``overlap`` counts keys in both (first 20 as examples)."""

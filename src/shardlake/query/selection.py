@@ -164,7 +164,7 @@ class Selection:
         return f"version {version.tag!r} of {self.dataset.store.url}"
 
 
-def check_disjoint(a: Selection, b: Selection, what: str = "the two selections") -> None:
+def require_disjoint(a: Selection, b: Selection, what: str = "the two selections") -> None:
     """Refuse two selections of different versions or sharing a key (:class:`SelectionError`)."""
     if a.dataset.version.hash != b.dataset.version.hash:
         raise SelectionError(f"{what} resolve different versions; give a version tag")

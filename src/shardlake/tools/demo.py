@@ -126,7 +126,7 @@ def _keysets(
     say: _Say,
     step: str,
 ) -> dict[str, Any]:
-    from ..query.keyset_build import check_disjoint, create_keyset
+    from ..query.keyset_build import create_keyset, keyset_overlap
 
     where_valid = f"log_file_id IN {_in_list(valid_logs)}"
     train = create_keyset(
@@ -135,7 +135,7 @@ def _keysets(
     valid = create_keyset(
         root, f"valid-{version}", version=version, where=where_valid, storage_options=so
     )
-    report = check_disjoint(root, train.name, valid.name, storage_options=so)
+    report = keyset_overlap(root, train.name, valid.name, storage_options=so)
     if not report.disjoint:
         raise RuntimeError(f"keysets overlap: {report.to_json()}")
     say(

@@ -4,12 +4,13 @@ resumable DDP loader, exact evaluation helpers and the mixing report.
 Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
 """
 
+from ..read.options import ReadOptions
 from .dataset import INDEX_KEY, VALID_KEY, ShardDataset, train_valid
 from .ddp import masked_mean, masked_sum
 from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
+from .options import LoaderOptions
 from .plan import Cursor, Layout, Leg, LegPlan, PlanParams, Rows, plan_epoch, plan_leg
-from .reader import ReadOptions
 from .sources import Source
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "Layout",
     "Leg",
     "LegPlan",
+    "LoaderOptions",
     "MixingReport",
     "PlanParams",
     "ReadOptions",

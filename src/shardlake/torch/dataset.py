@@ -14,7 +14,7 @@ import hashlib
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -26,10 +26,8 @@ from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..store import Store
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
 from .ddp import dist_info
+from .options import LoaderOptions
 from .plan import (
-    DEFAULT_INTERLEAVE,
-    DEFAULT_MAX_PAD_FRACTION,
-    DEFAULT_SHUFFLE_BUFFER,
     Cursor,
     Layout,
     Leg,
@@ -39,7 +37,7 @@ from .plan import (
     plan_epoch,
     resolve,
 )
-from .reader import ReadOptions, SlotReader, request_chunk_size, selection_members
+from .reader import SlotReader, request_chunk_size, selection_members
 from .sources import (
     Source,
     combine,
@@ -97,12 +95,14 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         where: str | None = None,
         keys: Sequence[str] | None = None,
         storage_options: dict[str, Any] | None = None,
-        **options: Any,
+        options: LoaderOptions | None = None,
+        **overrides: Any,
     ) -> None:
+        opts = LoaderOptions.build(options, overrides, where="ShardDataset")
         source = Source(
             url, version, keyset=keyset, where=where, keys=keys, storage_options=storage_options
         )
-        self._configure([source], batch_size=batch_size, **options)
+        self._configure([source], batch_size=batch_size, opts=opts)
 
     @classmethod
     def mix(
@@ -111,7 +111,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         *,
         batch_size: int,
         epoch_size: int | None = None,
-        **options: Any,
+        options: LoaderOptions | None = None,
+        **overrides: Any,
     ) -> ShardDataset:
         """One dataset over several sources (roots, versions, selections; any stores).
 
@@ -122,35 +123,29 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         """
         if not sources:
             raise UsageError("ShardDataset.mix needs at least one Source")
+        opts = LoaderOptions.build(options, overrides, where="ShardDataset.mix")
+        if epoch_size is not None:
+            opts = replace(opts, epoch_size=epoch_size)
         self = cls.__new__(cls)
-        self._configure(list(sources), batch_size=batch_size, epoch_size=epoch_size, **options)
+        self._configure(list(sources), batch_size=batch_size, opts=opts)
         return self
 
-    def _configure(
-        self,
-        sources: list[Source],
-        *,
-        batch_size: int,
-        epoch_size: int | None = None,
-        seed: int = 0,
-        shuffle: bool | None = None,
-        exact: bool = False,
-        rank: int | None = None,
-        world_size: int | None = None,
-        num_workers: int = 2,
-        transform: Callable[[dict[str, Any]], Any] | None = None,
-        include_key: bool = False,
-        include_index: bool = False,
-        meta_columns: Sequence[str] = (),
-        drop_keys: Sequence[str] = ("version",),
-        max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION,
-        chunk_size: int | None = None,
-        interleave: int = DEFAULT_INTERLEAVE,
-        shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
-        read_options: ReadOptions | None = None,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_bytes: int | None = None,
-    ) -> None:
+    def _configure(self, sources: list[Source], *, batch_size: int, opts: LoaderOptions) -> None:
+        self.options = opts
+        (epoch_size, seed, shuffle, exact, rank, world_size, num_workers) = (
+            opts.epoch_size,
+            opts.seed,
+            opts.shuffle,
+            opts.exact,
+            opts.rank,
+            opts.world_size,
+            opts.num_workers,
+        )
+        transform, include_key, include_index = opts.transform, opts.include_key, opts.include_index
+        meta_columns, drop_keys = opts.meta_columns, opts.drop_keys
+        max_pad_fraction, chunk_size = opts.max_pad_fraction, opts.chunk_size
+        interleave, shuffle_buffer = opts.interleave, opts.shuffle_buffer
+        read_options, cache_dir, cache_bytes = opts.read_options, opts.cache_dir, opts.cache_bytes
         IterableDataset.__init__(self)
         self.rank, self.world_size = _rank_and_world(rank, world_size)
         self.batch_size = batch_size
@@ -159,7 +154,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.out = _Options(
             transform, include_key, include_index, tuple(meta_columns), tuple(drop_keys)
         )
-        self.read_options = read_options or ReadOptions()
+        self.read_options = read_options
         self.cache_dir, self.cache_bytes = cache_dir, cache_bytes
         if cache_dir is not None:
             # Validated here (clear error in the main process); opened per process in _slot.
@@ -507,14 +502,14 @@ def train_valid(
         **options,
     )
     from ..query.dataset import open_dataset
-    from ..query.selection import check_disjoint
+    from ..query.selection import require_disjoint
 
     version_ds = open_dataset(url, valid.version_tag, options.get("storage_options"))
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:
         train_sel = valid_sel.complement()
-    check_disjoint(train_sel, valid_sel, "train and valid selections")
+    require_disjoint(train_sel, valid_sel, "train and valid selections")
     chosen: dict[str, Any] = {} if train_sel.keys is None else {"keys": train_sel.keys}
     train = ShardDataset(
         url,

@@ -23,7 +23,6 @@ fetched ones are stored there (after their CRC check) for the next epoch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,44 +33,11 @@ import numpy as np
 from ..errors import IntegrityError
 from ..format.codec import frame_has_checksum, payload_checksum
 from ..read.cache import EpochCache
+from ..read.options import DEFAULT_REQUEST_BYTES, ReadOptions
 from ..store import Store
 from .plan import DEFAULT_CHUNK_SIZE
 
-MiB = 1 << 20
-DEFAULT_REQUEST_BYTES = 8 * MiB
 Payload = bytes | memoryview
-
-
-@dataclass(frozen=True)
-class ReadOptions:
-    """I/O knobs of a slot reader.
-
-    ``request_bytes`` is the target size of one ranged GET (AWS recommends 8-16 MB ranges); the
-    loader cuts the plan's chunks to about this much payload, so a worker holds about
-    ``interleave * request_bytes`` of payload while it reads ``interleave`` chunks at a time.
-    Left at ``None``, the target is :data:`DEFAULT_REQUEST_BYTES` but a chunk holds at most
-    ``DEFAULT_CHUNK_SIZE`` samples (a chunk is read in order, so longer chunks mix fewer
-    partitions into a batch); set it to get requests of that size whatever the sample size.
-    ``max_skim_fraction`` bounds the unselected bytes a coalesced request reads over, relative
-    to its selected bytes; gaps up to ``skim_gap`` (tar headers between consecutive members) are
-    always read over. ``max_inflight`` chunk fetches run at once: by default enough to sustain
-    ``target_bytes_per_s`` at ``connection_bytes_per_s`` per connection.
-    """
-
-    request_bytes: int | None = None
-    max_skim_fraction: float = 0.1
-    skim_gap: int = 8 * 1024
-    target_bytes_per_s: float = 1e9  # per worker
-    connection_bytes_per_s: float = 85e6  # one S3 connection, AWS guidance
-    inflight: int | None = None  # override the derived max_inflight
-    max_buffer_bytes: int = 256 * MiB  # payload bytes held ahead of decoding
-
-    @property
-    def max_inflight(self) -> int:
-        if self.inflight is not None:
-            return max(1, self.inflight)
-        derived = math.ceil(self.target_bytes_per_s / max(1.0, self.connection_bytes_per_s))
-        return max(2, min(32, derived))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,8 @@ from ..store import Store
 from .reader import RowTable
 from .strings import StringColumn
 
-CORE_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
+# The manifest columns the loader reads (a subset of format.manifest.CORE_COLUMNS).
+READER_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
 
@@ -98,7 +99,7 @@ def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
             f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
         )
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
-    wanted = [*CORE_COLUMNS, *meta_columns]
+    wanted = [*READER_COLUMNS, *meta_columns]
     table = selected.rows(None if source.where else [c for c in wanted if c in columns])
     selection = selected.describe()
     return SourceRows(

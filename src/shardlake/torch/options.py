@@ -1,0 +1,96 @@
+"""The loader's settings as one object: :class:`LoaderOptions` (keywords of ``ShardDataset``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import UsageError
+from ..read.options import ReadOptions
+from .plan import DEFAULT_INTERLEAVE, DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
+
+
+@dataclass(frozen=True)
+class LoaderOptions:
+    """Every setting of a :class:`~shardlake.torch.ShardDataset` besides what to read.
+
+    ``ShardDataset(url, batch_size=32, options=LoaderOptions(seed=1))`` and
+    ``ShardDataset(url, batch_size=32, seed=1)`` are the same; keywords override ``options``.
+
+    Parameters
+    ----------
+    epoch_size
+        Samples per epoch over all sources (mixing; default: all selected samples).
+    seed, shuffle, exact
+        The plan: shuffle seed; shuffle (default: unless ``exact``); ``exact`` yields every
+        sample exactly once in order (evaluation), with padding marked.
+    rank, world_size
+        DDP rank and world size (default: from ``torch.distributed`` or the environment).
+    num_workers
+        DataLoader worker processes of :meth:`~shardlake.torch.ShardDataset.loader`.
+    transform, include_key, include_index, meta_columns, drop_keys
+        What a sample holds: a per-sample callable; its key; its table index; manifest
+        columns to add; array names to leave out.
+    max_pad_fraction
+        Largest share of padded samples a rank may get before the plan is refused.
+    chunk_size, interleave, shuffle_buffer
+        Plan shape: samples per read chunk (default: from ``read_options``), chunks read at
+        once per worker, shuffle-buffer samples.
+    read_options
+        I/O knobs (:class:`~shardlake.read.options.ReadOptions`).
+    cache_dir, cache_bytes
+        A local epoch cache (payloads fetched once are read from disk in later epochs).
+    """
+
+    epoch_size: int | None = None
+    seed: int = 0
+    shuffle: bool | None = None
+    exact: bool = False
+    rank: int | None = None
+    world_size: int | None = None
+    num_workers: int = 2
+    transform: Callable[[dict[str, Any]], Any] | None = None
+    include_key: bool = False
+    include_index: bool = False
+    meta_columns: Sequence[str] = ()
+    drop_keys: Sequence[str] = ("version",)
+    max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION
+    chunk_size: int | None = None
+    interleave: int = DEFAULT_INTERLEAVE
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
+    read_options: ReadOptions = field(default_factory=ReadOptions)
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_bytes: int | None = None
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def build(
+        cls, options: LoaderOptions | None, keywords: Mapping[str, Any], *, where: str
+    ) -> LoaderOptions:
+        """``options`` (default: all defaults) with ``keywords`` replacing single fields.
+
+        An unknown keyword fails here, at construction, naming the nearest valid one."""
+        if options is not None and not isinstance(options, LoaderOptions):
+            raise UsageError(f"{where}: options must be a LoaderOptions, not {type(options)}")
+        unknown = sorted(set(keywords) - set(cls.names()))
+        if unknown:
+            raise UsageError(f"{where}: {unknown_keyword(unknown[0], cls.names())}")
+        chosen = dict(keywords)
+        if chosen.get("read_options", ReadOptions()) is None:
+            chosen["read_options"] = ReadOptions()
+        return dataclasses.replace(options or cls(), **chosen)
+
+
+def unknown_keyword(name: str, valid: Sequence[str]) -> str:
+    """``unknown keyword 'sede' (did you mean 'seed'?)``, or the valid ones without a match."""
+    near = difflib.get_close_matches(name, valid, n=1)
+    if near:
+        return f"unknown keyword {name!r} (did you mean {near[0]!r}?)"
+    return f"unknown keyword {name!r}; valid: {', '.join(valid)}"
