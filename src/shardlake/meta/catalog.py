@@ -45,6 +45,7 @@ from ..format.catalog import (
 )
 from ..format.documents import PartitionEntry
 from ..format.manifest import CORE_SCHEMA, entry_mismatches
+from ..read.catalog_cache import catalog_cache
 from ..read.manifests import read_entry_manifest
 from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
@@ -63,8 +64,16 @@ _BUILT_CACHE = 4  # in-memory catalogs of format-1 versions kept per process
 
 
 def read_object(store: Store, ref: ObjectRef, where: str) -> bytes:
-    """One catalog object by one GET, checked against its digest (re-read once on a mismatch:
-    a transport flip; a second mismatch is refused)."""
+    """One catalog object: from the node-local catalog cache (:mod:`shardlake.read.catalog_cache`)
+    when it holds a copy that checks out, else by one GET, checked against its digest (re-read
+    once on a mismatch: a transport flip; a second mismatch is refused) and published there."""
+    cache = catalog_cache()
+    if cache is None:
+        return _read_from_store(store, ref, where)
+    return cache.fetch(ref.sha256, ref.size, lambda: _read_from_store(store, ref, where))
+
+
+def _read_from_store(store: Store, ref: ObjectRef, where: str) -> bytes:
     url = store.key_url(ref.key)
 
     def check(data: bytes) -> bytes:
@@ -107,9 +116,10 @@ def _open_segment(
 ) -> pq.ParquetFile:
     """The segment as a parquet file: whole (digest-checked) or, when a projection or pruning
     leaves less than half of a large one, only its footer and wanted column chunks (parquet
-    page checksums guard those). Empty ``pids``: every row group is wanted."""
+    page checksums guard those). Empty ``pids``: every row group is wanted. With the catalog
+    cache on, always whole: one node-wide read serves every later projection from disk."""
     where = store.key_url(ref.key)
-    if ref.size <= WHOLE_READ_BYTES:
+    if ref.size <= WHOLE_READ_BYTES or catalog_cache() is not None:
         return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
     tail = min(ref.size, 2**16)
     buf = bytearray(ref.size)  # sparse: only the ranges read are filled
