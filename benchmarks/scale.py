@@ -201,8 +201,8 @@ def run_child(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
 def measure(
     url: str, n: int, per_partition: int, options: dict[str, Any] | None, empty_pss: int
 ) -> dict[str, Any]:
-    from shardlake.query.keyset_build import create_keyset
     from shardlake.meta.versions import load_version, publish_version, read_state
+    from shardlake.query.keyset_build import create_keyset
 
     started = time.perf_counter()
     store = build_root(url, n, per_partition, options)

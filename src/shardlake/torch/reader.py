@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -114,6 +114,58 @@ def coalesce(
     return spans
 
 
+class _Units(Sequence[list[int]]):
+    """Per unit (a chunk with rows still to emit, in chunk order), its rows to fetch in chunk
+    order: the chunk's rows that are still emitted. Whole chunks are the plan's own arrays;
+    only partial ones (the first after a resume, or repeats) get arrays of their own."""
+
+    def __init__(
+        self,
+        chunks: Sequence[np.ndarray[Any, Any]],
+        order: np.ndarray[Any, Any],
+        emit_rows: np.ndarray[Any, Any],
+        emit_chunk: np.ndarray[Any, Any],
+        counts: np.ndarray[Any, Any],
+    ) -> None:
+        self._chunks = chunks
+        self._order = order.tolist()
+        self._partial: dict[int, np.ndarray[Any, Any]] = {}
+        # A unit is its whole chunk when it emits as many rows, summing to the same (emits of a
+        # chunk are some of its rows); any other is filtered the way a set would.
+        whole = np.array([len(chunks[c]) for c in self._order], dtype=np.int64)
+        unit_of = np.searchsorted(order, emit_chunk)
+        emitted = np.bincount(unit_of, weights=emit_rows, minlength=len(order))
+        chunk_sum = np.array([float(chunks[c].sum()) for c in self._order], dtype=np.float64)
+        suspect = np.flatnonzero((whole != counts) | (emitted != chunk_sum))
+        del unit_of
+        if len(suspect):
+            by_chunk = np.argsort(emit_chunk, kind="stable")
+            bounds = np.concatenate([[0], np.cumsum(counts)])
+            for u in suspect.tolist():
+                rows = self._chunks[self._order[u]]
+                wanted = emit_rows[by_chunk[bounds[u] : bounds[u + 1]]]
+                self._partial[u] = rows[np.isin(rows, wanted)]
+
+    def rows(self, unit: int) -> np.ndarray[Any, Any]:
+        found = self._partial.get(unit)
+        return self._chunks[self._order[unit]] if found is None else found
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, unit: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, unit: slice) -> list[list[int]]: ...
+
+    def __getitem__(self, unit: int | slice) -> list[int] | list[list[int]]:
+        if isinstance(unit, slice):
+            return [self[u] for u in range(*unit.indices(len(self)))]
+        rows: list[int] = self.rows(unit).tolist()
+        return rows
+
+
 class SlotReader:
     """Fetches the payloads of one slot's samples in emit order (see the module docstring)."""
 
@@ -132,21 +184,18 @@ class SlotReader:
         self.table = table
         self.options = options or ReadOptions()
         self.cache = cache
-        self.emit_rows = np.asarray(emit_rows, dtype=np.int64)
-        self.emit_chunk = np.asarray(emit_chunk, dtype=np.int64)
-        # Only the rows still to be emitted are fetched (after a resume, a chunk may be partial).
-        needed: dict[int, set[int]] = {}
-        for row, chunk in zip(self.emit_rows.tolist(), self.emit_chunk.tolist(), strict=False):
-            needed.setdefault(chunk, set()).add(row)
-        order = sorted(needed)
-        self._unit_of_chunk = {c: i for i, c in enumerate(order)}
-        self._units: list[list[int]] = [
-            [r for r in chunks[c].tolist() if r in needed[c]] for c in order
+        self.emit_rows = np.asarray(emit_rows)  # int32 or int64: a view of the plan's rows
+        self.emit_chunk = np.asarray(emit_chunk)
+        # Only the rows still to be emitted are fetched (after a resume, a chunk may be
+        # partial). Computed with NumPy: per-row Python sets and lists cost a worker ~70 bytes
+        # a sample at 1M samples; units are turned into row lists only when fetched.
+        order, counts = np.unique(self.emit_chunk, return_counts=True)
+        self._unit_of_chunk = {int(c): i for i, c in enumerate(order.tolist())}
+        self._remaining = counts.tolist()
+        self._units = _Units(chunks, order, self.emit_rows, self.emit_chunk, counts)
+        self._unit_bytes = [
+            int(table.size[self._units.rows(u)].sum(dtype=np.int64)) for u in range(len(order))
         ]
-        self._remaining = [0] * len(self._units)
-        for chunk in self.emit_chunk.tolist():
-            self._remaining[self._unit_of_chunk[chunk]] += 1
-        self._unit_bytes = [int(table.size[u].sum()) if u else 0 for u in self._units]
         self.bytes_fetched = 0
         self.requests = 0
 
