@@ -114,6 +114,12 @@ def coalesce(
     return spans
 
 
+def iter_ints(values: np.ndarray[Any, Any], block: int = 4096) -> Iterator[Any]:
+    """The items of ``values`` as Python scalars, converted ``block`` at a time."""
+    for begin in range(0, len(values), block):
+        yield from values[begin : begin + block].tolist()
+
+
 class _Units(Sequence[list[int]]):
     """Per unit (a chunk with rows still to emit, in chunk order), its rows to fetch in chunk
     order: the chunk's rows that are still emitted. Whole chunks are the plan's own arrays;
@@ -198,6 +204,11 @@ class SlotReader:
         ]
         self.bytes_fetched = 0
         self.requests = 0
+
+    def _emits(self) -> Iterator[tuple[int, int]]:
+        """``(row, chunk)`` in emit order, as Python ints a block at a time (a whole slot's
+        worth of int objects would cost a worker ~70 bytes per sample)."""
+        return zip(iter_ints(self.emit_rows), iter_ints(self.emit_chunk), strict=False)
 
     # --- fetching ------------------------------------------------------------------------------
 
@@ -307,7 +318,7 @@ class SlotReader:
                 next_unit += 1
 
         try:
-            for row, chunk in zip(self.emit_rows.tolist(), self.emit_chunk.tolist(), strict=False):
+            for row, chunk in self._emits():
                 unit = self._unit_of_chunk[chunk]
                 submit_more(unit)
                 if unit not in held:
