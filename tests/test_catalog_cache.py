@@ -86,15 +86,26 @@ def test_large_segments_are_cached_whole(
     root: str, cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A segment above the whole-read size is read by column ranges without the cache; with it,
-    once whole, so every later projection (keyset --where: all columns) is served from disk."""
+    once whole, so another projection (``where=`` reads every column) is served from disk."""
     monkeypatch.setattr(catalog_mod, "WHOLE_READ_BYTES", 0)
     log = tmp_path / "requests.jsonl"
     _ranks(root, log)
     store = open_store(root).with_layers(RequestCounter(str(log)))
-    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
+    turns = ShardDataset(store, "v1", batch_size=1, where="scenario = 'turn'")
+    assert len(turns.table) == 20
     reads = [r for r in read_request_log(str(log)) if r["key"].startswith("catalog/")]
     assert [r["op"] for r in reads] == ["read", "read"], reads  # whole reads, no ranges
     assert len({r["key"] for r in reads}) == 2
+
+
+def test_tools_read_the_stores_own_copy(root: str, cache_dir: Path, tmp_path: Path) -> None:
+    """Only the loader reads through the cache: keyset --where (like verify and scrub) reads
+    the store, so a bad object at rest is never hidden by a good cached copy."""
+    ShardDataset(root, "v1", batch_size=1)
+    log = tmp_path / "requests.jsonl"
+    store = open_store(root).with_layers(RequestCounter(str(log)))
+    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
+    assert len(_catalog_reads(log)) == 2
 
 
 def test_a_corrupted_cached_copy_is_discarded_and_read_again(
@@ -118,12 +129,13 @@ def test_a_corrupted_cached_copy_is_discarded_and_read_again(
 
 _RANK_SCRIPT = """
 import json, sys
-from shardlake.meta.catalog import catalog_rows
+from shardlake.meta.catalog import catalog_rows, node_catalog_cache
 from shardlake.meta.versions import load_version
 from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter
 store = open_store(sys.argv[1]).with_layers(RequestCounter(sys.argv[2]))
-rows = catalog_rows(store, load_version(store, "v1"), ["key"])
+with node_catalog_cache():  # as a rank's loader reads it
+    rows = catalog_rows(store, load_version(store, "v1"), ["key"])
 print(json.dumps(rows.num_rows))
 """
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import SelectionError, UsageError
+from ..meta.catalog import node_catalog_cache
 from ..query.dataset import open_dataset
 from ..store import Store
 from .reader import RowTable
@@ -115,7 +116,14 @@ class SourceRows:
 
 
 def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
-    """Resolve ``source``: open its version and select its manifest rows (the table set-up)."""
+    """Resolve ``source``: open its version and select its manifest rows (the table set-up).
+    The catalog is read through the node-local catalog cache: the ranks of a node read it
+    from the store once."""
+    with node_catalog_cache():
+        return _select_rows(source, meta_columns)
+
+
+def _select_rows(source: Source, meta_columns: Sequence[str]) -> SourceRows:
     ds = open_dataset(source.url, source.version, source.storage_options)
     columns = ds.manifests().column_names
     missing = [c for c in meta_columns if c not in columns]
