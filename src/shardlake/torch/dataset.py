@@ -15,7 +15,7 @@ import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ from .plan import (
     plan_epoch,
     resolve,
 )
-from .reader import SlotReader, iter_ints, request_chunk_size, selection_members
+from .reader import ChunkList, SlotReader, iter_ints, request_chunk_size, selection_members
 from .sources import (
     Source,
     combine,
@@ -522,35 +522,6 @@ def train_valid(
         **options,
     )
     return train, valid
-
-
-class ChunkList(Sequence[np.ndarray[Any, Any]]):
-    """A slot's chunks as views into one flat array: one NumPy object per chunk would cost
-    ~7 bytes a sample at the default 16 samples a chunk."""
-
-    def __init__(self, chunks: Sequence[np.ndarray[Any, Any]]) -> None:
-        lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
-        self.bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        flat = np.concatenate(list(chunks)) if len(chunks) else np.zeros(0, np.int64)
-        fits = not len(flat) or (int(flat.min()) >= 0 and int(flat.max()) < 2**31)
-        self.flat = flat.astype(np.int32 if fits else np.int64, copy=False)
-
-    def __len__(self) -> int:
-        return len(self.bounds) - 1
-
-    @overload
-    def __getitem__(self, index: int) -> np.ndarray[Any, Any]: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[np.ndarray[Any, Any]]: ...
-
-    def __getitem__(self, index: int | slice) -> np.ndarray[Any, Any] | list[np.ndarray[Any, Any]]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(len(self)))]
-        i = int(index) + len(self) if int(index) < 0 else int(index)
-        if not 0 <= i < len(self):
-            raise IndexError(f"chunk {index} is outside {len(self)} chunks")
-        return self.flat[self.bounds[i] : self.bounds[i + 1]]
 
 
 def compact_plan(plan: ReadPlan) -> ReadPlan:

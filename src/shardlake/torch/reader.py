@@ -120,6 +120,35 @@ def iter_ints(values: np.ndarray[Any, Any], block: int = 4096) -> Iterator[Any]:
         yield from values[begin : begin + block].tolist()
 
 
+class ChunkList(Sequence[np.ndarray[Any, Any]]):
+    """A slot's chunks as views into one flat array: one NumPy object per chunk would cost
+    ~7 bytes a sample at the default 16 samples a chunk."""
+
+    def __init__(self, chunks: Sequence[np.ndarray[Any, Any]]) -> None:
+        lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+        self.bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.concatenate(list(chunks)) if len(chunks) else np.zeros(0, np.int64)
+        fits = not len(flat) or (int(flat.min()) >= 0 and int(flat.max()) < 2**31)
+        self.flat = flat.astype(np.int32 if fits else np.int64, copy=False)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[np.ndarray[Any, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> np.ndarray[Any, Any] | list[np.ndarray[Any, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = int(index) + len(self) if int(index) < 0 else int(index)
+        if not 0 <= i < len(self):
+            raise IndexError(f"chunk {index} is outside {len(self)} chunks")
+        return self.flat[self.bounds[i] : self.bounds[i + 1]]
+
+
 class _Units(Sequence[list[int]]):
     """Per unit (a chunk with rows still to emit, in chunk order), its rows to fetch in chunk
     order: the chunk's rows that are still emitted. Whole chunks are the plan's own arrays;
@@ -133,24 +162,35 @@ class _Units(Sequence[list[int]]):
         emit_chunk: np.ndarray[Any, Any],
         counts: np.ndarray[Any, Any],
     ) -> None:
-        self._chunks = chunks
+        self._chunks = chunks if isinstance(chunks, ChunkList) else ChunkList(chunks)
+        bounds = self._chunks.bounds
         self._order = order.tolist()
         self._partial: dict[int, np.ndarray[Any, Any]] = {}
         # A unit is its whole chunk when it emits as many rows, summing to the same (emits of a
         # chunk are some of its rows); any other is filtered the way a set would.
-        whole = np.array([len(chunks[c]) for c in self._order], dtype=np.int64)
+        whole = (bounds[1:] - bounds[:-1])[order]
         unit_of = np.searchsorted(order, emit_chunk)
         emitted = np.bincount(unit_of, weights=emit_rows, minlength=len(order))
-        chunk_sum = np.array([float(chunks[c].sum()) for c in self._order], dtype=np.float64)
-        suspect = np.flatnonzero((whole != counts) | (emitted != chunk_sum))
         del unit_of
-        if len(suspect):
+        running = np.concatenate([[0.0], np.cumsum(self._chunks.flat, dtype=np.float64)])
+        chunk_sum = (running[bounds[1:]] - running[bounds[:-1]])[order]
+        self.suspect = np.flatnonzero((whole != counts) | (emitted != chunk_sum))
+        if len(self.suspect):
             by_chunk = np.argsort(emit_chunk, kind="stable")
-            bounds = np.concatenate([[0], np.cumsum(counts)])
-            for u in suspect.tolist():
+            starts = np.concatenate([[0], np.cumsum(counts)])
+            for u in self.suspect.tolist():
                 rows = self._chunks[self._order[u]]
-                wanted = emit_rows[by_chunk[bounds[u] : bounds[u + 1]]]
+                wanted = emit_rows[by_chunk[starts[u] : starts[u + 1]]]
                 self._partial[u] = rows[np.isin(rows, wanted)]
+
+    def unit_bytes(self, sizes: np.ndarray[Any, Any]) -> list[int]:
+        """Payload bytes of each unit (``sizes``: the table's size column)."""
+        flat, bounds, order = self._chunks.flat, self._chunks.bounds, np.asarray(self._order)
+        running = np.concatenate([[0], np.cumsum(sizes[flat], dtype=np.int64)])
+        out = (running[bounds[1:]] - running[bounds[:-1]])[order] if len(order) else running[:0]
+        for u, rows in self._partial.items():
+            out[u] = int(sizes[rows].sum(dtype=np.int64))
+        return [int(b) for b in out.tolist()]
 
     def rows(self, unit: int) -> np.ndarray[Any, Any]:
         found = self._partial.get(unit)
@@ -199,9 +239,7 @@ class SlotReader:
         self._unit_of_chunk = {int(c): i for i, c in enumerate(order.tolist())}
         self._remaining = counts.tolist()
         self._units = _Units(chunks, order, self.emit_rows, self.emit_chunk, counts)
-        self._unit_bytes = [
-            int(table.size[self._units.rows(u)].sum(dtype=np.int64)) for u in range(len(order))
-        ]
+        self._unit_bytes = self._units.unit_bytes(table.size)
         self.bytes_fetched = 0
         self.requests = 0
 
