@@ -45,6 +45,7 @@ from .sources import (
     epoch_rows,
     release_set_up_memory,
     select_rows,
+    trim_heap,
 )
 from .strings import key_digest
 
@@ -344,6 +345,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             self.read_options,
             cache=self._epoch_cache(),
         )
+        trim_heap()  # the set-up's temporaries would stay in this worker's private pages
         return emit, plan.slot_valid[slot][begin:], reader
 
     def _epoch_cache(self) -> EpochCache | None:

@@ -149,6 +149,20 @@ class ChunkList(Sequence[np.ndarray[Any, Any]]):
         return self.flat[self.bounds[i] : self.bounds[i + 1]]
 
 
+class _UnitOfChunk:
+    """Chunk id -> unit index, by binary search in the sorted chunk ids (a dict of ints would
+    cost a worker ~100 bytes a chunk)."""
+
+    def __init__(self, order: np.ndarray[Any, Any]) -> None:
+        self.order = order
+
+    def __getitem__(self, chunk: int) -> int:
+        unit = int(np.searchsorted(self.order, chunk))
+        if unit >= len(self.order) or int(self.order[unit]) != chunk:
+            raise KeyError(chunk)
+        return unit
+
+
 class _Units(Sequence[list[int]]):
     """Per unit (a chunk with rows still to emit, in chunk order), its rows to fetch in chunk
     order: the chunk's rows that are still emitted. Whole chunks are the plan's own arrays;
@@ -164,7 +178,7 @@ class _Units(Sequence[list[int]]):
     ) -> None:
         self._chunks = chunks if isinstance(chunks, ChunkList) else ChunkList(chunks)
         bounds = self._chunks.bounds
-        self._order = order.tolist()
+        self._order = order
         self._partial: dict[int, np.ndarray[Any, Any]] = {}
         # A unit is its whole chunk when it emits as many rows, summing to the same (emits of a
         # chunk are some of its rows); any other is filtered the way a set would.
@@ -179,22 +193,22 @@ class _Units(Sequence[list[int]]):
             by_chunk = np.argsort(emit_chunk, kind="stable")
             starts = np.concatenate([[0], np.cumsum(counts)])
             for u in self.suspect.tolist():
-                rows = self._chunks[self._order[u]]
+                rows = self._chunks[int(self._order[u])]
                 wanted = emit_rows[by_chunk[starts[u] : starts[u + 1]]]
                 self._partial[u] = rows[np.isin(rows, wanted)]
 
-    def unit_bytes(self, sizes: np.ndarray[Any, Any]) -> list[int]:
+    def unit_bytes(self, sizes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """Payload bytes of each unit (``sizes``: the table's size column)."""
-        flat, bounds, order = self._chunks.flat, self._chunks.bounds, np.asarray(self._order)
+        flat, bounds, order = self._chunks.flat, self._chunks.bounds, self._order
         running = np.concatenate([[0], np.cumsum(sizes[flat], dtype=np.int64)])
         out = (running[bounds[1:]] - running[bounds[:-1]])[order] if len(order) else running[:0]
         for u, rows in self._partial.items():
             out[u] = int(sizes[rows].sum(dtype=np.int64))
-        return [int(b) for b in out.tolist()]
+        return out
 
     def rows(self, unit: int) -> np.ndarray[Any, Any]:
         found = self._partial.get(unit)
-        return self._chunks[self._order[unit]] if found is None else found
+        return self._chunks[int(self._order[unit])] if found is None else found
 
     def __len__(self) -> int:
         return len(self._order)
@@ -236,8 +250,8 @@ class SlotReader:
         # partial). Computed with NumPy: per-row Python sets and lists cost a worker ~70 bytes
         # a sample at 1M samples; units are turned into row lists only when fetched.
         order, counts = np.unique(self.emit_chunk, return_counts=True)
-        self._unit_of_chunk = {int(c): i for i, c in enumerate(order.tolist())}
-        self._remaining = counts.tolist()
+        self._unit_of_chunk = _UnitOfChunk(order)
+        self._remaining = counts.astype(np.int64)
         self._units = _Units(chunks, order, self.emit_rows, self.emit_chunk, counts)
         self._unit_bytes = self._units.unit_bytes(table.size)
         self.bytes_fetched = 0

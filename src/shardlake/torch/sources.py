@@ -272,6 +272,11 @@ def release_set_up_memory() -> None:
     to the OS, so DataLoader workers forked afterwards do not carry the dead pages (at 1M
     samples ~200 MB of PSS)."""
     gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Return freed heap pages (Arrow's pool, glibc's arenas) to the OS."""
     pa.default_memory_pool().release_unused()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):
