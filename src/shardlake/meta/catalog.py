@@ -13,10 +13,11 @@ use (one read per partition, once per process).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -45,6 +46,7 @@ from ..format.catalog import (
 )
 from ..format.documents import PartitionEntry
 from ..format.manifest import CORE_SCHEMA, entry_mismatches
+from ..read.catalog_cache import CatalogCache, catalog_cache
 from ..read.manifests import read_entry_manifest
 from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
@@ -62,9 +64,37 @@ _MANIFEST_READERS = 16
 _BUILT_CACHE = 4  # in-memory catalogs of format-1 versions kept per process
 
 
+_node_cache: contextvars.ContextVar[bool] = contextvars.ContextVar("node_cache", default=False)
+
+
+@contextlib.contextmanager
+def node_catalog_cache() -> Iterator[None]:
+    """Within it, this thread's catalog reads go through the node-local catalog cache
+    (:mod:`shardlake.read.catalog_cache`, as the environment configures it). The loader opens
+    its sources so; verify, scrub and the other tools never do: they must read the store's
+    own copy."""
+    token = _node_cache.set(True)
+    try:
+        yield
+    finally:
+        _node_cache.reset(token)
+
+
+def _cache() -> CatalogCache | None:
+    return catalog_cache() if _node_cache.get() else None
+
+
 def read_object(store: Store, ref: ObjectRef, where: str) -> bytes:
-    """One catalog object by one GET, checked against its digest (re-read once on a mismatch:
-    a transport flip; a second mismatch is refused)."""
+    """One catalog object: inside :func:`node_catalog_cache`, from the node-local cache when it
+    holds a copy that checks out; else by one GET, checked against its digest (re-read once on
+    a mismatch: a transport flip; a second mismatch is refused), and published to the cache."""
+    cache = _cache()
+    if cache is None:
+        return _read_from_store(store, ref, where)
+    return cache.fetch(ref.sha256, ref.size, lambda: _read_from_store(store, ref, where))
+
+
+def _read_from_store(store: Store, ref: ObjectRef, where: str) -> bytes:
     url = store.key_url(ref.key)
 
     def check(data: bytes) -> bytes:
@@ -107,9 +137,10 @@ def _open_segment(
 ) -> pq.ParquetFile:
     """The segment as a parquet file: whole (digest-checked) or, when a projection or pruning
     leaves less than half of a large one, only its footer and wanted column chunks (parquet
-    page checksums guard those). Empty ``pids``: every row group is wanted."""
+    page checksums guard those). Empty ``pids``: every row group is wanted. With the catalog
+    cache on, always whole: one node-wide read serves every later projection from disk."""
     where = store.key_url(ref.key)
-    if ref.size <= WHOLE_READ_BYTES:
+    if ref.size <= WHOLE_READ_BYTES or _cache() is not None:
         return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
     tail = min(ref.size, 2**16)
     buf = bytearray(ref.size)  # sparse: only the ranges read are filled

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -115,6 +115,118 @@ def coalesce(
     return spans
 
 
+def iter_ints(values: np.ndarray[Any, Any], block: int = 4096) -> Iterator[Any]:
+    """The items of ``values`` as Python scalars, converted ``block`` at a time."""
+    for begin in range(0, len(values), block):
+        yield from values[begin : begin + block].tolist()
+
+
+class ChunkList(Sequence[np.ndarray[Any, Any]]):
+    """A slot's chunks as views into one flat array: one NumPy object per chunk would cost
+    ~7 bytes a sample at the default 16 samples a chunk."""
+
+    def __init__(self, chunks: Sequence[np.ndarray[Any, Any]]) -> None:
+        lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+        self.bounds = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        flat = np.concatenate(list(chunks)) if len(chunks) else np.zeros(0, np.int64)
+        fits = not len(flat) or (int(flat.min()) >= 0 and int(flat.max()) < 2**31)
+        self.flat = flat.astype(np.int32 if fits else np.int64, copy=False)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    @overload
+    def __getitem__(self, index: int) -> np.ndarray[Any, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[np.ndarray[Any, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> np.ndarray[Any, Any] | list[np.ndarray[Any, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        i = int(index) + len(self) if int(index) < 0 else int(index)
+        if not 0 <= i < len(self):
+            raise IndexError(f"chunk {index} is outside {len(self)} chunks")
+        return self.flat[self.bounds[i] : self.bounds[i + 1]]
+
+
+class _UnitOfChunk:
+    """Chunk id -> unit index, by binary search in the sorted chunk ids (a dict of ints would
+    cost a worker ~100 bytes a chunk)."""
+
+    def __init__(self, order: np.ndarray[Any, Any]) -> None:
+        self.order = order
+
+    def __getitem__(self, chunk: int) -> int:
+        unit = int(np.searchsorted(self.order, chunk))
+        if unit >= len(self.order) or int(self.order[unit]) != chunk:
+            raise KeyError(chunk)
+        return unit
+
+
+class _Units(Sequence[list[int]]):
+    """Per unit (a chunk with rows still to emit, in chunk order), its rows to fetch in chunk
+    order: the chunk's rows that are still emitted. Whole chunks are the plan's own arrays;
+    only partial ones (the first after a resume, or repeats) get arrays of their own."""
+
+    def __init__(
+        self,
+        chunks: Sequence[np.ndarray[Any, Any]],
+        order: np.ndarray[Any, Any],
+        emit_rows: np.ndarray[Any, Any],
+        emit_chunk: np.ndarray[Any, Any],
+        counts: np.ndarray[Any, Any],
+    ) -> None:
+        self._chunks = chunks if isinstance(chunks, ChunkList) else ChunkList(chunks)
+        bounds = self._chunks.bounds
+        self._order = order
+        self._partial: dict[int, np.ndarray[Any, Any]] = {}
+        # A unit is its whole chunk when it emits as many rows, summing to the same (emits of a
+        # chunk are some of its rows); any other is filtered the way a set would.
+        whole = (bounds[1:] - bounds[:-1])[order]
+        unit_of = np.searchsorted(order, emit_chunk)
+        emitted = np.bincount(unit_of, weights=emit_rows, minlength=len(order))
+        del unit_of
+        running = np.concatenate([[0.0], np.cumsum(self._chunks.flat, dtype=np.float64)])
+        chunk_sum = (running[bounds[1:]] - running[bounds[:-1]])[order]
+        self.suspect = np.flatnonzero((whole != counts) | (emitted != chunk_sum))
+        if len(self.suspect):
+            by_chunk = np.argsort(emit_chunk, kind="stable")
+            starts = np.concatenate([[0], np.cumsum(counts)])
+            for u in self.suspect.tolist():
+                rows = self._chunks[int(self._order[u])]
+                wanted = emit_rows[by_chunk[starts[u] : starts[u + 1]]]
+                self._partial[u] = rows[np.isin(rows, wanted)]
+
+    def unit_bytes(self, sizes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Payload bytes of each unit (``sizes``: the table's size column)."""
+        flat, bounds, order = self._chunks.flat, self._chunks.bounds, self._order
+        running = np.concatenate([[0], np.cumsum(sizes[flat], dtype=np.int64)])
+        out = (running[bounds[1:]] - running[bounds[:-1]])[order] if len(order) else running[:0]
+        for u, rows in self._partial.items():
+            out[u] = int(sizes[rows].sum(dtype=np.int64))
+        return out
+
+    def rows(self, unit: int) -> np.ndarray[Any, Any]:
+        found = self._partial.get(unit)
+        return self._chunks[int(self._order[unit])] if found is None else found
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    @overload
+    def __getitem__(self, unit: int) -> list[int]: ...
+
+    @overload
+    def __getitem__(self, unit: slice) -> list[list[int]]: ...
+
+    def __getitem__(self, unit: int | slice) -> list[int] | list[list[int]]:
+        if isinstance(unit, slice):
+            return [self[u] for u in range(*unit.indices(len(self)))]
+        rows: list[int] = self.rows(unit).tolist()
+        return rows
+
+
 class SlotReader:
     """Fetches the payloads of one slot's samples in emit order (see the module docstring)."""
 
@@ -133,23 +245,23 @@ class SlotReader:
         self.table = table
         self.options = options or ReadOptions()
         self.cache = cache
-        self.emit_rows = np.asarray(emit_rows, dtype=np.int64)
-        self.emit_chunk = np.asarray(emit_chunk, dtype=np.int64)
-        # Only the rows still to be emitted are fetched (after a resume, a chunk may be partial).
-        needed: dict[int, set[int]] = {}
-        for row, chunk in zip(self.emit_rows.tolist(), self.emit_chunk.tolist(), strict=False):
-            needed.setdefault(chunk, set()).add(row)
-        order = sorted(needed)
-        self._unit_of_chunk = {c: i for i, c in enumerate(order)}
-        self._units: list[list[int]] = [
-            [r for r in chunks[c].tolist() if r in needed[c]] for c in order
-        ]
-        self._remaining = [0] * len(self._units)
-        for chunk in self.emit_chunk.tolist():
-            self._remaining[self._unit_of_chunk[chunk]] += 1
-        self._unit_bytes = [int(table.size[u].sum()) if u else 0 for u in self._units]
+        self.emit_rows = np.asarray(emit_rows)  # int32 or int64: a view of the plan's rows
+        self.emit_chunk = np.asarray(emit_chunk)
+        # Only the rows still to be emitted are fetched (after a resume, a chunk may be
+        # partial). Computed with NumPy: per-row Python sets and lists cost a worker ~70 bytes
+        # a sample at 1M samples; units are turned into row lists only when fetched.
+        order, counts = np.unique(self.emit_chunk, return_counts=True)
+        self._unit_of_chunk = _UnitOfChunk(order)
+        self._remaining = counts.astype(np.int64)
+        self._units = _Units(chunks, order, self.emit_rows, self.emit_chunk, counts)
+        self._unit_bytes = self._units.unit_bytes(table.size)
         self.bytes_fetched = 0
         self.requests = 0
+
+    def _emits(self) -> Iterator[tuple[int, int]]:
+        """``(row, chunk)`` in emit order, as Python ints a block at a time (a whole slot's
+        worth of int objects would cost a worker ~70 bytes per sample)."""
+        return zip(iter_ints(self.emit_rows), iter_ints(self.emit_chunk), strict=False)
 
     # --- fetching ------------------------------------------------------------------------------
 
@@ -265,7 +377,7 @@ class SlotReader:
                 next_unit += 1
 
         try:
-            for row, chunk in zip(self.emit_rows.tolist(), self.emit_chunk.tolist(), strict=False):
+            for row, chunk in self._emits():
                 unit = self._unit_of_chunk[chunk]
                 submit_more(unit)
                 if unit not in held:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import SelectionError, UsageError
+from ..meta.catalog import node_catalog_cache
 from ..query.dataset import open_dataset
 from ..store import Store
 from .reader import RowTable
@@ -32,6 +33,31 @@ from .strings import StringColumn
 # The manifest columns the loader reads (a subset of format.manifest.CORE_COLUMNS).
 READER_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
+INT32_MAX = 2**31 - 1
+
+
+def compact_int(values: np.ndarray[Any, Any], upper: int | None = None) -> np.ndarray[Any, Any]:
+    """``values`` (non-negative) as int32 when they, and ``upper`` (a bound derived values must
+    stay under, e.g. offset + size), fit; else int64. Halves the row table's resident bytes."""
+    top = max(int(values.max()) if len(values) else 0, upper or 0)
+    low = int(values.min()) if len(values) else 0
+    dtype = np.int32 if low >= 0 and top <= INT32_MAX else np.int64
+    return values.astype(dtype, copy=False)
+
+
+def _compact_crc(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """CRC-32s as uint32 (a value outside it, never a valid CRC, keeps int64 and mismatches)."""
+    if len(values) and (int(values.min()) < 0 or int(values.max()) > 0xFFFFFFFF):
+        return values
+    return values.astype(np.uint32)
+
+
+def index_dtype(count: int) -> type[np.signedinteger[Any]]:
+    """The smallest signed dtype holding indices ``0 .. count - 1``."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if count <= np.iinfo(dtype).max + 1:
+            return dtype
+    return np.int64
 
 
 @dataclass(frozen=True)
@@ -90,7 +116,14 @@ class SourceRows:
 
 
 def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
-    """Resolve ``source``: open its version and select its manifest rows (the table set-up)."""
+    """Resolve ``source``: open its version and select its manifest rows (the table set-up).
+    The catalog is read through the node-local catalog cache: the ranks of a node read it
+    from the store once."""
+    with node_catalog_cache():
+        return _select_rows(source, meta_columns)
+
+
+def _select_rows(source: Source, meta_columns: Sequence[str]) -> SourceRows:
     ds = open_dataset(source.url, source.version, source.storage_options, keyset=source.keyset)
     columns = ds.manifests().column_names
     missing = [c for c in meta_columns if c not in columns]
@@ -178,14 +211,16 @@ def _partition_index(pids: pa.ChunkedArray) -> tuple[IntArray, list[str]]:
 
 
 def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Combined:
-    """One row table over all sources (a single source keeps its own store and shard keys)."""
+    """One row table over all sources (a single source keeps its own store and shard keys).
+
+    Integer columns are int32 where their values fit (CRC-32s uint32), indices the smallest
+    signed type: at 1M samples and more the table is most of a loader's memory."""
     mixed = len(resolved) > 1
     keys: list[StringColumn] = []
     shard_keys: list[str] = []
     columns: dict[str, list[IntArray]] = {
         c: [] for c in ("shard", "offset", "size", "raw_size", "crc32")
     }
-    source_of: list[IntArray] = []
     partition_of: list[IntArray] = []
     part_names: list[str] = []
     meta: dict[str, list[Any]] = {c: [] for c in meta_columns}
@@ -202,23 +237,33 @@ def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Comb
         part_index, names = _partition_index(pids)
         partition_of.append(part_index + len(part_names))
         part_names.extend(f"{src.source.label}/{p}" if mixed else p for p in names)
-        source_of.append(np.full(t.num_rows, index, dtype=np.int64))
         for c in meta_columns:
             meta[c].extend(t.column(c).to_pylist())
+    merged = {c: np.concatenate(v) for c, v in columns.items()}
+    ends = merged["offset"] + merged["size"]
     table = RowTable(
-        **{c: np.concatenate(v) for c, v in columns.items()},
+        shard=compact_int(merged.pop("shard")),
+        offset=compact_int(merged.pop("offset"), int(ends.max()) if len(ends) else 0),
+        size=compact_int(merged.pop("size")),
+        raw_size=compact_int(merged.pop("raw_size")),
+        crc32=_compact_crc(merged.pop("crc32")),
         keys=StringColumn.concat(keys),
         shard_keys=shard_keys,
+    )
+    del ends
+    sizes = [r.table.num_rows for r in resolved]
+    source_of = np.repeat(
+        np.arange(len(resolved), dtype=index_dtype(len(resolved))), np.asarray(sizes, np.int64)
     )
     store: Any = SourceStores([r.store for r in resolved]) if mixed else resolved[0].store
     return Combined(
         table,
         store,
-        np.concatenate(source_of),
-        np.concatenate(partition_of),
+        source_of,
+        np.concatenate(partition_of).astype(index_dtype(len(part_names))),
         part_names,
         meta,
-        [r.table.num_rows for r in resolved],
+        sizes,
     )
 
 
@@ -227,6 +272,11 @@ def release_set_up_memory() -> None:
     to the OS, so DataLoader workers forked afterwards do not carry the dead pages (at 1M
     samples ~200 MB of PSS)."""
     gc.collect()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Return freed heap pages (Arrow's pool, glibc's arenas) to the OS."""
     pa.default_memory_pool().release_unused()
     if sys.platform.startswith("linux"):
         with contextlib.suppress(OSError, AttributeError):

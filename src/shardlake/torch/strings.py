@@ -16,13 +16,19 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 U8Array = np.ndarray[Any, np.dtype[np.uint8]]
-I64Array = np.ndarray[Any, np.dtype[np.int64]]
+
+
+def _compact(offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """int32 offsets while the data stays under 2 GiB (4 bytes a string instead of 8)."""
+    last = int(offsets[-1]) if len(offsets) else 0
+    return offsets.astype(np.int32 if last < 2**31 else np.int64)
 
 
 class StringColumn(Sequence[str]):
-    """An immutable sequence of ``str`` backed by ``data`` (UTF-8) and ``offsets`` (n + 1)."""
+    """An immutable sequence of ``str`` backed by ``data`` (UTF-8) and ``offsets`` (n + 1;
+    int32 or int64)."""
 
-    def __init__(self, data: U8Array, offsets: I64Array) -> None:
+    def __init__(self, data: U8Array, offsets: np.ndarray[Any, Any]) -> None:
         self.data = data
         self.offsets = offsets
 
@@ -43,7 +49,7 @@ class StringColumn(Sequence[str]):
             if data_buf is not None and last > first
             else np.zeros(0, dtype=np.uint8)
         )
-        return cls(data, (offsets - first).astype(np.int64))
+        return cls(data, _compact(offsets - first))
 
     @classmethod
     def concat(cls, columns: Sequence[StringColumn]) -> StringColumn:
@@ -52,9 +58,9 @@ class StringColumn(Sequence[str]):
         data = np.concatenate([c.data for c in columns]) if columns else np.zeros(0, np.uint8)
         parts, base = [np.zeros(1, dtype=np.int64)], 0
         for c in columns:
-            parts.append(c.offsets[1:] + base)
+            parts.append(c.offsets[1:].astype(np.int64) + base)
             base += int(c.offsets[-1])
-        return cls(data, np.concatenate(parts))
+        return cls(data, _compact(np.concatenate(parts)))
 
     def __len__(self) -> int:
         return int(self.offsets.shape[0]) - 1
@@ -72,7 +78,8 @@ class StringColumn(Sequence[str]):
         i = int(index) + n if int(index) < 0 else int(index)
         if not 0 <= i < n:
             raise IndexError(f"row {index} is outside a column of {n}")
-        return bytes(self.data[self.offsets[i] : self.offsets[i + 1]]).decode("utf-8")
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1])
+        return bytes(self.data[start:end]).decode("utf-8")
 
     def __iter__(self) -> Iterator[str]:
         for i in range(len(self)):
@@ -82,19 +89,62 @@ class StringColumn(Sequence[str]):
         return int(self.data.nbytes + self.offsets.nbytes)
 
 
+DIGEST_BLOCK = 1 << 16  # keys hashed per block: bounds the digest's scratch memory
+
+
 def key_digest(keys: pa.Array | pa.ChunkedArray) -> str:
     """:func:`shardlake.torch.plan.selection_digest` of an Arrow key column, computed in bulk:
-    sha256 over the keys in sorted order, each as 8-byte little-endian length then UTF-8."""
+    sha256 over the keys in sorted order, each as 8-byte little-endian length then UTF-8.
+
+    Catalog rows come as sorted runs (one per partition, whose keys share its path), so the
+    sorted order is usually those runs ordered by their first key: checked by one vectorised
+    comparison of neighbours, with a full string sort only when the runs overlap.
+    """
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
-    ordered = StringColumn.from_arrow(pc.take(keys, pc.sort_indices(keys)))
-    lengths = np.diff(ordered.offsets)
+    ordered = StringColumn.from_arrow(_sorted_keys(keys))
+    h = hashlib.sha256()
+    for begin in range(0, len(ordered), DIGEST_BLOCK):
+        h.update(_framed(ordered, begin, min(begin + DIGEST_BLOCK, len(ordered))))
+    return h.hexdigest()[:32]
+
+
+def _is_sorted(keys: pa.Array) -> bool:
+    n = len(keys)
+    if n < 2:
+        return True
+    return bool(pc.all(pc.less_equal(keys.slice(0, n - 1), keys.slice(1))).as_py())
+
+
+def _sorted_keys(keys: pa.Array) -> pa.Array:
+    """``keys`` in sorted order (the same as ``take(sort_indices)``, equal keys being equal)."""
+    n = len(keys)
+    if _is_sorted(keys):
+        return keys
+    descents = pc.greater(keys.slice(0, n - 1), keys.slice(1))
+    starts = np.concatenate([[0], np.flatnonzero(descents.to_numpy(zero_copy_only=False)) + 1])
+    if len(starts) * 4 < n:  # few long runs: order the runs by their first key
+        firsts = pc.take(keys, pa.array(starts))
+        run_order = pc.sort_indices(firsts).to_numpy()
+        ends = np.append(starts[1:], n)
+        index = np.concatenate([np.arange(starts[r], ends[r]) for r in run_order])
+        merged = pc.take(keys, pa.array(index))
+        if _is_sorted(merged):
+            return merged
+    return pc.take(keys, pc.sort_indices(keys))
+
+
+def _framed(column: StringColumn, begin: int, end: int) -> bytes:
+    """Keys ``begin:end`` as the digest frames them: 8-byte little-endian length, then UTF-8."""
+    offsets = column.offsets[begin : end + 1].astype(np.int64)
+    lengths = np.diff(offsets)
     n = len(lengths)
-    starts = np.arange(n, dtype=np.int64) * 8 + ordered.offsets[:-1]
-    out = np.empty(int(lengths.sum()) + 8 * n, dtype=np.uint8)
+    data = column.data[int(offsets[0]) : int(offsets[-1])]
+    starts = np.arange(n, dtype=np.int64) * 8 + (offsets[:-1] - offsets[0])
+    out = np.empty(len(data) + 8 * n, dtype=np.uint8)
     is_data = np.ones(out.shape[0], dtype=bool)
     slots = (starts[:, None] + np.arange(8)).ravel()
     is_data[slots] = False
     out[slots] = lengths.astype("<i8").view(np.uint8)
-    out[is_data] = ordered.data
-    return hashlib.sha256(out.tobytes()).hexdigest()[:32]
+    out[is_data] = data
+    return out.tobytes()

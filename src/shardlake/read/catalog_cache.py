@@ -1,0 +1,162 @@
+"""A node-local cache of catalog objects, so the ranks of one node read a catalog from the store
+once.
+
+Catalog objects (``catalog/partitions/<sha256>.parquet``, ``catalog/segments/<sha256>.parquet``)
+are immutable and named by their content's sha256, which the version record carries. The cache
+keeps one file per object, ``<dir>/shardlake-catalog-1/<sha256>``, whatever store it came from:
+
+* **verified on read**: a hit is used only when its size and sha256 match the reference; a file
+  that does not (a torn disk, a hand edit) is deleted and the object is read from the store;
+* **published atomically**: an object is written to a temporary file in the same directory and
+  renamed into place, so a reader sees a whole file or none;
+* **read once per node**: a miss takes an exclusive ``flock`` on the object's lock file before
+  reading the store, so of 8 ranks starting together one reads and the other 7 find its file;
+* **bounded**: after a publish, files beyond ``max_bytes`` (default 4 GiB) are evicted least
+  recently used first (a hit refreshes the file's mtime).
+
+Where: ``$SHARDLAKE_CATALOG_CACHE`` when set (empty or ``off`` disables the cache), else
+``$XDG_CACHE_HOME/shardlake/catalog``, else ``~/.cache/shardlake/catalog``. The budget is
+``$SHARDLAKE_CATALOG_CACHE_BYTES``. A cache directory that cannot be created or written is
+skipped (the store is read as without a cache): the cache is never the canonical copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from ..errors import UsageError
+
+ENV_DIR = "SHARDLAKE_CATALOG_CACHE"
+ENV_BYTES = "SHARDLAKE_CATALOG_CACHE_BYTES"
+DEFAULT_MAX_BYTES = 4 * 2**30
+LAYOUT = "shardlake-catalog-1"
+TEMP_MARK = ".tmp."
+LOCK_SUFFIX = ".lock"
+OFF = ("", "off", "0", "false", "no")
+
+
+def default_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "shardlake" / "catalog"
+
+
+class CatalogCache:
+    """Content-addressed local copies of catalog objects (see the module docstring)."""
+
+    def __init__(self, directory: str | os.PathLike[str], max_bytes: int = DEFAULT_MAX_BYTES):
+        if max_bytes < 0:
+            raise UsageError(f"catalog cache size {max_bytes} must be >= 0")
+        self.root = Path(directory) / LAYOUT
+        self.max_bytes = int(max_bytes)
+        self.hits = 0
+        self.misses = 0
+        self.discarded = 0  # files that failed their check
+
+    def path(self, sha256: str) -> Path:
+        if len(sha256) != 64 or any(c not in "0123456789abcdef" for c in sha256):
+            raise UsageError(f"not a sha256 digest: {sha256!r}")
+        return self.root / sha256
+
+    def get(self, sha256: str, size: int) -> bytes | None:
+        """The cached object's bytes, or ``None`` (absent, or failed its check and deleted)."""
+        path = self.path(sha256)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            self.discarded += 1
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)  # least recently used is evicted first
+        self.hits += 1
+        return data
+
+    def put(self, sha256: str, data: bytes) -> None:
+        """Publish verified bytes (temporary file, then rename); errors leave no entry."""
+        path = self.path(sha256)
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise UsageError(f"catalog cache: bytes are not object {sha256[:12]}...")
+        temp = path.with_name(f"{sha256}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+        try:
+            with open(temp, "wb") as fh:
+                fh.write(data)
+            os.replace(temp, path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+            return
+        self._evict(keep=path)
+
+    def fetch(self, sha256: str, size: int, read: Callable[[], bytes]) -> bytes:
+        """The object from the cache, else from ``read()`` (which checks it), published; one
+        process per node reads a missing object, the others wait for it and hit."""
+        data = self.get(sha256, size)
+        if data is not None:
+            return data
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = open(self.path(sha256).with_name(sha256 + LOCK_SUFFIX), "ab")  # noqa: SIM115
+        except OSError:
+            self.misses += 1
+            return read()  # an unwritable cache is no cache
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                data = self.get(sha256, size)  # published while this process waited
+                if data is not None:
+                    return data
+                self.misses += 1
+                data = read()
+                self.put(sha256, data)
+                return data
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def entries(self) -> Iterator[tuple[Path, int, float]]:
+        """``(path, size, mtime)`` of every published object."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return
+        for name in names:
+            if len(name) != 64:  # temporary and lock files
+                continue
+            with contextlib.suppress(OSError):
+                st = os.stat(self.root / name)
+                yield self.root / name, st.st_size, st.st_mtime
+
+    def _evict(self, keep: Path) -> None:
+        found = sorted(self.entries(), key=lambda e: e[2])
+        total = sum(size for _p, size, _m in found)
+        for path, size, _mtime in found:
+            if total <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            with contextlib.suppress(OSError):
+                path.unlink()
+                (path.with_name(path.name + LOCK_SUFFIX)).unlink(missing_ok=True)
+            total -= size
+
+
+def catalog_cache() -> CatalogCache | None:
+    """The cache the environment configures (see the module docstring), or ``None`` (off)."""
+    setting = os.environ.get(ENV_DIR)
+    if setting is not None and setting.strip().lower() in OFF:
+        return None
+    directory = Path(setting) if setting else default_dir()
+    raw = os.environ.get(ENV_BYTES)
+    try:
+        max_bytes = DEFAULT_MAX_BYTES if not raw else int(raw)
+    except ValueError as exc:
+        raise UsageError(f"{ENV_BYTES}={raw!r} is not a byte count") from exc
+    return CatalogCache(directory, max_bytes)
