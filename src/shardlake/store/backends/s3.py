@@ -58,7 +58,7 @@ class S3Backend(BucketBackend):
     A SIGKILLed writer cannot abort: its upload is found by :meth:`leftovers` (gc aborts it).
     """
 
-    fast_reads: Any = None  # read.obstore_client.ObstoreReads with read_client="obstore"
+    fast_reads: Any = None  # backends.obstore.ObstoreReads unless read_client="s3fs"
     # One GET per whole read: s3fs would first HEAD the object to split it into parts.
     whole_read_options: Mapping[str, Any] = MappingProxyType({"max_concurrency": 1})
     _endpoint_checked = False
