@@ -116,6 +116,10 @@ class S3Backend(BucketBackend):
                 raise FileExistsError(f"{path}: already exists (HTTP {_status_of(exc)})") from exc
             raise
 
+    def batches_single_ranges(self) -> bool:
+        # The loader's chunks are one coalesced range each: they must reach obstore too.
+        return self.fast_reads is not None and bool(self.fast_reads.usable())
+
     def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
         if self.fast_reads is not None and self.fast_reads.usable():
             try:
