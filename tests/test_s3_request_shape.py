@@ -30,14 +30,26 @@ def _methods(proxy: FaultProxy) -> list[str]:
     return methods
 
 
-def test_a_read_is_one_get_and_a_range_is_one_get(s3: S3Server) -> None:
+@pytest.mark.parametrize("read_client", ["s3fs", "obstore"])
+def test_a_read_is_one_get_and_a_range_is_one_get(
+    s3: S3Server, read_client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Both read clients: s3fs (whole reads and single ranges always) and obstore (the default
+    # for ranged multi-reads where it is installed) send one GET and never a HEAD first.
+    if read_client == "obstore":
+        pytest.importorskip("obstore")
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)  # another server's, exported by the session
     with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:
-        store = open_store(s3.url("shape"), proxy.storage_options(s3.storage_options))
+        options = {**proxy.storage_options(s3.storage_options), "read_client": read_client}
+        store = open_store(s3.url(f"shape-{read_client}"), options)
         store.write("doc.json", b"{}" * 1000)
         _methods(proxy)
         assert store.read("doc.json") == b"{}" * 1000
         assert _methods(proxy) == ["GET"]
         assert store.read_range("doc.json", 10, 20) == (b"{}" * 1000)[10:20]
+        assert _methods(proxy) == ["GET"]
+        assert store.read_ranges([("doc.json", 100, 900)]) == [(b"{}" * 1000)[100:900]]
         assert _methods(proxy) == ["GET"]
 
 

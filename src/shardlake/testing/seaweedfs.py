@@ -131,6 +131,18 @@ def _wait_writable(
     return False
 
 
+def _server_env() -> dict[str, str]:
+    """This process's environment without AWS credentials: given them (another loopback server
+    of the test session may have exported its own), ``weed`` adds an admin identity, turns
+    authentication on and refuses the anonymous start-up probe."""
+    return {k: v for k, v in os.environ.items() if k not in _AWS_CREDENTIALS}
+
+
+_AWS_CREDENTIALS = frozenset(
+    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
+)
+
+
 def _stop(proc: subprocess.Popen[bytes], grpc_ports: list[int]) -> None:
     # weed's graceful shutdown (SIGTERM) hangs for seconds; its data is a temporary directory.
     if proc.poll() is None:
@@ -186,7 +198,12 @@ def seaweedfs_server(
             endpoint = f"http://{LOOPBACK}:{ports['s3.port']}"
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(
-                    args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    cwd=workdir,
+                    env=_server_env(),
                 )
             if _wait_writable(proc, endpoint, bucket, time.monotonic() + startup_timeout):
                 break

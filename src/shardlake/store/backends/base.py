@@ -57,6 +57,11 @@ class Backend:
     # Keyword arguments of ``cat_file`` for a whole-object read (per filesystem class).
     whole_read_options: Mapping[str, Any] = MappingProxyType({})
 
+    def batches_single_ranges(self) -> bool:
+        """Whether a ``Store.read_ranges`` call of one range goes to :meth:`read_ranges` (a
+        faster multi-read client, e.g. obstore on S3) rather than :meth:`read_range`."""
+        return False
+
     def __init__(
         self, fs: fsspec.AbstractFileSystem, root: str, policy: RetryPolicy | None = None
     ) -> None:

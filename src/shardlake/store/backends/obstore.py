@@ -1,4 +1,8 @@
-"""Optional obstore (Rust ``object_store``) client for S3 reads: ``read_client="obstore"``.
+"""obstore (Rust ``object_store``) as the client for S3 reads: the default where it is installed.
+
+``storage_options={"read_client": "s3fs"}`` keeps every read on s3fs; ``"obstore"`` asks for it
+explicitly (it is the default on ``s3://`` whenever the ``obstore`` package imports). gs:// and
+az:// reads stay on their fsspec clients (no obstore layer for them yet).
 
 Measured against one loopback S3 server (``benchmarks/obstore_eval.py``, docs/performance.md),
 obstore fetches several times faster than s3fs with a fraction of the client CPU per GB. Only
@@ -24,6 +28,24 @@ from typing import Any
 READ_CLIENT_OPTION = "read_client"
 READ_CLIENTS = ("s3fs", "obstore")
 _runtime_pid: int | None = None  # the process that started obstore's runtime (fork-inherited)
+_OBSTORE_PROTOCOLS = ("s3", "s3a")
+
+
+def default_read_client(protocol: str) -> str:
+    """``"obstore"`` for S3 where the ``obstore`` package is installed, else ``"s3fs"``.
+
+    Only the package's presence is checked (no import: that would start nothing, but costs
+    ~30 ms per process); an obstore that fails at read time falls back to s3fs anyway.
+    """
+    if protocol not in _OBSTORE_PROTOCOLS:
+        return "s3fs"
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("obstore") is not None
+    except (ImportError, ValueError):
+        found = False
+    return "obstore" if found else "s3fs"
 
 
 def _s3_config(options: dict[str, Any]) -> dict[str, Any]:

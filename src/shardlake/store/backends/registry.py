@@ -74,14 +74,16 @@ def make_backend(
 ) -> Backend:
     """The backend for ``protocol`` with a filesystem built from ``storage_options``."""
     check_protocol(protocol)
-    from .obstore import READ_CLIENT_OPTION, READ_CLIENTS, ObstoreReads
+    from .obstore import READ_CLIENT_OPTION, READ_CLIENTS, ObstoreReads, default_read_client
 
     storage_options = dict(storage_options)
-    read_client = storage_options.pop(READ_CLIENT_OPTION, "s3fs")
+    read_client = storage_options.pop(READ_CLIENT_OPTION, None)
+    if read_client is None:
+        read_client = default_read_client(protocol)
     if read_client not in READ_CLIENTS or (read_client != "s3fs" and protocol not in ("s3", "s3a")):
         raise UsageError(
-            f"storage option {READ_CLIENT_OPTION}={read_client!r}: use 's3fs' (default) or "
-            "'obstore' (s3:// only)"
+            f"storage option {READ_CLIENT_OPTION}={read_client!r}: use 'obstore' (the default "
+            "on s3:// where obstore is installed) or 's3fs'; 'obstore' is for s3:// only"
         )
     cls = _BACKENDS.get(protocol, Backend)
     try:

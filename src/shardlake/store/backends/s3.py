@@ -58,7 +58,7 @@ class S3Backend(BucketBackend):
     A SIGKILLed writer cannot abort: its upload is found by :meth:`leftovers` (gc aborts it).
     """
 
-    fast_reads: Any = None  # read.obstore_client.ObstoreReads with read_client="obstore"
+    fast_reads: Any = None  # backends.obstore.ObstoreReads unless read_client="s3fs"
     # One GET per whole read: s3fs would first HEAD the object to split it into parts.
     whole_read_options: Mapping[str, Any] = MappingProxyType({"max_concurrency": 1})
     _endpoint_checked = False
@@ -115,6 +115,10 @@ class S3Backend(BucketBackend):
             if refused_create(exc):
                 raise FileExistsError(f"{path}: already exists (HTTP {_status_of(exc)})") from exc
             raise
+
+    def batches_single_ranges(self) -> bool:
+        # The loader's chunks are one coalesced range each: they must reach obstore too.
+        return self.fast_reads is not None and bool(self.fast_reads.usable())
 
     def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
         if self.fast_reads is not None and self.fast_reads.usable():

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,10 +86,15 @@ def bench_load(
         mixing = mixing_summary(ds, num_workers=num_workers, rank=rank)
         selection_payload = int(ds.table.size.sum())
         loader = ds.loader()
-        cpu0, sampler0 = process_tree_cpu_s(), mem.cpu_s
-        run = _iterate(loader, epochs, max_batches, (t_open, t_opened), progress)
-        # Less the memory sampler's own CPU (it reads every process's smaps).
-        loader_cpu = process_tree_cpu_s() - cpu0 - (mem.cpu_s - sampler0)
+
+        def client_cpu() -> float:
+            # Main process + DataLoader workers (live or reaped), less the memory sampler's own
+            # CPU (it reads every process's smaps).
+            return process_tree_cpu_s(live=True) - mem.cpu_s
+
+        cpu0 = client_cpu()
+        run = _iterate(loader, epochs, max_batches, (t_open, t_opened), progress, client_cpu)
+        loader_cpu = client_cpu() - cpu0
         mem.stop()
         # Payload of the yielded samples, estimated from the selection's mean member size.
         payload = selection_payload / max(1, len(ds.table)) * run.samples
@@ -109,7 +115,9 @@ def bench_load(
         }
         if count_bytes:
             result.update(_request_fields(log_path, payload))
-        result["goals"] = load_goals(result, ds, loader_cpu / max(1, run.samples))
+        result["goals"] = load_goals(
+            result, ds, loader_cpu / max(1, run.samples), run.epoch_cpu_ms_per_sample
+        )
         return result
     finally:
         mem.stop()
@@ -154,6 +162,7 @@ class _Iteration:
     first_batch_s: float | None = None
     seconds: float = 0.0
     epoch_rates: list[float] = field(default_factory=list)
+    epoch_cpu_ms_per_sample: list[float] = field(default_factory=list)
 
     def to_json(self, t_open: float, t_opened: float, payload: float) -> dict[str, Any]:
         after_first = self.samples - self.first_samples
@@ -169,6 +178,7 @@ class _Iteration:
                 payload * after_first / max(1, self.samples) / MB, self.seconds
             ),
             "epoch_samples_per_s": self.epoch_rates,
+            "epoch_client_cpu_ms_per_sample": self.epoch_cpu_ms_per_sample,
         }
 
 
@@ -178,10 +188,12 @@ def _iterate(
     max_batches: int | None,
     opened: tuple[float, float],
     progress: bool | None,
+    cpu: Callable[[], float],
 ) -> _Iteration:
     """Iterate ``epochs`` epochs (at most ``max_batches`` batches), counting as it goes; rates
     exclude the first batch, whose cost is start-up (time to first batch, from opening the
-    dataset: ``opened`` is when that began and ended)."""
+    dataset: ``opened`` is when that began and ended). ``cpu()``: the client's CPU seconds so
+    far, read around each epoch for its CPU per sample (worker start-up included)."""
     import torch
 
     t_open, t_first = opened
@@ -191,7 +203,7 @@ def _iterate(
     bar = Progress(total, "bench load", unit="batches", enabled=progress)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
-        t_epoch, epoch_samples = time.perf_counter(), run.samples
+        t_epoch, epoch_samples, cpu_epoch = time.perf_counter(), run.samples, cpu()
         for batch in loader:
             if run.first_batch_s is None:
                 t_first = time.perf_counter()
@@ -205,6 +217,8 @@ def _iterate(
             if max_batches is not None and run.batches >= max_batches:
                 break
         run.epoch_rates.append(rate(run.samples - epoch_samples, time.perf_counter() - t_epoch))
+        epoch_n = run.samples - epoch_samples
+        run.epoch_cpu_ms_per_sample.append(round((cpu() - cpu_epoch) / max(1, epoch_n) * 1e3, 3))
         if max_batches is not None and run.batches >= max_batches:
             break
     run.seconds = time.perf_counter() - t_first
@@ -227,19 +241,34 @@ def _request_fields(log_path: str, payload: float) -> dict[str, Any]:
     }
 
 
-def load_goals(result: dict[str, Any], ds: Any, loader_cpu_s: float) -> dict[str, Any]:
-    """Issue #14's loader goals, measured here: decode limit and request size.
+def load_goals(
+    result: dict[str, Any],
+    ds: Any,
+    loader_cpu_s: float,
+    epoch_cpu_ms: Sequence[float] = (),
+) -> dict[str, Any]:
+    """Issue #14's and #21's loader goals, measured here: decode limit, client CPU, request size.
 
     The decode limit is zstd + safetensors decoding of the selection's payloads (already in
     memory) on every core of this machine; ``decode_share_of_loader_cpu`` is the fraction of the
     loader's CPU per sample (main process and workers) that decoding needs.
+    ``client_cpu_ms_per_sample`` is that CPU (rusage of this process and its reaped workers, plus
+    psutil's count for workers still running) over the whole run, beside ``samples_per_s``;
+    ``epoch_client_cpu_ms_per_sample`` per epoch (worker start-up included). Compare a local and
+    an S3 run of the same version (``benchmarks/load.py --s3`` does, in one run: goal S3 / local
+    <= 1.3).
     """
     decode_s = decode_cpu_s_per_sample(ds.store, ds.table)
     cores = os.cpu_count() or 1
     limit = cores / decode_s if decode_s > 0 else None
     goals: dict[str, Any] = {
         "decode_limit_samples_per_s": round(limit, 1) if limit else None,
+        "store": _store_kind(str(result.get("url", ""))),
+        "samples_per_s": result["samples_per_s"],
         "loader_cpu_ms_per_sample": round(loader_cpu_s * 1e3, 3),
+        "client_cpu_ms_per_sample": round(loader_cpu_s * 1e3, 3),
+        "epoch_samples_per_s": result.get("epoch_samples_per_s", []),
+        "epoch_client_cpu_ms_per_sample": list(epoch_cpu_ms),
         "decode_cpu_ms_per_sample": round(decode_s * 1e3, 3),
         "decode_share_of_loader_cpu": round(decode_s / loader_cpu_s, 3) if loader_cpu_s else None,
         "loader_vs_decode_limit": round(result["samples_per_s"] / limit, 3) if limit else None,
@@ -250,3 +279,9 @@ def load_goals(result: dict[str, Any], ds: Any, loader_cpu_s: float) -> dict[str
         goals["mean_mb_per_request"] = round(result["bytes_fetched"] / reads / MB, 3)
         goals["mean_mb_per_request_goal"] = 4.0
     return goals
+
+
+def _store_kind(url: str) -> str:
+    """``s3``, ``gs``, ... for a remote root URL; ``local`` for a path or file:// URL."""
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    return "local" if scheme == "file" else scheme

@@ -16,11 +16,45 @@ from ...store import Store
 MB = 1_000_000
 
 
-def process_tree_cpu_s() -> float:
-    """CPU seconds of this process and its waited-for children (DataLoader or pack workers)."""
+def process_tree_cpu_s(*, live: bool = False, exclude: Sequence[int] = ()) -> float:
+    """CPU seconds of this process and its waited-for children (DataLoader or pack workers).
+
+    ``live``: also the children still running (psutil ``cpu_times`` of each, recursively, less
+    ``exclude``: e.g. a loopback server this process started), so the difference of two calls
+    counts workers that were still alive at either end. A child counted live and waited for in
+    between is counted once (``RUSAGE_CHILDREN`` takes over its time when it is reaped).
+    """
     me = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    total = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    if live:
+        total += live_children_cpu_s(exclude)
+    return total
+
+
+def live_children_cpu_s(exclude: Sequence[int] = ()) -> float:
+    """CPU seconds (user + system) of this process's running children; 0 without psutil."""
+    try:
+        import psutil
+    except ImportError:
+        return 0.0
+    skip = set(exclude)
+    total = 0.0
+    try:
+        children = psutil.Process().children(recursive=True)
+    except (psutil.Error, OSError):
+        return 0.0
+    for child in children:
+        if child.pid in skip:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue  # its time reaches RUSAGE_CHILDREN when it is waited for
+            times = child.cpu_times()
+        except (psutil.Error, OSError):
+            continue
+        total += times.user + times.system
+    return total
 
 
 def decode_cpu_s_per_sample(store: Store, table: Any, samples: int = 64) -> float:
