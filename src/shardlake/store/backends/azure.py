@@ -61,7 +61,7 @@ class AzureBackend(BucketBackend):
             if "must provide either a connection_string" not in str(exc).lower():
                 raise
             from ...errors import CredentialsMissingError
-            from ..errors import credential_hint
+            from ..credentials import credential_hint
 
             raise CredentialsMissingError(
                 f"open {protocol}://: credentials missing - {credential_hint(protocol)}"
