@@ -307,7 +307,7 @@ def cmd_versions(args: argparse.Namespace) -> int:
         mark = "*" if row["latest"] else " "
         print(
             f"{mark} {row['tag']}\t{row['hash']}\t{row['created_at']}\t"
-            f"{row['partitions']} partitions\t{row['samples']} samples\tbase={row['base']}"
+            f"{row['partitions']} partitions\t{row['samples']} samples\tbase={row['base'] or '-'}"
         )
     return 0
 

@@ -288,6 +288,7 @@ def _train(
         "time_to_first_batch_s": round(max(r["first_batch_s"] for r in ranks), 2),
         "first_loss": r0["first_loss"],
         "last_loss": r0["last_loss"],
+        "loss_window": r0["loss_window"],
         "valid_loss": r0["valid_loss"],
         "valid_samples": r0["valid_samples"],
         "version_hash": r0["version_hash"],
@@ -298,7 +299,7 @@ def _train(
         f"time to first batch {out['time_to_first_batch_s']}s"
     )
     say(
-        f"   train loss (mean of 5 steps) {out['first_loss']:.4f} first -> "
+        f"   train loss (mean of {out['loss_window']} step(s)) {out['first_loss']:.4f} first -> "
         f"{out['last_loss']:.4f} last; "
         f"valid loss {out['valid_loss']:.4f} on {out['valid_samples']} samples (keyset valid-v2)"
     )
@@ -402,6 +403,7 @@ def _train_steps(
         # Single batches are noisy: report the mean of the first and the last few steps.
         "first_loss": sum(losses[:5]) / len(losses[:5]),
         "last_loss": sum(losses[-5:]) / len(losses[-5:]),
+        "loss_window": len(losses[:5]),
     }
 
 

@@ -30,6 +30,14 @@ from .measure import (
     rate,
 )
 
+# Printed with every result: the two rates differ by what they count (start-up or not).
+RATE_DEFINITIONS = {
+    "samples_per_s": "steady rate: samples after the first batch over the time after it, all "
+    "epochs together (start-up excluded)",
+    "epoch_samples_per_s": "each epoch's samples over that epoch's whole wall time, its start-up "
+    "included (worker start, plan, first reads); lower than samples_per_s on short epochs",
+}
+
 
 def bench_load(
     url: str,
@@ -179,6 +187,7 @@ class _Iteration:
             ),
             "epoch_samples_per_s": self.epoch_rates,
             "epoch_client_cpu_ms_per_sample": self.epoch_cpu_ms_per_sample,
+            "definitions": RATE_DEFINITIONS,
         }
 
 
