@@ -4,8 +4,8 @@ Load it from a ``conftest.py`` with ``pytest_plugins = ["shardlake.testing.pytes
 It is the only module of :mod:`shardlake.testing` that imports pytest.  Fixtures:
 
 * ``store_kind`` - parametrised over ``local``, ``memory``, ``s3`` (moto), ``gcs``
-  (fake-gcs-server) by default, or over ``SHARDLAKE_STORE_KINDS`` (``all`` adds ``seaweedfs``
-  and ``azure``); narrow it per test with ``@pytest.mark.parametrize("store_kind", [...])``;
+  (fake-gcs-server), ``seaweedfs`` (SeaweedFS) and ``azure`` (Azurite) by default, or over
+  ``SHARDLAKE_STORE_KINDS`` (``all`` or a comma list); narrow it per test with ``@pytest.mark.parametrize("store_kind", [...])``;
 * ``store_location`` / ``store_url`` / ``store`` - a fresh, empty prefix on that backend, its URL,
   the opened :class:`~shardlake.store.Store`;
 * ``store_factory`` - ``store_factory(kind=None, label="t")`` makes further fresh locations;

@@ -83,6 +83,13 @@ def weed_binary() -> str:
     )
 
 
+def _server_env() -> dict[str, str]:
+    """The caller's environment without ``AWS_*``: weed 4.x turns ``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY`` into an admin identity, which ends anonymous access (and a moto
+    server started earlier in the session puts exactly those into ``os.environ``)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+
+
 def _free_ports(count: int) -> list[int]:
     """``count`` distinct ports free on 127.0.0.1 right now (held open together while chosen)."""
     socks: list[socket.socket] = []
@@ -186,7 +193,12 @@ def seaweedfs_server(
             endpoint = f"http://{LOOPBACK}:{ports['s3.port']}"
             with open(log_path, "ab") as log:
                 proc = subprocess.Popen(
-                    args, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir
+                    args,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    cwd=workdir,
+                    env=_server_env(),
                 )
             if _wait_writable(proc, endpoint, bucket, time.monotonic() + startup_timeout):
                 break
