@@ -21,6 +21,7 @@ While a test runs, the ``env`` of every location it made (``AWS_ENDPOINT_URL``..
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -34,6 +35,15 @@ from .fixtures import (
     store_kinds,
 )
 from .servers import StoreServer, StoreServers
+
+
+def _forget_s3_filesystems() -> None:
+    # fsspec caches filesystems by their arguments, not by the AWS_* environment: an s3fs made
+    # without options while AWS_ENDPOINT_URL named SeaweedFS would keep reaching it when the
+    # variable names moto again.
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is not None:
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +83,8 @@ def store_factory(
             location = new_location(kind, label, store_servers)
         for name, value in location.env.items():
             env.setenv(name, value)
+        if location.env:
+            _forget_s3_filesystems()
         made.append(location)
         return location
 
@@ -80,6 +92,8 @@ def store_factory(
         yield make
     finally:
         env.undo()
+        if any(location.env for location in made):
+            _forget_s3_filesystems()
         for location in made:
             cleanup_location(location)
 
