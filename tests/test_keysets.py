@@ -27,7 +27,7 @@ def _packed(location: StoreLocation, src: Path) -> list[str]:
     return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_keyset_cli_on_every_backend(
     store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -54,7 +54,7 @@ def test_parse_duration() -> None:
         parse_duration("soon")
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_gc_dry_run_grace_and_delete(
     store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

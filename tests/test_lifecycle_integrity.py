@@ -31,7 +31,7 @@ def _first_row(store: Store) -> tuple[dict, dict, str]:  # type: ignore[type-arg
     return entry, row, entry.shards[row["shard"]].key
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_clean_root_passes_everything(
     store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -52,7 +52,7 @@ def test_clean_root_passes_everything(
     assert "expected 4" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_flipped_byte_is_caught_and_named(
     store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -138,7 +138,7 @@ def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
     assert "does not match the version entry" in report.problems[0].message
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_deleted_shard_is_caught_by_all_three(
     store_location: StoreLocation, tmp_path: Path
 ) -> None:

@@ -32,7 +32,7 @@ def _objects(location: StoreLocation) -> set[str]:
     return set(open_store(location.url, location.storage_options).list(""))
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_remove_samples_partitions_and_where_via_cli(
     store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

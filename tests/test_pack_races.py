@@ -18,7 +18,7 @@ from test_pack_support import assert_consistent, make_source, read_all, small_fr
 from shardlake.errors import ConflictError
 from shardlake.meta.versions import load_version, publish_version, read_state
 from shardlake.pack import pack
-from shardlake.testing.fixtures import StoreLocation
+from shardlake.testing.fixtures import LOOPBACK_KINDS, StoreLocation
 
 
 def corpus(root: Path) -> Path:
@@ -72,7 +72,7 @@ def test_racing_packs_same_tag_exactly_one_wins(
     assert len(read_all(store, load_version(store, "v1"))) == 4
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", LOOPBACK_KINDS)
 def test_racing_latest_updates_exactly_one_wins(
     tmp_path: Path, store_location: StoreLocation
 ) -> None:

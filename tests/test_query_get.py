@@ -34,7 +34,7 @@ def _assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
         assert a[name].tobytes() == b[name].tobytes(), name
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_query_get_iterate_on_every_backend(store_location: StoreLocation, tmp_path: Path) -> None:
     src = tmp_path / "src"
     _packed(store_location, src)
@@ -84,7 +84,7 @@ def test_npz_bytes_round_trip_all_dtypes() -> None:
     _assert_same(load_npz(npz_bytes(arrays), "x"), arrays)
 
 
-@pytest.mark.parametrize("store_kind", ["local", "s3", "gcs"])
+@pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])
 def test_cli_query_and_get(
     store_location: StoreLocation, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

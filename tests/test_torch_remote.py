@@ -26,7 +26,7 @@ def local_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )[1]
 
 
-@pytest.mark.parametrize("kind", ["s3", "gcs"])
+@pytest.mark.parametrize("kind", ["seaweedfs", "gcs", "azure"])
 def test_remote_batches_equal_local_and_bytes_fetched_match_selection(
     kind: str, local_root: Path, tmp_path: Path
 ) -> None:

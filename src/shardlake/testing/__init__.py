@@ -6,7 +6,8 @@
   ``pytest_plugins = ["shardlake.testing.pytest_plugin"]``.
 * :mod:`shardlake.testing.faults` - ``FaultInjector``, a store layer injecting seeded faults
   (``store.with_layers(FaultInjector(FaultPlan(...)))``).
-* :mod:`shardlake.testing.proxy` - a fault-injecting HTTP proxy in front of a loopback S3.
+* :mod:`shardlake.testing.proxy` - a fault-injecting HTTP proxy in front of a loopback S3, and
+  `CheckThenWriteGateway`, an S3 gateway with a racy (check-then-write) create-if-absent.
 * :mod:`shardlake.testing.servers` - moto's S3 server and fake-gcs-server on 127.0.0.1 (from
   :mod:`shardlake.tools.loopback`), with the ``storage_options`` that reach them, plus
   :mod:`shardlake.testing.seaweedfs` (SeaweedFS, a real S3-compatible store) and

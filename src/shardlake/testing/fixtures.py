@@ -4,10 +4,10 @@ The pytest fixtures built on these live in :mod:`shardlake.testing.pytest_plugin
 ``tests/conftest.py`` and ``conformance/conftest.py`` load with ``pytest_plugins``; any test can
 ask for:
 
-* ``store_kind`` - parametrised over ``local``, ``memory``, ``s3`` (moto), ``gcs`` (fake-gcs-server)
-  by default; ``seaweedfs`` (a real S3-compatible store) and ``azure`` (Azurite) are the further
-  loopback kinds (:data:`LOOPBACK_KINDS`), and ``SHARDLAKE_STORE_KINDS`` (``all`` or a comma list)
-  chooses the default set.  Narrow it per test with
+* ``store_kind`` - parametrised over every loopback kind (:data:`LOOPBACK_KINDS`) by default:
+  ``local``, ``memory``, ``s3`` (moto), ``gcs`` (fake-gcs-server), ``seaweedfs`` (a real
+  S3-compatible store) and ``azure`` (Azurite); ``SHARDLAKE_STORE_KINDS`` (``all`` or a comma
+  list) chooses another default set.  Narrow it per test with
   ``@pytest.mark.parametrize("store_kind", ["local", "s3"])``.
 * ``store_location`` - a :class:`StoreLocation` (url, storage_options, env) for a fresh, empty
   prefix of that backend; ``store_url`` is its URL and ``store`` the opened :class:`Store`.
@@ -41,9 +41,10 @@ from typing import Any
 from ..store import Store, open_store
 from .servers import StoreServers
 
-# Every kind that runs on this machine; DEFAULT_KINDS is what ``store_kind`` covers by default.
+# Every kind that runs on this machine; DEFAULT_KINDS is what ``store_kind`` covers by default:
+# all of them (a test narrows it where a backend adds nothing, see tests/).
 LOOPBACK_KINDS = ("local", "memory", "s3", "gcs", "seaweedfs", "azure")
-DEFAULT_KINDS = ("local", "memory", "s3", "gcs")
+DEFAULT_KINDS = LOOPBACK_KINDS
 SERVER_KINDS = ("s3", "gcs", "seaweedfs", "azure")
 ENV_URL = "SHARDLAKE_CONFORMANCE_URL"
 ENV_OPTIONS = "SHARDLAKE_CONFORMANCE_STORAGE_OPTIONS"

@@ -28,6 +28,16 @@ whole endpoint stall (a hung server). :meth:`FaultProxy.inject` aims faults at t
 matching requests (e.g. lose the reply to gc's lock commit, then fail the read-back), in the
 order they were aimed, ahead of the seeded schedule. ``history`` lists every request's
 ``(method, path, fault)``.
+
+:class:`CheckThenWriteGateway` is a proxy of another kind: an S3 gateway whose create-if-absent
+is check-then-write, the bug SeaweedFS (#8800, older versions), versitygw (#2288) and rustfs
+(#1659) shipped.  For a ``PUT`` carrying ``If-None-Match: *`` it drops the header, asks upstream
+whether the object exists (``HEAD``), answers ``412`` in SeaweedFS's shape (no ``Condition``
+element) if it does, and otherwise waits ``window_s`` and forwards the plain ``PUT``.  A lone
+conditional create is answered correctly; concurrent ones all see "absent" and all win::
+
+    with seaweedfs_server() as s3, CheckThenWriteGateway(s3.endpoint_url) as gateway:
+        store = open_store(s3.url("root"), gateway.storage_options(s3.storage_options))
 """
 
 from __future__ import annotations
@@ -190,6 +200,38 @@ class FaultProxy:
         self._stop.wait(seconds)
 
 
+class CheckThenWriteGateway(FaultProxy):
+    """An S3 gateway with a racy create-if-absent (check, then write); see the module doc.
+
+    Parameters
+    ----------
+    upstream:
+        ``http://host:port`` of a real S3 server (SeaweedFS on loopback in shardlake's tests).
+    window_s:
+        The pause between the existence check and the write: the window in which concurrent
+        creates all see "absent".  Real gateways have one too (a filer lookup, a metadata RPC);
+        this one makes it wide enough to hit on a loaded machine.
+    rate, seed, kinds, delay_s, stall_s:
+        As for :class:`FaultProxy` (no faults by default).
+
+    ``creates`` counts what it did with conditional creates: ``checked``, ``refused`` (412),
+    ``written``.
+    """
+
+    def __init__(self, upstream: str, *, window_s: float = 0.25, rate: float = 0.0, **kw: Any):
+        super().__init__(upstream, rate=rate, **kw)
+        self.window_s = window_s
+        self.creates: Counter[str] = Counter()
+
+    def __enter__(self) -> CheckThenWriteGateway:
+        super().__enter__()
+        return self
+
+    def count(self, what: str) -> None:
+        with self._lock:
+            self.creates[what] += 1
+
+
 @dataclass
 class _Aimed:
     """A fault aimed at the next ``left`` requests matching ``method`` and a path part."""
@@ -229,6 +271,12 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         proxy = self.server.proxy
         body = self._request_body()
+        if (
+            isinstance(proxy, CheckThenWriteGateway)
+            and self._is_conditional_create()
+            and self._check_then_write(proxy, body)
+        ):
+            return
         kind = proxy.decide(self.command, self.path.split("?", 1)[0])
         if kind == "stall":
             proxy.wait_or_stop(proxy.stall_s)
@@ -247,6 +295,53 @@ class _Handler(BaseHTTPRequestHandler):
             self._s3_error("503")  # nothing to damage: degrade to a throttle
             return
         self._reply(status, reason, headers, data, kind)
+
+    def _is_conditional_create(self) -> bool:
+        # A single-request PutObject only: parts and copies carry a query or a copy source.
+        return (
+            self.command == "PUT"
+            and self.headers.get("If-None-Match", "").strip() == "*"
+            and "?" not in self.path
+            and "x-amz-copy-source" not in self.headers
+        )
+
+    def _check_then_write(self, proxy: CheckThenWriteGateway, body: bytes) -> bool:
+        """The racy create: HEAD, then (after the window) a plain PUT.  True when answered."""
+        proxy.count("checked")
+        conn = http.client.HTTPConnection(*proxy.upstream, timeout=60)
+        try:
+            conn.request("HEAD", self.path)
+            response = conn.getresponse()
+            response.read()
+            exists = response.status == 200
+        finally:
+            conn.close()
+        if exists:
+            proxy.count("refused")
+            self._precondition_failed()
+            return True
+        proxy.wait_or_stop(proxy.window_s)
+        del self.headers["If-None-Match"]  # the write no longer carries the condition
+        proxy.count("written")
+        return False
+
+    def _precondition_failed(self) -> None:
+        # SeaweedFS's 412 body: Key and BucketName, but no <Condition> element (which s3fs
+        # needs to map a 412 to FileExistsError).
+        path = self.path.split("?", 1)[0]
+        bucket, _, key = path.lstrip("/").partition("/")
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n'
+            "<Error><Code>PreconditionFailed</Code>"
+            "<Message>At least one of the pre-conditions you specified did not hold</Message>"
+            f"<Resource>{path}</Resource><RequestId>shardlake-check-then-write</RequestId>"
+            f"<Key>{key}</Key><BucketName>{bucket}</BucketName></Error>"
+        ).encode()
+        self.send_response(412)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def _request_body(self) -> bytes:
         if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
@@ -340,3 +435,11 @@ def fault_proxy(upstream: str, **options: Any) -> Iterator[FaultProxy]:
     """``with fault_proxy(url, rate=..., seed=...) as proxy:`` - a started :class:`FaultProxy`."""
     with FaultProxy(upstream, **options) as proxy:
         yield proxy
+
+
+@contextlib.contextmanager
+def check_then_write_gateway(upstream: str, **options: Any) -> Iterator[CheckThenWriteGateway]:
+    """``with check_then_write_gateway(url) as gateway:`` - a started
+    :class:`CheckThenWriteGateway`."""
+    with CheckThenWriteGateway(upstream, **options) as gateway:
+        yield gateway

@@ -4,8 +4,8 @@ Load it from a ``conftest.py`` with ``pytest_plugins = ["shardlake.testing.pytes
 It is the only module of :mod:`shardlake.testing` that imports pytest.  Fixtures:
 
 * ``store_kind`` - parametrised over ``local``, ``memory``, ``s3`` (moto), ``gcs``
-  (fake-gcs-server) by default, or over ``SHARDLAKE_STORE_KINDS`` (``all`` adds ``seaweedfs``
-  and ``azure``); narrow it per test with ``@pytest.mark.parametrize("store_kind", [...])``;
+  (fake-gcs-server), ``seaweedfs`` (SeaweedFS) and ``azure`` (Azurite) by default, or over
+  ``SHARDLAKE_STORE_KINDS`` (``all`` or a comma list); narrow it per test with ``@pytest.mark.parametrize("store_kind", [...])``;
 * ``store_location`` / ``store_url`` / ``store`` - a fresh, empty prefix on that backend, its URL,
   the opened :class:`~shardlake.store.Store`;
 * ``store_factory`` - ``store_factory(kind=None, label="t")`` makes further fresh locations;
@@ -21,6 +21,7 @@ While a test runs, the ``env`` of every location it made (``AWS_ENDPOINT_URL``..
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -34,6 +35,15 @@ from .fixtures import (
     store_kinds,
 )
 from .servers import StoreServer, StoreServers
+
+
+def _forget_s3_filesystems() -> None:
+    # fsspec caches filesystems by their arguments, not by the AWS_* environment: an s3fs made
+    # without options while AWS_ENDPOINT_URL named SeaweedFS would keep reaching it when the
+    # variable names moto again.
+    s3fs = sys.modules.get("s3fs")
+    if s3fs is not None:
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +83,8 @@ def store_factory(
             location = new_location(kind, label, store_servers)
         for name, value in location.env.items():
             env.setenv(name, value)
+        if location.env:
+            _forget_s3_filesystems()
         made.append(location)
         return location
 
@@ -80,6 +92,8 @@ def store_factory(
         yield make
     finally:
         env.undo()
+        if any(location.env for location in made):
+            _forget_s3_filesystems()
         for location in made:
             cleanup_location(location)
 

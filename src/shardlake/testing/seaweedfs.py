@@ -83,6 +83,13 @@ def weed_binary() -> str:
     )
 
 
+def _server_env() -> dict[str, str]:
+    """The caller's environment without ``AWS_*``: weed 4.x turns ``AWS_ACCESS_KEY_ID`` and
+    ``AWS_SECRET_ACCESS_KEY`` into an admin identity, which ends anonymous access (and a moto
+    server started earlier in the session puts exactly those into ``os.environ``)."""
+    return {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+
+
 def _free_ports(count: int) -> list[int]:
     """``count`` distinct ports free on 127.0.0.1 right now (held open together while chosen)."""
     socks: list[socket.socket] = []

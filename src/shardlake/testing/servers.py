@@ -6,7 +6,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 
 from ..tools.loopback import (
     DEFAULT_BUCKET,
@@ -70,15 +71,29 @@ class StoreServers(_LoopbackServers):
     :attr:`StoreServer.env` itself (the pytest plugin does, for the test's store kind).
     """
 
+    # kind -> why it did not start (replaced, never mutated: safe as a class default)
+    _failed: Mapping[str, str] = MappingProxyType({})
+
     def get(self, kind: str) -> StoreServer:
         kind = "gcs" if kind == "gs" else kind
         if kind not in ("seaweedfs", "azure"):
             return super().get(kind)
+        failed = self._failed
+        if kind in failed:
+            # Starting takes up to minutes; a server that did not start once is not retried
+            # by every later test of the session.
+            raise RuntimeError(
+                f"the {kind} loopback server failed to start earlier: {failed[kind]}"
+            )
         if kind not in self._running:
             set_env = self._set_env and kind != "seaweedfs"
-            self._running[kind] = self._stack.enter_context(
-                start_store_server(kind, set_env=set_env)
-            )
+            try:
+                self._running[kind] = self._stack.enter_context(
+                    start_store_server(kind, set_env=set_env)
+                )
+            except Exception as exc:
+                self._failed = MappingProxyType({**failed, kind: str(exc)[:500]})
+                raise
         return self._running[kind]
 
 
