@@ -138,18 +138,6 @@ def _wait_writable(
     return False
 
 
-def _server_env() -> dict[str, str]:
-    """This process's environment without AWS credentials: given them (another loopback server
-    of the test session may have exported its own), ``weed`` adds an admin identity, turns
-    authentication on and refuses the anonymous start-up probe."""
-    return {k: v for k, v in os.environ.items() if k not in _AWS_CREDENTIALS}
-
-
-_AWS_CREDENTIALS = frozenset(
-    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"}
-)
-
-
 def _stop(proc: subprocess.Popen[bytes], grpc_ports: list[int]) -> None:
     # weed's graceful shutdown (SIGTERM) hangs for seconds; its data is a temporary directory.
     if proc.poll() is None:
