@@ -198,3 +198,25 @@ def test_one_error_hierarchy_without_twins() -> None:
     again = pickle.loads(pickle.dumps(exc))  # crosses worker processes intact
     assert type(again) is errors.KeyNotFoundError and again.options == ("version",)
     assert str(again) == "s3://b/k: no such key"
+
+
+def test_errors_pickle_with_their_options_even_under_tblib() -> None:
+    """Errors cross process and Dask boundaries; distributed installs tblib's exception pickling,
+    which could not rebuild a class with two built-in bases (KeyNotFoundError)."""
+    import pickle
+
+    import tblib.pickling_support
+
+    from shardlake.errors import IntegrityError, KeyNotFoundError
+
+    tblib.pickling_support.install()
+    for cls in (KeyNotFoundError, IntegrityError):
+        try:
+            try:
+                raise cls("s3://b/k: gone", options=("version",))
+            except cls as inner:
+                raise RuntimeError("task failed") from inner
+        except RuntimeError as outer:
+            back = pickle.loads(pickle.dumps(outer))
+        assert type(back.__cause__) is cls
+        assert str(back.__cause__) == "s3://b/k: gone" and back.__cause__.options == ("version",)

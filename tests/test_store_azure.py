@@ -189,3 +189,17 @@ def test_default_credential_without_a_source_is_missing_credentials() -> None:
     translated = translate_error(exc, "read", "az://c/p/k", "c", "az")
     assert isinstance(translated, CredentialsMissingError)
     assert "az login" in str(translated)
+
+
+def test_two_streamed_writers_of_one_key_both_succeed(azurite_server: StoreServer) -> None:
+    """Racing packs stream the same content-addressed shard: the first block-list commit drops
+    the other writer's staged blocks (InvalidBlockList), which is no failure of that writer."""
+    store = open_store(azurite_server.fresh_url("streams"), azurite_server.storage_options)
+    body = bytes(range(256)) * (6 * 4096)  # 6 MiB: more than one 4 MiB block is staged
+    first, second = store.open_writer("shard.tar"), store.open_writer("shard.tar")
+    a, b = first.__enter__(), second.__enter__()
+    a.write(body)
+    b.write(body)
+    first.__exit__(None, None, None)
+    second.__exit__(None, None, None)
+    assert store.read("shard.tar") == body

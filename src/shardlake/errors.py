@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Iterable, Sequence
+from typing import Any
 
 
 class ShardlakeError(Exception):
@@ -26,6 +27,19 @@ class ShardlakeError(Exception):
     def __init__(self, *args: object, options: Sequence[str] = ()) -> None:
         super().__init__(*args)
         self.options: tuple[str, ...] = tuple(options)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Our own reduce: errors cross process and Dask boundaries, and the built-in one (or
+        # tblib's, which distributed installs) cannot rebuild a class with two built-in bases.
+        return (_restore_error, (type(self), self.args, dict(self.__dict__)))
+
+
+def _restore_error(
+    cls: type[ShardlakeError], args: tuple[object, ...], state: dict[str, Any]
+) -> ShardlakeError:
+    error = cls(*args)
+    error.__dict__.update(state)
+    return error
 
 
 class NotFoundError(ShardlakeError, LookupError):

@@ -136,8 +136,8 @@ def source_npz_paths(
                 else f"the source {root or '?'}"
             )
             raise SourceError(
-                f"{entry.where}: {shorten(entry.text)} is absolute but not under {how}; give the "
-                "old root as strip_prefix when the list was written for another location",
+                f"{entry.where}: {shorten(entry.text)} is absolute but not under {how}; a list "
+                "written elsewhere needs its old root as the prefix to strip",
                 options=("strip_prefix",),
             )
         if not rel.endswith(NPZ):

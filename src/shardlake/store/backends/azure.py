@@ -4,14 +4,15 @@ block-list streaming, one retry layer."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import MappingProxyType
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 
 from ..classify import azure_error_code
 from ..retry import RetryPolicy
-from .base import BucketBackend
+from .base import BucketBackend, _discard
 
 # Storage error codes of a 409 on a create that do not mean "the blob exists".
 _NOT_EXISTS_CONFLICTS = frozenset(
@@ -69,6 +70,32 @@ class AzureBackend(BucketBackend):
         _single_try(fs)
         return fs
 
+    @contextmanager
+    def open_writer(self, path: str) -> Iterator[BinaryIO]:
+        handle = self._open_for_write(path)
+        try:
+            yield handle
+        except BaseException:
+            _discard(handle)
+            raise
+        written = int(getattr(handle, "loc", -1))
+        try:
+            handle.close()
+        except Exception as exc:
+            # Two writers of one key stage blocks under one blob; the first commit drops the
+            # other's uncommitted blocks (InvalidBlockList). Streamed objects (shards) sit at
+            # content-addressed keys, so a complete blob of our size there holds our bytes.
+            if not _lost_commit_race(exc) or self._size_now(path) != written:
+                raise
+        self._fresh(path)
+
+    def _size_now(self, path: str) -> int | None:
+        self.fs.invalidate_cache(path)
+        try:
+            return int(self.fs.info(path)["size"])
+        except FileNotFoundError:
+            return None
+
     def _create(self, path: str, data: bytes) -> None:
         try:
             self.fs.pipe_file(path, data, mode="create", max_concurrency=1)
@@ -108,6 +135,14 @@ def chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or (
             None if current.__suppress_context__ else current.__context__
         )
+
+
+def _lost_commit_race(exc: BaseException) -> bool:
+    """Whether a block-list commit failed because another writer committed the blob first."""
+    return any(
+        azure_error_code(cause) == "InvalidBlockList" or "InvalidBlockList" in str(cause)
+        for cause in chain(exc)
+    )
 
 
 def refused_create(exc: BaseException) -> bool:
