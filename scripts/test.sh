@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, types, API docs, unit tests, conformance (local, memory, S3, GCS), DDP.
+# The whole test suite: lint, types, layers, API docs, unit tests, conformance (local, memory,
+# S3 on moto and SeaweedFS, GCS, Azure on Azurite), DDP.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -12,4 +13,5 @@ bash scripts/setup.sh
 site_dir=$(mktemp -d)
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --quiet --site-dir "$site_dir"
 rm -rf "$site_dir"
-.venv/bin/python -m pytest -q "$@"
+# Two processes (the CI machine has 2 cores); a file stays in one process (its servers, clusters).
+.venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
