@@ -77,6 +77,9 @@ def test_documented_commands_run(doc, place, capsys, monkeypatch, tmp_path):
         "s3://bucket/driving": root,
         "/data/lists/train.json": str(place / "train.json"),
         "train.json": str(place / "train.json"),
+        "s3://bucket/scratch": str(tmp_path / "scratch"),
+        # The cluster's scheduler of the docs: test_lifecycle_dask.py runs a real one.
+        "dask://sched:8786": "thread",
     }
     ran = 0
     for line in shell_lines((REPO / doc).read_text()):
