@@ -4,15 +4,14 @@ block-list streaming, one retry layer."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from types import MappingProxyType
-from typing import Any, BinaryIO
+from typing import Any
 
 import fsspec
 
 from ..classify import azure_error_code
 from ..retry import RetryPolicy
-from .base import BucketBackend, _discard
+from .base import BucketBackend
 
 # Storage error codes of a 409 on a create that do not mean "the blob exists".
 _NOT_EXISTS_CONFLICTS = frozenset(
@@ -70,14 +69,7 @@ class AzureBackend(BucketBackend):
         _single_try(fs)
         return fs
 
-    @contextmanager
-    def open_writer(self, path: str) -> Iterator[BinaryIO]:
-        handle = self._open_for_write(path)
-        try:
-            yield handle
-        except BaseException:
-            _discard(handle)
-            raise
+    def _commit_writer(self, handle: Any, path: str) -> None:
         written = int(getattr(handle, "loc", -1))
         try:
             handle.close()
@@ -87,7 +79,6 @@ class AzureBackend(BucketBackend):
             # content-addressed keys, so a complete blob of our size there holds our bytes.
             if not _lost_commit_race(exc) or self._size_now(path) != written:
                 raise
-        self._fresh(path)
 
     def _size_now(self, path: str) -> int | None:
         self.fs.invalidate_cache(path)

@@ -171,8 +171,12 @@ class Backend:
         except BaseException:
             _discard(handle)
             raise
-        handle.close()
+        self._commit_writer(handle, path)
         self._fresh(path)
+
+    def _commit_writer(self, handle: Any, path: str) -> None:
+        """Make a streamed write visible (close it); a backend may settle its races here."""
+        handle.close()
 
     def delete(self, path: str) -> None:
         with suppress(FileNotFoundError):
