@@ -125,15 +125,24 @@ def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
 
 def _select_rows(source: Source, meta_columns: Sequence[str]) -> SourceRows:
     ds = open_dataset(source.url, source.version, source.storage_options, keyset=source.keyset)
-    columns = ds.manifests().column_names
-    missing = [c for c in meta_columns if c not in columns]
-    if missing:
-        raise SelectionError(
-            f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
-        )
+    wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
-    wanted = [*READER_COLUMNS, *meta_columns]
-    table = selected.rows(None if source.where else [c for c in wanted if c in columns])
+    table: pa.Table | None = None
+    if source.where is None and source.keyset is None and source.keys is None:
+        # Everything: only the loader's columns are decoded (a catalog segment's other columns,
+        # e.g. 64-character source digests, are most of its bytes), and nothing is filtered.
+        table = ds.manifests(wanted)
+        columns = table.column_names
+        if len(columns) < len(wanted) or table.num_rows == 0:
+            table = None  # the messages below (an unknown column, an empty version)
+    if table is None:
+        columns = ds.manifests().column_names
+        missing = [c for c in meta_columns if c not in columns]
+        if missing:
+            raise SelectionError(
+                f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
+            )
+        table = selected.rows(None if source.where else [c for c in wanted if c in columns])
     selection = selected.describe()
     return SourceRows(
         source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
