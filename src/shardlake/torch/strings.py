@@ -37,12 +37,18 @@ class StringColumn(Sequence[str]):
         """From an Arrow string column (nulls are not allowed in a key column)."""
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
-        array = values.cast(pa.large_string())
+        # A plain string array is read in place (int32 offsets); no cast copies the keys first.
+        small = values.type == pa.string()
+        array = values if small else values.cast(pa.large_string())
         if array.null_count:
             raise ValueError("a string column for the loader must not hold nulls")
-        _validity, offsets_buf, data_buf = array.buffers()
         n = len(array)
-        offsets = np.frombuffer(offsets_buf, dtype=np.int64)[array.offset : array.offset + n + 1]
+        if n == 0:
+            return cls(np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int32))
+        _validity, offsets_buf, data_buf = array.buffers()
+        width = np.int32 if small else np.int64
+        offsets = np.frombuffer(offsets_buf, dtype=width)[array.offset : array.offset + n + 1]
+        offsets = offsets.astype(np.int64)
         first, last = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
         data = (
             np.frombuffer(data_buf, dtype=np.uint8)[first:last].copy()
