@@ -192,3 +192,46 @@ def test_eviction_keeps_the_cache_within_its_budget(tmp_path: Path) -> None:
     assert cache.discarded == 1 and not (cache.root / digests[3]).exists()
     with pytest.raises(UsageError):
         cache.put(digests[0], b"not these bytes")
+
+
+def test_derived_values_are_checked_and_computed_once(tmp_path: Path) -> None:
+    cache = CatalogCache(tmp_path)
+    calls: list[int] = []
+
+    def compute() -> str:
+        calls.append(1)
+        return "ab" * 16
+
+    assert cache.fetch_derived("digest|v|all|3", compute) == "ab" * 16
+    assert cache.fetch_derived("digest|v|all|3", compute) == "ab" * 16
+    assert len(calls) == 1 and cache.hits == 1
+    assert cache.get_derived("digest|v|all|4") is None  # another description: another entry
+    (path,) = [p for p in cache.root.iterdir() if p.name.endswith(".derived")]
+    assert [e[0] for e in cache.entries()] == [path]  # counted by the eviction budget
+    doc = json.loads(path.read_bytes())
+    path.write_text(json.dumps({**doc, "value": "cd" * 16}))  # an edit the check catches
+    assert cache.get_derived("digest|v|all|3") is None
+    assert cache.discarded == 1 and not path.exists()
+
+
+def test_ranks_reuse_the_whole_versions_selection_digest(
+    root: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shardlake.torch.sources as sources_mod
+
+    calls: list[int] = []
+    real = sources_mod.key_digest
+
+    def counted(keys: object) -> str:
+        calls.append(1)
+        return real(keys)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(sources_mod, "key_digest", counted)
+    first = ShardDataset(root, "v1", batch_size=1)
+    second = ShardDataset(root, "v1", batch_size=1, rank=1, world_size=2)
+    assert len(calls) == 1 and first.selection_digest == second.selection_digest
+    turns = ShardDataset(root, "v1", batch_size=1, where="scenario = 'turn'")
+    assert len(calls) == 2 and turns.selection_digest != first.selection_digest
+    monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", "off")
+    plain = ShardDataset(root, "v1", batch_size=1)
+    assert plain.selection_digest == first.selection_digest and len(calls) == 3

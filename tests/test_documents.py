@@ -42,6 +42,22 @@ def test_partition_entry_keeps_its_catalog_segment() -> None:
         PartitionEntry.from_json({**doc, "segment": 3}, "x")
 
 
+def test_partition_entry_fast_path_matches_the_checked_one() -> None:
+    """A plain dict takes the fast path; a read-only mapping the checked one: same entries."""
+    from types import MappingProxyType
+
+    docs = [
+        *_version_doc()["partitions"],
+        {**_version_doc()["partitions"][0], "segment": "ab" * 32, "skipped": 2},
+        {**_version_doc()["partitions"][0], "extra": 1, "skipped": True},
+        {**_version_doc()["partitions"][0], "source_fingerprint": 5},
+    ]
+    for doc in docs:
+        checked = PartitionEntry.from_json(MappingProxyType(doc), "x")
+        assert PartitionEntry.from_json(doc, "x") == checked
+        assert type(PartitionEntry.from_json(doc, "x").skipped) is int
+
+
 def test_version_entries_are_the_typed_partition_list() -> None:
     store = open_store(str(GOLDEN))
     version = load_version(store, "v2")

@@ -14,6 +14,11 @@ keeps one file per object, ``<dir>/shardlake-catalog-1/<sha256>``, whatever stor
 * **bounded**: after a publish, files beyond ``max_bytes`` (default 4 GiB) are evicted least
   recently used first (a hit refreshes the file's mtime).
 
+Beside the objects it keeps small *derived* values that are a pure function of a version's
+content (the loader's selection digest of a whole version, keyed by the version hash and row
+count): a JSON file named by the sha256 of what it is of, holding that description, the value
+and a checksum of both; one that does not check out is deleted and the value computed again.
+
 Where: ``$SHARDLAKE_CATALOG_CACHE`` when set (empty or ``off`` disables the cache), else
 ``$XDG_CACHE_HOME/shardlake/catalog``, else ``~/.cache/shardlake/catalog``. The budget is
 ``$SHARDLAKE_CATALOG_CACHE_BYTES``. A cache directory that cannot be created or written is
@@ -25,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import secrets
 from collections.abc import Callable, Iterator
@@ -38,6 +44,8 @@ DEFAULT_MAX_BYTES = 4 * 2**30
 LAYOUT = "shardlake-catalog-1"
 TEMP_MARK = ".tmp."
 LOCK_SUFFIX = ".lock"
+DERIVED = "shardlake.catalog-cache.derived/1"
+DERIVED_SUFFIX = ".derived"
 OFF = ("", "off", "0", "false", "no")
 
 
@@ -82,10 +90,13 @@ class CatalogCache:
 
     def put(self, sha256: str, data: bytes) -> None:
         """Publish verified bytes (temporary file, then rename); errors leave no entry."""
-        path = self.path(sha256)
         if hashlib.sha256(data).hexdigest() != sha256:
             raise UsageError(f"catalog cache: bytes are not object {sha256[:12]}...")
-        temp = path.with_name(f"{sha256}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+        self._publish(sha256, data)
+
+    def _publish(self, name: str, data: bytes) -> None:
+        path = self.root / name
+        temp = path.with_name(f"{name}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
         try:
             with open(temp, "wb") as fh:
                 fh.write(data)
@@ -121,6 +132,64 @@ class CatalogCache:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    # --- derived values ---------------------------------------------------------------------
+
+    def get_derived(self, what: str) -> str | None:
+        """The value cached for ``what`` (a description naming everything it depends on), or
+        ``None`` (absent, or failed its check and deleted)."""
+        path = self.root / _derived_name(what)
+        try:
+            doc = json.loads(path.read_bytes())
+        except (OSError, ValueError):
+            return None
+        value = doc.get("value") if isinstance(doc, dict) else None
+        if (
+            not isinstance(value, str)
+            or doc.get("of") != what
+            or doc.get("check") != _derived_check(what, value)
+        ):
+            self.discarded += 1
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        self.hits += 1
+        return value
+
+    def put_derived(self, what: str, value: str) -> None:
+        """Publish a derived value (atomically; errors leave no entry)."""
+        doc = {"format": DERIVED, "of": what, "value": value, "check": _derived_check(what, value)}
+        with contextlib.suppress(OSError):
+            self.root.mkdir(parents=True, exist_ok=True)
+        self._publish(_derived_name(what), json.dumps(doc, sort_keys=True).encode())
+
+    def fetch_derived(self, what: str, compute: Callable[[], str]) -> str:
+        """The value of ``what`` from the cache, else ``compute()``d and published; one process
+        per node computes it, the others wait for it and hit (as :meth:`fetch`)."""
+        value = self.get_derived(what)
+        if value is not None:
+            return value
+        name = _derived_name(what)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            lock = open(self.root / (name + LOCK_SUFFIX), "ab")  # noqa: SIM115
+        except OSError:
+            self.misses += 1
+            return compute()
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                value = self.get_derived(what)
+                if value is not None:
+                    return value
+                self.misses += 1
+                value = compute()
+                self.put_derived(what, value)
+                return value
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def entries(self) -> Iterator[tuple[Path, int, float]]:
         """``(path, size, mtime)`` of every published object."""
         try:
@@ -128,7 +197,9 @@ class CatalogCache:
         except OSError:
             return
         for name in names:
-            if len(name) != 64:  # temporary and lock files
+            if len(name) != 64 and not (
+                len(name) == 64 + len(DERIVED_SUFFIX) and name.endswith(DERIVED_SUFFIX)
+            ):  # temporary and lock files
                 continue
             with contextlib.suppress(OSError):
                 st = os.stat(self.root / name)
@@ -146,6 +217,14 @@ class CatalogCache:
                 path.unlink()
                 (path.with_name(path.name + LOCK_SUFFIX)).unlink(missing_ok=True)
             total -= size
+
+
+def _derived_name(what: str) -> str:
+    return hashlib.sha256(f"{DERIVED}|name|{what}".encode()).hexdigest() + DERIVED_SUFFIX
+
+
+def _derived_check(what: str, value: str) -> str:
+    return hashlib.sha256(f"{DERIVED}|check|{what}|{value}".encode()).hexdigest()
 
 
 def catalog_cache() -> CatalogCache | None:

@@ -45,9 +45,9 @@ from .sources import (
     epoch_rows,
     release_set_up_memory,
     select_rows,
+    selection_key_digest,
     trim_heap,
 )
-from .strings import key_digest
 
 if TYPE_CHECKING:
     from .loader import ShardLoader
@@ -208,7 +208,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 "version_tag": r.version_tag,
                 "version_hash": r.version_hash,
                 "selection": r.selection,
-                "selection_digest": key_digest(r.table.column("key")),
+                "selection_digest": selection_key_digest(r),
                 "samples": r.table.num_rows,
                 "weight": r.source.weight,
                 "repeat": r.source.repeat,

@@ -26,9 +26,10 @@ import pyarrow.compute as pc
 from ..errors import SelectionError, UsageError
 from ..meta.catalog import node_catalog_cache
 from ..query.dataset import open_dataset
+from ..read.catalog_cache import catalog_cache
 from ..store import Store
 from .reader import RowTable
-from .strings import StringColumn
+from .strings import StringColumn, key_digest
 
 # The manifest columns the loader reads (a subset of format.manifest.CORE_COLUMNS).
 READER_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
@@ -125,19 +126,41 @@ def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
 
 def _select_rows(source: Source, meta_columns: Sequence[str]) -> SourceRows:
     ds = open_dataset(source.url, source.version, source.storage_options, keyset=source.keyset)
-    columns = ds.manifests().column_names
-    missing = [c for c in meta_columns if c not in columns]
-    if missing:
-        raise SelectionError(
-            f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
-        )
+    wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
-    wanted = [*READER_COLUMNS, *meta_columns]
-    table = selected.rows(None if source.where else [c for c in wanted if c in columns])
+    table: pa.Table | None = None
+    if source.where is None and source.keyset is None and source.keys is None:
+        # Everything: only the loader's columns are decoded (a catalog segment's other columns,
+        # e.g. 64-character source digests, are most of its bytes), and nothing is filtered.
+        table = ds.manifests(wanted)
+        columns = table.column_names
+        if len(columns) < len(wanted) or table.num_rows == 0:
+            table = None  # the messages below (an unknown column, an empty version)
+    if table is None:
+        columns = ds.manifests().column_names
+        missing = [c for c in meta_columns if c not in columns]
+        if missing:
+            raise SelectionError(
+                f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
+            )
+        table = selected.rows(None if source.where else [c for c in wanted if c in columns])
     selection = selected.describe()
     return SourceRows(
         source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
     )
+
+
+def selection_key_digest(rows: SourceRows) -> str:
+    """:func:`~shardlake.torch.strings.key_digest` of the source's selected keys. A whole
+    version's is a function of the version alone, so it is kept in the node-local catalog cache
+    (keyed by the version hash and row count): the other ranks of a node skip the sort and
+    hashing of every key. Other selections are computed each time."""
+    keys = rows.table.column("key")
+    cache = catalog_cache() if rows.selection == {"all": True} else None
+    if cache is None:
+        return key_digest(keys)
+    what = f"selection-digest|{rows.version_hash}|all|{rows.table.num_rows}"
+    return cache.fetch_derived(what, lambda: key_digest(keys))
 
 
 class SourceStores:
@@ -195,6 +218,15 @@ def _shard_index(pids: pa.ChunkedArray, shards: IntArray) -> tuple[IntArray, lis
         return np.zeros(0, dtype=np.int64), []
     part = codes.indices.to_numpy().astype(np.int64)
     pair = part * (int(shards.max()) + 1) + shards
+    changes = np.flatnonzero(pair[1:] != pair[:-1]) + 1
+    starts = np.concatenate([[0], changes])
+    if len(np.unique(pair[starts])) == len(starts):
+        # Each pair in one run (catalog rows come grouped by partition, then by shard): the
+        # runs are the pairs in first-appearance order, numbered without a sort of every row.
+        run = np.zeros(len(pair), dtype=np.int64)
+        run[changes] = 1
+        names = codes.dictionary.to_pylist()
+        return np.cumsum(run), [(names[part[i]], int(shards[i])) for i in starts]
     _u, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))

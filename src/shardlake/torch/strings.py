@@ -37,12 +37,18 @@ class StringColumn(Sequence[str]):
         """From an Arrow string column (nulls are not allowed in a key column)."""
         if isinstance(values, pa.ChunkedArray):
             values = values.combine_chunks() if values.num_chunks else pa.array([], pa.string())
-        array = values.cast(pa.large_string())
+        # A plain string array is read in place (int32 offsets); no cast copies the keys first.
+        small = values.type == pa.string()
+        array = values if small else values.cast(pa.large_string())
         if array.null_count:
             raise ValueError("a string column for the loader must not hold nulls")
-        _validity, offsets_buf, data_buf = array.buffers()
         n = len(array)
-        offsets = np.frombuffer(offsets_buf, dtype=np.int64)[array.offset : array.offset + n + 1]
+        if n == 0:
+            return cls(np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int32))
+        _validity, offsets_buf, data_buf = array.buffers()
+        width = np.int32 if small else np.int64
+        offsets = np.frombuffer(offsets_buf, dtype=width)[array.offset : array.offset + n + 1]
+        offsets = offsets.astype(np.int64)
         first, last = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
         data = (
             np.frombuffer(data_buf, dtype=np.uint8)[first:last].copy()
@@ -109,28 +115,36 @@ def key_digest(keys: pa.Array | pa.ChunkedArray) -> str:
     return h.hexdigest()[:32]
 
 
-def _is_sorted(keys: pa.Array) -> bool:
+def _sorted_keys(keys: pa.Array) -> pa.Array:
+    """``keys`` in sorted order (the same as ``take(sort_indices)``, equal keys being equal).
+
+    One vectorised comparison of neighbours finds the ascending runs; when there are few, they
+    are ordered by their first key and the order checked at the runs' joins only (each run is
+    ascending by construction), so the keys are compared once, not sorted.
+    """
     n = len(keys)
     if n < 2:
-        return True
-    return bool(pc.all(pc.less_equal(keys.slice(0, n - 1), keys.slice(1))).as_py())
-
-
-def _sorted_keys(keys: pa.Array) -> pa.Array:
-    """``keys`` in sorted order (the same as ``take(sort_indices)``, equal keys being equal)."""
-    n = len(keys)
-    if _is_sorted(keys):
         return keys
     descents = pc.greater(keys.slice(0, n - 1), keys.slice(1))
-    starts = np.concatenate([[0], np.flatnonzero(descents.to_numpy(zero_copy_only=False)) + 1])
-    if len(starts) * 4 < n:  # few long runs: order the runs by their first key
+    cuts = np.flatnonzero(descents.to_numpy(zero_copy_only=False)) + 1
+    if len(cuts) == 0:
+        return keys
+    if (len(cuts) + 1) * 4 < n:  # few long runs: order the runs by their first key
+        starts = np.concatenate([[0], cuts]).astype(np.int64)
+        ends = np.append(cuts, n).astype(np.int64)
         firsts = pc.take(keys, pa.array(starts))
         run_order = pc.sort_indices(firsts).to_numpy()
-        ends = np.append(starts[1:], n)
-        index = np.concatenate([np.arange(starts[r], ends[r]) for r in run_order])
-        merged = pc.take(keys, pa.array(index))
-        if _is_sorted(merged):
-            return merged
+        lasts = pc.take(keys, pa.array(ends - 1))
+        joins_ok = pc.all(
+            pc.less_equal(
+                pc.take(lasts, pa.array(run_order[:-1])), pc.take(firsts, pa.array(run_order[1:]))
+            )
+        ).as_py()
+        if joins_ok:
+            lengths = (ends - starts)[run_order]
+            shift = starts[run_order] - (np.cumsum(lengths) - lengths)
+            index = np.arange(n, dtype=np.int64) + np.repeat(shift, lengths)
+            return pc.take(keys, pa.array(index))
     return pc.take(keys, pc.sort_indices(keys))
 
 
