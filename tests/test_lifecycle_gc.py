@@ -152,6 +152,10 @@ def test_unfinished_multipart_upload_of_a_killed_writer_is_aborted(
         "upload_part", Bucket=bucket, Key=key, UploadId=upload["UploadId"], PartNumber=1, Body=b"x"
     )
     other = store.fs.call_s3("create_multipart_upload", Bucket=bucket, Key="elsewhere/obj")
+    # Inside the root, but not a name shardlake writes: another tool's upload, never aborted.
+    foreign = store.fs.call_s3(
+        "create_multipart_upload", Bucket=bucket, Key=f"{prefix}/team-a/model.pt"
+    )
 
     def pending() -> set[str]:
         page = store.fs.call_s3("list_multipart_uploads", Bucket=bucket)
@@ -163,7 +167,7 @@ def test_unfinished_multipart_upload_of_a_killed_writer_is_aborted(
     assert [x.upload_id for x in report.leftovers] == [upload["UploadId"]]
     report = collect_garbage(store, grace_s=0)
     assert [x.path for x in report.leftovers] == [f"{bucket}/{key}"]
-    assert pending() == {other["UploadId"]}  # outside the root: not ours to abort
+    assert pending() == {other["UploadId"], foreign["UploadId"]}  # not ours to abort
 
 
 def _age(root: Path, seconds: float) -> None:

@@ -141,6 +141,16 @@ def _references(store: Store, state: RootState) -> tuple[set[str], list[str]]:
     return refs, live
 
 
+def _owned_leftover(store: Store, leftover: Leftover) -> bool:
+    """A local temp file is shardlake's by its name; an unfinished upload only if its key is one
+    shardlake writes (another team's upload under a bucket-top root is foreign)."""
+    if leftover.upload_id is None:
+        return True
+    prefix = store.root.rstrip("/") + "/"
+    key = leftover.path[len(prefix) :] if leftover.path.startswith(prefix) else leftover.path
+    return is_owned_key(key)
+
+
 def _is_protected(key: str) -> bool:
     return key == ROOT_MARKER or key.startswith(_KEEP_PREFIXES)
 
@@ -212,7 +222,10 @@ def _survey(
             report.young.append(info)
         else:
             report.garbage.append(info)
-    return report, store.leftovers(older_than=cutoff), cutoff
+    leftovers = [
+        item for item in store.leftovers(older_than=cutoff) if _owned_leftover(store, item)
+    ]
+    return report, leftovers, cutoff
 
 
 def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced | GcReport:
