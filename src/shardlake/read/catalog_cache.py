@@ -35,8 +35,11 @@ import os
 import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 from ..errors import UsageError
+
+T = TypeVar("T")
 
 ENV_DIR = "SHARDLAKE_CATALOG_CACHE"
 ENV_BYTES = "SHARDLAKE_CATALOG_CACHE_BYTES"
@@ -110,25 +113,41 @@ class CatalogCache:
     def fetch(self, sha256: str, size: int, read: Callable[[], bytes]) -> bytes:
         """The object from the cache, else from ``read()`` (which checks it), published; one
         process per node reads a missing object, the others wait for it and hit."""
-        data = self.get(sha256, size)
-        if data is not None:
-            return data
+        return self._once(
+            self.path(sha256).with_name(sha256 + LOCK_SUFFIX),
+            lambda: self.get(sha256, size),
+            read,
+            lambda data: self.put(sha256, data),
+        )
+
+    def _once(
+        self,
+        lock_path: Path,
+        lookup: Callable[[], T | None],
+        make: Callable[[], T],
+        publish: Callable[[T], None],
+    ) -> T:
+        """``lookup()``, else ``make()`` and ``publish`` it under a per-entry lock, so one process
+        per node makes a missing entry and the others wait for it and hit."""
+        found = lookup()
+        if found is not None:
+            return found
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            lock = open(self.path(sha256).with_name(sha256 + LOCK_SUFFIX), "ab")  # noqa: SIM115
+            lock = open(lock_path, "ab")  # noqa: SIM115
         except OSError:
             self.misses += 1
-            return read()  # an unwritable cache is no cache
+            return make()  # an unwritable cache is no cache
         with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
-                data = self.get(sha256, size)  # published while this process waited
-                if data is not None:
-                    return data
+                found = lookup()  # published while this process waited
+                if found is not None:
+                    return found
                 self.misses += 1
-                data = read()
-                self.put(sha256, data)
-                return data
+                made = make()
+                publish(made)
+                return made
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
@@ -167,28 +186,12 @@ class CatalogCache:
     def fetch_derived(self, what: str, compute: Callable[[], str]) -> str:
         """The value of ``what`` from the cache, else ``compute()``d and published; one process
         per node computes it, the others wait for it and hit (as :meth:`fetch`)."""
-        value = self.get_derived(what)
-        if value is not None:
-            return value
-        name = _derived_name(what)
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            lock = open(self.root / (name + LOCK_SUFFIX), "ab")  # noqa: SIM115
-        except OSError:
-            self.misses += 1
-            return compute()
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                value = self.get_derived(what)
-                if value is not None:
-                    return value
-                self.misses += 1
-                value = compute()
-                self.put_derived(what, value)
-                return value
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        return self._once(
+            self.root / (_derived_name(what) + LOCK_SUFFIX),
+            lambda: self.get_derived(what),
+            compute,
+            lambda value: self.put_derived(what, value),
+        )
 
     def entries(self) -> Iterator[tuple[Path, int, float]]:
         """``(path, size, mtime)`` of every published object."""
