@@ -30,7 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from ..tools.localhost import LOOPBACK, free_port
-from ..tools.loopback import DEFAULT_BUCKET, MissingServerError, StoreServer, _patched_env
+from ..tools.loopback import (
+    DEFAULT_BUCKET,
+    MissingServerError,
+    StoreServer,
+    _patched_env,
+    stop_process,
+)
 
 ENV_BINARY = "SHARDLAKE_AZURITE_BLOB"
 # Azurite's fixed development account (published in Microsoft's documentation).
@@ -107,16 +113,6 @@ def _create_container(endpoint: str, container: str) -> None:
         client.create_container(container)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @contextlib.contextmanager
 def azurite_server(
     container: str = DEFAULT_BUCKET,
@@ -160,7 +156,7 @@ def azurite_server(
                 time.sleep(0.05)
             if proc.poll() is None and _listening(port):
                 break
-            _stop(proc)
+            stop_process(proc)
         else:
             with open(log_path, errors="replace") as f:
                 raise RuntimeError(f"Azurite did not start: {f.read()[-2000:]}")
@@ -172,7 +168,7 @@ def azurite_server(
             with _patched_env(env, set_env):
                 yield info
         finally:
-            _stop(proc)
+            stop_process(proc)
 
 
 __all__ = [

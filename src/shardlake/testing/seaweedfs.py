@@ -35,12 +35,10 @@ from pathlib import Path
 from ..tools.localhost import LOOPBACK
 from ..tools.loopback import (
     DEFAULT_BUCKET,
-    DUMMY_KEY,
-    DUMMY_SECRET,
-    REGION,
     MissingServerError,
     StoreServer,
     _patched_env,
+    s3_env,
     s3_storage_options,
 )
 
@@ -208,14 +206,7 @@ def seaweedfs_server(
             with open(log_path, errors="replace") as f:
                 raise RuntimeError(f"SeaweedFS did not start: {f.read()[-3000:]}")
         try:
-            env = {
-                "AWS_ENDPOINT_URL": endpoint,
-                "AWS_ENDPOINT_URL_S3": endpoint,
-                "AWS_ACCESS_KEY_ID": DUMMY_KEY,
-                "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
-                "AWS_DEFAULT_REGION": REGION,
-                "AWS_REGION": REGION,
-            }
+            env = s3_env(endpoint)
             info = SeaweedFSServer("seaweedfs", endpoint, bucket, s3_storage_options(endpoint), env)
             with _patched_env(env, set_env):
                 yield info

@@ -145,14 +145,7 @@ def moto_s3_server(bucket: str = DEFAULT_BUCKET, *, set_env: bool = True) -> Ite
     try:
         host, port = server.get_host_and_port()
         endpoint = f"http://{host}:{port}"
-        env = {
-            "AWS_ENDPOINT_URL": endpoint,
-            "AWS_ENDPOINT_URL_S3": endpoint,
-            "AWS_ACCESS_KEY_ID": DUMMY_KEY,
-            "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
-            "AWS_DEFAULT_REGION": REGION,
-            "AWS_REGION": REGION,
-        }
+        env = s3_env(endpoint)
         # Plain HTTP keeps boto3 out of the dependency list of this helper.
         _http(f"{endpoint}/{bucket}", method="PUT")
         info = S3Server("s3", endpoint, bucket, s3_storage_options(endpoint), env)
@@ -231,7 +224,7 @@ def fake_gcs_server(
                 )
             if _wait_ready(proc, endpoint, startup_timeout):
                 break
-            _stop_process(proc)
+            stop_process(proc)
         else:
             with open(log_path, errors="replace") as f:
                 raise RuntimeError(f"fake-gcs-server did not start: {f.read()[-2000:]}")
@@ -249,7 +242,7 @@ def fake_gcs_server(
             with _patched_env(env, set_env):
                 yield info
         finally:
-            _stop_process(proc)
+            stop_process(proc)
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], endpoint: str, timeout: float) -> bool:
@@ -265,7 +258,19 @@ def _wait_ready(proc: subprocess.Popen[bytes], endpoint: str, timeout: float) ->
     return False
 
 
-def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+def s3_env(endpoint: str) -> dict[str, str]:
+    """The ``AWS_*`` variables that point an S3 client at a loopback ``endpoint``."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ACCESS_KEY_ID": DUMMY_KEY,
+        "AWS_SECRET_ACCESS_KEY": DUMMY_SECRET,
+        "AWS_DEFAULT_REGION": REGION,
+        "AWS_REGION": REGION,
+    }
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         proc.terminate()
         try:
