@@ -131,15 +131,22 @@ def test_checksummed_frames_get_no_separate_crc_pass(
     assert len(calls) >= len(cached.table)  # every payload checked before the cache keeps it
 
 
-def test_request_bytes_sets_the_chunk_size_and_the_default_caps_it(
+def test_request_bytes_sets_the_chunk_size_and_plan_shape_1_caps_it(
     corpus: tuple[Path, Path],
 ) -> None:
     from shardlake.torch.plan import DEFAULT_CHUNK_SIZE
 
     _, root = corpus
-    table = ShardDataset(str(root), batch_size=4).table
+    ds = ShardDataset(str(root), batch_size=4)
+    table = ds.table
     tiny = ReadOptions(request_bytes=int(table.size.mean()) * 40)
-    assert ShardDataset(str(root), batch_size=4).params.chunk_size <= DEFAULT_CHUNK_SIZE
+    # Plan shape 2 (the default): shuffled runs of about request_bytes (8 MiB by default).
+    assert ds.params.shape == 2
+    assert ds.params.chunk_size == request_chunk_size(table, ReadOptions()) > DEFAULT_CHUNK_SIZE
+    # A state saved before shape 2 plans as it did: shuffled chunks held to 16 samples.
+    ds.adopt_plan_shape({})
+    assert ds.params.shape == 1 and ds.params.chunk_size <= DEFAULT_CHUNK_SIZE
+    assert ds.params.interleave == 16
     # An explicit target is honoured beyond the default cap (bigger GETs, e.g. for S3).
     assert request_chunk_size(table, tiny) == 40
     assert ShardDataset(str(root), batch_size=4, read_options=tiny).params.chunk_size == 40

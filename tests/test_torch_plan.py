@@ -193,3 +193,28 @@ def test_split_segments_matches_a_chunk_by_chunk_split() -> None:
         expected.append(seg)
     got = [[piece.tolist() for piece in seg] for seg in _split_segments(chunks, sizes)]
     assert got == expected
+
+
+def test_plan_shape_2_lanes_open_runs_one_at_a_time() -> None:
+    rows, _ = make_rows([300] * 12, shard_size=300)
+    params = PlanParams(
+        version_hash="v" * 32, selection_digest="s" * 32, seed=3, chunk_size=40, interleave=6
+    )
+    plan = plan_leg(rows, params, 0, Layout(1, 2, 32))
+    for slot, (read, chunks) in enumerate(zip(plan.slot_read, plan.slot_chunks, strict=True)):
+        order = np.empty(len(read), dtype=np.int64)  # chunk of each read position
+        order[plan.slot_read_pos[slot]] = plan.slot_emit_chunk[slot]
+        first = np.array([np.flatnonzero(order == c)[0] for c in range(len(chunks))])
+        last = np.array([np.flatnonzero(order == c)[-1] for c in range(len(chunks))])
+        # Runs are first read in chunk order, and never more than `interleave` are open.
+        assert np.all(np.diff(first) >= 0)
+        open_runs = [int(np.sum((first <= p) & (last >= p))) for p in range(len(read))]
+        assert max(open_runs) == params.interleave
+        # Each run is read in ascending offsets (its samples in the order of its one GET).
+        for c in range(len(chunks)):
+            assert np.all(np.diff(rows.offset[read[order == c]]) > 0)
+    # Shape 1 (states saved before shape 2) is still planned, and plans another order.
+    old = plan_leg(rows, PlanParams(**{**params.__dict__, "shape": 1}), 0, Layout(1, 2, 32))
+    assert old.slot_rows[0].tolist() != plan.slot_rows[0].tolist()
+    with pytest.raises(PlanError, match="plan shape"):
+        PlanParams(version_hash="v", selection_digest="s", shape=3)

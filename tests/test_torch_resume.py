@@ -115,3 +115,24 @@ def test_dcp_round_trip(root: str, tmp_path: Path) -> None:
     assert sorted(k for b in done + rest for k in b) == sorted(
         k for b in keys(list(dataset(root).loader(num_workers=0))) for k in b
     )
+
+
+def test_state_without_plan_shape_resumes_the_shape_1_plan(root: str) -> None:
+    # A state saved before plan shape 2 names no shape: it resumes the batches it had.
+    old = dataset(root)
+    old.adopt_plan_shape({})
+    full = keys(list(old.loader(num_workers=0)))
+    loader = old.loader(num_workers=0)
+    got = keys(take(iter(loader), 2))
+    state = loader.state_dict()
+    assert state.pop("plan_shape") == 1
+    fresh = dataset(root)
+    assert fresh.params.shape == 2
+    resumed = fresh.loader(num_workers=0)
+    resumed.load_state_dict(state)
+    assert fresh.params.shape == 1
+    assert got + keys(list(resumed)) == full
+    # ... and a state of the default shape resumes shape 2.
+    again = dataset(root).loader(num_workers=0)
+    again.load_state_dict({**state, "plan_shape": 2})
+    assert again.ds.params.shape == 2

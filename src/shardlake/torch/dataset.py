@@ -28,6 +28,9 @@ from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, 
 from .ddp import dist_info
 from .options import LoaderOptions
 from .plan import (
+    DEFAULT_INTERLEAVE,
+    PLAN_SHAPE,
+    SHAPE1_INTERLEAVE,
     Cursor,
     Layout,
     Leg,
@@ -165,19 +168,19 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.sources = sources
         self._init_table(epoch_size)
         shuffled = (not exact) if shuffle is None else shuffle
+        self._plan_knobs = (chunk_size, interleave)  # None: the plan shape's default
         self.params = PlanParams(
             version_hash=self.version_hash,
             selection_digest=self.selection_digest,
             seed=seed,
             shuffle=shuffled,
             max_pad_fraction=max_pad_fraction,
-            # Shuffled: at most DEFAULT_CHUNK_SIZE samples unless asked (request_bytes).
-            chunk_size=chunk_size
-            or request_chunk_size(self.table, self.read_options, shuffled=shuffled),
-            interleave=interleave,
+            chunk_size=1,
+            interleave=1,
             shuffle_buffer=shuffle_buffer,
             exact=exact,
         )
+        self.params = self._shaped(PLAN_SHAPE)
         self.cursor = Cursor()  # where plain iteration (DataLoader, StatefulDataLoader) starts
         self._resume_samples = 0  # samples this worker already yielded (StatefulDataLoader)
         self._yielded = 0
@@ -188,6 +191,31 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         with contextlib.suppress(PlanError):  # raised again where the plan is used
             self.plan(self.layout(self.num_workers))
         release_set_up_memory()
+
+    def _shaped(self, shape: int) -> PlanParams:
+        """The plan parameters with plan shape ``shape`` and that shape's default knobs."""
+        chunk_size, interleave = self._plan_knobs
+        return replace(
+            self.params,
+            shape=shape,
+            chunk_size=chunk_size
+            or request_chunk_size(
+                self.table, self.read_options, shuffled=self.params.shuffle, shape=shape
+            ),
+            interleave=interleave or (DEFAULT_INTERLEAVE if shape >= 2 else SHAPE1_INTERLEAVE),
+        )
+
+    def adopt_plan_shape(self, state: dict[str, Any]) -> None:
+        """Plan with the shape a saved state was made with (1 when it names none: states saved
+        before plan shape 2), so that it resumes exactly the batches it would have had."""
+        shape = int(state.get("plan_shape", 1))
+        if shape not in (1, 2):
+            raise PlanError(
+                f"loader state was saved with plan shape {shape}; this shardlake knows 1 and 2"
+            )
+        if shape != self.params.shape:
+            self.params = self._shaped(shape)
+            self._plan_cache = None
 
     def _init_table(self, epoch_size: int | None) -> None:
         """Resolve the sources and build the row table (the one place that reads manifests)."""
@@ -440,6 +468,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             "version_hash": self.version_hash,
             "selection_digest": self.selection_digest,
             "seed": self.params.seed,
+            "plan_shape": self.params.shape,
             **self.cursor.to_json(),
             "samples": self._yielded,
         }
@@ -449,6 +478,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         if state.get("format") != DATASET_STATE_FORMAT:
             raise PlanError(f"not a shardlake dataset state (format {state.get('format')!r})")
         self.check_identity(state)
+        self.adopt_plan_shape(state)
         legs = tuple(Leg.from_json(doc) for doc in state["legs"])
         self.cursor = Cursor(int(state["epoch"]), legs, int(state["step"]))
         self._resume_samples = int(state["samples"])

@@ -174,6 +174,7 @@ class ShardLoader:
             "version_hash": ds.version_hash,
             "selection_digest": ds.selection_digest,
             "seed": ds.params.seed,
+            "plan_shape": ds.params.shape,
             "epoch": cursor.epoch,
             # A JSON string: a flat value that torch.distributed.checkpoint stores as is.
             "legs": json.dumps([leg.to_json() for leg in cursor.legs]),
@@ -186,6 +187,7 @@ class ShardLoader:
         if state.get("format") != STATE_FORMAT:
             raise PlanError(f"not a shardlake loader state (format {state.get('format')!r})")
         self.ds.check_identity(state)
+        self.ds.adopt_plan_shape(state)
         docs = json.loads(state["legs"]) if isinstance(state["legs"], str) else state["legs"]
         legs = tuple(Leg.from_json(doc) for doc in docs)
         saved = Leg.from_json({**state["layout"], "steps": int(state["step"])})

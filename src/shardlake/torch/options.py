@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import UsageError, check_keywords
 from ..read.options import ReadOptions
-from .plan import DEFAULT_INTERLEAVE, DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
+from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,9 @@ class LoaderOptions:
     max_pad_fraction
         Largest share of padded samples a rank may get before the plan is refused.
     chunk_size, interleave, shuffle_buffer
-        Plan shape: samples per read chunk (default: from ``read_options``), chunks read at
-        once per worker, shuffle-buffer samples.
+        Plan shape: samples per read chunk (default: about ``read_options.request_bytes`` of
+        payload), runs open at once per worker (default: 32, the lanes of plan shape 2),
+        shuffle-buffer samples.
     read_options
         I/O knobs (:class:`~shardlake.read.options.ReadOptions`).
     cache_dir, cache_bytes
@@ -59,7 +60,7 @@ class LoaderOptions:
     drop_keys: Sequence[str] = ("version",)
     max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION
     chunk_size: int | None = None
-    interleave: int = DEFAULT_INTERLEAVE
+    interleave: int | None = None
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
     read_options: ReadOptions = field(default_factory=ReadOptions)
     cache_dir: str | os.PathLike[str] | None = None

@@ -36,6 +36,7 @@ not possible in general: a batch must hold B samples of one rank.)
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -47,8 +48,10 @@ from ..errors import PlanError
 
 DEFAULT_MAX_PAD_FRACTION = 0.1
 DEFAULT_CHUNK_SIZE = 16
-DEFAULT_INTERLEAVE = 16
+DEFAULT_INTERLEAVE = 32  # lanes of plan shape 2
+SHAPE1_INTERLEAVE = 16  # plan shape 1's default
 DEFAULT_SHUFFLE_BUFFER = 512
+PLAN_SHAPE = 2
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -92,10 +95,15 @@ class PlanParams:
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
     # Evaluation: the padding for equal steps is marked invalid (not capped, not a replay).
     exact: bool = False
+    # How a slot's chunks are read and mixed: 1 = `interleave` chunks at a time (loaders
+    # before plan shape 2, 16-sample chunks); 2 = `interleave` lanes of long runs (default).
+    shape: int = PLAN_SHAPE
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.interleave < 1 or self.shuffle_buffer < 1:
             raise PlanError("chunk_size, interleave and shuffle_buffer must be >= 1")
+        if self.shape not in (1, 2):
+            raise PlanError(f"unknown plan shape {self.shape} (this shardlake knows 1 and 2)")
         if not self.max_pad_fraction >= 0.0:
             raise PlanError("max_pad_fraction must be >= 0")
 
@@ -257,16 +265,37 @@ def _slot_order(
     chunk_no = np.repeat(np.arange(len(segment)), lengths)
     if rng is None:  # no shuffle: read order is emit order
         return ids, ids, np.arange(len(ids)), chunk_no
-    # Interleave: chunks are taken `interleave` at a time and their samples alternate.
     in_chunk = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    group = chunk_no // params.interleave
-    read_order = np.lexsort((chunk_no, in_chunk, group))
+    if params.shape >= 2:
+        # Lanes: `interleave` runs are open at once and their samples alternate; when a run
+        # ends, the next chunk opens in its lane (the least-filled one), so runs start and end
+        # one at a time (a steady refill) instead of `interleave` together.
+        lane_start = _lane_starts(lengths, params.interleave)
+        tick = np.repeat(lane_start, lengths) + in_chunk
+        read_order = np.lexsort((chunk_no, tick))
+    else:
+        # Shape 1: chunks are taken `interleave` at a time and their samples alternate.
+        group = chunk_no // params.interleave
+        read_order = np.lexsort((chunk_no, in_chunk, group))
     read = ids[read_order]
     # Bounded shuffle: emit by (read position + uniform jitter); a sample moves < buffer places,
     # so the reader never holds more than `shuffle_buffer` samples it read but has not emitted.
     key = np.arange(len(read)) + rng.random(len(read)) * params.shuffle_buffer
     emit_pos = np.argsort(key, kind="stable").astype(np.int64)
     return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
+
+
+def _lane_starts(lengths: IntArray, lanes: int) -> IntArray:
+    """Where each chunk starts (in samples of its lane) when chunks, in order, are put into
+    ``lanes`` lanes, each chunk into the lane that ends first (ties: the lowest lane). Starts
+    never decrease with the chunk number, so chunks are first read in chunk order."""
+    heap = [(0, lane) for lane in range(min(lanes, len(lengths)))]
+    out = np.zeros(len(lengths), dtype=np.int64)
+    for c, length in enumerate(lengths.tolist()):
+        start, lane = heap[0]
+        out[c] = start
+        heapq.heapreplace(heap, (start + length, lane))
+    return out
 
 
 def _split_segments(chunks: list[IntArray], sizes: list[int]) -> list[list[IntArray]]:

@@ -7,7 +7,9 @@ coalesced (:func:`coalesce`): a gap between members is read over (skimmed) while
 bytes stay within ``max_skim_fraction`` of the request, so a dense run of samples is one
 request of several MB and a sparse selection fetches little beyond its members. Up to
 ``max_inflight`` chunks (sized from a throughput target) are fetched by a thread pool while the
-caller decodes; read-ahead stops when ``max_buffer_bytes`` of payloads are held.
+caller decodes; read-ahead stops when ``max_buffer_bytes`` of payloads are fetched (or being
+fetched) and not yet opened. A chunk is refilled as each one opens, so GETs stay in flight
+while the worker decodes (plan shape 2 opens its runs one at a time).
 
 Retries of failed requests belong to the store layer (its retry policy). Integrity is checked
 once per payload: a zstd frame carrying a content checksum (every frame shardlake writes) is
@@ -36,7 +38,7 @@ from ..format.codec import frame_has_checksum, payload_checksum
 from ..read.cache import EpochCache
 from ..read.options import DEFAULT_REQUEST_BYTES, ReadOptions
 from ..store import Store
-from .plan import DEFAULT_CHUNK_SIZE
+from .plan import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
 
 Payload = bytes | memoryview
 
@@ -57,17 +59,20 @@ class RowTable:
         return len(self.keys)
 
 
-def request_chunk_size(table: RowTable, options: ReadOptions, *, shuffled: bool = True) -> int:
+def request_chunk_size(
+    table: RowTable, options: ReadOptions, *, shuffled: bool = True, shape: int = PLAN_SHAPE
+) -> int:
     """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET.
 
-    With ``request_bytes`` unset the target is :data:`DEFAULT_REQUEST_BYTES`; a shuffled plan
-    then holds a chunk to at most ``DEFAULT_CHUNK_SIZE`` samples (a chunk is read in order, so
-    longer chunks mix fewer partitions into a batch), an ordered plan reads whole 8 MiB runs.
+    With ``request_bytes`` unset the target is :data:`DEFAULT_REQUEST_BYTES`. Plan shape 2
+    (the default) reads runs of that size shuffled or not: its lanes keep ``interleave`` runs
+    open at once, which is what mixes partitions into a batch. Plan shape 1 (loader states
+    saved before it) held a shuffled chunk to at most ``DEFAULT_CHUNK_SIZE`` samples.
     """
     target = options.request_bytes or DEFAULT_REQUEST_BYTES
     mean = float(table.size.mean()) if len(table) else 1.0
     samples = max(1, min(4096, round(target / max(mean, 1.0))))
-    if options.request_bytes or not shuffled:
+    if options.request_bytes or not shuffled or shape >= 2:
         return samples
     return min(DEFAULT_CHUNK_SIZE, samples)
 
@@ -363,17 +368,20 @@ class SlotReader:
         pool = ThreadPoolExecutor(max_workers=opts.max_inflight)
         futures: dict[int, Future[dict[int, Payload]]] = {}
         held: dict[int, dict[int, Payload]] = {}
-        held_bytes = 0
+        # Bytes read ahead: units submitted whose first sample is not emitted yet. Units being
+        # emitted (the plan's open runs) do not count, so read-ahead refills steadily, one
+        # unit as each one opens, instead of waiting for a whole set of runs to end.
+        ahead_bytes = 0
         next_unit = 0
 
         def submit_more(need: int) -> None:
-            nonlocal next_unit, held_bytes
+            nonlocal next_unit, ahead_bytes
             while next_unit < len(self._units) and (
                 next_unit <= need
-                or (len(futures) < opts.max_inflight and held_bytes < opts.max_buffer_bytes)
+                or (len(futures) < opts.max_inflight and ahead_bytes < opts.max_buffer_bytes)
             ):
                 futures[next_unit] = pool.submit(self._fetch_rows, self._units[next_unit])
-                held_bytes += self._unit_bytes[next_unit]
+                ahead_bytes += int(self._unit_bytes[next_unit])
                 next_unit += 1
 
         try:
@@ -382,12 +390,12 @@ class SlotReader:
                 submit_more(unit)
                 if unit not in held:
                     held[unit] = futures.pop(unit).result()
+                    ahead_bytes -= int(self._unit_bytes[unit])
+                    submit_more(unit)
                 payload = held[unit][row]
                 self._remaining[unit] -= 1
                 if self._remaining[unit] == 0:
                     del held[unit]
-                    held_bytes -= self._unit_bytes[unit]
-                submit_more(unit)
                 yield row, payload
         finally:
             for fut in futures.values():
