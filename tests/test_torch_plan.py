@@ -218,3 +218,25 @@ def test_plan_shape_2_lanes_open_runs_one_at_a_time() -> None:
     assert old.slot_rows[0].tolist() != plan.slot_rows[0].tolist()
     with pytest.raises(PlanError, match="plan shape"):
         PlanParams(version_hash="v", selection_digest="s", shape=3)
+
+
+def test_plan_shape_2_mixes_as_well_as_shape_1_with_longer_runs() -> None:
+    from shardlake.torch.mixing import batch_mixing
+
+    rows, part = make_rows([180] * 6, shard_size=180)
+    layout = Layout(1, 2, 32)
+    runs = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, seed=5, chunk_size=40)
+    chunks16 = PlanParams(**{**runs.__dict__, "shape": 1, "chunk_size": 16, "interleave": 16})
+    js = {}
+    for name, params in (("runs", runs), ("chunks16", chunks16)):
+        plans = [plan_leg(rows, params, e, layout) for e in range(4)]
+        js[name] = np.mean(
+            [batch_mixing([part[b] for b in p.rank_batches(0)], part).mean for p in plans]
+        )
+        lengths = [len(c) for p in plans for chunks in p.slot_chunks for c in chunks]
+        if name == "runs":
+            # Balanced runs (no short pieces besides slot boundaries and the one replay run),
+            # spread over shards, and at least min_slot_runs of them per slot.
+            assert np.median(lengths) >= 0.75 * 40
+            assert all(len(chunks) >= 2 for p in plans for chunks in p.slot_chunks)
+    assert js["runs"] <= js["chunks16"]

@@ -29,6 +29,7 @@ from .ddp import dist_info
 from .options import LoaderOptions
 from .plan import (
     DEFAULT_INTERLEAVE,
+    MIN_SLOT_RUNS,
     PLAN_SHAPE,
     SHAPE1_INTERLEAVE,
     Cursor,
@@ -203,6 +204,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 self.table, self.read_options, shuffled=self.params.shuffle, shape=shape
             ),
             interleave=interleave or (DEFAULT_INTERLEAVE if shape >= 2 else SHAPE1_INTERLEAVE),
+            # An explicit run length (chunk_size, request_bytes) is kept as asked.
+            min_slot_runs=0 if chunk_size or self.read_options.request_bytes else MIN_SLOT_RUNS,
         )
 
     def adopt_plan_shape(self, state: dict[str, Any]) -> None:

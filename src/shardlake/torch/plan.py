@@ -11,14 +11,21 @@ samples, capped by ``max_pad_fraction`` of the epoch.
 
 The order is built for mixing and for sequential reads at once:
 
-1. the selected rows are cut into *chunks*: runs of up to ``chunk_size`` consecutive members of
-   one shard (the cut points move every epoch, so chunks differ between epochs);
+1. the selected rows are cut into *chunks*: runs of about ``chunk_size`` consecutive members of
+   one shard (the cut points move every epoch, so chunks differ between epochs); the loader
+   sizes them to about ``ReadOptions.request_bytes`` (8 MiB) of payload, one GET each;
 2. the chunk order is shuffled (a different, reproducible permutation per epoch, so every epoch
    reassigns samples to other ranks and workers) and the concatenation is split into one
    contiguous segment per slot, sized to the slot's whole batches;
-3. inside a slot, ``interleave`` chunks are read at a time and their samples alternate (each
-   chunk is one coalesced ranged read), and a bounded shuffle (every sample is emitted at most
+3. inside a slot, ``interleave`` chunks are open at a time and their samples alternate (each
+   chunk is one coalesced ranged read): plan shape 2 keeps ``interleave`` *lanes*, each reading
+   its runs one after the other, so a run opens as another ends (sequential shard streaming
+   with a shuffle buffer); and a bounded shuffle (every sample is emitted at most
    ``shuffle_buffer`` positions away from where it was read) mixes partitions inside batches.
+
+Plan shape 1 (loader states saved before shape 2 name no shape and resume with it) cut
+chunks to at most ``chunk_size`` from a random phase, took ``interleave`` chunks at a time as a
+group, and drew each replay independently.
 
 Everything is a function of (version hash, selection digest, seed, epoch, layout, knobs), so a
 rerun is identical and any slot's order is computed without looking at the others' I/O.
@@ -52,6 +59,7 @@ DEFAULT_INTERLEAVE = 32  # lanes of plan shape 2
 SHAPE1_INTERLEAVE = 16  # plan shape 1's default
 DEFAULT_SHUFFLE_BUFFER = 512
 PLAN_SHAPE = 2
+MIN_SLOT_RUNS = 16  # plan shape 2: runs per slot at least (shorter runs in a small epoch)
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -98,10 +106,14 @@ class PlanParams:
     # How a slot's chunks are read and mixed: 1 = `interleave` chunks at a time (loaders
     # before plan shape 2, 16-sample chunks); 2 = `interleave` lanes of long runs (default).
     shape: int = PLAN_SHAPE
+    # Shape 2: shorter runs where a slot would get fewer (0: chunk_size as given).
+    min_slot_runs: int = MIN_SLOT_RUNS
 
     def __post_init__(self) -> None:
         if self.chunk_size < 1 or self.interleave < 1 or self.shuffle_buffer < 1:
             raise PlanError("chunk_size, interleave and shuffle_buffer must be >= 1")
+        if self.min_slot_runs < 0:
+            raise PlanError("min_slot_runs must be >= 0")
         if self.shape not in (1, 2):
             raise PlanError(f"unknown plan shape {self.shape} (this shardlake knows 1 and 2)")
         if not self.max_pad_fraction >= 0.0:
@@ -231,22 +243,40 @@ def _rng(
 
 
 def _chunks(
-    rows: Rows, ids: IntArray, chunk_size: int, rng: np.random.Generator | None
+    rows: Rows,
+    ids: IntArray,
+    chunk_size: int,
+    rng: np.random.Generator | None,
+    balanced: bool = False,
 ) -> list[IntArray]:
-    """Cut ``ids`` into runs of <= chunk_size consecutive members of one shard (shard order)."""
+    """Cut ``ids`` into runs of consecutive members of one shard (shard order): of <=
+    ``chunk_size`` members, or (``balanced``, plan shape 2) each shard's members into
+    ``round(m / chunk_size)`` near-equal runs of 1/2-3/2 ``chunk_size``, so that no short
+    run costs a request of its own."""
     if len(ids) == 0:
         return []
     order = np.lexsort((rows.offset[ids], rows.shard[ids]))
     ids = ids[order]
     shard = rows.shard[ids]
     starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
-    group = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(ids)]))
+    counts = np.diff(np.r_[starts, len(ids)])
+    group = np.repeat(np.arange(len(starts)), counts)
     pos = np.arange(len(ids)) - starts[group]
-    if rng is not None:
-        # A random phase per shard: the cut points (hence chunk members) move every epoch.
-        phase = rng.integers(0, chunk_size, size=len(starts))
-        pos = pos + phase[group]
-    block = pos // chunk_size
+    if balanced:
+        # k runs of m/k members, the cut points moved by a random phase u (of a run) per
+        # shard every epoch; the piece shorter than half a run (the first when u < 1/2, else
+        # the last) joins its neighbour.
+        k = np.maximum(1, np.rint(counts / chunk_size)).astype(np.int64)
+        u = rng.random(len(starts)) if rng is not None else np.zeros(len(starts))
+        block = np.floor(pos * k[group] / counts[group] - u[group]).astype(np.int64) + 1
+        low = u < 0.5
+        block = np.where(low[group], np.maximum(block, 1), np.minimum(block, k[group] - 1))
+    else:
+        if rng is not None:
+            # A random phase per shard: the cut points (hence chunk members) move every epoch.
+            phase = rng.integers(0, chunk_size, size=len(starts))
+            pos = pos + phase[group]
+        block = pos // chunk_size
     cuts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (block[1:] != block[:-1])])
     # Plain slices: np.split costs ~10 us a piece, and a million rows make ~60,000 chunks.
     ends = [*cuts[1:].tolist(), len(ids)]
@@ -283,6 +313,27 @@ def _slot_order(
     key = np.arange(len(read)) + rng.random(len(read)) * params.shuffle_buffer
     emit_pos = np.argsort(key, kind="stable").astype(np.int64)
     return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
+
+
+def _spread(rows: Rows, chunks: list[IntArray], rng: np.random.Generator) -> IntArray:
+    """A random chunk order in which every shard's chunks are spread evenly (plan shape 2).
+
+    Each shard's chunks, in a random order, get the places ``(i + u) / n`` (``n`` chunks,
+    ``u`` a random phase per shard) of one line, and the chunks are taken in the order of
+    their places: any stretch of the order (a slot's segment, a lane set) holds every shard in
+    proportion to its size, however long the runs; which chunk lands where changes every
+    epoch as before."""
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    shard = rows.shard[np.fromiter((c[0] for c in chunks), dtype=np.int64, count=len(chunks))]
+    perm = rng.permutation(len(chunks))  # a random order of chunks, then ranks within shards
+    by_shard = perm[np.argsort(shard[perm], kind="stable")]
+    kinds, first, count = np.unique(shard[by_shard], return_index=True, return_counts=True)
+    rank = np.empty(len(chunks), dtype=np.float64)
+    rank[by_shard] = np.arange(len(chunks)) - np.repeat(first, count)
+    group = np.searchsorted(kinds, shard)
+    place = (rank + rng.random(len(kinds))[group]) / count[group]
+    return np.lexsort((rng.random(len(chunks)), place))
 
 
 def _lane_starts(lengths: IntArray, lanes: int) -> IntArray:
@@ -338,7 +389,9 @@ def plan_leg(
     pad = steps * per_step - n
     _check_padding(n, pad, epoch_samples if epoch_samples is not None else n_all, params, layout)
     rng = _rng(params, epoch, layout, leg, "order") if params.shuffle else None
-    replay = _replay(ids, pad, _rng(params, epoch, layout, leg, "replay") if pad else None)
+    replay_rng = _rng(params, epoch, layout, leg, "replay") if pad else None
+    shaped = params.shape >= 2
+    replay = _replay(ids, pad, replay_rng, rows if shaped else None)
     pad_rows = None
     if params.exact:
         # Padding gets ids of its own past the rows, so it can be told apart after planning.
@@ -347,11 +400,17 @@ def plan_leg(
             np.concatenate([rows.shard, rows.shard[pad_rows]]),
             np.concatenate([rows.offset, rows.offset[pad_rows]]),
         )
-    chunks = _chunks(rows, ids, params.chunk_size, rng) + _chunks(
-        rows, replay, params.chunk_size, rng
-    )
+    size = params.chunk_size
+    if shaped and params.min_slot_runs and n:
+        # Every slot gets at least `min_slot_runs` runs (a small epoch over many slots would
+        # otherwise mix only a few partitions into each), down to shape 1's chunk size.
+        slots = layout.world_size * layout.slots_per_rank
+        per_slot = math.ceil(n / (slots * params.min_slot_runs))
+        size = min(size, max(DEFAULT_CHUNK_SIZE, per_slot))
+    chunks = _chunks(rows, ids, size, rng, shaped) + _chunks(rows, replay, size, rng, shaped)
     if rng is not None:
-        chunks = [chunks[i] for i in rng.permutation(len(chunks))]
+        order = _spread(rows, chunks, rng) if shaped else rng.permutation(len(chunks))
+        chunks = [chunks[i] for i in order]
     # Split the chunk sequence into one contiguous segment per slot (rank-major), sized to
     # each slot's whole batches; a chunk straddling a boundary is split.
     segments = _split_segments(chunks, _slot_sizes(layout, steps))
@@ -400,10 +459,19 @@ def _check_padding(n: int, pad: int, basis: int, params: PlanParams, layout: Lay
         )
 
 
-def _replay(ids: IntArray, pad: int, rng: np.random.Generator | None) -> IntArray:
-    """``pad`` of ``ids`` drawn by ``rng`` to fill the last step (with repeats if too few)."""
+def _replay(
+    ids: IntArray, pad: int, rng: np.random.Generator | None, rows: Rows | None = None
+) -> IntArray:
+    """``pad`` of ``ids`` drawn by ``rng`` to fill the last step (with repeats if too few).
+
+    With ``rows`` (plan shape 2) they are one run of consecutive members in shard order from
+    a random start (one or two requests instead of one per replay)."""
     if not pad or rng is None:
         return np.zeros(0, dtype=np.int64)
+    if rows is not None and pad <= len(ids):
+        ordered = ids[np.lexsort((rows.offset[ids], rows.shard[ids]))]
+        start = int(rng.integers(0, len(ids)))
+        return ordered[(start + np.arange(pad)) % len(ids)]
     return ids[rng.choice(len(ids), size=pad, replace=pad > len(ids))]
 
 
