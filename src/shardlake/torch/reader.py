@@ -41,6 +41,7 @@ from ..store import Store
 from .plan import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
 
 Payload = bytes | memoryview
+MAX_RUN_SAMPLES = 512  # plan shape 2, shuffled, request_bytes unset: samples per run at most
 
 
 @dataclass(frozen=True)
@@ -65,15 +66,20 @@ def request_chunk_size(
     """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET.
 
     With ``request_bytes`` unset the target is :data:`DEFAULT_REQUEST_BYTES`. Plan shape 2
-    (the default) reads runs of that size shuffled or not: its lanes keep ``interleave`` runs
-    open at once, which is what mixes partitions into a batch. Plan shape 1 (loader states
+    (the default) reads runs of that size shuffled or not (shuffled: of at most
+    ``MAX_RUN_SAMPLES`` samples): its lanes keep ``interleave`` runs open at once, which is
+    what mixes partitions into a batch. Plan shape 1 (loader states
     saved before it) held a shuffled chunk to at most ``DEFAULT_CHUNK_SIZE`` samples.
     """
     target = options.request_bytes or DEFAULT_REQUEST_BYTES
     mean = float(table.size.mean()) if len(table) else 1.0
     samples = max(1, min(4096, round(target / max(mean, 1.0))))
-    if options.request_bytes or not shuffled or shape >= 2:
+    if options.request_bytes or not shuffled:
         return samples
+    if shape >= 2:
+        # A worker holds its open runs' payloads as one object per sample: with small samples
+        # runs stop at MAX_RUN_SAMPLES (32 lanes x 512 samples, ~4 MB of objects per worker).
+        return min(MAX_RUN_SAMPLES, samples)
     return min(DEFAULT_CHUNK_SIZE, samples)
 
 
