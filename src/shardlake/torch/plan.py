@@ -60,6 +60,7 @@ SHAPE1_INTERLEAVE = 16  # plan shape 1's default
 DEFAULT_SHUFFLE_BUFFER = 512
 PLAN_SHAPE = 2
 MIN_SLOT_RUNS = 16  # plan shape 2: runs per slot at least (shorter runs in a small epoch)
+MIN_RUN_SAMPLES = 4  # plan shape 2: the shortest run a small epoch gets
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -403,10 +404,11 @@ def plan_leg(
     size = params.chunk_size
     if shaped and params.min_slot_runs and n:
         # Every slot gets at least `min_slot_runs` runs (a small epoch over many slots would
-        # otherwise mix only a few partitions into each), down to shape 1's chunk size.
+        # otherwise mix only a few partitions into each, or read one whole partition per
+        # slot), down to MIN_RUN_SAMPLES: only an epoch of < 256 samples per slot is affected.
         slots = layout.world_size * layout.slots_per_rank
         per_slot = math.ceil(n / (slots * params.min_slot_runs))
-        size = min(size, max(DEFAULT_CHUNK_SIZE, per_slot))
+        size = min(size, max(MIN_RUN_SAMPLES, per_slot))
     chunks = _chunks(rows, ids, size, rng, shaped) + _chunks(rows, replay, size, rng, shaped)
     if rng is not None:
         order = _spread(rows, chunks, rng) if shaped else rng.permutation(len(chunks))
