@@ -51,7 +51,7 @@ class TimedStore(CountingStore):
     """A :class:`CountingStore` whose lines also carry ``t0 t1`` (monotonic, shared by all
     processes) and the calling thread's CPU for the call: ``pid bytes t0 t1 thread_cpu``."""
 
-    def _timed(self, call: Callable[[], list[bytes]]) -> list[bytes]:
+    def _timed(self, call: Callable[[], list[Any]]) -> list[Any]:
         t0, c0 = time.monotonic(), time.thread_time()
         out = call()
         t1, c1 = time.monotonic(), time.thread_time()
@@ -68,8 +68,10 @@ class TimedStore(CountingStore):
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return self._timed(lambda: [Store.read_range(self, key, start, end)])[0]
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        return self._timed(lambda: Store.read_ranges(self, ranges))
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, views: bool = False
+    ) -> list[Any]:
+        return self._timed(lambda: Store.read_ranges(self, ranges, views=views))
 
 
 def request_report(log: Path, t_start: float, t_end: float) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from lifecycle_support import pack_small
@@ -40,8 +41,10 @@ class FlakyReads(Store):
     def read_range(self, key: str, start: int, end: int) -> bytes:
         return self._damage(super().read_range(key, start, end))
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        return [self._damage(d) for d in super().read_ranges(ranges)]
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, views: bool = False
+    ) -> list[Any]:
+        return [self._damage(bytes(d)) for d in super().read_ranges(ranges, views=views)]
 
 
 def _root(tmp_path: Path) -> tuple[FlakyReads, Path]:

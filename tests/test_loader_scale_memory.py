@@ -90,7 +90,9 @@ class _Store:
     def key_url(self, key: str) -> str:
         return f"mem://{key}"
 
-    def read_ranges(self, ranges: list[tuple[str, int, int]]) -> list[bytes]:
+    def read_ranges(
+        self, ranges: list[tuple[str, int, int]], *, views: bool = False
+    ) -> list[bytes]:
         return [bytes(i % 251 for i in range(s, e)) for _k, s, e in ranges]
 
     def read_range(self, key: str, start: int, end: int) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_torch_support import assert_batch_equal, copy_root, flip_byte, make_root
@@ -57,8 +58,10 @@ class FlipOnceStore(Store):
     target: tuple[str, int] = ("", -1)
     flipped = False
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        out = super().read_ranges(ranges)
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, views: bool = False
+    ) -> list[Any]:
+        out: list[Any] = super().read_ranges(ranges, views=views)
         for i, (key, start, end) in enumerate(ranges):
             key0, offset = self.target
             if not self.flipped and key == key0 and start <= offset < end:

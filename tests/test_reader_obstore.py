@@ -10,6 +10,7 @@ import pytest
 
 from shardlake.errors import KeyNotFoundError, UsageError
 from shardlake.store import open_store
+from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.testing.fixtures import StoreLocation, new_location
 
 
@@ -35,6 +36,22 @@ def test_reads_go_through_obstore(s3: StoreLocation) -> None:
     data = bytes(range(256)) * 100
     got = store.read_ranges([("a/blob", 0, 10), ("a/blob", 300, 9000), ("a/blob", 25000, 25600)])
     assert got == [data[0:10], data[300:9000], data[25000:25600]]
+
+
+def test_views_are_obstore_buffers_without_a_copy(s3: StoreLocation) -> None:
+    store = open_store(s3.url, {**s3.storage_options, "read_client": "obstore"})
+    data = bytes(range(256)) * 100
+    store.create("v/blob", data)
+    ranges = [("v/blob", 0, 10), ("v/blob", 300, 9000)]
+    views = store.read_ranges(ranges, views=True)
+    # The loader's path: read-only views of obstore's own buffers, the same bytes.
+    assert all(isinstance(v, memoryview) and v.readonly for v in views)
+    assert [bytes(v) for v in views] == [data[0:10], data[300:9000]]
+    # Every other caller still gets bytes.
+    assert all(type(b) is bytes for b in store.read_ranges(ranges))
+    # A fault layer that damages replies handles views too (the loader's reads under test).
+    flipped = store.with_layers(FaultInjector(FaultPlan(flip_reads=1)))
+    assert bytes(flipped.read_ranges(ranges[:1], views=True)[0]) == bytes([0xFF]) + data[1:10]
 
 
 def test_edge_cases_keep_the_store_semantics(s3: StoreLocation) -> None:

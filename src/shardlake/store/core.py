@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, BinaryIO, TypeVar, overload
 
 import fsspec
 
@@ -233,15 +233,28 @@ class Store:
             self.stat(key)  # a zero-length range of a missing key is still an error
             return b""
         path = self.path(key)
-        return self._send(
+        got = self._send(
             "read_range", key, path, lambda b: _RangeBatch([path], [start], [end])(b)[0]
         )
+        return bytes(got)  # already bytes: only read_ranges(views=True) returns views
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    @overload
+    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]: ...
+
+    @overload
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, views: bool
+    ) -> list[bytes | memoryview]: ...
+
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, views: bool = False
+    ) -> list[bytes] | list[bytes | memoryview]:
         """Many ``(key, start, end)`` ranges in one call (fsspec ``cat_ranges``), in order.
 
         Each range is clipped like :meth:`read_range`; zero-length ranges cost no request (but a
-        missing key is still an error).
+        missing key is still an error). With ``views``, a client that hands out buffers of its
+        own (obstore on S3) returns read-only memoryviews of them instead of ``bytes`` copies:
+        for a caller that only slices and decodes them (the loader).
         """
         for key, start, end in ranges:
             _check_range(key, start, end)
@@ -249,7 +262,7 @@ class Store:
         # Object stores answer an empty HTTP range with the whole object, so never send one.
         for key in sorted({k for k, s, e in ranges if e == s} - {k for _, k, _, _ in wanted}):
             self.stat(key)
-        out = [b""] * len(ranges)
+        out: list[bytes | memoryview] = [b""] * len(ranges)
         if wanted:
             paths = [self.path(k) for _, k, _, _ in wanted]
             starts = [s for _, _, s, _ in wanted]
@@ -258,7 +271,7 @@ class Store:
                 "read_ranges",
                 wanted[0][1],
                 paths[0],
-                _RangeBatch(paths, starts, ends, multi=True),
+                _RangeBatch(paths, starts, ends, multi=True, views=views),
             )
             for (i, _, _, _), data in zip(wanted, found, strict=True):
                 out[i] = data
@@ -486,22 +499,31 @@ class _RangeBatch:
     """
 
     def __init__(
-        self, paths: list[str], starts: list[int], ends: list[int], *, multi: bool = False
+        self,
+        paths: list[str],
+        starts: list[int],
+        ends: list[int],
+        *,
+        multi: bool = False,
+        views: bool = False,
     ) -> None:
         # ``multi``: a ``read_ranges`` call, which a backend with a faster multi-read client
         # (obstore on S3) answers even for one range; ``read_range`` keeps the plain client.
+        # ``views``: the caller takes the client's own buffers (see Store.read_ranges).
         self.paths, self.starts, self.ends, self.multi = paths, starts, ends, multi
-        self.done: dict[int, bytes] = {}
+        self.views = views
+        self.done: dict[int, bytes | memoryview] = {}
 
-    def __call__(self, backend: Backend) -> list[bytes]:
+    def __call__(self, backend: Backend) -> list[bytes | memoryview]:
         todo = [i for i in range(len(self.paths)) if i not in self.done]
         paths = [self.paths[i] for i in todo]
         starts = [self.starts[i] for i in todo]
         ends = [self.ends[i] for i in todo]
+        found: list[bytes | memoryview]
         if len(todo) == 1 and not (self.multi and backend.batches_single_ranges()):
             found = [backend.read_range(paths[0], starts[0], ends[0])]
         else:
-            found = backend.read_ranges(paths, starts, ends)
+            found = backend.read_ranges(paths, starts, ends, views=self.views)
         sizes: dict[str, int] = {}
         short: str | None = None
         for i, path, start, end, data in zip(todo, paths, starts, ends, found, strict=True):

@@ -175,8 +175,8 @@ class FaultInjector:
 def _flipped(result: Any) -> Any:
     """A read's reply with the first byte of every range flipped."""
 
-    def flip(data: bytes) -> bytes:
-        return bytes([data[0] ^ 0xFF]) + data[1:] if data else data
+    def flip(data: bytes | memoryview) -> bytes | memoryview:
+        return bytes([data[0] ^ 0xFF]) + bytes(data[1:]) if data else data  # bytes or a view
 
     return [flip(b) for b in result] if isinstance(result, list) else flip(result)
 

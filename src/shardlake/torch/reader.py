@@ -314,7 +314,7 @@ class SlotReader:
         opts = self.options
         spans = coalesce(offsets, sizes, opts.skim_gap, opts.max_skim_fraction)
         self.requests += len(spans)
-        data = self.store.read_ranges([(shard_key, s, e) for s, e, _ in spans])
+        data = self.store.read_ranges([(shard_key, s, e) for s, e, _ in spans], views=True)
         for (start, _end, members), blob in zip(spans, data, strict=True):
             self.bytes_fetched += len(blob)
             view = memoryview(blob)

@@ -185,14 +185,17 @@ class SourceStores:
         store, inner = self._split(key)
         return store.key_url(inner)
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, views: bool = False
+    ) -> list[bytes | memoryview]:
         by_store: dict[int, list[int]] = {}
         for i, (key, _s, _e) in enumerate(ranges):
             by_store.setdefault(int(key.partition(":")[0]), []).append(i)
-        out: list[bytes] = [b""] * len(ranges)
+        out: list[bytes | memoryview] = [b""] * len(ranges)
         for index, members in by_store.items():
             parts = [(ranges[i][0].partition(":")[2], ranges[i][1], ranges[i][2]) for i in members]
-            for i, data in zip(members, self.stores[index].read_ranges(parts), strict=True):
+            got = self.stores[index].read_ranges(parts, views=views)
+            for i, data in zip(members, got, strict=True):
                 out[i] = data
         return out
 

@@ -101,9 +101,12 @@ class Backend:
                 return b""
             raise
 
-    def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+    def read_ranges(
+        self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
+    ) -> list[bytes | memoryview]:
+        """The ranges, in order; ``views``: memoryviews of the client's buffers are fine."""
         found = self.fs.cat_ranges(paths, starts, ends, on_error="return")
-        out: list[bytes] = []
+        out: list[bytes | memoryview] = []
         for item in found:
             if isinstance(item, BaseException):
                 if not is_unsatisfiable_range(item):

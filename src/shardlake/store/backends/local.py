@@ -32,8 +32,10 @@ class LocalBackend(Backend):
             f.seek(start)
             return f.read(end - start)
 
-    def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
-        out: list[bytes] = []
+    def read_ranges(
+        self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
+    ) -> list[bytes | memoryview]:
+        out: list[bytes | memoryview] = []
         handles: dict[str, BinaryIO] = {}
         try:
             for path, start, end in zip(paths, starts, ends, strict=True):

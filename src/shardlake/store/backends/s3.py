@@ -120,17 +120,21 @@ class S3Backend(BucketBackend):
         # The loader's chunks are one coalesced range each: they must reach obstore too.
         return self.fast_reads is not None and bool(self.fast_reads.usable())
 
-    def read_ranges(self, paths: list[str], starts: list[int], ends: list[int]) -> list[bytes]:
+    def read_ranges(
+        self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
+    ) -> list[bytes | memoryview]:
         if self.fast_reads is not None and self.fast_reads.usable():
             try:
-                out: list[bytes] = self.fast_reads.read_ranges(paths, starts, ends)
+                out: list[bytes | memoryview] = self.fast_reads.read_ranges(
+                    paths, starts, ends, views=views
+                )
                 if all(len(b) == e - s for b, s, e in zip(out, starts, ends, strict=True)):
                     return out
             except BaseException as exc:  # a Rust panic is a BaseException
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise
                 # the s3fs path answers with the store's semantics and errors
-        return super().read_ranges(paths, starts, ends)
+        return super().read_ranges(paths, starts, ends, views=views)
 
     def _open_for_write(self, path: str) -> Any:
         # The parts of a streaming upload are requests s3fs sends from the file object; they go

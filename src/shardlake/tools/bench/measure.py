@@ -231,8 +231,10 @@ class CountingStore(Store):
         self._record([len(out)])
         return out
 
-    def read_ranges(self, ranges: Sequence[tuple[str, int, int]]) -> list[bytes]:
-        out = super().read_ranges(ranges)
+    def read_ranges(
+        self, ranges: Sequence[tuple[str, int, int]], *, views: bool = False
+    ) -> list[Any]:
+        out = super().read_ranges(ranges, views=views)
         self._record([len(b) for b in out if len(b)])
         return out
 
