@@ -240,3 +240,25 @@ def test_plan_shape_2_mixes_as_well_as_shape_1_with_longer_runs() -> None:
             assert np.median(lengths) >= 0.75 * 40
             assert all(len(chunks) >= 2 for p in plans for chunks in p.slot_chunks)
     assert js["runs"] <= js["chunks16"]
+
+
+def test_plan_shape_2_first_batches_need_the_first_runs_only() -> None:
+    from shardlake.torch.plan import _lane_starts
+
+    # Lanes open one after another over the first run's length, then one as each run ends.
+    starts = _lane_starts(np.full(40, 30, dtype=np.int64), 15, staggered=True)
+    assert starts[:15].tolist() == [2 * j for j in range(15)]
+    assert starts[15] == 30 and np.all(np.diff(starts) >= 0)
+    assert _lane_starts(np.full(40, 30, dtype=np.int64), 15)[:15].tolist() == [0] * 15
+    # A slot of 512 samples in ~17 runs: its first batch draws from a third of the runs (the
+    # first to open), so from an object store it waits for those GETs, not for all of them.
+    rows, part = make_rows([171] * 6, shard_size=171)
+    params = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, seed=1, chunk_size=30)
+    for epoch in range(3):
+        plan = plan_leg(rows, params, epoch, Layout(1, 2, 32))
+        for slot, chunks in enumerate(plan.slot_chunks):
+            first_batch = set(plan.slot_emit_chunk[slot][:32].tolist())
+            assert len(chunks) >= 15
+            assert len(first_batch) <= len(chunks) / 2 and max(first_batch) < len(chunks) / 2
+            # ...and still mixes: at least 4 of the 6 partitions in it.
+            assert len(set(part[plan.slot_rows[slot][:32]].tolist())) >= 4

@@ -22,6 +22,10 @@ The order is built for mixing and for sequential reads at once:
    its runs one after the other, so a run opens as another ends (sequential shard streaming
    with a shuffle buffer); and a bounded shuffle (every sample is emitted at most
    ``shuffle_buffer`` positions away from where it was read) mixes partitions inside batches.
+   Shape 2 also starts its lanes one after another over the first run's length and widens the
+   shuffle from ``SHUFFLE_RAMP`` samples to ``shuffle_buffer`` over a slot's first samples, so
+   a slot's first batches need the first few runs of the slot, not every run it opens: from an
+   object store, the first batch waits for a few GETs instead of all of them.
 
 Plan shape 1 (loader states saved before shape 2 name no shape and resume with it) cut
 chunks to at most ``chunk_size`` from a random phase, took ``interleave`` chunks at a time as a
@@ -61,6 +65,7 @@ DEFAULT_SHUFFLE_BUFFER = 512
 PLAN_SHAPE = 2
 MIN_SLOT_RUNS = 16  # plan shape 2: runs per slot at least (shorter runs in a small epoch)
 MIN_RUN_SAMPLES = 4  # plan shape 2: the shortest run a small epoch gets
+SHUFFLE_RAMP = 64  # plan shape 2: the shuffle's reach at a slot's first sample
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -301,7 +306,7 @@ def _slot_order(
         # Lanes: `interleave` runs are open at once and their samples alternate; when a run
         # ends, the next chunk opens in its lane (the least-filled one), so runs start and end
         # one at a time (a steady refill) instead of `interleave` together.
-        lane_start = _lane_starts(lengths, params.interleave)
+        lane_start = _lane_starts(lengths, params.interleave, staggered=True)
         tick = np.repeat(lane_start, lengths) + in_chunk
         read_order = np.lexsort((chunk_no, tick))
     else:
@@ -311,7 +316,12 @@ def _slot_order(
     read = ids[read_order]
     # Bounded shuffle: emit by (read position + uniform jitter); a sample moves < buffer places,
     # so the reader never holds more than `shuffle_buffer` samples it read but has not emitted.
-    key = np.arange(len(read)) + rng.random(len(read)) * params.shuffle_buffer
+    reach: float | IntArray = params.shuffle_buffer
+    if params.shape >= 2:
+        # The reach widens from SHUFFLE_RAMP over the slot's first samples: the first batches
+        # come from the first lanes' runs (see the module docstring).
+        reach = np.minimum(params.shuffle_buffer, SHUFFLE_RAMP + np.arange(len(read)))
+    key = np.arange(len(read)) + rng.random(len(read)) * reach
     emit_pos = np.argsort(key, kind="stable").astype(np.int64)
     return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
 
@@ -337,11 +347,17 @@ def _spread(rows: Rows, chunks: list[IntArray], rng: np.random.Generator) -> Int
     return np.lexsort((rng.random(len(chunks)), place))
 
 
-def _lane_starts(lengths: IntArray, lanes: int) -> IntArray:
+def _lane_starts(lengths: IntArray, lanes: int, *, staggered: bool = False) -> IntArray:
     """Where each chunk starts (in samples of its lane) when chunks, in order, are put into
     ``lanes`` lanes, each chunk into the lane that ends first (ties: the lowest lane). Starts
-    never decrease with the chunk number, so chunks are first read in chunk order."""
-    heap = [(0, lane) for lane in range(min(lanes, len(lengths)))]
+    never decrease with the chunk number, so chunks are first read in chunk order.
+
+    ``staggered``: the first ``k`` lanes open one after another, lane ``j`` at ``j * L / k``
+    (``L`` the mean length of the first ``k`` chunks), so runs end, and the next open, one at
+    a time from the slot's start instead of all together after the first run."""
+    k = min(lanes, len(lengths))
+    step = float(lengths[:k].mean()) / k if staggered and k else 0.0
+    heap = [(round(lane * step), lane) for lane in range(k)]
     out = np.zeros(len(lengths), dtype=np.int64)
     for c, length in enumerate(lengths.tolist()):
         start, lane = heap[0]
