@@ -153,3 +153,74 @@ def test_request_bytes_sets_the_chunk_size_and_plan_shape_1_caps_it(
     # An explicit target is honoured beyond the default cap (bigger GETs, e.g. for S3).
     assert request_chunk_size(table, tiny) == 40
     assert ShardDataset(str(root), batch_size=4, read_options=tiny).params.chunk_size == 40
+
+
+class _GatedStore:
+    """Ranges of one fake shard (byte ``i`` is ``i % 251``); the first two units' reads wait
+    for ``gate``, and every read's unit (40-byte blocks) is recorded."""
+
+    url = "mem://"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.gate = threading.Event()
+        self.asked: list[int] = []
+
+    def key_url(self, key: str) -> str:
+        return f"mem://{key}"
+
+    def read_ranges(self, ranges: Any, *, views: bool = False) -> list[bytes]:
+        units = [s // 40 for _k, s, _e in ranges]
+        self.asked.extend(units)
+        if min(units) < 2:
+            self.gate.wait(30)
+        return [bytes(i % 251 for i in range(s, e)) for _k, s, e in ranges]
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.read_ranges([(key, start, end)])[0]
+
+
+def test_read_ahead_waits_while_a_unit_the_next_batch_needs_is_on_its_way() -> None:
+    import threading
+    import time
+
+    import numpy as np
+
+    from shardlake.format.codec import payload_checksum
+    from shardlake.torch.reader import RowTable, SlotReader
+
+    n = 40  # 10 units of 4 rows, 10 bytes each, emitted in order
+    offsets = np.arange(n, dtype=np.int32) * 10
+    table = RowTable(
+        shard=np.zeros(n, np.int32),
+        offset=offsets,
+        size=np.full(n, 10, np.int32),
+        raw_size=np.full(n, 10, np.int32),
+        crc32=np.array(
+            [payload_checksum(bytes(i % 251 for i in range(o, o + 10))) for o in offsets.tolist()],
+            np.uint32,
+        ),
+        keys=[f"k{i}" for i in range(n)],
+        shard_keys=["s"],
+    )
+    store = _GatedStore()
+    reader = SlotReader(
+        store,  # type: ignore[arg-type]
+        table,
+        [np.arange(4 * u, 4 * u + 4, dtype=np.int32) for u in range(10)],
+        np.arange(n, dtype=np.int32),
+        np.repeat(np.arange(10), 4),
+        ReadOptions(inflight=4),
+        lookahead=4,  # a "batch" of 4 rows: the first one needs unit 0, the next unit 1
+    )
+    out: list[Any] = []
+    consumer = threading.Thread(target=lambda: out.extend(reader))
+    consumer.start()
+    time.sleep(0.3)
+    # The units the next rows need are asked for together, and nothing else yet.
+    assert sorted(store.asked) == [0, 1]
+    store.gate.set()
+    consumer.join(30)
+    assert [row for row, _ in out] == list(range(n))
+    assert sorted(store.asked) == list(range(10))

@@ -375,6 +375,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             chunk,
             self.read_options,
             cache=self._epoch_cache(),
+            lookahead=layout.batch_size,
         )
         trim_heap()  # the set-up's temporaries would stay in this worker's private pages
         return emit, plan.slot_valid[slot][begin:], reader

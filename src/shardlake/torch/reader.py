@@ -238,8 +238,32 @@ class _Units(Sequence[list[int]]):
         return rows
 
 
+class _FirstNeeds:
+    """Where in the emit order each unit is first needed, to ask for every unit the next
+    rows need at once (a slot's first batch draws from several runs)."""
+
+    def __init__(self, unit_of_emit: np.ndarray[Any, Any], units: int) -> None:
+        first = np.full(units, len(unit_of_emit), dtype=np.int64)
+        if len(unit_of_emit):
+            seen, at = np.unique(unit_of_emit, return_index=True)
+            first[seen] = at
+        by_first = np.argsort(first, kind="stable")
+        self._first = first[by_first]
+        self._reach = np.maximum.accumulate(by_first) if units else by_first
+
+    def needed_by(self, position: int) -> int:
+        """The highest unit whose first row is emitted at or before ``position`` (-1: none)."""
+        k = int(np.searchsorted(self._first, position, side="right")) - 1
+        return int(self._reach[k]) if k >= 0 else -1
+
+
 class SlotReader:
-    """Fetches the payloads of one slot's samples in emit order (see the module docstring)."""
+    """Fetches the payloads of one slot's samples in emit order (see the module docstring).
+
+    Units are asked for in two tiers: every unit the next ``lookahead`` emits need (a batch),
+    and read-ahead beyond them only while none of those is still on its way, so a server that
+    shares its bandwidth among all GETs in flight serves the ones a batch waits for first.
+    """
 
     def __init__(
         self,
@@ -251,8 +275,10 @@ class SlotReader:
         options: ReadOptions | None = None,
         *,
         cache: EpochCache | None = None,
+        lookahead: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
         self.store = store
+        self.lookahead = lookahead
         self.table = table
         self.options = options or ReadOptions()
         self.cache = cache
@@ -379,21 +405,32 @@ class SlotReader:
         # unit as each one opens, instead of waiting for a whole set of runs to end.
         ahead_bytes = 0
         next_unit = 0
+        firsts = _FirstNeeds(
+            np.searchsorted(self._unit_of_chunk.order, self.emit_chunk), len(self._units)
+        )
+
+        def submit(unit: int) -> None:
+            nonlocal next_unit, ahead_bytes
+            futures[unit] = pool.submit(self._fetch_rows, self._units[unit])
+            ahead_bytes += int(self._unit_bytes[unit])
+            next_unit = unit + 1
 
         def submit_more(need: int) -> None:
-            nonlocal next_unit, ahead_bytes
-            while next_unit < len(self._units) and (
-                next_unit <= need
-                or (len(futures) < opts.max_inflight and ahead_bytes < opts.max_buffer_bytes)
+            while next_unit < len(self._units) and next_unit <= need:
+                submit(next_unit)
+            if any(u <= need and not f.done() for u, f in futures.items()):
+                return  # read-ahead waits while a unit the next batch needs is on its way
+            while (
+                next_unit < len(self._units)
+                and len(futures) < opts.max_inflight
+                and ahead_bytes < opts.max_buffer_bytes
             ):
-                futures[next_unit] = pool.submit(self._fetch_rows, self._units[next_unit])
-                ahead_bytes += int(self._unit_bytes[next_unit])
-                next_unit += 1
+                submit(next_unit)
 
         try:
-            for row, chunk in self._emits():
+            for position, (row, chunk) in enumerate(self._emits()):
                 unit = self._unit_of_chunk[chunk]
-                submit_more(unit)
+                submit_more(max(unit, firsts.needed_by(position + self.lookahead)))
                 if unit not in held:
                     held[unit] = futures.pop(unit).result()
                     ahead_bytes -= int(self._unit_bytes[unit])
