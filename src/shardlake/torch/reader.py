@@ -42,6 +42,7 @@ from .plan import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
 
 Payload = bytes | memoryview
 MAX_RUN_SAMPLES = 512  # plan shape 2, shuffled, request_bytes unset: samples per run at most
+DEFAULT_LOOKAHEAD = 32  # emits the reader asks for at once (the loader passes its batch size)
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,7 @@ class SlotReader:
         options: ReadOptions | None = None,
         *,
         cache: EpochCache | None = None,
-        lookahead: int = DEFAULT_CHUNK_SIZE,
+        lookahead: int = DEFAULT_LOOKAHEAD,
     ) -> None:
         self.store = store
         self.lookahead = lookahead
