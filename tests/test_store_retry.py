@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import time
+from typing import Any
 
 import aiohttp.client_exceptions
 import pytest
@@ -171,6 +172,52 @@ def test_lost_create_reply_settled_by_a_retried_read_back() -> None:
     store.create("commits/1", b"mine")
     assert counter.requests["create"] == 2 and counter.failures["stat"] == 2
     assert store.read("commits/1") == b"mine"
+
+
+class DamagedReads:
+    """A layer that flips the first byte of the first ``count`` whole-object reads (a reply
+    damaged in transit, on a connection without checksums)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __call__(self, request: Any, send: Any) -> Any:
+        result = send()
+        if request.op == "read" and self.count > 0:
+            self.count -= 1
+            return bytes([result[0] ^ 0xFF]) + result[1:]
+        return result
+
+
+def test_lost_create_reply_with_a_damaged_read_back_is_still_ours() -> None:
+    # The create lands, its reply is lost, the re-sent create is refused, and the read-back
+    # arrives damaged: that is our record, not another writer's (a rerun of pack through a
+    # faulty network once said "published by another writer; nothing was published").
+    store, _ = lossy(open_store("memory://damaged"), LOST_CREATE_REPLY)
+    store.with_layers(DamagedReads(1), *store.layers).create("commits/1", b"mine")
+    # Reads that never agree leave the outcome open; a real other writer is still refused.
+    unsure, _ = lossy(open_store("memory://unsure"), LOST_CREATE_REPLY)
+    with pytest.raises(OutcomeUnknownError, match="outcome unknown"):
+        unsure.with_layers(_EveryReadDiffers(), *unsure.layers).create("commits/1", b"mine")
+    base = open_store("memory://theirs")
+    base.create("commits/1", b"them")
+    theirs, _ = lossy(base, LOST_CREATE_REPLY)
+    with pytest.raises(AlreadyExistsError):
+        theirs.create("commits/1", b"mine")
+
+
+class _EveryReadDiffers:
+    """A layer whose whole-object reads all come back damaged, each a different way."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, request: Any, send: Any) -> Any:
+        result = send()
+        if request.op == "read":
+            self.n += 1
+            return bytes([(result[0] + self.n) % 256]) + result[1:]
+        return result
 
 
 def test_lost_create_reply_that_cannot_be_read_back_is_outcome_unknown() -> None:

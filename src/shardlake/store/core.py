@@ -380,15 +380,37 @@ class Store:
 
     def _holds(self, key: str, payload: bytes, *, retry: bool = True) -> bool:
         """Whether ``key`` holds exactly ``payload``; a conflicting large object is not read just
-        to learn that it differs."""
-        if retry:
-            if self.stat(key).size != len(payload):
-                return False
-            return self.read(key) == payload
+        to learn that it differs.
+
+        A read-back of the right size that differs may be our own bytes damaged in transit, so
+        it is read again: the same other bytes twice are another writer's; reads that never
+        agree raise :class:`TransientStoreError` (the caller then reports the outcome unknown).
+        """
         path = self.path(key)
-        if self._attempt("stat", key, path, lambda b: b.stat(path), None)[0] != len(payload):
+
+        def read() -> bytes:
+            if retry:
+                return self.read(key)
+            return self._attempt("read", key, path, lambda b: b.read(path), None)
+
+        if retry:
+            size = self.stat(key).size
+        else:
+            size = self._attempt("stat", key, path, lambda b: b.stat(path), None)[0]
+        if size != len(payload):
             return False
-        return self._attempt("read", key, path, lambda b: b.read(path), None) == payload
+        seen: list[bytes] = []
+        for _ in range(2 + max(1, self.retry.integrity_rereads)):
+            got = read()
+            if got == payload:
+                return True
+            if got in seen:
+                return False  # the same other bytes twice: not a damaged copy of ours
+            seen.append(got)
+        raise TransientStoreError(
+            f"{redact(self.key_url(key))}: read back {len(seen)} different ways (damaged in "
+            "transit?): cannot tell whether it holds this writer's bytes"
+        )
 
     @contextmanager
     def open_writer(self, key: str) -> Iterator[BinaryIO]:
