@@ -249,13 +249,16 @@ class _FirstNeeds:
             seen, at = np.unique(unit_of_emit, return_index=True)
             first[seen] = at
         by_first = np.argsort(first, kind="stable")
-        self._first = first[by_first]
-        self._reach = np.maximum.accumulate(by_first) if units else by_first
+        self._first: list[int] = first[by_first].tolist()
+        self._reach: list[int] = (np.maximum.accumulate(by_first) if units else by_first).tolist()
+        self._seen = 0  # units whose first row is at or before the last position asked about
 
     def needed_by(self, position: int) -> int:
-        """The highest unit whose first row is emitted at or before ``position`` (-1: none)."""
-        k = int(np.searchsorted(self._first, position, side="right")) - 1
-        return int(self._reach[k]) if k >= 0 else -1
+        """The highest unit whose first row is emitted at or before ``position`` (-1: none);
+        positions are asked about in emit order (never decreasing), one step per unit."""
+        while self._seen < len(self._first) and self._first[self._seen] <= position:
+            self._seen += 1
+        return self._reach[self._seen - 1] if self._seen else -1
 
 
 class SlotReader:
@@ -431,11 +434,12 @@ class SlotReader:
         try:
             for position, (row, chunk) in enumerate(self._emits()):
                 unit = self._unit_of_chunk[chunk]
-                submit_more(max(unit, firsts.needed_by(position + self.lookahead)))
+                need = max(unit, firsts.needed_by(position + self.lookahead))
+                submit_more(need)
                 if unit not in held:
                     held[unit] = futures.pop(unit).result()
                     ahead_bytes -= int(self._unit_bytes[unit])
-                    submit_more(unit)
+                    submit_more(need)  # the same tiers: read-ahead still waits for `need`
                 payload = held[unit][row]
                 self._remaining[unit] -= 1
                 if self._remaining[unit] == 0:
