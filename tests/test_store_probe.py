@@ -105,3 +105,29 @@ def test_store_ignoring_create_still_refused(tmp_path: Path) -> None:
     store: Store = open_store(str(tmp_path / "root"))
     with pytest.raises(CapabilityError, match="create-if-absent:"):
         store.with_layers(FaultInjector(FaultPlan(ignore_create=True))).ensure_create_enforced()
+
+
+def test_loopback_moto_decides_racing_creates_atomically(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto checks If-None-Match and then writes with no lock between; the loopback server
+    serialises conditional writes so that, like AWS, exactly one racer wins. The existence
+    check is slowed here to widen the window that let two creates win in CI."""
+    import time
+    import uuid
+
+    from moto.s3.models import S3Backend
+
+    from shardlake.store.core import check_create_race
+    from shardlake.tools.loopback import moto_s3_server
+
+    looked_up = S3Backend.get_object
+
+    def slow_get_object(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        found = looked_up(self, *args, **kwargs)
+        time.sleep(0.02)  # between moto's check and its write
+        return found
+
+    with moto_s3_server(set_env=False) as s3:
+        store = open_store(s3.fresh_url("race"), s3.storage_options)
+        monkeypatch.setattr(S3Backend, "get_object", slow_get_object)
+        check = check_create_race(store, f"probe/{uuid.uuid4().hex}")
+    assert check.ok, check.detail

@@ -29,6 +29,7 @@ import logging
 import os
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -81,7 +82,7 @@ class StoreServer:
 
 
 class S3Server(StoreServer):
-    """moto's ThreadedMotoServer; see :func:`moto_s3_server`."""
+    """moto's S3 server in a thread; see :func:`moto_s3_server`."""
 
 
 class GCSServer(StoreServer):
@@ -133,26 +134,65 @@ def gcs_storage_options(endpoint_url: str) -> dict[str, Any]:
 def moto_s3_server(bucket: str = DEFAULT_BUCKET, *, set_env: bool = True) -> Iterator[S3Server]:
     """Run moto's S3 on 127.0.0.1 (free port) with ``bucket`` created; stop it on exit."""
     try:
-        from moto.server import ThreadedMotoServer
+        import moto.server  # noqa: F401 - moto in server mode; fail early with a clear message
     except ImportError as exc:
         raise MissingServerError(
             "a loopback S3 server needs moto: pip install 'shardlake[demo]' (or 'moto[server]')"
         ) from exc
 
     _quiet_request_logs()
-    server = ThreadedMotoServer(ip_address=LOOPBACK, port=0, verbose=False)
-    server.start()
-    try:
-        host, port = server.get_host_and_port()
-        endpoint = f"http://{host}:{port}"
+    with _moto_http_server() as endpoint:
         env = s3_env(endpoint)
         # Plain HTTP keeps boto3 out of the dependency list of this helper.
         _http(f"{endpoint}/{bucket}", method="PUT")
         info = S3Server("s3", endpoint, bucket, s3_storage_options(endpoint), env)
         with _patched_env(env, set_env):
             yield info
+
+
+# Requests whose outcome depends on what the key holds: AWS decides them atomically.
+_CONDITIONAL_HEADERS = ("HTTP_IF_NONE_MATCH", "HTTP_IF_MATCH")
+
+
+def _conditional_writes_serialised(app: Any) -> Any:
+    """WSGI middleware: moto checks a precondition and then writes, with no lock between, so
+    two concurrent ``If-None-Match: *`` creates can both win (rarely, under load). AWS, whose
+    shapes moto stands in for, decides each conditional write atomically; one lock around every
+    conditional request gives moto the same promise."""
+    lock = threading.Lock()
+
+    def serialised(environ: dict[str, Any], start_response: Any) -> Any:
+        if environ.get("REQUEST_METHOD") not in ("PUT", "POST") or not any(
+            environ.get(h) for h in _CONDITIONAL_HEADERS
+        ):
+            return app(environ, start_response)
+        with lock:
+            return list(app(environ, start_response))
+
+    return serialised
+
+
+@contextlib.contextmanager
+def _moto_http_server() -> Iterator[str]:
+    """moto's S3 app on a free loopback port in a thread (what ThreadedMotoServer does, with the
+    conditional-write lock in front); yields the endpoint URL, stops and joins on exit."""
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    app = _conditional_writes_serialised(DomainDispatcherApplication(create_backend_app))
+    server = make_server(LOOPBACK, 0, app, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{LOOPBACK}:{server.server_address[1]}"
     finally:
-        server.stop()
+        server.shutdown()
+        thread.join()
+        server.server_close()
 
 
 def _quiet_request_logs() -> None:
