@@ -1,5 +1,5 @@
-"""S3 reads through obstore (the default where installed; ``read_client="s3fs"`` opts out),
-everything else (and edge cases) on s3fs."""
+"""Reads through obstore on S3, GCS and Azure (the default where installed;
+``read_client="fsspec"`` opts out), everything else (and edge cases) on the fsspec client."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from shardlake.errors import KeyNotFoundError, UsageError
 from shardlake.store import open_store
+from shardlake.store.backends.obstore import obstore_config
 from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.testing.fixtures import StoreLocation, new_location
 
@@ -18,9 +19,11 @@ def _child_read(store: Any, queue: Any) -> None:
     queue.put(store.read_ranges([("b", 0, 4)]))
 
 
-@pytest.fixture
-def s3(store_servers: Any) -> StoreLocation:
-    return new_location("s3", "obstore", store_servers)
+@pytest.fixture(params=["s3", "gcs", "azure"])
+def s3(request: pytest.FixtureRequest, store_servers: Any) -> StoreLocation:
+    """A fresh location on each object store obstore reads (S3 on moto, fake-gcs-server,
+    Azurite)."""
+    return new_location(request.param, "obstore", store_servers)
 
 
 def test_reads_go_through_obstore(s3: StoreLocation) -> None:
@@ -29,10 +32,10 @@ def test_reads_go_through_obstore(s3: StoreLocation) -> None:
     backend: Any = store.backend
     assert backend.fast_reads is not None
 
-    def no_s3fs(*_: Any, **__: Any) -> Any:
-        raise AssertionError("read through s3fs")
+    def no_fsspec(*_: Any, **__: Any) -> Any:
+        raise AssertionError("read through the fsspec client")
 
-    backend.fs.cat_ranges = no_s3fs  # the fast path must answer alone
+    backend.fs.cat_ranges = no_fsspec  # the fast path must answer alone
     data = bytes(range(256)) * 100
     got = store.read_ranges([("a/blob", 0, 10), ("a/blob", 300, 9000), ("a/blob", 25000, 25600)])
     assert got == [data[0:10], data[300:9000], data[25000:25600]]
@@ -57,11 +60,11 @@ def test_views_are_obstore_buffers_without_a_copy(s3: StoreLocation) -> None:
 def test_edge_cases_keep_the_store_semantics(s3: StoreLocation) -> None:
     store = open_store(s3.url, {**s3.storage_options, "read_client": "obstore"})
     store.write("b", b"0123456789")
-    # Past the end is clipped, a missing key is KeyNotFoundError: the s3fs path answers both.
+    # Past the end is clipped, a missing key is KeyNotFoundError: the fsspec path answers both.
     assert store.read_ranges([("b", 5, 50), ("b", 20, 30)]) == [b"56789", b""]
     with pytest.raises(KeyNotFoundError):
         store.read_ranges([("missing", 0, 4)])
-    # A child forked after this process started obstore's runtime reads through s3fs.
+    # A child forked after this process started obstore's runtime reads through fsspec.
     ctx = multiprocessing.get_context("fork")
     queue: Any = ctx.Queue()
     child = ctx.Process(target=_child_read, args=(store, queue))
@@ -73,10 +76,45 @@ def test_edge_cases_keep_the_store_semantics(s3: StoreLocation) -> None:
         open_store("memory://x", {"read_client": "obstore"}).list()
 
 
-def test_obstore_is_the_default_s3_read_client_and_s3fs_can_be_chosen(s3: StoreLocation) -> None:
+def test_obstore_is_the_default_read_client_and_fsspec_can_be_chosen(s3: StoreLocation) -> None:
     default: Any = open_store(s3.url, s3.storage_options).backend
     assert default.fast_reads is not None  # obstore is installed in the test environment
-    pinned: Any = open_store(s3.url, {**s3.storage_options, "read_client": "s3fs"}).backend
-    assert pinned.fast_reads is None
+    own_name = {"s3": "s3fs", "gcs": "gcsfs", "azure": "adlfs"}[s3.kind]
+    for name in ("fsspec", own_name):
+        pinned: Any = open_store(s3.url, {**s3.storage_options, "read_client": name}).backend
+        assert pinned.fast_reads is None
+    with pytest.raises(UsageError, match="read_client='nope'"):
+        open_store(s3.url, {**s3.storage_options, "read_client": "nope"}).list()
     # Other protocols keep their fsspec client.
     assert getattr(open_store("memory://x").backend, "fast_reads", None) is None
+
+
+def test_credentials_obstore_cannot_use_keep_the_fsspec_client() -> None:
+    """Options obstore cannot sign with map to None (the fsspec client reads), and asking for
+    obstore then is a clear error, not a silent fall-back on every read."""
+    assert obstore_config("gs", {"token": "anon", "endpoint_url": "http://127.0.0.1:1"}) == {
+        "base_url": "http://127.0.0.1:1",
+        "skip_signature": True,
+    }
+    assert obstore_config("gs", {"token": {"type": "authorized_user"}}) is None
+    assert obstore_config("gs", {"token": "/no/such/credentials.json"}) is None
+    assert obstore_config("gs", {"requester_pays": True}) is None
+    text = (
+        "DefaultEndpointsProtocol=http;AccountName=acct;AccountKey=a2V5;"
+        "BlobEndpoint=http://127.0.0.1:2/acct;"
+    )
+    assert obstore_config("az", {"connection_string": text}) == {
+        "account_name": "acct",
+        "account_key": "a2V5",
+        "endpoint": "http://127.0.0.1:2/acct",
+    }
+    assert obstore_config("az", {"account_name": "acct", "sas_token": "?sv=1&sig=x"}) == {
+        "account_name": "acct",
+        "sas_key": "sv=1&sig=x",
+    }
+    assert obstore_config("az", {"account_name": "acct", "credential": object()}) is None
+    assert obstore_config("az", {"account_name": "acct"}) is None  # DefaultAzureCredential
+    with pytest.raises(UsageError, match="obstore cannot sign for gs://"):
+        open_store(
+            "gs://bucket/x", {"token": {"type": "authorized_user"}, "read_client": "obstore"}
+        )

@@ -253,7 +253,7 @@ class Store:
 
         Each range is clipped like :meth:`read_range`; zero-length ranges cost no request (but a
         missing key is still an error). With ``views``, a client that hands out buffers of its
-        own (obstore on S3) returns read-only memoryviews of them instead of ``bytes`` copies:
+        own (obstore on S3, GCS, Azure) returns read-only memoryviews of them instead of ``bytes`` copies:
         for a caller that only slices and decodes them (the loader).
         """
         for key, start, end in ranges:
@@ -530,7 +530,7 @@ class _RangeBatch:
         views: bool = False,
     ) -> None:
         # ``multi``: a ``read_ranges`` call, which a backend with a faster multi-read client
-        # (obstore on S3) answers even for one range; ``read_range`` keeps the plain client.
+        # (obstore on S3, GCS, Azure) answers even for one range; ``read_range`` keeps the plain client.
         # ``views``: the caller takes the client's own buffers (see Store.read_ranges).
         self.paths, self.starts, self.ends, self.multi = paths, starts, ends, multi
         self.views = views

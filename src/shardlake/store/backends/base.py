@@ -59,7 +59,7 @@ class Backend:
 
     def batches_single_ranges(self) -> bool:
         """Whether a ``Store.read_ranges`` call of one range goes to :meth:`read_ranges` (a
-        faster multi-read client, e.g. obstore on S3) rather than :meth:`read_range`."""
+        faster multi-read client, e.g. obstore on S3, GCS, Azure) rather than :meth:`read_range`."""
         return False
 
     def __init__(
@@ -227,9 +227,31 @@ class EndpointMismatch(OSError):
 class BucketBackend(Backend):
     """Object stores: listing caches are dropped before every check, and a request that fails
     permanently is explained (:meth:`explain`): a missing bucket says so (not "no such key",
-    not an empty listing)."""
+    not an empty listing). Ranged multi-reads go through ``fast_reads`` (obstore, see
+    ``backends.obstore``) where it is set and usable in this process."""
 
     _bucket_seen = False
+    fast_reads: Any = None  # backends.obstore.ObstoreReads, unless read_client="fsspec"
+
+    def batches_single_ranges(self) -> bool:
+        # The loader's chunks are one coalesced range each: they must reach obstore too.
+        return self.fast_reads is not None and bool(self.fast_reads.usable())
+
+    def read_ranges(
+        self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
+    ) -> list[bytes | memoryview]:
+        if self.fast_reads is not None and self.fast_reads.usable():
+            try:
+                out: list[bytes | memoryview] = self.fast_reads.read_ranges(
+                    paths, starts, ends, views=views
+                )
+                if all(len(b) == e - s for b, s, e in zip(out, starts, ends, strict=True)):
+                    return out
+            except BaseException as exc:  # a Rust panic is a BaseException
+                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                    raise
+                # the fsspec path answers with the store's semantics and errors
+        return super().read_ranges(paths, starts, ends, views=views)
 
     def _fresh(self, path: str | None = None) -> None:
         self.fs.invalidate_cache(path)

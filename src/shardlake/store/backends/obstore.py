@@ -1,20 +1,22 @@
-"""obstore (Rust ``object_store``) as the client for S3 reads: the default where it is installed.
+"""obstore (Rust ``object_store``) as the read client on S3, GCS and Azure: the default where
+it is installed.
 
-``storage_options={"read_client": "s3fs"}`` keeps every read on s3fs; ``"obstore"`` asks for it
-explicitly (it is the default on ``s3://`` whenever the ``obstore`` package imports). gs:// and
-az:// reads stay on their fsspec clients (no obstore layer for them yet).
+``storage_options={"read_client": "fsspec"}`` keeps every read on the protocol's fsspec client
+(s3fs, gcsfs, adlfs; their names are accepted too); ``"obstore"`` asks for it explicitly (it is
+the default on ``s3://``, ``gs://`` and ``az://`` whenever the ``obstore`` package is installed
+and the storage options say how to reach and sign for the store: see :func:`obstore_config`).
 
-Measured against one loopback S3 server (``benchmarks/obstore_eval.py``, docs/performance.md),
-obstore fetches several times faster than s3fs with a fraction of the client CPU per GB. Only
-*reads* go through it; writes, conditional creates, listings and multipart clean-up stay on s3fs,
-so every write-side guarantee of the store is unchanged. A read obstore cannot answer plainly
-(a range past the object's end, an unexpected error after obstore's own retries) falls back to
-the s3fs path, which gives the store's documented semantics and error translation.
+Measured against loopback servers (``benchmarks/obstore_eval.py``, docs/performance.md),
+obstore fetches faster than the fsspec clients with a fraction of the client CPU per GB. Only
+*reads* go through it; writes, conditional creates, listings and multipart clean-up stay on the
+fsspec client, so every write-side guarantee of the store is unchanged. A read obstore cannot
+answer plainly (a range past the object's end, an error after its one try) falls back to the
+fsspec path, which gives the store's documented semantics and error translation.
 
 obstore's tokio runtime does not survive ``fork`` (a forked child that inherits a started runtime
 hangs; obstore documents no fork support). So obstore is used only in processes that did not
-inherit a started runtime: a child forked after its parent used obstore reads through s3fs. Only
-ranged multi-reads (``read_ranges``: the loader's payload reads) use obstore, so a training
+inherit a started runtime: a child forked after its parent used obstore reads through fsspec.
+Only ranged multi-reads (``read_ranges``: the loader's payload reads) use obstore, so a training
 process that opens datasets and then forks DataLoader workers leaves the runtime to the workers.
 """
 
@@ -26,26 +28,43 @@ from datetime import timedelta
 from typing import Any
 
 READ_CLIENT_OPTION = "read_client"
-READ_CLIENTS = ("s3fs", "obstore")
+OBSTORE = "obstore"
+FSSPEC = "fsspec"
+# The fsspec client of each protocol obstore can read, by its own name too ("s3fs" was the only
+# alternative before GCS and Azure reads went through obstore).
+FSSPEC_CLIENTS = {
+    "s3": "s3fs",
+    "s3a": "s3fs",
+    "gs": "gcsfs",
+    "gcs": "gcsfs",
+    "az": "adlfs",
+    "abfs": "adlfs",
+    "abfss": "adlfs",
+}
 _runtime_pid: int | None = None  # the process that started obstore's runtime (fork-inherited)
-_OBSTORE_PROTOCOLS = ("s3", "s3a")
 
 
-def default_read_client(protocol: str) -> str:
-    """``"obstore"`` for S3 where the ``obstore`` package is installed, else ``"s3fs"``.
-
-    Only the package's presence is checked (no import: that would start nothing, but costs
-    ~30 ms per process); an obstore that fails at read time falls back to s3fs anyway.
-    """
-    if protocol not in _OBSTORE_PROTOCOLS:
-        return "s3fs"
+def obstore_installed() -> bool:
+    """Whether the ``obstore`` package can be imported (found, not imported: ~30 ms)."""
     import importlib.util
 
     try:
-        found = importlib.util.find_spec("obstore") is not None
+        return importlib.util.find_spec("obstore") is not None
     except (ImportError, ValueError):
-        found = False
-    return "obstore" if found else "s3fs"
+        return False
+
+
+def obstore_config(protocol: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The obstore store keywords for fsspec-style ``options`` of ``protocol``, or None when
+    obstore cannot reach or sign for the store the way the fsspec client would (a credentials
+    object, an interactive login, requester-pays): those stores keep their fsspec client."""
+    if protocol in ("s3", "s3a"):
+        return _s3_config(options)
+    if protocol in ("gs", "gcs"):
+        return _gcs_config(options)
+    if protocol in ("az", "abfs", "abfss"):
+        return _azure_config(options)
+    return None
 
 
 def _s3_config(options: dict[str, Any]) -> dict[str, Any]:
@@ -69,12 +88,86 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
+def _gcs_config(options: dict[str, Any]) -> dict[str, Any] | None:
+    """obstore ``GCSStore`` keywords from gcsfs options: an endpoint (``endpoint_url`` or
+    ``STORAGE_EMULATOR_HOST``, as gcsfs reads them), ``token="anon"``, a credentials file, or
+    no token (application default credentials, which obstore finds the way gcsfs does)."""
+    if options.get("requester_pays") or options.get("user_project"):
+        return None
+    config: dict[str, Any] = {}
+    endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
+    if endpoint:
+        config["base_url"] = str(endpoint).rstrip("/")
+    token = options.get("token")
+    if token == "anon":
+        config["skip_signature"] = True
+    elif isinstance(token, str) and token not in ("google_default", "cloud", "cache", "browser"):
+        if not os.path.isfile(token):
+            return None
+        config["application_credentials"] = token
+    elif token not in (None, "google_default"):
+        return None  # a credentials object or an interactive flow: gcsfs's own business
+    return config
+
+
+def _connection_string(text: str) -> dict[str, str]:
+    """``Key=Value;...`` pairs of an Azure storage connection string."""
+    pairs = (part.split("=", 1) for part in text.split(";") if "=" in part)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def _azure_config(options: dict[str, Any]) -> dict[str, Any] | None:
+    """obstore ``AzureStore`` keywords from adlfs options: a connection string (given or in
+    ``AZURE_STORAGE_CONNECTION_STRING``), an account with a key or SAS token, a service
+    principal, or anonymous access. Other credentials (a credential object, the default
+    credential chain) stay with adlfs."""
+    if options.get("credential") is not None:
+        return None
+    text = options.get("connection_string")
+    if not text and not options.get("account_name"):
+        text = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    parts = _connection_string(text) if text else {}
+    name = parts.get("AccountName") or options.get("account_name")
+    config: dict[str, Any] = {}
+    if parts.get("UseDevelopmentStorage", "").lower() == "true":
+        config["use_emulator"] = True
+    if name:
+        config["account_name"] = name
+    key = parts.get("AccountKey") or options.get("account_key")
+    sas = parts.get("SharedAccessSignature") or options.get("sas_token")
+    principal = [options.get(k) for k in ("client_id", "client_secret", "tenant_id")]
+    if key:
+        config["account_key"] = key
+    elif sas:
+        config["sas_key"] = str(sas).lstrip("?")
+    elif all(principal):
+        config.update(zip(("client_id", "client_secret", "tenant_id"), principal, strict=True))
+    elif options.get("anon"):
+        config["skip_signature"] = True
+    elif not config.get("use_emulator"):
+        return None
+    endpoint = parts.get("BlobEndpoint")
+    if not endpoint and options.get("account_host"):
+        endpoint = f"https://{options['account_host']}"
+    if not endpoint and name and parts.get("EndpointSuffix"):
+        scheme = parts.get("DefaultEndpointsProtocol", "https")
+        endpoint = f"{scheme}://{name}.blob.{parts['EndpointSuffix']}"
+    if endpoint:
+        config["endpoint"] = endpoint.rstrip("/")
+    if not name and not config.get("use_emulator"):
+        return None
+    return config
+
+
 class ObstoreReads:
     """Ranged and whole-object GETs for ``bucket/key`` paths through obstore (one client per
-    bucket, made lazily: the backend is rebuilt in every process)."""
+    bucket or container, made lazily: the backend is rebuilt in every process)."""
 
-    def __init__(self, storage_options: dict[str, Any], attempt_timeout: float = 30.0) -> None:
-        self._config = _s3_config(storage_options)
+    def __init__(
+        self, protocol: str, config: dict[str, Any], attempt_timeout: float = 30.0
+    ) -> None:
+        self._protocol = protocol
+        self._config = config
         self._attempt_timeout = attempt_timeout
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -90,23 +183,27 @@ class ObstoreReads:
             _runtime_pid = os.getpid()
             found = self._stores.get(bucket)
             if found is None:
-                from obstore.store import S3Store
-
-                endpoint = str(self._config.get("endpoint", ""))
-                timeout = timedelta(seconds=self._attempt_timeout)
-                options: dict[str, Any] = {"connect_timeout": timeout, "read_timeout": timeout}
-                if endpoint.startswith("http://"):
-                    options["allow_http"] = True
-                # One try: a failed read falls back to s3fs, which the store's policy retries
-                # (obstore's own 10 retries over 3 minutes would run past the deadline).
-                found = S3Store(
-                    bucket,
-                    client_options=options,  # type: ignore[arg-type]
-                    retry_config={"max_retries": 0},
-                    **self._config,
-                )
+                found = self._make_store(bucket)
                 self._stores[bucket] = found
             return found
+
+    def _make_store(self, bucket: str) -> Any:
+        from obstore.store import AzureStore, GCSStore, S3Store
+
+        config = self._config
+        endpoint = str(config.get("endpoint") or config.get("base_url") or "")
+        timeout = timedelta(seconds=self._attempt_timeout)
+        options: dict[str, Any] = {"connect_timeout": timeout, "read_timeout": timeout}
+        if endpoint.startswith("http://"):
+            options["allow_http"] = True
+        # One try: a failed read falls back to fsspec, which the store's policy retries
+        # (obstore's own 10 retries over 3 minutes would run past the deadline).
+        common: dict[str, Any] = {"client_options": options, "retry_config": {"max_retries": 0}}
+        if self._protocol in ("gs", "gcs"):
+            return GCSStore(bucket, **common, **config)
+        if self._protocol in ("az", "abfs", "abfss"):
+            return AzureStore(bucket, **common, **config)
+        return S3Store(bucket, **common, **config)
 
     def read_ranges(
         self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False

@@ -7,7 +7,7 @@ from typing import Any
 from ...errors import InvalidURLError, UsageError
 from ..retry import RetryPolicy
 from .azure import AzureBackend
-from .base import Backend
+from .base import Backend, BucketBackend
 from .gcs import GCSBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
@@ -74,17 +74,11 @@ def make_backend(
 ) -> Backend:
     """The backend for ``protocol`` with a filesystem built from ``storage_options``."""
     check_protocol(protocol)
-    from .obstore import READ_CLIENT_OPTION, READ_CLIENTS, ObstoreReads, default_read_client
+    from . import obstore
 
     storage_options = dict(storage_options)
-    read_client = storage_options.pop(READ_CLIENT_OPTION, None)
-    if read_client is None:
-        read_client = default_read_client(protocol)
-    if read_client not in READ_CLIENTS or (read_client != "s3fs" and protocol not in ("s3", "s3a")):
-        raise UsageError(
-            f"storage option {READ_CLIENT_OPTION}={read_client!r}: use 'obstore' (the default "
-            "on s3:// where obstore is installed) or 's3fs'; 'obstore' is for s3:// only"
-        )
+    fast_config = _fast_read_config(protocol, storage_options.pop(obstore.READ_CLIENT_OPTION, None),
+                                    storage_options)  # fmt: skip
     cls = _BACKENDS.get(protocol, Backend)
     try:
         fs = cls.make_filesystem(protocol, storage_options, policy)
@@ -99,6 +93,43 @@ def make_backend(
             f"{exc}"
         ) from None
     backend = cls(fs, root, policy)
-    if read_client == "obstore" and isinstance(backend, S3Backend):
-        backend.fast_reads = ObstoreReads(storage_options, policy.request_timeout)
+    if fast_config is not None and isinstance(backend, BucketBackend):
+        backend.fast_reads = obstore.ObstoreReads(protocol, fast_config, policy.request_timeout)
     return backend
+
+
+def _fast_read_config(
+    protocol: str, read_client: Any, storage_options: dict[str, Any]
+) -> dict[str, Any] | None:
+    """obstore's store keywords when reads of ``protocol`` go through obstore, else None.
+
+    ``read_client`` unset: obstore where it is installed and the options map onto it (S3, GCS,
+    Azure), else the fsspec client. ``"obstore"``: obstore, or a clear error where it cannot
+    serve. ``"fsspec"`` (or the protocol's fsspec client by name): the fsspec client."""
+    from . import obstore
+
+    fsspec_name = obstore.FSSPEC_CLIENTS.get(protocol)
+    choices = [obstore.OBSTORE, obstore.FSSPEC, *([fsspec_name] if fsspec_name else [])]
+    option = f"storage option {obstore.READ_CLIENT_OPTION}={read_client!r}"
+    if read_client is not None and read_client not in choices:
+        raise UsageError(
+            f"{option} for {protocol}://: use one of {', '.join(map(repr, choices))} "
+            "('obstore' reads s3://, gs:// and az:// stores)"
+        )
+    if read_client not in (None, obstore.OBSTORE) or fsspec_name is None:
+        if read_client == obstore.OBSTORE:
+            raise UsageError(f"{option}: 'obstore' reads s3://, gs:// and az:// stores only")
+        return None
+    if not obstore.obstore_installed():
+        if read_client == obstore.OBSTORE:
+            raise UsageError(
+                f"{option}: the obstore package is not installed (pip install obstore)"
+            )
+        return None
+    config = obstore.obstore_config(protocol, storage_options)
+    if config is None and read_client == obstore.OBSTORE:
+        raise UsageError(
+            f"{option}: obstore cannot sign for {protocol}:// with these storage options "
+            f"(keys: {', '.join(sorted(storage_options))}); use read_client='fsspec'"
+        )
+    return config

@@ -58,7 +58,6 @@ class S3Backend(BucketBackend):
     A SIGKILLed writer cannot abort: its upload is found by :meth:`leftovers` (gc aborts it).
     """
 
-    fast_reads: Any = None  # backends.obstore.ObstoreReads unless read_client="s3fs"
     # One GET per whole read: s3fs would first HEAD the object to split it into parts.
     whole_read_options: Mapping[str, Any] = MappingProxyType({"max_concurrency": 1})
     _endpoint_checked = False
@@ -115,26 +114,6 @@ class S3Backend(BucketBackend):
             if refused_create(exc):
                 raise FileExistsError(f"{path}: already exists (HTTP {_status_of(exc)})") from exc
             raise
-
-    def batches_single_ranges(self) -> bool:
-        # The loader's chunks are one coalesced range each: they must reach obstore too.
-        return self.fast_reads is not None and bool(self.fast_reads.usable())
-
-    def read_ranges(
-        self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
-    ) -> list[bytes | memoryview]:
-        if self.fast_reads is not None and self.fast_reads.usable():
-            try:
-                out: list[bytes | memoryview] = self.fast_reads.read_ranges(
-                    paths, starts, ends, views=views
-                )
-                if all(len(b) == e - s for b, s, e in zip(out, starts, ends, strict=True)):
-                    return out
-            except BaseException as exc:  # a Rust panic is a BaseException
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
-                # the s3fs path answers with the store's semantics and errors
-        return super().read_ranges(paths, starts, ends, views=views)
 
     def _open_for_write(self, path: str) -> Any:
         # The parts of a streaming upload are requests s3fs sends from the file object; they go
