@@ -22,6 +22,7 @@ process that opens datasets and then forks DataLoader workers leaves the runtime
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from datetime import timedelta
@@ -208,23 +209,53 @@ class ObstoreReads:
     def read_ranges(
         self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
     ) -> list[bytes | memoryview]:
-        """One ``get_ranges`` call per object, all its ranges concurrently; results in order
-        (``views``: memoryviews of obstore's buffers, no copy; else ``bytes``)."""
+        """One ``get_ranges`` per object, all its ranges concurrently; results in order
+        (``views``: memoryviews of obstore's buffers, no copy; else ``bytes``).
+
+        The GETs run on obstore's runtime from this process's one event-loop thread: a caller
+        thread only waits for the result. Driving each call from its own thread (obstore's
+        blocking API) cost ~40% more client CPU per GB with 12 reads of 8 MiB in flight on
+        SeaweedFS (0.78-0.92 vs 0.54-0.61 s/GB), CPU a loader worker's decoding thread needs."""
         import obstore
 
         by_object: dict[str, list[int]] = {}
         for i, path in enumerate(paths):
             by_object.setdefault(path, []).append(i)
+
+        async def fetch() -> list[Any]:
+            calls = []
+            for path, idx in by_object.items():
+                bucket, _, key = path.partition("/")
+                calls.append(
+                    obstore.get_ranges_async(
+                        self._store(bucket),
+                        key,
+                        starts=[starts[i] for i in idx],
+                        ends=[ends[i] for i in idx],
+                    )
+                )
+            return list(await asyncio.gather(*calls))
+
+        found = asyncio.run_coroutine_threadsafe(fetch(), _event_loop()).result()
         out: list[bytes | memoryview] = [b""] * len(paths)
-        for path, idx in by_object.items():
-            bucket, _, key = path.partition("/")
-            got = obstore.get_ranges(
-                self._store(bucket),
-                key,
-                starts=[starts[i] for i in idx],
-                ends=[ends[i] for i in idx],
-            )
+        for idx, got in zip(by_object.values(), found, strict=True):
             for i, blob in zip(idx, got, strict=True):
                 # A copy costs ~0.15-0.35 s of CPU per GB (benchmarks/s3_concurrency.py).
                 out[i] = memoryview(blob) if views else bytes(blob)
         return out
+
+
+_loop_lock = threading.Lock()
+_loop: tuple[int, asyncio.AbstractEventLoop] | None = None  # (owning pid, loop)
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for obstore's async calls, run by one daemon thread (made
+    again in a forked child, which inherits the loop object but not its thread)."""
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop[0] != os.getpid():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="shardlake-obstore", daemon=True).start()
+            _loop = (os.getpid(), loop)
+        return _loop[1]
