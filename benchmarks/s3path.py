@@ -186,9 +186,9 @@ def _bare_child(conn: Any, opts: dict[str, Any], paths: list[str], threads: int,
 
     import obstore
 
-    from shardlake.store.backends.obstore import ObstoreReads
+    from shardlake.store.backends.obstore import ObstoreReads, obstore_config
 
-    reads = ObstoreReads(opts)
+    reads = ObstoreReads("s3", obstore_config("s3", opts) or {})
 
     def get(path: str) -> int:
         bucket, _, key = path.partition("/")
@@ -238,7 +238,12 @@ def bare_obstore_fetch(
     load0, srv0 = load(), server_cpu_s(server_pid)
     proc = ctx.Process(target=_bare_child, args=(child, opts, paths, threads, probe_bytes))
     proc.start()
-    got = parent.recv()
+    child.close()  # only the child writes: its death is then an EOF here, not a hang
+    try:
+        got = parent.recv()
+    except EOFError:
+        proc.join(timeout=60)
+        raise RuntimeError(f"the bare-fetch child died (exit code {proc.exitcode})") from None
     proc.join(timeout=60)
     srv = server_cpu_s(server_pid) - srv0
     gb = got["bytes"] / 1e9
