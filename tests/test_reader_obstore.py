@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import multiprocessing
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,7 +90,9 @@ def test_obstore_is_the_default_read_client_and_fsspec_can_be_chosen(s3: StoreLo
     assert getattr(open_store("memory://x").backend, "fast_reads", None) is None
 
 
-def test_credentials_obstore_cannot_use_keep_the_fsspec_client() -> None:
+def test_credentials_obstore_cannot_use_keep_the_fsspec_client(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Options obstore cannot sign with map to None (the fsspec client reads), and asking for
     obstore then is a clear error, not a silent fall-back on every read."""
     assert obstore_config("gs", {"token": "anon", "endpoint_url": "http://127.0.0.1:1"}) == {
@@ -99,6 +102,19 @@ def test_credentials_obstore_cannot_use_keep_the_fsspec_client() -> None:
     assert obstore_config("gs", {"token": {"type": "authorized_user"}}) is None
     assert obstore_config("gs", {"token": "/no/such/credentials.json"}) is None
     assert obstore_config("gs", {"requester_pays": True}) is None
+    # No token: the default credentials file where google.auth finds it, else gcsfs (which
+    # would go on to the metadata server and anonymous access).
+    creds = tmp_path / "adc.json"
+    creds.write_text("{}")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(creds))
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:3")
+    assert obstore_config("gs", {}) == {
+        "base_url": "http://127.0.0.1:3",
+        "application_credentials": str(creds),
+    }
+    monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "no-gcloud"))
+    assert obstore_config("gs", {"token": None}) is None
     text = (
         "DefaultEndpointsProtocol=http;AccountName=acct;AccountKey=a2V5;"
         "BlobEndpoint=http://127.0.0.1:2/acct;"

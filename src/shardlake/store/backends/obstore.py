@@ -91,24 +91,37 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any]:
 
 def _gcs_config(options: dict[str, Any]) -> dict[str, Any] | None:
     """obstore ``GCSStore`` keywords from gcsfs options: an endpoint (``endpoint_url`` or
-    ``STORAGE_EMULATOR_HOST``, as gcsfs reads them), ``token="anon"``, a credentials file, or
-    no token (application default credentials, which obstore finds the way gcsfs does)."""
+    ``STORAGE_EMULATOR_HOST``, as gcsfs reads them) and ``token="anon"`` or a credentials file
+    (given as ``token``, or found where gcsfs's ``google_default`` finds one). With no token and
+    no such file, gcsfs tries the metadata server and then anonymous access, which obstore does
+    not: that store keeps gcsfs."""
     if options.get("requester_pays") or options.get("user_project"):
         return None
     config: dict[str, Any] = {}
-    endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST")
-    if endpoint:
+    endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
+    if endpoint and endpoint != "default":
+        if not str(endpoint).startswith(("http://", "https://")):
+            endpoint = f"http://{endpoint}"  # gcsfs reads a bare host:port so
         config["base_url"] = str(endpoint).rstrip("/")
     token = options.get("token")
     if token == "anon":
         config["skip_signature"] = True
-    elif isinstance(token, str) and token not in ("google_default", "cloud", "cache", "browser"):
-        if not os.path.isfile(token):
-            return None
-        config["application_credentials"] = token
-    elif token not in (None, "google_default"):
-        return None  # a credentials object or an interactive flow: gcsfs's own business
+        return config
+    if token in (None, "google_default"):
+        token = _default_credentials_file()
+    if not isinstance(token, str) or not os.path.isfile(token):
+        return None  # a credentials object, an interactive flow, or none to be found
+    config["application_credentials"] = token
     return config
+
+
+def _default_credentials_file() -> str | None:
+    """The application default credentials file, where google.auth looks first."""
+    named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if named:
+        return named
+    home = os.environ.get("CLOUDSDK_CONFIG") or os.path.expanduser("~/.config/gcloud")
+    return os.path.join(home, "application_default_credentials.json")
 
 
 def _connection_string(text: str) -> dict[str, str]:

@@ -77,8 +77,8 @@ def make_backend(
     from . import obstore
 
     storage_options = dict(storage_options)
-    fast_config = _fast_read_config(protocol, storage_options.pop(obstore.READ_CLIENT_OPTION, None),
-                                    storage_options)  # fmt: skip
+    read_client = storage_options.pop(obstore.READ_CLIENT_OPTION, None)
+    fast_config = _fast_read_config(protocol, read_client, storage_options)
     cls = _BACKENDS.get(protocol, Backend)
     try:
         fs = cls.make_filesystem(protocol, storage_options, policy)
