@@ -42,6 +42,25 @@ def test_reads_go_through_obstore(s3: StoreLocation) -> None:
     assert got == [data[0:10], data[300:9000], data[25000:25600]]
 
 
+def test_the_given_endpoint_wins_over_the_environment(
+    store_servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """obstore reads AWS_ENDPOINT_URL_S3 over its own endpoint: reads went to another server
+    (another loopback server's variables in this environment) and fell back to s3fs."""
+    s3 = new_location("s3", "endpoint", store_servers)
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    store = open_store(s3.url, s3.storage_options)
+    store.write("e/blob", b"0123456789")
+    backend: Any = store.backend
+
+    def no_fsspec(*_: Any, **__: Any) -> Any:
+        raise AssertionError("read through the fsspec client")
+
+    backend.fs.cat_ranges = no_fsspec
+    assert store.read_ranges([("e/blob", 2, 6)]) == [b"2345"]
+
+
 def test_views_are_obstore_buffers_without_a_copy(s3: StoreLocation) -> None:
     store = open_store(s3.url, {**s3.storage_options, "read_client": "obstore"})
     data = bytes(range(256)) * 100

@@ -81,6 +81,9 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any]:
         config["session_token"] = options["token"]
     if endpoint:
         config["endpoint"] = endpoint
+        # obstore lets AWS_ENDPOINT_URL_S3 from the environment win over `endpoint`; botocore
+        # (s3fs) lets the given endpoint win. Given as the service-specific key, it wins here too.
+        config["aws_endpoint_url_s3"] = endpoint
     region = client.get("region_name") or options.get("region_name")
     if region:
         config["region"] = region
