@@ -387,17 +387,10 @@ def s3_server(kind: str) -> Iterator[tuple[str, dict[str, Any], int | None]]:
             weed = [p for p in psutil.Process().children() if p.name().startswith("weed")]
             yield server.url("bench"), dict(server.storage_options), weed[0].pid if weed else None
         return
-    ctx = mp.get_context("spawn")
-    queue: Any = ctx.Queue()
-    stop = ctx.Event()
-    proc = ctx.Process(target=_serve_s3, args=(queue, stop), daemon=True)
-    proc.start()
-    try:
-        url, opts = queue.get(timeout=60)
-        yield url, opts, proc.pid
-    finally:
-        stop.set()
-        proc.join(timeout=30)
+    import s3path
+
+    with s3path.spawned_moto("bench") as server:
+        yield server
 
 
 def s3_path(
@@ -518,14 +511,6 @@ def print_s3_path(
         print(f"{name:<52}{value:>10.2f}")
     if stages is not None:
         print(json.dumps({"s3 epoch stages (CPU ms per sample)": stages}, indent=1))
-
-
-def _serve_s3(queue: Any, stop: Any) -> None:
-    from shardlake.tools.loopback import moto_s3_server
-
-    with moto_s3_server(set_env=False) as server:
-        queue.put((server.url("bench"), dict(server.storage_options)))
-        stop.wait()
 
 
 def _copy_root(root: str, url: str, opts: dict[str, Any]) -> None:

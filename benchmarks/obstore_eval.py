@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import multiprocessing as mp
 import os
 import shlex
 import sys
@@ -32,28 +31,14 @@ STORES = ("seaweedfs", "gcs", "azure", "moto")
 FSSPEC_CLIENT = {"seaweedfs": "s3fs", "moto": "s3fs", "gcs": "gcsfs", "azure": "adlfs"}
 
 
-def _serve_moto(queue: Any, stop: Any) -> None:
-    from shardlake.tools.loopback import moto_s3_server
-
-    with moto_s3_server(set_env=False) as server:
-        queue.put((server.url("eval"), dict(server.storage_options)))
-        stop.wait()
-
-
 @contextlib.contextmanager
 def serve(kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(url, storage_options)`` of a fresh prefix on a loopback server of ``kind``."""
     if kind == "moto":  # a Python server: its own process, so its CPU is not the client's
-        ctx = mp.get_context("spawn")
-        queue: Any = ctx.Queue()
-        stop = ctx.Event()
-        proc = ctx.Process(target=_serve_moto, args=(queue, stop), daemon=True)
-        proc.start()
-        try:
-            yield queue.get(timeout=60)
-        finally:
-            stop.set()
-            proc.join(timeout=30)
+        import s3path
+
+        with s3path.spawned_moto("eval") as (url, opts, _pid):
+            yield url, opts
         return
     from shardlake.testing.servers import start_store_server
 

@@ -177,6 +177,34 @@ def timed_epoch(
     return row
 
 
+# --- moto in a process of its own ------------------------------------------------------------
+
+
+def _serve_moto(queue: Any, stop: Any, prefix: str) -> None:
+    from shardlake.tools.loopback import moto_s3_server
+
+    with moto_s3_server(set_env=False) as server:
+        queue.put((server.url(prefix), dict(server.storage_options)))
+        stop.wait()
+
+
+@contextlib.contextmanager
+def spawned_moto(prefix: str) -> Iterator[tuple[str, dict[str, Any], int | None]]:
+    """``(url, storage_options, pid)`` of moto's S3 in a spawned process: in the benchmark's
+    own process it would compete for the GIL and its CPU would count as the client's."""
+    ctx = mp.get_context("spawn")
+    queue: Any = ctx.Queue()
+    stop = ctx.Event()
+    proc = ctx.Process(target=_serve_moto, args=(queue, stop, prefix), daemon=True)
+    proc.start()
+    try:
+        url, opts = queue.get(timeout=60)
+        yield url, opts, proc.pid
+    finally:
+        stop.set()
+        proc.join(timeout=30)
+
+
 # --- bare obstore fetch (forked child) ---------------------------------------------------------
 
 
