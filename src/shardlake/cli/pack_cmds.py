@@ -114,6 +114,13 @@ def _add_synth(sub: argparse._SubParsersAction[Any]) -> None:
         help="flat: <log_dir>/ frames; converter: <location>/<split>/<date>/<time>/ frames plus "
         "routes/*.json, like Diffusion-Planner's converter",
     )
+    p.add_argument(
+        "--add",
+        action="store_true",
+        help="write into a SOURCE that already holds files (refused otherwise); a run that would "
+        "replace any existing file is still refused as a whole, before writing anything",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     finish_command(p, cmd_synth, opens_root=False)
 
 
@@ -241,6 +248,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
             skip_fraction=args.skip_fraction,
             sidecars=not args.no_sidecars,
             layout=args.layout,
+            add=args.add,
+            progress=progress_wanted(args),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
