@@ -93,6 +93,12 @@ def _add_inspect(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("source", metavar="SOURCE")
     _add_rule_options(p)
     p.add_argument("--out", metavar="TSV", help="also write the per-partition table as TSV")
+    p.add_argument(
+        "--no-frame-check",
+        action="store_true",
+        help="list and stat files only; by default every .npz is read as pack reads it and each "
+        "one pack would refuse is listed as unreadable",
+    )
     finish_command(p, cmd_inspect, opens_root=False)
 
 
@@ -187,6 +193,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         strip_prefix=args.strip_prefix,
         include=args.include,
         exclude=args.exclude,
+        check_frames=not args.no_frame_check,
     )
     columns = ["id", "path", "samples", "skipped", "missing_sidecars", "npz_bytes", "sidecar_bytes"]
     if args.out:

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from ..errors import SHOW_MAX as SHOW_MAX  # the reports' cut-off, re-exported
 from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
@@ -22,7 +23,6 @@ from ..store import Store
 
 # Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
 BATCH_BYTES = 32 * 2**20
-SHOW_MAX = 20
 # Shards checked at once by scrub/verify (threads; memory bound is workers x BATCH_BYTES).
 DEFAULT_WORKERS = 4
 
