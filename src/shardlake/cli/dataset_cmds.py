@@ -32,12 +32,23 @@ def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--where", metavar="SQL", help="boolean expression over the manifest columns")
-    p.add_argument("--columns", metavar="COL", nargs="+", help="columns to output (default: all)")
+    p.add_argument(
+        "--columns",
+        metavar="COL",
+        nargs="+",
+        action="extend",
+        help="columns to output (default: all); repeatable, and COL may be a comma list "
+        "(--columns key,timestamp)",
+    )
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument("--limit", type=int, default=None, help="print at most this many rows")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON lines, one object per row")
-    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    fmt.add_argument(
+        "--csv",
+        action="store_true",
+        help="CSV with a header row (list and struct columns as JSON text)",
+    )
     fmt.add_argument("--count", action="store_true", help="print only the number of rows")
     add_storage_flags(p)
     p.set_defaults(func=cmd_query)
@@ -143,7 +154,8 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 0:
         raise UsageError("the row limit must be >= 0", options=("limit",))
-    table = open_root(args).dataset(args.tag).query(args.where, args.columns)
+    columns = _column_list(args.columns)
+    table = open_root(args).dataset(args.tag).query(args.where, columns)
     if args.count:
         print(table.num_rows)
         return 0
@@ -154,15 +166,38 @@ def cmd_query(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps(row, default=str, sort_keys=False) + "\n")
     elif args.csv:
         buf = io.BytesIO()
-        pacsv.write_csv(table, buf)
+        pacsv.write_csv(_nested_as_json(table), buf)
         sys.stdout.write(buf.getvalue().decode())
     else:
         names = table.column_names
         print("\t".join(names))
-        for row in table.to_pylist():
+        for row in _nested_as_json(table).to_pylist():
             print("\t".join("" if row[n] is None else str(row[n]) for n in names))
         print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})", file=sys.stderr)
     return 0
+
+
+def _column_list(given: list[str] | None) -> list[str] | None:
+    """``--columns`` as given: repeated and comma-separated names, in order, once each."""
+    if not given:
+        return None
+    names = [name.strip() for value in given for name in value.split(",")]
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def _nested_as_json(table: Any) -> Any:
+    """List, struct and map columns as JSON text (CSV cells and tab output hold one value)."""
+    import pyarrow as pa
+
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_nested(field.type):
+            column = pa.array(
+                [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()],
+                pa.string(),
+            )
+        columns.append(column)
+    return pa.table(columns, names=table.column_names)
 
 
 def _describe(arrays: dict[str, Any]) -> dict[str, Any]:

@@ -212,10 +212,15 @@ def _as_mask(result: pa.Table, rows: int, where: str) -> pa.BooleanArray:
 
 def _check_columns(table: pa.Table, columns: Sequence[str]) -> list[str]:
     names = list(columns)
-    missing = [c for c in names if c not in table.column_names]
+    valid = table.column_names
+    missing = [c for c in names if c not in valid]
     if missing:
-        available = ", ".join(table.column_names[:40])
-        raise SelectionError(f"unknown column(s) {', '.join(missing)}; available: {available}")
+        named = []
+        for name in missing:
+            close = difflib.get_close_matches(name, valid, n=1)
+            named.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        shown = ", ".join(valid[:COLUMNS_SHOWN]) + (", ..." if len(valid) > COLUMNS_SHOWN else "")
+        raise SelectionError(f"unknown column(s) {', '.join(named)}; columns: {shown}")
     return names
 
 
