@@ -157,6 +157,35 @@ def test_query_csv_holds_nested_columns_and_columns_repeat(
     assert "columns: key, partition, shard" in captured.err and "neighbor_ids" in captured.err
 
 
+def test_get_out_refuses_to_overwrite_unless_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    src = tmp_path / "src"
+    _packed(location, src)
+    root = location.url
+    key = open_dataset(root).keys()[0]
+    out = tmp_path / "mine.npz"
+    out.write_bytes(b"the user's own file")
+    assert main(["get", root, key, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"{out} already exist(s); not overwritten (see --force)" in err
+    assert out.read_bytes() == b"the user's own file"
+    assert main(["get", root, key, "--out", str(out), "--force"]) == 0
+    _assert_same(load_npz(out.read_bytes(), "out"), _source_arrays(src, key))
+    # --out-dir: one file already there refuses the whole fetch; nothing is written.
+    outdir = tmp_path / "many"
+    keys = open_dataset(root).keys()[:2]
+    mine = outdir / f"{keys[1]}.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("{}")
+    assert main(["get", root, *keys, "--out-dir", str(outdir)]) == 1
+    assert "already exist(s); not overwritten (see --force)" in capsys.readouterr().err
+    assert not (outdir / f"{keys[0]}.npz").exists() and mine.read_text() == "{}"
+    assert main(["get", root, *keys, "--out-dir", str(outdir), "--force"]) == 0
+    assert json.loads(mine.read_text()) == json.loads((src / f"{keys[1]}.json").read_text())
+
+
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     _packed(location, tmp_path / "src")

@@ -69,6 +69,9 @@ def _add_get(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument("--out", metavar="FILE.npz", help="write the (single) sample to this npz file")
     p.add_argument("--out-dir", metavar="DIR", help="write <key>.npz (+ .json) for every key")
+    p.add_argument(
+        "--force", action="store_true", help="overwrite files that --out / --out-dir would write"
+    )
     finish_command(p, cmd_get)
 
 
@@ -231,16 +234,20 @@ def cmd_get(args: argparse.Namespace) -> int:
     ds.require_keys(keys)  # every key checked before anything is written
     table = ds.select(keys=keys).rows() if args.out_dir else None
     rows = {row["key"]: row for row in table.to_pylist()} if table is not None else {}
+    if not args.force:  # refuse before anything is fetched or written
+        targets = [args.out] if args.out else []
+        if args.out_dir:
+            targets += [_out_path(args.out_dir, k, ext) for k in keys for ext in (".npz", ".json")]
+        _refuse_existing(targets)
     described: list[dict[str, Any]] = []
     for key, arrays in ds.iter_samples(keys):
         if args.out:
-            _write_file(args.out, npz_bytes(arrays))
+            _write_file(args.out, npz_bytes(arrays), args.force)
         if args.out_dir:
-            path = os.path.join(args.out_dir, *key.split("/"))
-            _write_file(path + ".npz", npz_bytes(arrays))
+            _write_file(_out_path(args.out_dir, key, ".npz"), npz_bytes(arrays), args.force)
             side = sidecar_json(rows[key])
             if side is not None:
-                _write_file(path + ".json", side)
+                _write_file(_out_path(args.out_dir, key, ".json"), side, args.force)
         described.append({"key": key, "arrays": _describe(arrays)})
     if args.json:
         print_json(described if len(described) != 1 else described[0])
@@ -252,12 +259,39 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_file(path: str, data: bytes) -> None:
+def _out_path(out_dir: str, key: str, suffix: str) -> str:
+    return os.path.join(out_dir, *key.split("/")) + suffix
+
+
+def _refuse_existing(paths: list[str]) -> None:
+    from ..errors import ConflictError
+
+    there = [p for p in paths if os.path.lexists(p)]
+    if there:
+        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
+        raise ConflictError(
+            f"{there[0]}{more} already exist(s); not overwritten", options=("force",)
+        )
+
+
+def _write_file(path: str, data: bytes, force: bool) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
-    os.replace(tmp, path)  # never a half-written npz at the final name
+    if force:
+        os.replace(tmp, path)  # never a half-written npz at the final name
+        return
+    try:
+        os.link(tmp, path)  # atomic create: a file made meanwhile is not overwritten either
+    except FileExistsError:
+        _refuse_existing([path])
+    except OSError:  # no hard links on this filesystem
+        _refuse_existing([path])
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 # --- keysets -----------------------------------------------------------------------------------
