@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..format.documents import PartitionEntry
+from ..format.layout import natural_key
 from ..store import Store
 from .catalog import load_catalog
 from .versions import Version
@@ -151,7 +152,7 @@ def diff_versions(store: Store, a: Version, b: Version, *, samples: bool = False
     c = compare_versions(store, a, b)
 
     def paths(entries: Sequence[PartitionEntry]) -> list[str]:
-        return sorted(e.path for e in entries)
+        return sorted((e.path for e in entries), key=natural_key)
 
     return VersionDiff(
         from_tag=a.tag,
