@@ -137,8 +137,9 @@ def _add_diff(sub: argparse._SubParsersAction[Any]) -> None:
         "diff",
         help="what changed between two versions (partitions and samples)",
         description="Compare version A with version B: partitions added, removed, with new "
-        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed or "
-        "with different payload bytes. Reads only the catalog objects that differ.",
+        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed, "
+        "with different payload bytes (changed) or only a different sidecar (meta_changed). "
+        "Reads only the catalog objects that differ.",
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("a", metavar="A", help="the older version (tag)")
@@ -411,12 +412,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
     )
     print(
         f"samples:    {samples['added']} added, {samples['removed']} removed, "
-        f"{samples['changed']} changed"
+        f"{samples['changed']} changed, {samples['meta_changed']} meta changed"
     )
     for name in ("added", "removed", "data_changed", "meta_changed"):
         for path in parts[name]:
             print(f"  {name:<13} {path}")
-    for name in ("added_keys", "removed_keys", "changed_keys"):
+    for name in ("added_keys", "removed_keys", "changed_keys", "meta_changed_keys"):
         for key in samples.get(name) or []:
             print(f"  {name[:-5]:<13} {key}")
     return 0
