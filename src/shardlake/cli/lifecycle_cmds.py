@@ -235,13 +235,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ..lifecycle import collect_garbage
-    from ..lifecycle.gc import parse_duration
     from ..progress.bar import human_bytes
 
     if args.break_lock:
         return _break_lock(args)
-    report = collect_garbage(args.root, grace_s=parse_duration(args.grace), dry_run=args.dry_run)
+    # Through the Root the flags opened: its storage options reach every request.
+    report = open_root(args).gc(grace_s=args.grace, dry_run=args.dry_run)
     if args.json:
         print_json(report.to_json())
         return 0
