@@ -174,15 +174,13 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_get(args: argparse.Namespace) -> int:
     from ..errors import SelectionError, UsageError
-    from ..query.keyset_build import keys_from_file
-    from ..source.source_form import npz_bytes, sidecar_json
 
     if not args.keys and not args.keys_file:
         raise UsageError("give at least one KEY", options=("keys",))
     ds = open_root(args).dataset(args.tag)
     keys = list(args.keys)
     if args.keys_file:
-        listed = keys_from_file(ds, args.keys_file)
+        listed = ds.keys_from_file(args.keys_file)
         if listed.unmapped:
             raise SelectionError(
                 f"{args.keys_file}: {len(listed.unmapped)} entr(ies) name no key of version "
@@ -193,20 +191,17 @@ def cmd_get(args: argparse.Namespace) -> int:
         raise UsageError("give at least one KEY", options=("keys",))
     if args.out and len(keys) != 1:
         raise UsageError("one output file holds one sample", options=("out_dir",))
-    ds.require_keys(keys)  # every key checked before anything is written
-    table = ds.select(keys=keys).rows() if args.out_dir else None
-    rows = {row["key"]: row for row in table.to_pylist()} if table is not None else {}
     described: list[dict[str, Any]] = []
-    for key, arrays in ds.iter_samples(keys):
+    for sample in ds.iter_files(keys):  # every key checked before anything is written
         if args.out:
-            _write_file(args.out, npz_bytes(arrays))
+            _write_file(args.out, sample.npz)
         if args.out_dir:
-            path = os.path.join(args.out_dir, *key.split("/"))
-            _write_file(path + ".npz", npz_bytes(arrays))
-            side = sidecar_json(rows[key])
+            path = os.path.join(args.out_dir, *sample.key.split("/"))
+            _write_file(path + ".npz", sample.npz)
+            side = sample.sidecar
             if side is not None:
                 _write_file(path + ".json", side)
-        described.append({"key": key, "arrays": _describe(arrays)})
+        described.append({"key": sample.key, "arrays": _describe(sample.arrays)})
     if args.json:
         print_json(described if len(described) != 1 else described[0])
     else:
