@@ -194,6 +194,7 @@ def collect_garbage(
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     store = open_store(url, storage_options)
+    store.require_writable("gc")
     fenced = _survey_under_lock(store, grace_s, dry_run)
     if isinstance(fenced, GcReport):
         return fenced  # a dry run, or nothing to delete

@@ -28,23 +28,28 @@ _RANGE_RE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 @dataclass(frozen=True)
 class Served:
-    """One request: method, path, the ``Range`` header sent (or None), the status answered."""
+    """One request: method, path, the ``Range`` header sent (or None), the status answered,
+    and every header sent."""
 
     method: str
     path: str
     range: str | None
     status: int
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class StaticServer:
     """A running server: its base :attr:`url` (``http://127.0.0.1:PORT``), the directory it
-    serves and the requests it answered."""
+    serves and the requests it answered. Setting :attr:`fail_next` makes the next that many
+    requests fail with 503 (a restarting server or overloaded CDN)."""
 
     url: str
     directory: str
     ranges: bool
     requests: list[Served] = field(default_factory=list)
+    fail_next: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def clear(self) -> None:
         self.requests.clear()
@@ -71,7 +76,7 @@ class _Handler(SimpleHTTPRequestHandler):
     def _record(self, status: int) -> None:
         path = unquote(urlsplit(self.path).path)
         self.server.state.requests.append(
-            Served(self.command, path, self.headers.get("Range"), status)
+            Served(self.command, path, self.headers.get("Range"), status, dict(self.headers))
         )
 
     def _fail(self, status: int, extra: dict[str, str] | None = None) -> None:
@@ -83,6 +88,13 @@ class _Handler(SimpleHTTPRequestHandler):
         self.end_headers()
 
     def _serve(self, *, body: bool) -> None:
+        state = self.server.state
+        with state._lock:
+            failing = state.fail_next > 0
+            state.fail_next -= int(failing)
+        if failing:
+            self._fail(503)
+            return
         path = self.translate_path(self.path)
         if not os.path.isfile(path):  # directories too: a static server that does not list
             self._fail(404)
