@@ -28,6 +28,7 @@ from .store import Store, open_store
 if TYPE_CHECKING:
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
+    from .pack.writer import WriteOptions, Writer
     from .query.dataset import Dataset
     from .query.selection import Selection
     from .root import Root, VersionInfo, open
@@ -44,6 +45,8 @@ _LAZY = {
     "Selection": "query.selection",
     "StoreReport": "store.check",
     "VersionInfo": "root",
+    "WriteOptions": "pack.writer",
+    "Writer": "pack.writer",
     "check_store": "store.check",
     "open": "root",
 }
@@ -82,6 +85,8 @@ __all__ = [
     "UsageError",
     "VersionInfo",
     "VersionNotFoundError",
+    "WriteOptions",
+    "Writer",
     "__version__",
     "check_store",
     "open",
