@@ -81,3 +81,18 @@ def assert_loads_bit_exact(
             assert tensor.numpy().tobytes() == array.tobytes(), (key, name)
             assert tuple(tensor.shape) == array.shape
     assert seen == set(want)
+
+
+_FAILED_ONCE: set[str] = set()  # per process: a task's layer is unpickled afresh each time
+
+
+class FailFirstManifest:
+    """A store layer: the first create of each manifest in a process fails (a reset
+    connection), so that a build task fails once and Dask has to retry it."""
+
+    def __call__(self, request: Any, send: Any) -> Any:
+        key = request.key
+        if request.op == "create" and "/manifest-" in key and key not in _FAILED_ONCE:
+            _FAILED_ONCE.add(key)
+            raise ConnectionResetError(104, f"injected: first create of {key}")
+        return send()

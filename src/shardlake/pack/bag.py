@@ -6,8 +6,13 @@ bag is grouped by partition (a Dask shuffle of the compressed payloads), and one
 partition builds its revision with pack's :func:`~shardlake.pack.build.build_revision`, writing
 shards and manifest straight to the store. Only the small :class:`BuildResult` of each partition
 comes back to the driver, which publishes one version, and only once every partition built and
-verified; a failed task is retried by Dask (``retries``), and a build that still fails
+verified; a failed build task is retried by Dask (``retries``), and a build that still fails
 publishes nothing (finished revisions are reused by the next run, or left for gc).
+
+Only the build tasks carry ``retries`` (a Dask annotation): their input is the grouped, materialised
+records. A retried task that reads a lazy bag iterator would resume it where the failed attempt
+stopped and silently lose records (Dask bag passes partitions as iterators); the encode step
+therefore fails the whole write instead (its errors are about the data: a retry cannot help).
 
 A partition task holds that partition's compressed payloads in memory (the grouped records).
 """
@@ -34,6 +39,12 @@ from .writer import (
 __all__ = ["DEFAULT_RETRIES", "write_bag"]
 
 DEFAULT_RETRIES = 2
+
+
+def _encode_partition(
+    records: Iterable[Any], level: int, keep_skipped: bool
+) -> list[EncodedRecord]:
+    return [_encode(record, level, keep_skipped) for record in records]
 
 
 def _encode(record: Any, level: int, keep_skipped: bool) -> EncodedRecord:
@@ -99,11 +110,15 @@ def write_bag(
     opts = options or WriteOptions()
     settings = resolve_write_settings(store, tag, base, opts)
     recipe = settings.recipe
-    encoded = bag.map(_encode, level=recipe.level, keep_skipped=opts.keep_skipped)
-    groups = encoded.groupby(_partition)
-    results: list[BuildResult] = list(
-        groups.map(_build_group, store=store, recipe=recipe).compute(retries=retries)
+    import dask
+
+    encoded = bag.map_partitions(
+        _encode_partition, level=recipe.level, keep_skipped=opts.keep_skipped
     )
+    groups = encoded.groupby(_partition)
+    with dask.annotate(retries=retries):
+        builds = groups.map(_build_group, store=store, recipe=recipe)
+    results: list[BuildResult] = list(builds.compute(optimize_graph=False))
     if not results:
         raise SourceError(
             f"write_bag {tag!r}: the bag is empty (an empty write); nothing was published"
