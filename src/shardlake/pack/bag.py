@@ -110,13 +110,13 @@ def write_bag(
     opts = options or WriteOptions()
     settings = resolve_write_settings(store, tag, base, opts)
     recipe = settings.recipe
-    import dask
+    from dask.base import annotate
 
     encoded = bag.map_partitions(
         _encode_partition, level=recipe.level, keep_skipped=opts.keep_skipped
     )
     groups = encoded.groupby(_partition)
-    with dask.annotate(retries=retries):
+    with annotate(retries=retries):
         builds = groups.map(_build_group, store=store, recipe=recipe)
     results: list[BuildResult] = list(builds.compute(optimize_graph=False))
     if not results:
