@@ -183,7 +183,7 @@ def _add_show(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from ..pack import inspect_source
+    from shardlake import inspect_source
 
     report = inspect_source(
         args.source,
@@ -278,7 +278,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..pack import PackOptions
+    from shardlake import PackOptions
 
     options = PackOptions(
         workers=args.workers,

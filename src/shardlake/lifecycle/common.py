@@ -47,6 +47,11 @@ class Problem:
             where += f" offset {self.offset}"
         return f"{where}: {self.message} ({self.kind})"
 
+    @property
+    def corrupt_at_rest(self) -> bool:
+        """Every read agreed on the wrong bytes: the stored object is bad (else: transport)."""
+        return self.kind == CORRUPT_AT_REST
+
     def to_json(self) -> dict[str, Any]:
         return {
             "partition": self.partition,
