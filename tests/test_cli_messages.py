@@ -6,7 +6,7 @@ import pytest
 
 import shardlake
 from shardlake.cli.main import main
-from shardlake.errors import SelectionError, VersionNotFoundError
+from shardlake.errors import NotFoundError, SelectionError, VersionNotFoundError
 from shardlake.tools.synth import synth_corpus
 
 
@@ -47,7 +47,13 @@ def test_flag_prefixes_are_not_accepted(capsys, root):
 def test_unknown_tag_lists_tags_and_the_command(capsys, root):
     code, _, err = _run(capsys, ["show", root, "--version", "v9"])
     assert code == 1
-    assert "unknown version 'v9'" in err and "v2, v1" in err and "shardlake versions" in err
+    assert "unknown version 'v9'" in err and "v2, v1" in err
+    assert f"(all of them: shardlake versions {root})" in err  # the CLI's hint, its ROOT
+    # The API's error speaks API: no CLI command in it; the hint rides along for a CLI.
+    with pytest.raises(VersionNotFoundError, match="tags there are: v2, v1$") as info:
+        shardlake.open(root).dataset("v9")
+    assert "shardlake versions" not in str(info.value)
+    assert info.value.hint == "all of them: shardlake versions ROOT"
 
 
 def test_missing_column_names_it_and_the_columns(capsys, root):
@@ -79,10 +85,13 @@ def test_no_root_at_the_resolved_path(capsys, tmp_path, monkeypatch):
         assert code == 1 and want in err, (argv, err)
     root = shardlake.open("driving")
     assert root.url == os.path.join(str(tmp_path), "driving")
-    with pytest.raises(VersionNotFoundError, match=want):
-        root.versions()
-    with pytest.raises(VersionNotFoundError, match=want):
-        root.dataset()
+    # A missing root is NotFoundError, not a version that is not found.
+    for call in (root.versions, root.dataset, lambda: root.dataset("v1"), lambda: root.latest):
+        with pytest.raises(NotFoundError, match=want) as info:
+            call()
+        assert not isinstance(info.value, VersionNotFoundError)
+    code, _, err = _run(capsys, ["show", "driving", "--version", "v1"])
+    assert code == 1 and want in err
 
 
 def test_relative_root_reads_like_the_cli(root, monkeypatch):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import difflib
 import os
+import re
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -50,7 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = args.func(args)
     except ShardlakeError as exc:
-        print(f"shardlake {args.command}: error: {_with_advice(exc, parser)}", file=sys.stderr)
+        print(
+            f"shardlake {args.command}: error: {_with_advice(exc, parser, args)}", file=sys.stderr
+        )
         return 2 if isinstance(exc, UsageError) else 1
     except KeyboardInterrupt:
         print(f"shardlake {args.command}: interrupted; nothing was published", file=sys.stderr)
@@ -112,11 +116,21 @@ def _option_flags(parser: argparse.ArgumentParser) -> set[str]:
     return flags
 
 
-def _with_advice(exc: ShardlakeError, parser: argparse.ArgumentParser) -> str:
-    """The error's message, plus the flags that set the options it names (library terms)."""
+def _with_advice(
+    exc: ShardlakeError, parser: argparse.ArgumentParser, args: argparse.Namespace
+) -> str:
+    """The error's message, plus the flags that set the options it names (library terms) and
+    the command its hint names, with ``ROOT`` the root of this command line."""
     known = _option_flags(parser)
     flags = [f for f in flag_advice(exc.options).split(", ") if f in known]
-    return f"{exc} (see {', '.join(flags)})" if flags else str(exc)
+    text = f"{exc} (see {', '.join(flags)})" if flags else str(exc)
+    hint = getattr(exc, "hint", "")
+    if hint:
+        root = getattr(args, "root", None)
+        if isinstance(root, str) and root:
+            hint = re.sub(r"\bROOT\b", lambda _: shlex.quote(root), hint)
+        text += f" ({hint})"
+    return text
 
 
 if __name__ == "__main__":
