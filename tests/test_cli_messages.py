@@ -1,6 +1,9 @@
 """Messages that say what to do: flag typos, unknown tags, missing columns, no root, exit codes."""
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -54,6 +57,51 @@ def test_unknown_tag_lists_tags_and_the_command(capsys, root):
         shardlake.open(root).dataset("v9")
     assert "shardlake versions" not in str(info.value)
     assert info.value.hint == "all of them: shardlake versions ROOT"
+
+
+def test_json_failure_is_also_json_on_stdout(capsys, root):
+    code, out, err = _run(capsys, ["show", root, "--version", "v9", "--json"])
+    assert code == 1 and "unknown version 'v9'" in err
+    doc = json.loads(out)
+    assert doc["error"]["type"] == "VersionNotFoundError"
+    assert doc["error"]["message"].startswith(f"{root}: unknown version 'v9'")
+    code, out, _ = _run(capsys, ["query", root, "--where", "key LIKE", "--json"])
+    assert code == 1 and json.loads(out)["error"]["type"] == "SelectionError"
+    # A usage error that argparse finds (exit 2), and one found by the command.
+    code, out, err = _run(capsys, ["versions", root, "--json", "--bogus"])
+    assert code == 2 and "unrecognized arguments: --bogus" in err
+    assert json.loads(out)["error"]["type"] == "UsageError"
+    code, out, _ = _run(capsys, ["query", root, "--limit", "-1", "--json"])
+    assert code == 2 and json.loads(out) == {
+        "error": {"type": "UsageError", "message": "the row limit must be >= 0 (see --limit)"}
+    }
+    # Without --json, stdout stays empty.
+    code, out, _ = _run(capsys, ["show", root, "--version", "v9"])
+    assert code == 1 and out == ""
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+@pytest.mark.parametrize("command", ["query", "inspect", "versions"])
+def test_closed_pipe_ends_quietly(root, command, unbuffered):
+    # `shardlake ... | head`: the reader is gone before (or while) output is written.
+    target = {"inspect": os.path.join(os.path.dirname(root), "src")}.get(command, root)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update({"PYTHONUNBUFFERED": unbuffered} if unbuffered else {})
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "shardlake.cli.main", command, target],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr.decode() == ""  # no BrokenPipeError, no "Exception ignored"
+    assert proc.returncode == 141  # 128 + SIGPIPE, as a shell shows for coreutils
 
 
 def test_missing_column_names_it_and_the_columns(capsys, root):

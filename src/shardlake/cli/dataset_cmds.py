@@ -177,6 +177,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         print("\t".join(names))
         for row in _nested_as_json(table).to_pylist():
             print("\t".join("" if row[n] is None else str(row[n]) for n in names))
+        sys.stdout.flush()  # a closed pipe ends the command here, before the count
         print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})", file=sys.stderr)
     return 0
 
