@@ -214,15 +214,13 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_get(args: argparse.Namespace) -> int:
     from ..errors import SelectionError, UsageError
-    from ..query.keyset_build import keys_from_file
-    from ..source.source_form import npz_bytes, sidecar_json
 
     if not args.keys and not args.keys_file:
         raise UsageError("give at least one KEY", options=("keys",))
     ds = open_root(args).dataset(args.tag)
     keys = list(args.keys)
     if args.keys_file:
-        listed = keys_from_file(ds, args.keys_file)
+        listed = ds.keys_from_file(args.keys_file)
         if listed.unmapped:
             raise SelectionError(
                 f"{args.keys_file}: {len(listed.unmapped)} entr(ies) name no key of version "
@@ -234,23 +232,21 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.out and len(keys) != 1:
         raise UsageError("one output file holds one sample", options=("out_dir",))
     ds.require_keys(keys)  # every key checked before anything is written
-    table = ds.select(keys=keys).rows() if args.out_dir else None
-    rows = {row["key"]: row for row in table.to_pylist()} if table is not None else {}
     if not args.force:  # refuse before anything is fetched or written
         targets = [args.out] if args.out else []
         if args.out_dir:
             targets += [_out_path(args.out_dir, k, ext) for k in keys for ext in (".npz", ".json")]
         _refuse_existing(targets)
     described: list[dict[str, Any]] = []
-    for key, arrays in ds.iter_samples(keys):
+    for sample in ds.iter_files(keys):  # every key checked before anything is written
         if args.out:
-            _write_file(args.out, npz_bytes(arrays), args.force)
+            _write_file(args.out, sample.npz, args.force)
         if args.out_dir:
-            _write_file(_out_path(args.out_dir, key, ".npz"), npz_bytes(arrays), args.force)
-            side = sidecar_json(rows[key])
+            _write_file(_out_path(args.out_dir, sample.key, ".npz"), sample.npz, args.force)
+            side = sample.sidecar
             if side is not None:
-                _write_file(_out_path(args.out_dir, key, ".json"), side, args.force)
-        described.append({"key": key, "arrays": _describe(arrays)})
+                _write_file(_out_path(args.out_dir, sample.key, ".json"), side, args.force)
+        described.append({"key": sample.key, "arrays": _describe(sample.arrays)})
     if args.json:
         print_json(described if len(described) != 1 else described[0])
     else:
