@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
@@ -176,3 +177,4 @@ def test_keyset_list_sorts_names_naturally(
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == want
     assert main(["keyset", root, "list", "--json"]) == 0
     assert [k["name"] for k in json.loads(capsys.readouterr().out)] == want
+    assert shardlake.open(root).write_index()["keysets"] == want  # as the HTTP root index does

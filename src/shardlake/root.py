@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 from .format.documents import GcLock
+from .format.layout import natural_key
 from .meta.versions import (
     Version,
     load_version,
@@ -537,7 +538,7 @@ class Root:
             "commit": index.commit,
             "versions": [list(pair) for pair in index.versions],
             "latest": index.latest,
-            "keysets": sorted(index.keysets),
+            "keysets": sorted(index.keysets, key=natural_key),
         }
 
     def verify_offsets(
