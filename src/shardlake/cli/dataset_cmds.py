@@ -266,10 +266,12 @@ def _refuse_existing(paths: list[str]) -> None:
 
     there = [p for p in paths if os.path.lexists(p)]
     if there:
-        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
-        raise ConflictError(
-            f"{there[0]}{more} already exist(s); not overwritten", options=("force",)
+        what = (
+            f"{there[0]} and {len(there) - 1} more already exist"
+            if there[1:]
+            else (f"{there[0]} already exists")
         )
+        raise ConflictError(f"{what}; not overwritten", options=("force",))
 
 
 def _write_file(path: str, data: bytes, force: bool) -> None:
