@@ -128,9 +128,20 @@ def test_sql_syntax_errors_quote_the_users_clause(capsys, root):
 def test_no_root_at_the_resolved_path(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     want = f"no shardlake root at {os.path.join(str(tmp_path), 'driving')}"
-    for argv in (["versions", "driving"], ["show", "driving"], ["query", "driving"]):
+    for argv in (
+        ["versions", "driving"],
+        ["show", "driving"],
+        ["query", "driving"],
+        ["gc", "driving"],
+        ["gc", "driving", "--dry-run"],
+        ["keyset", "driving", "list"],
+        ["keyset", "driving", "show", "train"],
+        ["catalog", "driving"],
+        ["index", "driving"],
+    ):
         code, _, err = _run(capsys, argv)
         assert code == 1 and want in err, (argv, err)
+    assert not (tmp_path / "driving").exists()  # nothing written into the mistyped path
     root = shardlake.open("driving")
     assert root.url == os.path.join(str(tmp_path), "driving")
     # A missing root is NotFoundError, not a version that is not found.

@@ -522,6 +522,7 @@ class Root:
             versions = [load_version(self.store, version)]
         else:
             state = read_state(self.store)
+            require_root(self.store, state)
             versions = [load_version_by_hash(self.store, t, h) for t, h in state.versions.items()]
         return attach_catalogs(self.store, versions)
 

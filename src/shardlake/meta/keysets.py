@@ -36,7 +36,15 @@ from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store, open_store
-from .versions import Version, canonical_json, ensure_root, refresh_index, utc_now
+from .versions import (
+    Version,
+    canonical_json,
+    ensure_root,
+    read_state,
+    refresh_index,
+    require_root,
+    utc_now,
+)
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
@@ -314,6 +322,8 @@ def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None
             continue  # deleted after its tombstone was written
         if not is_retired(store, keyset):
             out.append(keyset)
+    if not out:  # none, or no root at all (a mistyped URL)
+        require_root(store, read_state(store))
     return out
 
 

@@ -402,6 +402,8 @@ def refresh_index(store: Store, *, strict: bool = False) -> RootIndex | None:
     ``shardlake index ROOT`` for a root published before the index existed); ``strict``: a
     failure raises instead of being logged."""
     state = read_state(store)
+    if strict:  # asked for: a wrong folder gets no index.json written into it
+        require_root(store, state)
     index = write_index(
         store, state.seq, state.versions, state.retired, state.latest, strict=strict
     )
