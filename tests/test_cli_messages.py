@@ -180,3 +180,16 @@ def test_cli_output_names_no_python_parameter(capsys, tmp_path):
     )
     assert code == 2 and "partition regex '(x'" in err and "(see --partition-regex)" in err
     assert "partition_regex" not in err
+
+
+def test_a_broken_connection_is_still_an_error(capsys, monkeypatch, tmp_path):
+    # EPIPE from a socket (not from our output) must not pass for `| head`: exit 1, named.
+    from shardlake.cli import store_cmds
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(store_cmds, "check_store", broken)
+    code, out, err = _run(capsys, ["check-store", str(tmp_path), "--json"])
+    assert code == 1 and "error: BrokenPipeError: [Errno 32] Broken pipe" in err
+    assert json.loads(out)["error"]["type"] == "BrokenPipeError"

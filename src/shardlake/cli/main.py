@@ -76,11 +76,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
-    except BrokenPipeError:
-        if not _output_closed():
-            return fail("BrokenPipeError", "a connection was closed by its peer", 1)
-        _silence_stdout()
-        return CLOSED_PIPE_EXIT
+    except BrokenPipeError as exc:
+        if _output_closed():
+            _silence_stdout()
+            return CLOSED_PIPE_EXIT
+        if os.environ.get("SHARDLAKE_DEBUG"):
+            raise
+        return fail(type(exc).__name__, f"{type(exc).__name__}: {exc}", 1)  # some socket's
     except ShardlakeError as exc:
         text = _with_advice(exc, parser, args)
         return fail(type(exc).__name__, text, 2 if isinstance(exc, UsageError) else 1)
