@@ -12,6 +12,7 @@ from .base import Backend, BucketBackend
 from .gcs import GCSBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
+from .options import check_storage_options
 from .s3 import S3Backend
 
 _BACKENDS: dict[str, type[Backend]] = {
@@ -36,6 +37,9 @@ _EXTRAS = {
     "abfs": "azure",
     "abfss": "azure",
 }
+
+# The backends shipped here build their filesystem with the protocol's fsspec class.
+_BUILTIN: frozenset[type[Backend]] = frozenset({*_BACKENDS.values(), Backend})
 
 
 def register_backend(protocol: str, backend_class: type[Backend]) -> None:
@@ -78,10 +82,12 @@ def make_backend(
     check_endpoint(protocol, storage_options)
     from . import obstore
 
+    cls = _BACKENDS.get(protocol, Backend)
+    if cls in _BUILTIN:  # a registered backend's make_filesystem may take options of its own
+        check_storage_options(protocol, storage_options)
     storage_options = dict(storage_options)
     read_client = storage_options.pop(obstore.READ_CLIENT_OPTION, None)
     fast_config = _fast_read_config(protocol, read_client, storage_options)
-    cls = _BACKENDS.get(protocol, Backend)
     try:
         fs = cls.make_filesystem(protocol, storage_options, policy)
     except ImportError as exc:
