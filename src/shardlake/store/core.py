@@ -29,6 +29,7 @@ from ..errors import (
     CapabilityError,
     KeyNotFoundError,
     OutcomeUnknownError,
+    ReadOnlyStoreError,
     RetriesExhaustedError,
     StoreError,
     TransientStoreError,
@@ -167,6 +168,16 @@ class Store:
             self._backend, self._backend_pid = backend, pid
             return backend
         return self._backend
+
+    def require_writable(self, what: str) -> None:
+        """Refuse ``what`` (a command) before it does anything where the store is read-only
+        (``http://``, ``https://``): :class:`ReadOnlyStoreError`, one line."""
+        reason = self.backend.read_only
+        if reason is not None:
+            raise ReadOnlyStoreError(
+                f"{self.url}: the root is {reason}, so {what} cannot run on it; run it where "
+                "the root is stored (a local path, s3://, gs://, az://)"
+            )
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -498,6 +509,7 @@ class Store:
         still works. A passing result is remembered in the root for
         :data:`PROBE_RECORD_TTL_S` (``_shardlake/probe-record.json``).
         """
+        self.require_writable("publishing")
         with self._lock:
             if self._create_checked:
                 return

@@ -10,6 +10,7 @@ from ..retry import RetryPolicy
 from .azure import AzureBackend
 from .base import Backend, BucketBackend
 from .gcs import GCSBackend
+from .http import HTTPBackend, HTTPSBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
 from .options import check_storage_options
@@ -26,6 +27,8 @@ _BACKENDS: dict[str, type[Backend]] = {
     "az": AzureBackend,
     "abfs": AzureBackend,
     "abfss": AzureBackend,
+    "http": HTTPBackend,
+    "https": HTTPSBackend,
 }
 
 _EXTRAS = {
@@ -36,6 +39,8 @@ _EXTRAS = {
     "az": "azure",
     "abfs": "azure",
     "abfss": "azure",
+    "http": "http",
+    "https": "http",
 }
 
 # The backends shipped here build their filesystem with the protocol's fsspec class.
@@ -70,7 +75,8 @@ def check_protocol(protocol: str) -> None:
     ):
         raise InvalidURLError(
             f"unknown store protocol {protocol!r}: use an absolute path, file://, memory://, "
-            "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX"
+            "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or (read-only) "
+            "https://HOST/PATH"
         )
 
 
