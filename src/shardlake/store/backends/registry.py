@@ -140,10 +140,13 @@ def _fast_read_config(
                 f"{option}: the obstore package is not installed (pip install obstore)"
             )
         return None
-    config = obstore.obstore_config(protocol, storage_options)
-    if config is None and read_client == obstore.OBSTORE:
+    config = obstore.obstore_config_or_reason(protocol, storage_options)
+    if isinstance(config, dict):
+        return config
+    if read_client == obstore.OBSTORE:
         raise UsageError(
             f"{option}: obstore cannot sign for {protocol}:// with these storage options "
-            f"(keys: {', '.join(sorted(storage_options))}); use read_client='fsspec'"
+            f"(keys: {', '.join(sorted(storage_options))}): {config}; use read_client='fsspec'"
         )
-    return config
+    obstore.warn_fallback(protocol, config)
+    return None
