@@ -170,6 +170,8 @@ def test_credentials_in_the_endpoint_url_are_refused_before_any_request_and_neve
     [
         ("ftp://127.0.0.1:9", "has scheme 'ftp': an endpoint URL starts with http:// or https://"),
         ("127.0.0.1:9", "has no scheme: write http://127.0.0.1:9"),
+        ("http://[::1", "cannot be parsed: Invalid IPv6 URL"),
+        ("http://127.0.0.1:99999", "has an invalid port"),
     ],
 )
 def test_a_wrong_scheme_is_a_usage_error_saying_what_to_write(endpoint, expected):

@@ -64,11 +64,11 @@ def endpoint_id(protocol: str, options: Mapping[str, Any]) -> str:
     found = configured_endpoint(protocol, options)
     if found is None:
         return f"{protocol}:"
-    parts = urlsplit(found.url)
     try:
+        parts = urlsplit(found.url)
         port = parts.port
     except ValueError:
-        port = None
+        return redact(found.url)  # check_endpoint refuses it before any request
     host = parts.hostname or ""
     return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
@@ -82,7 +82,10 @@ def check_endpoint(protocol: str, options: Mapping[str, Any]) -> None:
     where = f"endpoint URL {shown!r} ({found.source})"
     if "://" not in found.url:
         raise InvalidURLError(f"{where} has no scheme: write http://{shown} or https://{shown}")
-    parts = urlsplit(found.url)
+    try:
+        parts = urlsplit(found.url)
+    except ValueError as exc:
+        raise InvalidURLError(f"{where} cannot be parsed: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise InvalidURLError(
