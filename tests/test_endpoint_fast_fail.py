@@ -209,3 +209,17 @@ def test_a_worker_given_the_store_inherits_that_its_endpoint_answered(monkeypatc
     pickle.loads(sent)
     assert retry.has_answered("http://127.0.0.1:9")
     assert not retry.has_answered("http://127.0.0.1:10")
+
+
+def test_what_answered_is_remembered_per_endpoint(monkeypatch):
+    from shardlake.store.endpoint import endpoint_id
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    assert endpoint_id("s3", {"endpoint_url": "http://u:s@127.0.0.1:9000/x"}) == (
+        "http://127.0.0.1:9000"
+    )
+    assert endpoint_id("s3", {}) == "s3:"  # the default endpoint
+    a = endpoint_id("https", {}, "a.example:8443/root")
+    b = endpoint_id("https", {}, "b.example/root")
+    assert (a, b) == ("https://a.example:8443", "https://b.example")

@@ -58,9 +58,12 @@ def configured_endpoint(protocol: str, options: Mapping[str, Any]) -> Endpoint |
     return None
 
 
-def endpoint_id(protocol: str, options: Mapping[str, Any]) -> str:
+def endpoint_id(protocol: str, options: Mapping[str, Any], root: str = "") -> str:
     """Which server a store's requests go to (``scheme://host:port``, or the protocol's default
-    endpoint as ``s3:``), so an answer from it can be remembered without its credentials."""
+    endpoint as ``s3:``), so an answer from it can be remembered without its credentials.
+    An ``http(s)://`` root is its own endpoint (``root``: host and path)."""
+    if protocol in ("http", "https") and root:
+        return f"{protocol}://{root.split('/', 1)[0]}"
     found = configured_endpoint(protocol, options)
     if found is None:
         return f"{protocol}:"
