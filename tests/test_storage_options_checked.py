@@ -65,3 +65,17 @@ def test_the_cli_reports_a_mistyped_option_as_a_usage_error():
     assert "internal error" not in proc.stderr and "TypeError" not in proc.stderr
     assert "unknown storage option 'endpoint' for s3://" in proc.stderr
     assert "did you mean endpoint_url?" in proc.stderr
+
+
+def test_the_keyword_dictionaries_s3fs_hands_to_botocore_are_checked_too():
+    with pytest.raises(UsageError, match=r"'client_kwargs.endpoint' .* did you mean client_kwargs"):
+        open_store("s3://bucket/x", {"client_kwargs": {"endpoint": "http://h:1"}}).exists("k")
+    with pytest.raises(UsageError, match=r"did you mean config_kwargs.connect_timeout\?"):
+        check_storage_options("s3", {"config_kwargs": {"connect_timout": 3}})
+    check_storage_options(
+        "s3",
+        {
+            "client_kwargs": {"endpoint_url": "http://h:1", "region_name": "r", "verify": False},
+            "config_kwargs": {"retries": {"mode": "standard"}, "connector_args": {}},
+        },
+    )

@@ -65,6 +65,25 @@ def _http_request() -> set[str]:
     return _keywords(ClientSession._request)[0] - {"method", "str_or_url"}
 
 
+def _s3_client() -> set[str]:
+    from botocore.session import Session
+
+    return _keywords(Session.create_client)[0] - {"service_name"}
+
+
+def _s3_config() -> set[str]:
+    from aiobotocore.config import AioConfig
+    from botocore.config import Config
+
+    return set(Config.OPTION_DEFAULTS) | _keywords(AioConfig.__init__)[0]
+
+
+# Options that are themselves keyword dictionaries, and what they are handed to.
+_NESTED: dict[str, dict[str, Callable[[], set[str]]]] = {
+    "S3FileSystem": {"client_kwargs": _s3_client, "config_kwargs": _s3_config},
+}
+
+
 # Where a filesystem hands the options it does not name (by class name: no import needed).
 _FORWARDED: dict[str, Callable[[], set[str]]] = {
     "S3FileSystem": _s3_session,
@@ -129,12 +148,21 @@ def check_storage_options(protocol: str, options: Mapping[str, Any]) -> None:
     unknown = sorted(set(options) - accepted - SHARDLAKE_OPTIONS)
     if unknown:
         raise UsageError(_unknown_message(protocol, fs_class, unknown[0], accepted))
+    for cls in fs_class.__mro__:
+        for option, keywords in _NESTED.get(cls.__name__, {}).items():
+            given = options.get(option)
+            if not isinstance(given, Mapping):
+                continue
+            valid = keywords()
+            for name in sorted(set(given) - valid):
+                raise UsageError(_unknown_message(protocol, fs_class, f"{option}.{name}", valid))
 
 
 def _unknown_message(protocol: str, fs_class: type, name: str, accepted: Iterable[str]) -> str:
-    valid = sorted(set(accepted) | SHARDLAKE_OPTIONS)
+    nested, _, key = name.rpartition(".")
+    valid = sorted(set(accepted) | (set() if nested else SHARDLAKE_OPTIONS))
     where = f"unknown storage option {name!r} for {protocol}:// ({fs_class.__name__})"
-    near = difflib.get_close_matches(name, valid, n=1)
+    near = [f"{nested}.{n}" if nested else n for n in difflib.get_close_matches(key, valid, n=1)]
     if near:
         return f"{where} - did you mean {near[0]}?"
     public = [v for v in valid if not v.startswith("_")]
