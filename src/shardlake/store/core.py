@@ -81,7 +81,7 @@ class Store:
         options = dict(storage_options or {})
         self.retry = (retry or RetryPolicy.from_env()).with_options(options)
         self._storage_options = split_retry_options(options)
-        self._endpoint = endpoint_id(self.protocol, self._storage_options)
+        self._endpoint = endpoint_id(self.protocol, self._storage_options, self.root)
         self._layers: tuple[StoreLayer, ...] = tuple(layers)
         self._backend: Backend | None = None
         self._backend_pid = -1
@@ -151,7 +151,7 @@ class Store:
         self.retry = state["retry"]
         self._layers = tuple(state.get("layers", ()))
         self._create_checked = state["create_checked"]
-        self._endpoint = endpoint_id(self.protocol, self._storage_options)
+        self._endpoint = endpoint_id(self.protocol, self._storage_options, self.root)
         if state.get("answered"):
             mark_answered(self._endpoint)
         self._backend = None
