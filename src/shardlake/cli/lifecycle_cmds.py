@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..errors import SHOW_MAX
 from .common import (
     add_storage_flags,
     finish_command,
@@ -14,8 +15,6 @@ from .common import (
     print_json,
     progress_wanted,
 )
-
-SHOW_MAX = 20
 
 
 def _progress_flag(p: argparse.ArgumentParser) -> None:

@@ -22,7 +22,6 @@ from ..store import Store
 
 # Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
 BATCH_BYTES = 32 * 2**20
-SHOW_MAX = 20
 # Shards checked at once by scrub/verify (threads; memory bound is workers x BATCH_BYTES).
 DEFAULT_WORKERS = 4
 

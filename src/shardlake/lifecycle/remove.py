@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
+from ..errors import SHOW_MAX, AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.documents import PartitionEntry
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
@@ -33,7 +33,6 @@ from ..source.sidecar import skipped_note
 from ..store import Store, open_store
 
 _DOC_FIELDS_SET_BY_PUBLISH = ("format", "format_version", "tag", "samples", "created_at")
-SHOW_MAX = 20
 
 
 def _new_manifest(

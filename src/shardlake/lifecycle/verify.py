@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import (
+    SHOW_MAX,
     FormatError,
     IntegrityError,
     KeyNotFoundError,
@@ -48,7 +49,6 @@ from ..source.npz import load_npz
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
-    SHOW_MAX,
     Problem,
     ShardRow,
     check_shard_payloads,

@@ -40,7 +40,6 @@ from .versions import Version, canonical_json, ensure_root, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
-SHOW_MAX = 20
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from ..read.tasks import ExecutorSpec as ExecutorSpec
 
@@ -74,7 +73,3 @@ class PackOptions:
     source_namespace: str | None = None
     progress: bool = False
     allow_foreign: bool = False
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """The options as keyword arguments (shallow: an executor object is passed as is)."""
-        return dict(vars(self))

@@ -10,11 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ConflictError, SelectionError, SourceError
+from ..errors import SHOW_MAX, ConflictError, SelectionError, SourceError
 from ..format.layout import check_name, keyset_key
 from ..meta.diff import compare_versions
 from ..meta.keysets import (
-    SHOW_MAX,
     Keyset,
     is_retired,
     load_keyset,
