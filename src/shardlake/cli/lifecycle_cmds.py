@@ -248,9 +248,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for leftover in report.leftovers:
         print(f"{verb} staging leftover {leftover.path}")
     print(
-        f"{verb} {len(report.garbage)} object(s), {human_bytes(report.garbage_bytes)}"
-        f" ({report.garbage_bytes} bytes); kept {len(report.young)} unreferenced object(s) "
-        f"younger than {args.grace}; {report.referenced} referenced by "
+        f"{verb} {len(report.garbage)} object(s) and {len(report.leftovers)} staging "
+        f"leftover(s), {human_bytes(report.garbage_bytes)} ({report.garbage_bytes} bytes); "
+        f"kept {len(report.young)} unreferenced object(s) and {len(report.young_leftovers)} "
+        f"staging leftover(s) younger than {args.grace}; {report.referenced} referenced by "
         f"{len(report.live_versions)} version(s)"
     )
     if report.foreign:

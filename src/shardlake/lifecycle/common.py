@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from ..errors import SHOW_MAX as SHOW_MAX  # the reports' cut-off, re-exported
 from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
@@ -81,10 +82,13 @@ def read_manifest_or_report(
 
 
 def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
-    """``{"corrupt_at_rest": n, "transport_errors": m}`` for a report's problems."""
-    problems = list(problems)
-    transport = sum(1 for p in problems if p.kind == TRANSPORT)
-    return {"corrupt_at_rest": len(problems) - transport, "transport_errors": transport}
+    """``{"corrupt_at_rest": n, "transport_errors": m}`` for a report's problems (verify's
+    source differences are neither)."""
+    kinds = [p.kind for p in problems]
+    return {
+        "corrupt_at_rest": kinds.count(CORRUPT_AT_REST),
+        "transport_errors": kinds.count(TRANSPORT),
+    }
 
 
 def versions_for(store: Store, version: str | None, all_versions: bool) -> list[Version]:
@@ -124,6 +128,7 @@ class ShardRow(NamedTuple):
     size: int
     raw_size: int | None
     crc32: int
+    source_sha256: str | None = None  # of the source npz at pack time (None: not recorded)
 
 
 def rows_by_shard(table: pa.Table) -> dict[int, list[ShardRow]]:

@@ -37,13 +37,14 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import AlreadyExistsError, IntegrityError, SourceError
+from ..errors import SHOW_MAX, AlreadyExistsError, IntegrityError, SourceError, SourceFilesError
 from ..format.codec import (
     CODEC_NAME,
     DEFAULT_LEVEL,
     Decoder,
     Encoder,
     decode_safetensors,
+    encode_safetensors,
     payload_checksum,
 )
 from ..format.documents import PartitionEntry, ShardEntry
@@ -275,21 +276,54 @@ def _read_source(path: Path) -> bytes:
 
 
 def _hash_sources(task: BuildTask, root: Path) -> _Sources:
-    """Read every sidecar, hash every included npz, keep up to READ_CACHE_BYTES of them."""
+    """Read every sidecar, hash every included npz, keep up to READ_CACHE_BYTES of them.
+
+    A file that cannot be read does not stop the pass: every bad file of the partition is
+    named in one :class:`SourceFilesError`."""
     out = _Sources()
+    bad: list[str] = []
     cached = 0
     for f in task.partition.files:
-        doc = read_sidecar(root / (f.key + SIDECAR)) if f.sidecar_size is not None else None
+        doc = None
+        if f.sidecar_size is not None:
+            try:
+                doc = read_sidecar(root / (f.key + SIDECAR))
+            except SourceError as exc:
+                bad.append(str(exc))
         if is_skipped(doc) and not task.keep_skipped:
             out.skipped += 1
             continue
-        data = _read_source(root / (f.key + NPZ))
+        try:
+            data = _read_source(root / (f.key + NPZ))
+        except SourceError as exc:
+            bad.append(str(exc))
+            continue
         out.included.append((f.key, hashlib.sha256(data).hexdigest()))
         out.sidecars[f.key] = doc
         if cached + len(data) <= READ_CACHE_BYTES:
             out.cache[f.key] = data
             cached += len(data)
+    if bad:
+        raise _bad_files(root, bad, [key for key, _sha in out.included])
     return out
+
+
+def _bad_files(root: Path, found: list[str], unchecked: list[str]) -> SourceFilesError:
+    """The error naming ``found`` and every other bad frame among ``unchecked``, so one pack
+    run reports all of a partition's bad files, not the first."""
+    problems = list(found)
+    for key in unchecked:
+        where = str(root / (key + NPZ))
+        try:
+            encode_safetensors(load_npz(_read_source(root / (key + NPZ)), where), where)
+        except SourceError as exc:
+            problems.append(str(exc))
+    problems.sort()
+    shown = "; ".join(problems[:SHOW_MAX])
+    more = f"; ... and {len(problems) - SHOW_MAX} more" if len(problems) > SHOW_MAX else ""
+    return SourceFilesError(
+        f"{len(problems)} source file(s) cannot be packed: {shown}{more}", problems=problems
+    )
 
 
 def build_partition(task: BuildTask) -> BuildResult:
@@ -414,11 +448,15 @@ def _write_shards(
     rows: list[dict[str, Any]] = []
     shards: list[ShardEntry] = []
     sink: _ShardSink | None = None
+    order = shuffle_order(list(sha_of), recipe.seed)
     try:
-        for key, blob in _prefetched(root, src, shuffle_order(list(sha_of), recipe.seed)):
+        for done, (key, blob) in enumerate(_prefetched(root, src, order), start=1):
             where = str(root / (key + NPZ))
-            arrays = load_npz(blob, where)
-            st, payload = encoder.encode(arrays, where)
+            try:
+                arrays = load_npz(blob, where)
+                st, payload = encoder.encode(arrays, where)
+            except SourceError as exc:
+                raise _bad_files(root, [str(exc)], order[done:]) from exc
             verify_sample(st, payload, arrays, decoder, where)
             if sink is not None and _rolls(sink, key, len(payload), recipe.shard_size):
                 shards.append(sink.finish())
