@@ -161,10 +161,6 @@ class PackWorkerError(ShardlakeError, RuntimeError):
     """One or more partition builds failed or their worker died; nothing was published."""
 
 
-# Messages and reports list at most this many examples (missing keys, unknown partitions, ...).
-SHOW_MAX = 20
-
-
 def check_keywords(given: Iterable[str], valid: Collection[str], where: str) -> None:
     """Refuse keywords that are not settings of ``where``, naming the nearest valid one.
 
