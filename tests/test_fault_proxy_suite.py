@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+import shardlake
 from shardlake.errors import ShardlakeError
 from shardlake.lifecycle import (
-    collect_garbage,
     export_version,
     scrub,
     verify_offsets,
@@ -236,7 +236,7 @@ def test_commands_through_a_faulty_network(
         assert got.ok and got.result == want  # bit-identical to the fault-free epoch
 
         store.write("data/0rphan/rev/shard-000000.tar", b"garbage")  # something for gc to delete
-        gc = with_reruns("gc", lambda: collect_garbage(store, grace_s=0), lambda: False)
+        gc = with_reruns("gc", lambda: shardlake.open(store).gc(grace_s=0), lambda: False)
         assert not clean.exists("data/0rphan/rev/shard-000000.tar")
         assert read_state(clean).gc_lock is None and gc.ok
 
@@ -292,7 +292,7 @@ def test_gc_whose_lock_reply_is_lost_still_collects(s3: S3Server, source: Path) 
         # The lock's commit lands, its reply is lost (#11 finding 2): gc must not refuse itself.
         lose_commit_reply(proxy, failed_readbacks=1)
         store = open_store(url, proxy.storage_options(s3.storage_options))
-        report = run("gc", lambda: collect_garbage(store, grace_s=0))
+        report = run("gc", lambda: shardlake.open(store).gc(grace_s=0))
         assert proxy.injected["lost_reply"] == 1
     assert report.ok, report.error
     assert not clean.exists("data/0rphan/rev/shard-000000.tar")

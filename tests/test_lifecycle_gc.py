@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
 from shardlake.format.layout import COMMITS_DIR, ROOT_MARKER, commit_key
-from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
+from shardlake.lifecycle import prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
@@ -99,7 +100,7 @@ def test_gc_dry_run_grace_and_delete(
     assert read_commit(store, seq + 1).gc_lock and read_commit(store, seq + 1).latest == "v2"
     assert read_state(store).gc_lock is None and read_state(store).latest == "v2"
     assert scrub(store, "v2").ok
-    assert collect_garbage(store, grace_s=0).garbage == []  # idempotent
+    assert shardlake.open(store).gc(grace_s=0).garbage == []  # idempotent
 
 
 def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
@@ -112,7 +113,7 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     create_keyset(store, "frozen", where="true")
     remove(store, "v2", partitions=[v1.entries[0].id])
     prune_versions(store, ["v1"])
-    report = collect_garbage(store, grace_s=0)
+    report = shardlake.open(store).gc(grace_s=0)
     assert report.garbage == []
     assert any("(keyset)" in label for label in report.live_versions)
     assert set(version_closure(store, v1)) <= set(store.list(""))
@@ -132,7 +133,7 @@ def test_staging_leftovers_are_collected_after_grace(
     young.write_bytes(b"partial")
     past = time.time() - 7 * 3600
     os.utime(old, (past, past))
-    report = collect_garbage(location.url, dry_run=True)
+    report = shardlake.open(location.url).gc(dry_run=True)
     assert [x.path for x in report.leftovers] == [str(old)] and old.exists()
     assert [x.path for x in report.young_leftovers] == [str(young)]
     # The totals count the leftovers, those that go and those the grace keeps.
@@ -144,7 +145,7 @@ def test_staging_leftovers_are_collected_after_grace(
     assert main(["gc", location.url, "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["leftovers"] == [str(old)] and doc["kept_young_leftovers"] == 1
-    report = collect_garbage(location.url)
+    report = shardlake.open(location.url).gc()
     assert [x.path for x in report.leftovers] == [str(old)]
     assert [x.path for x in report.young_leftovers] == [str(young)]
     assert not old.exists() and young.exists()
@@ -178,9 +179,9 @@ def test_unfinished_multipart_upload_of_a_killed_writer_is_aborted(
 
     # (moto reports a fixed 2010 start time for every upload, so grace is exercised by the
     # local temp-file test above; here the upload is always "old".)
-    report = collect_garbage(store, grace_s=0, dry_run=True)
+    report = shardlake.open(store).gc(grace_s=0, dry_run=True)
     assert [x.upload_id for x in report.leftovers] == [upload["UploadId"]]
-    report = collect_garbage(store, grace_s=0)
+    report = shardlake.open(store).gc(grace_s=0)
     assert [x.path for x in report.leftovers] == [f"{bucket}/{key}"]
     assert pending() == {other["UploadId"], foreign["UploadId"]}  # not ours to abort
 
@@ -236,7 +237,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
         ) -> None:
             for _ in range(3):
                 try:
-                    gc_deleted.append(len(collect_garbage(location.url).garbage))
+                    gc_deleted.append(len(shardlake.open(location.url).gc().garbage))
                 except ConflictError:
                     pass  # the pack committed meanwhile: a clear conflict, gc re-runs
                 except BaseException as exc:  # noqa: BLE001 - surfaced by the assert below
@@ -277,7 +278,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
         remove(store, "v2", keys=[keys[0]])
     with pytest.raises(ConflictError, match="gc holds the root until"):
         store.write("data/junk/x/shard-000000.tar", b"x")
-        collect_garbage(store, grace_s=0)
+        shardlake.open(store).gc(grace_s=0)
     # Retiring keeps the lock (it references nothing new); readers are unaffected.
     assert open_dataset(store).version.tag == "v1"
     # A crashed gc's lock expires.
@@ -290,5 +291,5 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     )
     commit_state(store, read_state(store), expired, "gc-lock", {})
     assert remove(store, "v2", keys=[keys[0]])[0].tag == "v2"
-    report = collect_garbage(store, grace_s=0)
+    report = shardlake.open(store).gc(grace_s=0)
     assert [o.key for o in report.garbage] == ["data/junk/x/shard-000000.tar"]

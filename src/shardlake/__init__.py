@@ -27,6 +27,7 @@ from .store import Store, open_store
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportReport, NpzExportReport
+    from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.verify import VerifyOptions, VerifyReport
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport, inspect_source
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
 _LAZY = {
     "Dataset": "query.dataset",
     "ExportReport": "lifecycle.export",
+    "GcOptions": "lifecycle.gc",
+    "GcReport": "lifecycle.gc",
     "NpzExportReport": "lifecycle.export",
     "VerifyOptions": "lifecycle.verify",
     "VerifyReport": "lifecycle.verify",
@@ -74,6 +77,8 @@ __all__ = [
     "Dataset",
     "ExportReport",
     "FormatError",
+    "GcOptions",
+    "GcReport",
     "IntegrityError",
     "Keyset",
     "NotFoundError",

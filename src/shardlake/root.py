@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
+from .errors import build_options
 from .format.documents import GcLock
 from .meta.versions import (
     Version,
@@ -27,7 +28,7 @@ from .store import Store, open_store
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportReport, NpzExportReport
-    from .lifecycle.gc import GcReport
+    from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveReport
     from .lifecycle.scrub import ScrubReport
@@ -309,15 +310,14 @@ class Root:
         state = prune_versions(self.store, tags, force=force)
         return PruneReport.of(list(tags), state, pinning_keysets(self.store, list(tags)))
 
-    def gc(
-        self, *, grace_s: float | str = "6h", dry_run: bool = False, progress: bool | None = None
-    ) -> GcReport:
-        """Delete objects no live version or keyset references, older than ``grace_s``
-        (seconds, or a duration such as ``"6h"``)."""
-        from .lifecycle.gc import collect_garbage, parse_duration
+    def gc(self, options: GcOptions | None = None, **overrides: Any) -> GcReport:
+        """Delete objects no live version or keyset references, older than the grace period.
 
-        grace = parse_duration(grace_s) if isinstance(grace_s, str) else float(grace_s)
-        return collect_garbage(self.store, grace_s=grace, dry_run=dry_run, progress=progress)
+        Settings are :class:`~shardlake.GcOptions` (``grace_s``: seconds or a duration such
+        as ``"6h"``; ``dry_run``; ``progress``), as an object or as keywords."""
+        from .lifecycle.gc import GcOptions, collect_garbage
+
+        return collect_garbage(self.store, build_options(GcOptions, options, overrides, "gc"))
 
     def gc_lock(self) -> GcLock | None:
         """The lease of a gc holding the root, or None."""

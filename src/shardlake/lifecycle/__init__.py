@@ -6,7 +6,7 @@ one root end with one winner and a :class:`~shardlake.errors.ConflictError` for 
 """
 
 from .export import ExportReport, export_npz, export_version
-from .gc import GcReport, collect_garbage
+from .gc import GcOptions, GcReport, collect_garbage
 from .prune import prune_versions
 from .remove import remove
 from .scrub import ScrubReport, scrub
@@ -14,6 +14,7 @@ from .verify import VerifyReport, verify_offsets, verify_source
 
 __all__ = [
     "ExportReport",
+    "GcOptions",
     "GcReport",
     "ScrubReport",
     "VerifyReport",
