@@ -206,11 +206,10 @@ def test_version_record_is_a_small_header(tmp_path: Path) -> None:
 def test_verify_offsets_reports_a_catalog_that_disagrees_with_a_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardlake.lifecycle.verify import verify_offsets
 
     src, store = tmp_path / "src", open_store(str(tmp_path / "root"))
     _pack_logs(src, store, "v1", ["a", "b"], None)
-    assert verify_offsets(store, "v1").ok
+    assert shardlake.open(store).verify_offsets("v1").ok
     real = catalog_mod._fresh_rows
 
     def shifted(*args: Any) -> list[pa.Table]:
@@ -220,7 +219,7 @@ def test_verify_offsets_reports_a_catalog_that_disagrees_with_a_manifest(
 
     monkeypatch.setattr(catalog_mod, "_fresh_rows", shifted)
     _pack_logs(src, store, "v2", ["c"], "v1")
-    report = verify_offsets(store, "v2")
+    report = shardlake.open(store).verify_offsets("v2")
     assert not report.ok
     assert [p.message for p in report.problems] == [
         "the version's catalog rows (2) differ from the manifest's"

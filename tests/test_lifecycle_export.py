@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
-from shardlake.lifecycle import export_npz, export_version, remove, scrub
+from shardlake.lifecycle import export_npz, export_version, remove
 from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import read_root_marker, read_state
 from shardlake.query.dataset import open_dataset
@@ -67,7 +68,7 @@ def test_round_trip_local_remote_local_is_byte_identical(
         a, b = ds.get(key), src_v2.get(key)
         assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
     assert load_keyset(back_store, "val").keys == keys[1:]
-    assert scrub(back_store).ok
+    assert shardlake.open(back_store).scrub().ok
 
 
 @pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs", "azure"])
@@ -91,7 +92,7 @@ def test_export_resumes_and_repairs(
     assert sorted(again.copied) == sorted(shards[:2])
     assert len(again.skipped) == len(first.copied) - 2
     assert not again.committed  # already committed by the first run
-    assert scrub(dest).ok and dest.read(shards[1]) == src.read(shards[1])
+    assert shardlake.open(dest).scrub().ok and dest.read(shards[1]) == src.read(shards[1])
 
 
 def test_export_refuses_another_dataset_and_non_roots(
@@ -171,7 +172,7 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
     src.write(shard, good)
     again = export_version(src, dest)
     assert again.committed and shard in again.copied and again.skipped
-    assert scrub(dest).ok
+    assert shardlake.open(dest).scrub().ok
 
 
 @pytest.mark.parametrize("store_kind", ["s3"])
@@ -188,4 +189,4 @@ def test_export_s3_to_gcs_loads(
     key = ds.manifests(columns=["key"]).column("key")[0].as_py()
     a, b = ds.get(key), open_dataset(src).get(key)
     assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
-    assert scrub(gcs.open()).ok
+    assert shardlake.open(gcs.open()).scrub().ok

@@ -16,7 +16,7 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
 from shardlake.format.layout import COMMITS_DIR, ROOT_MARKER, commit_key
-from shardlake.lifecycle import prune_versions, remove, scrub
+from shardlake.lifecycle import prune_versions, remove
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
@@ -99,7 +99,7 @@ def test_gc_dry_run_grace_and_delete(
     assert set(store.list("")) == (before - expected) | {commit_key(seq + 1), commit_key(seq + 2)}
     assert read_commit(store, seq + 1).gc_lock and read_commit(store, seq + 1).latest == "v2"
     assert read_state(store).gc_lock is None and read_state(store).latest == "v2"
-    assert scrub(store, "v2").ok
+    assert shardlake.open(store).scrub("v2").ok
     assert shardlake.open(store).gc(grace_s=0).garbage == []  # idempotent
 
 
@@ -255,7 +255,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
             version = load_version(store, tag)
             missing = set(version_closure(store, version)) - set(store.list(""))
             assert not missing, (trial, tag, outcomes, sorted(missing)[:3])
-            assert scrub(store, tag).ok
+            assert shardlake.open(store).scrub(tag).ok
         # The race was real: gc deleted the old revision in this trial.
         assert sum(gc_deleted) > 0, gc_deleted
 

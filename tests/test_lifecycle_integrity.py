@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import FormatError
-from shardlake.lifecycle import scrub, verify_offsets, verify_source
+from shardlake.lifecycle import verify_source
 from shardlake.query.dataset import open_dataset
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
@@ -62,7 +63,7 @@ def test_flipped_byte_is_caught_and_named(
     data = bytearray(store.read(shard))
     data[row["offset"] + row["size"] // 2] ^= 0x40
     store.write(shard, bytes(data))
-    report = scrub(store)
+    report = shardlake.open(store).scrub()
     assert not report.ok and len(report.problems) == 1
     problem = report.problems[0]
     assert (problem.key, problem.offset) == (row["key"], row["offset"]) and shard in problem.shard
@@ -75,7 +76,7 @@ def test_flipped_byte_is_caught_and_named(
     assert main(["verify", store_location.url, "--source", str(src)]) == 1
     captured = capsys.readouterr()
     assert row["key"] in captured.err and "FAILED" in captured.out
-    assert verify_offsets(store).ok  # headers are intact: only the payload changed
+    assert shardlake.open(store).verify_offsets().ok  # headers are intact: only the payload changed
 
 
 def test_truncated_shard(tmp_path: Path) -> None:
@@ -84,10 +85,10 @@ def test_truncated_shard(tmp_path: Path) -> None:
     entry, row, shard = _first_row(store)
     data = store.read(shard)
     store.write(shard, data[: row["offset"] + 10])
-    report = scrub(store)
+    report = shardlake.open(store).scrub()
     assert [p.key for p in report.problems] == [row["key"]]
     assert "truncated" in report.problems[0].message
-    offsets = verify_offsets(store)
+    offsets = shardlake.open(store).verify_offsets()
     assert not offsets.ok
     messages = " ".join(str(p) for p in offsets.problems)
     assert shard in messages and "version says" in messages  # size vs the version entry
@@ -102,7 +103,7 @@ def test_swapped_manifests_are_caught(tmp_path: Path, capsys: pytest.CaptureFixt
     data_a, data_b = store.read(a.manifest), store.read(b.manifest)
     store.write(a.manifest, data_b)
     store.write(b.manifest, data_a)
-    report = verify_offsets(store)
+    report = shardlake.open(store).verify_offsets()
     assert not report.ok
     named = {p.partition for p in report.problems}
     assert named == {a.id, b.id}
@@ -131,7 +132,7 @@ def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
         table.column_names.index("offset"), "offset", pc.add(table.column("offset"), 512)
     )
     store.write(entry.manifest, write_manifest(shifted, meta))
-    report = verify_offsets(store)
+    report = shardlake.open(store).verify_offsets()
     # The version records each manifest's sha256 (format.md section 7), so the edited manifest
     # is refused as a whole before its offsets could be used or compared with the headers.
     assert [p.partition for p in report.problems] == [entry.id]
@@ -146,10 +147,10 @@ def test_deleted_shard_is_caught_by_all_three(
     store = _packed(store_location, src)
     entry, row, shard = _first_row(store)
     store.delete(shard)
-    report = scrub(store)
+    report = shardlake.open(store).scrub()
     assert report.problems and all(shard in p.shard for p in report.problems)
     assert "shard is missing" in report.problems[0].message
-    offsets = verify_offsets(store)
+    offsets = shardlake.open(store).verify_offsets()
     assert [p.message for p in offsets.problems] == ["shard is missing"]
     ver = verify_source(store, str(src))
     assert not ver.ok and row["key"] in {p.key for p in ver.problems}
@@ -217,7 +218,7 @@ def test_scrub_memory_is_bounded_by_batches(tmp_path: Path) -> None:
         return real(ranges)
 
     store.read_ranges = spy  # type: ignore[method-assign]
-    report = scrub(store, batch_bytes=bound, workers=1)
+    report = shardlake.open(store).scrub(batch_bytes=bound, workers=1)
     assert report.ok and report.samples == 12
     assert max(fetched) <= bound and len(fetched) > len({p.partition for p in report.partitions})
 
@@ -257,7 +258,7 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     arrays["ego_agent_past"] = arrays["ego_agent_past"] + np.float32(0.5)
     path.write_bytes(npz_bytes(arrays))
     new_sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert scrub(store).ok  # nothing is wrong with the dataset
+    assert shardlake.open(store).scrub().ok  # nothing is wrong with the dataset
     report = verify_source(store, str(src))
     assert not report.ok and [p.key for p in report.problems] == [changed]
     problem = report.problems[0]
@@ -273,7 +274,7 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     data = bytearray(store.read(shard))
     data[row["offset"] + row["size"] // 2] ^= 0x40
     store.write(shard, bytes(data))
-    scrubbed = scrub(store)
+    scrubbed = shardlake.open(store).scrub()
     assert [p.key for p in scrubbed.problems] == [row["key"]]
     report = verify_source(store, str(src))
     kinds = {p.key: p.kind for p in report.problems}

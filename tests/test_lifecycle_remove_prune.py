@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
-from shardlake.lifecycle import prune_versions, remove, scrub, verify_offsets
+from shardlake.lifecycle import prune_versions, remove
 from shardlake.meta.versions import list_versions, read_state
 from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
@@ -53,8 +54,8 @@ def test_remove_samples_partitions_and_where_via_cli(
     remaining = set(v2.manifests(columns=["key"]).column("key").to_pylist())
     assert remaining == set(keys) - {keys[0], keys[5]}
     assert v2.get(keys[1]).keys() == v1.get(keys[1]).keys()
-    assert verify_offsets(root, "v2", storage_options=opts).ok
-    assert scrub(root, "v2", storage_options=opts).ok
+    assert shardlake.open(root, **opts).verify_offsets("v2").ok
+    assert shardlake.open(root, **opts).scrub("v2").ok
     # Other versions untouched.
     assert open_dataset(root, "v1", storage_options=opts).version.hash == v1.version.hash
     assert len(open_dataset(root, "v1", storage_options=opts).manifests()) == 12
@@ -222,7 +223,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
     tags = [t for t, _h, _l in list_versions(open_store(location.url))]
     assert tags[0] == "v1" and sorted(tags[1:]) == sorted(published)  # nothing lost
     for tag in tags:
-        assert verify_offsets(location.url, tag).ok
+        assert shardlake.open(location.url).verify_offsets(tag).ok
 
 
 def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

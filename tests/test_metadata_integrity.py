@@ -17,9 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.layout import commit_key, keyset_key, version_key
-from shardlake.lifecycle import export_version, scrub, verify_offsets
+from shardlake.lifecycle import export_version
 from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
 from shardlake.query.dataset import open_dataset
@@ -158,7 +159,7 @@ def test_export_rereads_metadata_flipped_in_transit(tmp_path: Path) -> None:
         for name in copy.list(""):  # byte-identical to the source, and readable
             if not name.startswith("commits/"):
                 assert copy.read(name) == Store(store.url).read(name), name
-        assert scrub(copy).ok and verify_offsets(copy).ok
+        assert shardlake.open(copy).scrub().ok and shardlake.open(copy).verify_offsets().ok
 
 
 def test_export_recopies_a_shard_whose_tar_header_arrived_damaged(tmp_path: Path) -> None:
@@ -173,7 +174,7 @@ def test_export_recopies_a_shard_whose_tar_header_arrived_damaged(tmp_path: Path
     dest.write(shard, bytes(data))
     report = export_version(store, dest)
     assert shard in report.copied and dest.read(shard) == store.read(shard)
-    assert verify_offsets(dest).ok
+    assert shardlake.open(dest).verify_offsets().ok
 
 
 _EXPORT_SCRIPT = """
@@ -205,7 +206,7 @@ def test_export_killed_mid_copy_then_rerun_completes(tmp_path: Path) -> None:
     assert read_state(copy).seq == 0  # killed before the commit: nothing references the copy
     report = export_version(store, str(dest))
     assert report.committed and report.skipped  # resumed: intact shards were kept
-    assert scrub(copy).ok and verify_offsets(copy).ok
+    assert shardlake.open(copy).scrub().ok and shardlake.open(copy).verify_offsets().ok
     assert open_dataset(copy).version.hash == open_dataset(store).version.hash
 
 
@@ -225,9 +226,9 @@ def test_export_refuses_a_payload_damaged_at_the_source(tmp_path: Path) -> None:
 def test_scrub_rereads_a_manifest_and_names_a_transport_error(tmp_path: Path) -> None:
     store = _root(tmp_path, versions=1)
     store.prefix, store.flips = "data/", 2  # two bad manifest reads, then a good one
-    assert scrub(store, workers=1).ok
+    assert shardlake.open(store).scrub(workers=1).ok
     store.flips = 3  # every read of the first manifest damaged, each differently
-    report = scrub(store, workers=1)
+    report = shardlake.open(store).scrub(workers=1)
     assert [p.kind for p in report.problems] == [TRANSPORT]
     assert report.to_json()["transport_errors"] == 1 and report.to_json()["corrupt_at_rest"] == 0
 

@@ -28,7 +28,8 @@ from .store import Store, open_store
 if TYPE_CHECKING:
     from .lifecycle.export import ExportReport, NpzExportReport
     from .lifecycle.gc import GcOptions, GcReport
-    from .lifecycle.verify import VerifyOptions, VerifyReport
+    from .lifecycle.scrub import ScrubOptions, ScrubReport
+    from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport, inspect_source
     from .query.dataset import Dataset
@@ -44,6 +45,10 @@ _LAZY = {
     "GcOptions": "lifecycle.gc",
     "GcReport": "lifecycle.gc",
     "NpzExportReport": "lifecycle.export",
+    "OffsetsOptions": "lifecycle.verify",
+    "OffsetsReport": "lifecycle.verify",
+    "ScrubOptions": "lifecycle.scrub",
+    "ScrubReport": "lifecycle.scrub",
     "VerifyOptions": "lifecycle.verify",
     "VerifyReport": "lifecycle.verify",
     "inspect_source": "pack",
@@ -83,9 +88,13 @@ __all__ = [
     "Keyset",
     "NotFoundError",
     "NpzExportReport",
+    "OffsetsOptions",
+    "OffsetsReport",
     "PackOptions",
     "PackReport",
     "Root",
+    "ScrubOptions",
+    "ScrubReport",
     "Selection",
     "SelectionError",
     "ShardlakeError",

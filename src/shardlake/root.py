@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from .errors import build_options
 from .format.documents import GcLock
@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveReport
-    from .lifecycle.scrub import ScrubReport
-    from .lifecycle.verify import OffsetsReport, VerifyOptions, VerifyReport
+    from .lifecycle.scrub import ScrubOptions, ScrubReport
+    from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.catalog import CatalogInfo
     from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from .read.tasks import ExecutorSpec
 
 _DOCUMENT_READERS = 16
+_O = TypeVar("_O")
 
 
 @dataclass(frozen=True)
@@ -332,31 +333,15 @@ class Root:
     # --- checks and copies ---------------------------------------------------------------------
 
     def scrub(
-        self,
-        version: str | None = "latest",
-        *,
-        all_versions: bool = False,
-        workers: int | None = None,
-        batch_bytes: int | None = None,
-        progress: bool | None = None,
-        executor: ExecutorSpec = None,
+        self, version: str | None = None, *, options: ScrubOptions | None = None, **overrides: Any
     ) -> ScrubReport:
-        """Re-read every payload of ``version`` (or every live version) and check it;
-        ``workers`` partitions at once, about ``batch_bytes`` read per request. ``executor``:
-        ``"thread"`` (default), ``"process"``, ``"inline"``, ``"dask://HOST:PORT"`` or an
-        Executor (the same spec pack takes)."""
-        from .lifecycle.scrub import scrub
+        """Re-read every payload of ``version`` (default ``latest``; ``all_versions=True``:
+        every live version) and check it. Settings are :class:`~shardlake.ScrubOptions`
+        (``workers``, ``batch_bytes``, ``executor``, ``progress``, ...), as an object or as
+        keywords."""
+        from .lifecycle.scrub import ScrubOptions, scrub
 
-        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        return scrub(
-            self.store,
-            version,
-            all_versions=all_versions,
-            progress=progress,
-            batch_bytes=batch_bytes,
-            executor=executor,
-            **extra,
-        )
+        return scrub(self.store, _build(ScrubOptions, options, overrides, "scrub", version))
 
     def export(
         self,
@@ -445,18 +430,27 @@ class Root:
 
     def verify_offsets(
         self,
-        version: str = "latest",
+        version: str | None = None,
         *,
-        progress: bool | None = None,
-        workers: int | None = None,
-        executor: ExecutorSpec = None,
+        options: OffsetsOptions | None = None,
+        **overrides: Any,
     ) -> OffsetsReport:
-        """Check manifest offsets against the tar headers and manifests against the version;
-        one task per partition on ``executor`` (the spec pack takes; default threads)."""
-        from .lifecycle.verify import verify_offsets
+        """Check manifest offsets against the tar headers and manifests against the version
+        (default ``latest``). Settings are :class:`~shardlake.OffsetsOptions` (``workers``,
+        ``executor``, ``progress``), as an object or as keywords."""
+        from .lifecycle.verify import OffsetsOptions, verify_offsets
 
-        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        return verify_offsets(self.store, version, progress=progress, executor=executor, **extra)
+        opts = _build(OffsetsOptions, options, overrides, "verify_offsets", version)
+        return verify_offsets(self.store, opts)
+
+
+def _build(
+    cls: type[_O], options: _O | None, overrides: dict[str, Any], where: str, version: str | None
+) -> _O:
+    """The options object of an operation whose first argument is the version it works on."""
+    if version is not None:
+        overrides = {**overrides, "version": version}
+    return build_options(cls, options, overrides, where)
 
 
 def _location(url: str | os.PathLike[str] | Store) -> str | Store:

@@ -427,21 +427,35 @@ class OffsetsReport:
         }
 
 
-def verify_offsets(
-    url: str | Store,
-    version: str = "latest",
-    *,
-    storage_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
-    executor: ExecutorSpec = None,
-    workers: int = DEFAULT_WORKERS,
-) -> OffsetsReport:
+@dataclass(frozen=True)
+class OffsetsOptions:
+    """What ``verify-offsets`` checks and how.
+
+    Parameters
+    ----------
+    version
+        The version to check (a tag or ``latest``).
+    workers
+        Partitions checked at once.
+    progress
+        Show progress on standard error (``None``: only on a terminal).
+    executor
+        Where the per-partition tasks run: the spec pack takes (default threads).
+    """
+
+    version: str = "latest"
+    workers: int = DEFAULT_WORKERS
+    progress: bool | None = None
+    executor: ExecutorSpec = None
+
+
+def verify_offsets(store: Store, options: OffsetsOptions) -> OffsetsReport:
     """Check manifests against tar headers and version entries; see the module docs.
 
     One task per partition runs on ``executor`` (default: ``workers`` threads)."""
-    store = open_store(url, storage_options)
-    spec = executor_for(store, executor, "verified")
-    ver = load_version(store, version)
+    progress, workers = options.progress, options.workers
+    spec = executor_for(store, options.executor, "verified")
+    ver = load_version(store, options.version)
     report = OffsetsReport(ver.tag)
     entries = ver.entries
     bar = Progress(
