@@ -30,7 +30,6 @@ import shardlake
 from shardlake.errors import ShardlakeError
 from shardlake.lifecycle import (
     export_version,
-    verify_source,
 )
 from shardlake.meta.versions import read_state
 from shardlake.pack import pack
@@ -159,7 +158,7 @@ def check_publish_outcome(outcome: Outcome, clean: Store, tag: str) -> None:
 
 def assert_verifies(clean: Store, src: Path, tag: str) -> None:
     """Fault-free: the version equals its source and every payload and header is intact."""
-    report = verify_source(clean, str(src), version=tag, workers=2)
+    report = shardlake.open(clean).verify(str(src), version=tag, workers=2)
     assert report.ok, report.failures()
     assert shardlake.open(clean).scrub(tag, workers=2).ok
     assert shardlake.open(clean).verify_offsets(tag).ok
@@ -222,7 +221,7 @@ def test_commands_through_a_faulty_network(
         scrubbed = run("scrub", lambda: shardlake.open(store).scrub(workers=2))
         if scrubbed.ok:  # no false corruption verdicts (#11 finding 5)
             assert scrubbed.result.to_json()["corrupt_at_rest"] == 0, scrubbed.result.problems
-        checked = run("verify", lambda: verify_source(store, str(source), workers=2))
+        checked = run("verify", lambda: shardlake.open(store).verify(str(source), workers=2))
         if checked.ok:
             assert checked.result.to_json()["corrupt_at_rest"] == 0, checked.result.failures()
             assert not checked.result.missing and not checked.result.extra

@@ -12,7 +12,6 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import FormatError
-from shardlake.lifecycle import verify_source
 from shardlake.query.dataset import open_dataset
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
@@ -71,7 +70,7 @@ def test_flipped_byte_is_caught_and_named(
     assert main(["scrub", store_location.url]) == 1
     err = capsys.readouterr().err
     assert shard in err and row["key"] in err and f"offset {row['offset']}" in err
-    ver = verify_source(store, str(src))
+    ver = shardlake.open(store).verify(str(src))
     assert not ver.ok and [p.key for p in ver.problems] == [row["key"]]
     assert main(["verify", store_location.url, "--source", str(src)]) == 1
     captured = capsys.readouterr()
@@ -152,7 +151,7 @@ def test_deleted_shard_is_caught_by_all_three(
     assert "shard is missing" in report.problems[0].message
     offsets = shardlake.open(store).verify_offsets()
     assert [p.message for p in offsets.problems] == ["shard is missing"]
-    ver = verify_source(store, str(src))
+    ver = shardlake.open(store).verify(str(src))
     assert not ver.ok and row["key"] in {p.key for p in ver.problems}
 
 
@@ -177,16 +176,16 @@ def test_verify_membership_and_exact_allow_missing(
     part_dir = src / keys[0].split("/")[0]
     shutil.copy(src / f"{keys[0]}.npz", part_dir / "late_frame.npz")
     late = f"{keys[0].split('/')[0]}/late_frame"
-    report = verify_source(store, str(src))
+    report = shardlake.open(store).verify(str(src))
     assert report.missing == [late] and not report.ok
-    assert verify_source(store, str(src), allow_missing=1).ok
-    assert not verify_source(store, str(src), allow_missing=2).ok  # exactly, not at most
+    assert shardlake.open(store).verify(str(src), allow_missing=1).ok
+    assert not shardlake.open(store).verify(str(src), allow_missing=2).ok  # exactly, not at most
     assert main(["verify", location.url, "--source", str(src), "--allow-missing", "1"]) == 0
     assert f"missing: {late}" in capsys.readouterr().out  # offending keys printed on pass too
     # A source frame withdrawn after packing makes the version hold an extra sample.
     (src / f"{keys[1]}.npz").unlink()
     (src / f"{keys[1]}.json").unlink()
-    report = verify_source(store, str(src), allow_missing=1)
+    report = shardlake.open(store).verify(str(src), allow_missing=1)
     assert report.extra == [keys[1]] and not report.ok
     assert main(["verify", location.url, "--source", str(src), "--allow-missing", "1"]) == 1
     captured = capsys.readouterr()
@@ -200,7 +199,7 @@ def test_verify_membership_and_exact_allow_missing(
     arrays = load_npz((src / f"{keys[2]}.npz").read_bytes(), "x")
     arrays["ego_current_state"] = arrays["ego_current_state"] + np.float32(1)
     (src / f"{keys[2]}.npz").write_bytes(npz_bytes(arrays))
-    report = verify_source(store, str(src), allow_missing=1)
+    report = shardlake.open(store).verify(str(src), allow_missing=1)
     assert [p.key for p in report.problems] == [keys[2]]
     assert "ego_current_state" in report.problems[0].message
 
@@ -259,7 +258,7 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     path.write_bytes(npz_bytes(arrays))
     new_sha = hashlib.sha256(path.read_bytes()).hexdigest()
     assert shardlake.open(store).scrub().ok  # nothing is wrong with the dataset
-    report = verify_source(store, str(src))
+    report = shardlake.open(store).verify(str(src))
     assert not report.ok and [p.key for p in report.problems] == [changed]
     problem = report.problems[0]
     assert problem.kind == "source changed" and str(path) in problem.message
@@ -276,7 +275,7 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     store.write(shard, bytes(data))
     scrubbed = shardlake.open(store).scrub()
     assert [p.key for p in scrubbed.problems] == [row["key"]]
-    report = verify_source(store, str(src))
+    report = shardlake.open(store).verify(str(src))
     kinds = {p.key: p.kind for p in report.problems}
     assert kinds == {changed: "source changed", row["key"]: "corrupt at rest"}
     assert (report.to_json()["source_changed"], report.to_json()["corrupt_at_rest"]) == (1, 1)

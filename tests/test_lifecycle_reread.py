@@ -14,7 +14,6 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import IntegrityError
-from shardlake.lifecycle import verify_source
 from shardlake.query.dataset import open_dataset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from shardlake.store import Store
@@ -78,7 +77,7 @@ def test_one_bad_read_is_reread_away(tmp_path: Path, truncate: bool) -> None:
     store.bad_reads = 2
     assert shardlake.open(store).scrub(workers=1).ok  # two bad reads, then a good one: intact
     store.bad_reads = 2
-    assert verify_source(store, str(src), workers=1).ok
+    assert shardlake.open(store).verify(str(src), workers=1).ok
 
 
 def test_reads_that_disagree_are_a_transport_error(tmp_path: Path) -> None:
@@ -113,7 +112,7 @@ def test_corrupt_at_rest_is_reported_as_such(
     assert main(["scrub", store.url, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["problems"][0]["kind"] == CORRUPT_AT_REST
-    ver = verify_source(store, str(src), workers=1)
+    ver = shardlake.open(store).verify(str(src), workers=1)
     assert ver.to_json()["corrupt_at_rest"] == 1
     assert "1 corrupt at rest" in ver.failures()[0]
 

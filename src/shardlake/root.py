@@ -413,7 +413,7 @@ class Root:
         """
         from .lifecycle.verify import VerifyOptions, verify_version
 
-        opts = VerifyOptions.build(options, overrides)
+        opts = build_options(VerifyOptions, options, overrides, "verify")
         return verify_version(self.store, _location(source), opts)
 
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:

@@ -352,6 +352,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    import shardlake
     from shardlake import VerifyOptions
 
     options = VerifyOptions(
@@ -362,12 +363,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         strip_prefix=args.strip_prefix,
         include=args.include,
         exclude=args.exclude,
-        source_options=parse_storage_options(args.source_storage_options) or None,
         progress=progress_wanted(args),
         executor=args.executor,
         workers=args.workers,
     )
-    report = open_root(args).verify(args.source, options=options)
+    source_options = parse_storage_options(args.source_storage_options)
+    # A source in another store is opened with its own options (storage options enter at open).
+    source = shardlake.open_store(args.source, source_options) if source_options else args.source
+    report = open_root(args).verify(source, options=options)
     if args.json:
         print_json(report.to_json())
         return 0 if report.ok else 1

@@ -10,7 +10,7 @@ from .gc import GcOptions, GcReport, collect_garbage
 from .prune import prune_versions
 from .remove import remove
 from .scrub import ScrubReport, scrub
-from .verify import VerifyReport, verify_offsets, verify_source
+from .verify import VerifyReport, verify_offsets, verify_version
 
 __all__ = [
     "ExportReport",
@@ -25,5 +25,5 @@ __all__ = [
     "remove",
     "scrub",
     "verify_offsets",
-    "verify_source",
+    "verify_version",
 ]
