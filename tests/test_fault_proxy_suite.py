@@ -28,9 +28,6 @@ import pytest
 
 import shardlake
 from shardlake.errors import ShardlakeError
-from shardlake.lifecycle import (
-    export_version,
-)
 from shardlake.meta.versions import read_state
 from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
@@ -238,7 +235,9 @@ def test_commands_through_a_faulty_network(
         assert read_state(clean).gc_lock is None and gc.ok
 
         dest = tmp_path / "export"
-        exported = with_reruns("export", lambda: export_version(store, str(dest)), lambda: False)
+        exported = with_reruns(
+            "export", lambda: shardlake.open(store).export(str(dest)), lambda: False
+        )
         assert exported.ok
         assert proxy.injected, "the proxy injected nothing"
     copy = open_store(str(dest))
@@ -355,9 +354,8 @@ def test_a_body_damaged_in_transit_costs_a_reread(
 
 _EXPORT = """
 import json, sys
-from shardlake.lifecycle import export_version
-from shardlake.store import open_store
-export_version(open_store(sys.argv[1], json.loads(sys.argv[2])), sys.argv[3])
+import shardlake
+shardlake.open(sys.argv[1], **json.loads(sys.argv[2])).export(sys.argv[3])
 """
 
 
@@ -381,7 +379,9 @@ def test_export_killed_through_a_faulty_network_then_rerun(
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         store = open_store(url, options)
-        rerun = with_reruns("export", lambda: export_version(store, str(dest)), lambda: False)
+        rerun = with_reruns(
+            "export", lambda: shardlake.open(store).export(str(dest)), lambda: False
+        )
         assert rerun.ok
     copy = open_store(str(dest))
     assert_verifies(copy, source, "v1")

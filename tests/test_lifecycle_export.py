@@ -13,7 +13,7 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
-from shardlake.lifecycle import export_npz, export_version, remove
+from shardlake.lifecycle import remove
 from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import read_root_marker, read_state
 from shardlake.query.dataset import open_dataset
@@ -50,7 +50,7 @@ def test_round_trip_local_remote_local_is_byte_identical(
     report = json.loads(capsys.readouterr().out)
     assert report["committed"] and report["version"] == "v2" and report["keysets"] == ["val"]
     s3_store = s3.open()
-    assert export_version(s3_store, back.url).committed
+    assert shardlake.open(s3_store).export(back.url).committed
     back_store = back.open()
     # Byte-identical: the v2 closure (shards, manifests, version document), the keyset and the
     # root marker (same dataset_id) -- everything the source holds for v2.
@@ -77,7 +77,7 @@ def test_export_resumes_and_repairs(
 ) -> None:
     src = _packed(store_location, tmp_path / "src")
     dest_loc = store_factory(label="dest")
-    first = export_version(src, dest_loc.url, dest_options=dest_loc.storage_options)
+    first = shardlake.open(src).export(dest_loc.url, dest_storage_options=dest_loc.storage_options)
     dest = dest_loc.open()
     ds = open_dataset(dest)
     shards = [s.key for p in ds.entries for s in p.shards]
@@ -88,7 +88,7 @@ def test_export_resumes_and_repairs(
     data = bytearray(dest.read(shards[1]))
     data[len(data) // 3] ^= 0xFF
     dest.write(shards[1], bytes(data))
-    again = export_version(src, dest_loc.url, dest_options=dest_loc.storage_options)
+    again = shardlake.open(src).export(dest_loc.url, dest_storage_options=dest_loc.storage_options)
     assert sorted(again.copied) == sorted(shards[:2])
     assert len(again.skipped) == len(first.copied) - 2
     assert not again.committed  # already committed by the first run
@@ -103,7 +103,7 @@ def test_export_refuses_another_dataset_and_non_roots(
     _packed(b_loc, tmp_path / "src")  # same source, but a different dataset (own dataset_id)
     before = {k: b_loc.open().read(k) for k in b_loc.open().list("")}
     with pytest.raises(ConflictError, match="different dataset"):
-        export_version(a, b_loc.url)
+        shardlake.open(a).export(b_loc.url)
     assert main(["export", str(tmp_path / "a"), b_loc.url]) == 1
     assert "different dataset" in capsys.readouterr().err
     assert {k: b_loc.open().read(k) for k in b_loc.open().list("")} == before  # untouched
@@ -111,7 +111,7 @@ def test_export_refuses_another_dataset_and_non_roots(
     junk.mkdir()
     (junk / "notes.txt").write_text("hello")
     with pytest.raises(ConflictError, match="not empty"):
-        export_version(a, str(junk))
+        shardlake.open(a).export(str(junk))
     assert not (junk / ROOT_MARKER).exists()
     assert main(["export", str(tmp_path / "a"), str(tmp_path / "c"), "--version", "v9"]) == 1
     assert "unknown version" in capsys.readouterr().err
@@ -142,7 +142,7 @@ def test_export_npz_is_bit_exact(
             (src_dir / f"{key}.json").read_text()
         )
     create_keyset(store, "two", keys=keys[:2])
-    sub = export_npz(store, str(tmp_path / "sub"), keyset="two")
+    sub = shardlake.open(store).export(str(tmp_path / "sub"), format="npz", keysets=["two"])
     assert sub.samples == 2 and sorted(p.name for p in (tmp_path / "sub").rglob("*.npz")) == sorted(
         k.split("/")[-1] + ".npz" for k in keys[:2]
     )
@@ -162,7 +162,7 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
     src.write(shard, bytes(bad))
     dest = str(tmp_path / "dest")
     with pytest.raises(IntegrityError, match="source") as info:
-        export_version(src, dest)
+        shardlake.open(src).export(dest)
     assert shard in str(info.value)
     dest_store = open_store(dest)
     assert not dest_store.exists(shard)  # the bad copy is not left for a resume to trust
@@ -170,7 +170,7 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
     with pytest.raises(VersionNotFoundError):
         open_dataset(dest)
     src.write(shard, good)
-    again = export_version(src, dest)
+    again = shardlake.open(src).export(dest)
     assert again.committed and shard in again.copied and again.skipped
     assert shardlake.open(dest).scrub().ok
 

@@ -20,7 +20,6 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.layout import commit_key, keyset_key, version_key
-from shardlake.lifecycle import export_version
 from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
 from shardlake.query.dataset import open_dataset
@@ -143,7 +142,7 @@ def test_export_refuses_a_version_document_damaged_at_the_source(tmp_path: Path)
     _rewrite(store, key, b'"keep_skipped":false', b'"keep_skipped":true ')
     dest = tmp_path / "dest"
     with pytest.raises(FormatError, match="does not match its hash"):
-        export_version(store, str(dest))
+        shardlake.open(store).export(str(dest))
     assert not (dest / key).exists()
 
 
@@ -153,7 +152,7 @@ def test_export_rereads_metadata_flipped_in_transit(tmp_path: Path) -> None:
     for prefix in ("versions/", "keysets/", "data/", "shardlake.json"):
         store.prefix, store.flips = prefix, 1
         dest = tmp_path / f"dest-{prefix.strip('/.')}"
-        report = export_version(store, str(dest))
+        report = shardlake.open(store).export(str(dest))
         assert report.committed and store.flips == 0, prefix
         copy = Store(str(dest))
         for name in copy.list(""):  # byte-identical to the source, and readable
@@ -168,18 +167,18 @@ def test_export_recopies_a_shard_whose_tar_header_arrived_damaged(tmp_path: Path
     shard = open_dataset(store).entries[0].shards[0].key
     # A copy whose tar header was damaged on the way (payload CRCs still match): the resume
     # must not trust it.
-    export_version(store, dest)
+    shardlake.open(store).export(dest)
     data = bytearray(dest.read(shard))
     data[0] ^= 0x04
     dest.write(shard, bytes(data))
-    report = export_version(store, dest)
+    report = shardlake.open(store).export(dest)
     assert shard in report.copied and dest.read(shard) == store.read(shard)
     assert shardlake.open(dest).verify_offsets().ok
 
 
 _EXPORT_SCRIPT = """
 import sys, time
-from shardlake.lifecycle import export_version
+import shardlake
 from shardlake.store import Store
 
 class Slow(Store):
@@ -187,7 +186,7 @@ class Slow(Store):
         time.sleep(0.05)
         return super().open_writer(key)
 
-export_version(sys.argv[1], Slow(sys.argv[2]))
+shardlake.open(sys.argv[1]).export(Slow(sys.argv[2]))
 """
 
 
@@ -204,7 +203,7 @@ def test_export_killed_mid_copy_then_rerun_completes(tmp_path: Path) -> None:
     assert proc.returncode == -signal.SIGKILL
     copy = Store(str(dest))
     assert read_state(copy).seq == 0  # killed before the commit: nothing references the copy
-    report = export_version(store, str(dest))
+    report = shardlake.open(store).export(str(dest))
     assert report.committed and report.skipped  # resumed: intact shards were kept
     assert shardlake.open(copy).scrub().ok and shardlake.open(copy).verify_offsets().ok
     assert open_dataset(copy).version.hash == open_dataset(store).version.hash
@@ -220,7 +219,7 @@ def test_export_refuses_a_payload_damaged_at_the_source(tmp_path: Path) -> None:
     data[row["offset"] + 1] ^= 0x10
     store.write(shard, bytes(data))
     with pytest.raises(IntegrityError, match="source"):
-        export_version(store, str(tmp_path / "dest"))
+        shardlake.open(store).export(str(tmp_path / "dest"))
 
 
 def test_scrub_rereads_a_manifest_and_names_a_transport_error(tmp_path: Path) -> None:

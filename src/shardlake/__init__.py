@@ -26,7 +26,7 @@ from .errors import (
 from .store import Store, open_store
 
 if TYPE_CHECKING:
-    from .lifecycle.export import ExportReport, NpzExportReport
+    from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.scrub import ScrubOptions, ScrubReport
     from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 # machinery until a root is opened), which every CLI call and worker process pays.
 _LAZY = {
     "Dataset": "query.dataset",
+    "ExportOptions": "lifecycle.export",
     "ExportReport": "lifecycle.export",
     "GcOptions": "lifecycle.gc",
     "GcReport": "lifecycle.gc",
@@ -80,6 +81,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ConflictError",
     "Dataset",
+    "ExportOptions",
     "ExportReport",
     "FormatError",
     "GcOptions",

@@ -27,7 +27,7 @@ from .query.dataset import Dataset
 from .store import Store, open_store
 
 if TYPE_CHECKING:
-    from .lifecycle.export import ExportReport, NpzExportReport
+    from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveReport
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
     from .query.keyset_build import DisjointReport, KeysetReport
-    from .read.tasks import ExecutorSpec
 
 _DOCUMENT_READERS = 16
 _O = TypeVar("_O")
@@ -345,58 +344,31 @@ class Root:
 
     def export(
         self,
-        dest: str | os.PathLike[str] | Store,
+        dest: str | os.PathLike[str] | Store | Root,
         *,
-        version: str | None = None,
-        keysets: Sequence[str] | None = None,
-        format: str = "root",
-        dest_options: dict[str, Any] | None = None,
-        progress: bool | None = None,
-        allow_foreign: bool = False,
-        workers: int | None = None,
-        executor: ExecutorSpec = None,
+        dest_storage_options: dict[str, Any] | None = None,
+        options: ExportOptions | None = None,
+        **overrides: Any,
     ) -> ExportReport | NpzExportReport:
-        """Copy ``version`` to ``dest``: a self-contained root (``format="root"``, with the
-        given ``keysets``) or ``<key>.npz`` + ``<key>.json`` files (``format="npz"``, at most
-        one keyset selecting the samples). ``allow_foreign``: a root export may go into a
-        location that already holds other objects (refused by default). A root export copies
-        one partition per task on ``executor`` (the spec pack takes), ``workers`` at once.
-        ``version`` ``None``: the version of the one keyset given, else ``latest``."""
+        """Copy a version to ``dest``: a URL (opened with ``dest_storage_options``) or an
+        opened :class:`Root`. Settings are :class:`~shardlake.ExportOptions` (``version``,
+        ``keysets``, ``format`` ``"root"`` or ``"npz"``, ``allow_foreign``, ``workers``,
+        ``executor``, ``progress``), as an object or as keywords. Re-running resumes."""
         from .errors import UsageError
-        from .lifecycle.export import export_npz, export_version
+        from .lifecycle.export import ExportOptions, export
 
-        if version is None:
-            version = (
-                self.keyset(keysets[0]).version_tag if keysets and len(keysets) == 1 else "latest"
+        if isinstance(dest, (Root, Store)) and dest_storage_options:
+            raise UsageError(
+                "dest_storage_options go with a URL; an opened destination has its own",
+                options=("dest_storage_options",),
             )
-        dest = _location(dest)
-        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        if format == "npz":
-            if executor is not None:
-                raise UsageError("an npz export runs here: executor is for root exports")
-            if keysets and len(keysets) > 1:
-                raise UsageError("an npz export takes at most one keyset", options=("keysets",))
-            return export_npz(
-                self.store,
-                dest,
-                version=version,
-                keyset=keysets[0] if keysets else None,
-                dest_options=dest_options,
-                progress=progress,
-            )
-        if format != "root":
-            raise UsageError(f"export format {format!r}: use 'root' or 'npz'", options=("format",))
-        return export_version(
-            self.store,
-            dest,
-            version=version,
-            keysets=keysets,
-            dest_options=dest_options,
-            progress=progress,
-            allow_foreign=allow_foreign,
-            executor=executor,
-            **extra,
+        target = (
+            dest.store
+            if isinstance(dest, Root)
+            else open_store(_location(dest), dest_storage_options or None)
         )
+        opts = build_options(ExportOptions, options, overrides, "export")
+        return export(self.store, target, opts)
 
     def verify(
         self,

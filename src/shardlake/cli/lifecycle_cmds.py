@@ -329,7 +329,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         version=args.tag,
         keysets=args.keyset,
         format=args.format,
-        dest_options=parse_storage_options(args.dest_storage_options) or None,
+        dest_storage_options=parse_storage_options(args.dest_storage_options) or None,
         progress=progress_wanted(args),
         allow_foreign=args.allow_foreign,
         workers=args.workers,

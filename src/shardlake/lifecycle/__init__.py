@@ -5,7 +5,7 @@ root state before working and commits with create-if-absent, so two lifecycle wr
 one root end with one winner and a :class:`~shardlake.errors.ConflictError` for the other.
 """
 
-from .export import ExportReport, export_npz, export_version
+from .export import ExportOptions, ExportReport, export
 from .gc import GcOptions, GcReport, collect_garbage
 from .prune import prune_versions
 from .remove import remove
@@ -13,14 +13,14 @@ from .scrub import ScrubReport, scrub
 from .verify import VerifyReport, verify_offsets, verify_version
 
 __all__ = [
+    "ExportOptions",
     "ExportReport",
     "GcOptions",
     "GcReport",
     "ScrubReport",
     "VerifyReport",
     "collect_garbage",
-    "export_npz",
-    "export_version",
+    "export",
     "prune_versions",
     "remove",
     "scrub",
