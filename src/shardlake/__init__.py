@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport, inspect_source
+    from .pack.writer import WriteOptions, Writer
     from .query.dataset import Dataset
     from .query.selection import Selection
     from .root import Root, VersionInfo, open
@@ -60,6 +61,8 @@ _LAZY = {
     "Selection": "query.selection",
     "StoreReport": "store.check",
     "VersionInfo": "root",
+    "WriteOptions": "pack.writer",
+    "Writer": "pack.writer",
     "check_store": "store.check",
     "open": "root",
 }
@@ -109,6 +112,8 @@ __all__ = [
     "VerifyReport",
     "VersionInfo",
     "VersionNotFoundError",
+    "WriteOptions",
+    "Writer",
     "__version__",
     "check_store",
     "inspect_source",

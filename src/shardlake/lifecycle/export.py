@@ -322,6 +322,7 @@ def export_version(src: Store, dest: Store, version: str, options: ExportOptions
     threads)."""
     keysets, progress, allow_foreign = options.keysets, options.progress, options.allow_foreign
     executor, workers = options.executor, options.workers
+    dest.require_writable("export into it")
     spec = executor_for(dest, executor_for(src, executor, "exported"), "exported")
     src_marker, marker_bytes = _read_marker(src)
     ver, doc_bytes = load_version_bytes(src, *resolve_tag(src, version))
@@ -432,6 +433,7 @@ def export_npz(
     Arrays come back bit-exact (names, order, dtype, shape, bytes); sidecars are rebuilt from
     the manifest columns (see :func:`shardlake.source.source_form.sidecar_of`).
     """
+    dest.require_writable("export into it")
     ver = load_version(src, version)
     wanted: set[str] | None = None
     if keyset is not None:
