@@ -16,7 +16,7 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
 from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
-from shardlake.lifecycle import prune_versions, remove
+from shardlake.lifecycle import remove
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
@@ -67,7 +67,7 @@ def test_gc_dry_run_grace_and_delete(
     v1 = open_dataset(root, storage_options=opts)
     pid = v1.entries[0].id
     remove(store, "v2", partitions=[pid])
-    prune_versions(store, ["v1"])
+    shardlake.open(store).prune(["v1"])
     # Leftovers of a crashed writer: an uncommitted version document and a stray revision.
     store.write("versions/ghost/0123456789abcdef0123456789abcdef.json", b"{}")
     store.write("data/deadbeef0000/rev/shard-000000.tar", b"x" * 1000)
@@ -112,7 +112,7 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     v1 = load_version(store, "v1")
     create_keyset(store, "frozen", where="true")
     remove(store, "v2", partitions=[v1.entries[0].id])
-    prune_versions(store, ["v1"])
+    shardlake.open(store).prune(["v1"])
     report = shardlake.open(store).gc(grace_s=0)
     assert report.garbage == []
     assert any("(keyset)" in label for label in report.live_versions)
@@ -214,7 +214,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
         pid = latest.entries[trial % 3].id
         dropped = f"drop{trial}"
         remove(store, dropped, partitions=[pid])
-        prune_versions(store, [t for t in read_state(store).versions if t != dropped])
+        shardlake.open(store).prune([t for t in read_state(store).versions if t != dropped])
         _age(root_dir, 7 * 3600)  # everything is now older than the 6 h grace
         outcomes: list[str] = []
 

@@ -12,7 +12,7 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
-from shardlake.lifecycle import prune_versions, remove
+from shardlake.lifecycle import remove
 from shardlake.meta.versions import list_versions, read_state
 from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
@@ -240,6 +240,6 @@ def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["prune-version", root, "v1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["live"] == ["v2", "v3"] and out["latest"] == "v3"
-    state = prune_versions(root, ["v3"], force=True)
+    state = shardlake.open(root).prune(["v3"], force=True)
     assert state.latest == "v2" and "v3" in state.retired
     assert open_dataset(root).version.tag == "v2"

@@ -383,10 +383,9 @@ class Root:
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
         """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
-        from .lifecycle.prune import PruneReport, pinning_keysets, prune_versions
+        from .lifecycle.prune import prune
 
-        state = prune_versions(self.store, tags, force=force)
-        return PruneReport.of(list(tags), state, pinning_keysets(self.store, list(tags)))
+        return prune(self.store, tags, force=force)
 
     @_writes
     def gc(self, /, options: GcOptions | None = None, **overrides: Any) -> GcReport:

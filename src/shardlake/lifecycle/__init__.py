@@ -7,7 +7,7 @@ one root end with one winner and a :class:`~shardlake.errors.ConflictError` for 
 
 from .export import ExportOptions, ExportReport, export
 from .gc import GcOptions, GcReport, collect_garbage
-from .prune import prune_versions
+from .prune import PruneReport, prune
 from .remove import remove
 from .scrub import ScrubReport, scrub
 from .verify import VerifyReport, verify_offsets, verify_version
@@ -17,11 +17,12 @@ __all__ = [
     "ExportReport",
     "GcOptions",
     "GcReport",
+    "PruneReport",
     "ScrubReport",
     "VerifyReport",
     "collect_garbage",
     "export",
-    "prune_versions",
+    "prune",
     "remove",
     "scrub",
     "verify_offsets",
