@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import shardlake
 from shardlake.errors import FormatError
 from shardlake.format.documents import CommitRecord, PartitionEntry, VersionRecord
 from shardlake.meta.versions import hash_bytes, load_version, read_state
@@ -120,14 +121,13 @@ def _copy_golden(dest: Path) -> Any:
 
 
 def test_publish_records_manifest_digests_and_readers_refuse_a_flip(tmp_path: Path) -> None:
-    from shardlake.lifecycle.remove import remove
     from shardlake.query.dataset import open_dataset
 
     store = _copy_golden(tmp_path / "r")
     old = load_version(store, "v2")
     assert all(p.manifest_sha256 is None for p in old.record.partitions)  # format-1 golden root
     key = open_dataset(store, "v2").manifests(columns=["key"]).column("key")[0].as_py()
-    v3, _ = remove(store, "v3", base="v2", keys=[key])
+    v3, _ = shardlake.open(store).remove("v3", base="v2", keys=[key])
     for part in v3.record.partitions:
         data = store.read(part.manifest)
         assert part.manifest_sha256 == hashlib.sha256(data).hexdigest()

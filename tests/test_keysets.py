@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
-from shardlake.lifecycle import remove
 from shardlake.meta.keysets import load_keyset, parse_key_list
 from shardlake.query.dataset import open_dataset
 from shardlake.query.keyset_build import create_keyset
@@ -106,7 +106,7 @@ def test_keyset_is_bound_to_its_version(tmp_path: Path) -> None:
     ks = create_keyset(location.url, "val", keys=keys[:2])
     v1 = open_dataset(location.url, "v1").version
     ks.check_version(v1)
-    remove(location.url, "v2", keys=[keys[-1]])
+    shardlake.open(location.url).remove("v2", keys=[keys[-1]])
     v2 = open_dataset(location.url, "v2").version
     with pytest.raises(SelectionError, match="bound to version 'v1'"):
         load_keyset(location.url, "val").check_version(v2)

@@ -13,7 +13,6 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
-from shardlake.lifecycle import remove
 from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import read_root_marker, read_state
 from shardlake.query.dataset import open_dataset
@@ -41,7 +40,9 @@ def test_round_trip_local_remote_local_is_byte_identical(
     src_loc = store_factory("local", "src")
     src = _packed(src_loc, tmp_path / "src")
     keys = sorted(open_dataset(src).manifests(columns=["key"]).column("key").to_pylist())
-    remove(src, "v2", keys=[keys[0]])  # the exported version has its own manifest revision
+    shardlake.open(src).remove(
+        "v2", keys=[keys[0]]
+    )  # the exported version has its own manifest revision
     create_keyset(src, "val", where="true")  # bound to v2 -> exported
     create_keyset(src, "old", where="true", version="v1")  # bound to v1 -> not exported
     s3 = store_factory(label="mid")

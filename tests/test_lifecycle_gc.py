@@ -16,7 +16,6 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
 from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
-from shardlake.lifecycle import remove
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
@@ -66,7 +65,7 @@ def test_gc_dry_run_grace_and_delete(
     store = open_store(root, opts)
     v1 = open_dataset(root, storage_options=opts)
     pid = v1.entries[0].id
-    remove(store, "v2", partitions=[pid])
+    shardlake.open(store).remove("v2", partitions=[pid])
     shardlake.open(store).prune(["v1"])
     # Leftovers of a crashed writer: an uncommitted version document and a stray revision.
     store.write("versions/ghost/0123456789abcdef0123456789abcdef.json", b"{}")
@@ -111,7 +110,7 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     store = open_store(location.url)
     v1 = load_version(store, "v1")
     create_keyset(store, "frozen", where="true")
-    remove(store, "v2", partitions=[v1.entries[0].id])
+    shardlake.open(store).remove("v2", partitions=[v1.entries[0].id])
     shardlake.open(store).prune(["v1"])
     report = shardlake.open(store).gc(grace_s=0)
     assert report.garbage == []
@@ -213,7 +212,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
         latest = load_version(store)
         pid = latest.entries[trial % 3].id
         dropped = f"drop{trial}"
-        remove(store, dropped, partitions=[pid])
+        shardlake.open(store).remove(dropped, partitions=[pid])
         shardlake.open(store).prune([t for t in read_state(store).versions if t != dropped])
         _age(root_dir, 7 * 3600)  # everything is now older than the 6 h grace
         outcomes: list[str] = []
@@ -275,7 +274,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
     commit_state(store, state, locked, "gc-lock", {})
     with pytest.raises(ConflictError, match="gc is deleting"):
-        remove(store, "v2", keys=[keys[0]])
+        shardlake.open(store).remove("v2", keys=[keys[0]])
     with pytest.raises(ConflictError, match="gc holds the root until"):
         store.write("data/junk/x/shard-000000.tar", b"x")
         shardlake.open(store).gc(grace_s=0)
@@ -290,6 +289,6 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
         GcLock(id="test", expires_at=time.time() - 1),
     )
     commit_state(store, read_state(store), expired, "gc-lock", {})
-    assert remove(store, "v2", keys=[keys[0]])[0].tag == "v2"
+    assert shardlake.open(store).remove("v2", keys=[keys[0]])[0].tag == "v2"
     report = shardlake.open(store).gc(grace_s=0)
     assert [o.key for o in report.garbage] == ["data/junk/x/shard-000000.tar"]

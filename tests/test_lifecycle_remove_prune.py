@@ -12,7 +12,6 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
-from shardlake.lifecycle import remove
 from shardlake.meta.versions import list_versions, read_state
 from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
@@ -100,19 +99,19 @@ def test_remove_bad_input_and_empty(tmp_path: Path, capsys: pytest.CaptureFixtur
     root = location.url
     seq = read_state(open_store(root)).seq
     with pytest.raises(NotFoundError, match="no partition"):
-        remove(root, "x", partitions=["000000000000"])
+        shardlake.open(root).remove("x", partitions=["000000000000"])
     with pytest.raises(NotFoundError, match="no sample"):
-        remove(root, "x", keys=[keys[0], "nope/missing"])
+        shardlake.open(root).remove("x", keys=[keys[0], "nope/missing"])
     with pytest.raises(SelectionError, match="empty"):
-        remove(root, "x", where="true")
+        shardlake.open(root).remove("x", where="true")
     with pytest.raises(SelectionError, match="matches no sample"):
-        remove(root, "x", where="false")
+        shardlake.open(root).remove("x", where="false")
     with pytest.raises(SelectionError):
-        remove(root, "x", where="size > 1; SELECT 1")
+        shardlake.open(root).remove("x", where="size > 1; SELECT 1")
     with pytest.raises(ConflictError, match="already exists"):
-        remove(root, "v1", keys=[keys[0]])
+        shardlake.open(root).remove("v1", keys=[keys[0]])
     with pytest.raises(UsageError):
-        remove(root, "x")
+        shardlake.open(root).remove("x")
     assert main(["remove", root, "--tag", "x", "--base", "v9", "--where", "true"]) == 1
     assert "unknown version" in capsys.readouterr().err
     assert read_state(open_store(root)).seq == seq  # nothing published by any of these
@@ -135,7 +134,7 @@ def test_two_removes_race_one_wins(tmp_path: Path) -> None:
 
     def run(tag: str, key: str) -> None:
         try:
-            results[tag] = remove(store, tag, keys=[key])[0].tag
+            results[tag] = shardlake.open(store).remove(tag, keys=[key])[0].tag
         except ConflictError as exc:
             results[tag] = exc
 
@@ -201,7 +200,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
         )
 
     def do_remove():  # type: ignore[no-untyped-def]
-        return remove(location.url, "r2", keys=[keys[1]])[0]
+        return shardlake.open(location.url).remove("r2", keys=[keys[1]])[0]
 
     versions_mod.commit_state = gated  # type: ignore[assignment]
     try:
@@ -230,8 +229,8 @@ def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
     root = location.url
-    remove(root, "v2", keys=[keys[0]])
-    remove(root, "v3", keys=[keys[1]])
+    shardlake.open(root).remove("v2", keys=[keys[0]])
+    shardlake.open(root).remove("v3", keys=[keys[1]])
     assert main(["prune-version", root, "v3"]) == 1
     err = capsys.readouterr().err
     assert "'latest'" in err and "--force" in err

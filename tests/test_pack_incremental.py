@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from test_pack_support import assert_consistent, make_source, read_all, small_frame
 
+import shardlake
 import shardlake.pack.build as build_mod
 from shardlake.errors import SourceError, UsageError
 from shardlake.meta.versions import load_version
@@ -238,12 +239,11 @@ def test_partition_depth_and_regex(tmp_path: Path) -> None:
 def test_revision_holding_only_a_removal_manifest_is_rebuilt(tmp_path: Path) -> None:
     """`remove` leaves a subset manifest beside the shards; once gc took the full manifest, a
     fresh pack of the same content must rebuild the revision, not trip over the subset."""
-    from shardlake.lifecycle.remove import remove
 
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
     v1 = pack(src, store, tag="v1", executor="inline")
-    remove(store, "v2", base="v1", keys=["logA/logA_0"])
+    shardlake.open(store).remove("v2", base="v1", keys=["logA/logA_0"])
     for entry in v1.entries:  # what gc does once v1 is retired
         store.delete(entry.manifest)
     v3 = pack(src, store, tag="v3", executor="inline")

@@ -28,6 +28,8 @@ from .store import Store, open_store
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
     from .lifecycle.gc import GcOptions, GcReport
+    from .lifecycle.prune import PruneReport
+    from .lifecycle.remove import RemoveOptions, RemoveReport
     from .lifecycle.scrub import ScrubOptions, ScrubReport
     from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.keysets import Keyset
@@ -49,6 +51,9 @@ _LAZY = {
     "NpzExportReport": "lifecycle.export",
     "OffsetsOptions": "lifecycle.verify",
     "OffsetsReport": "lifecycle.verify",
+    "PruneReport": "lifecycle.prune",
+    "RemoveOptions": "lifecycle.remove",
+    "RemoveReport": "lifecycle.remove",
     "ScrubOptions": "lifecycle.scrub",
     "ScrubReport": "lifecycle.scrub",
     "VerifyOptions": "lifecycle.verify",
@@ -98,6 +103,9 @@ __all__ = [
     "PackOptions",
     "PackReport",
     "Root",
+    "PruneReport",
+    "RemoveOptions",
+    "RemoveReport",
     "ScrubOptions",
     "ScrubReport",
     "Selection",

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
-    from .lifecycle.remove import RemoveReport
+    from .lifecycle.remove import RemoveOptions, RemoveReport
     from .lifecycle.scrub import ScrubOptions, ScrubReport
     from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.catalog import CatalogInfo
@@ -351,33 +351,16 @@ class Root:
 
     @_writes
     def remove(
-        self,
-        tag: str,
-        *,
-        base: str = "latest",
-        partitions: Sequence[str] | None = None,
-        keys: Sequence[str] | None = None,
-        where: str | None = None,
-        key_file: str | None = None,
-        strip_prefix: str | None = None,
+        self, tag: str, /, options: RemoveOptions | None = None, **overrides: Any
     ) -> RemoveReport:
-        """Publish ``tag``: ``base`` without some partitions or samples (no new shards).
+        """Publish ``tag``: a version without some partitions or samples (no new shards).
 
-        Exactly one of ``partitions``, ``keys``, ``where`` and ``key_file`` (a local key list,
-        mapped like :meth:`create_keyset`'s).
-        """
-        from .lifecycle.remove import remove
+        Settings are :class:`~shardlake.RemoveOptions` (``base``; exactly one of
+        ``partitions``, ``keys``, ``where`` and ``key_file``; ``strip_prefix``), as an object
+        or as keywords."""
+        from .lifecycle.remove import RemoveOptions, remove
 
-        return remove(
-            self.store,
-            tag,
-            base=base,
-            partitions=partitions,
-            keys=keys,
-            where=where,
-            key_file=key_file,
-            strip_prefix=strip_prefix,
-        )
+        return remove(self.store, tag, build_options(RemoveOptions, options, overrides, "remove"))
 
     @_writes
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
