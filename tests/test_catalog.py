@@ -25,7 +25,6 @@ from shardlake.format.catalog import (
 )
 from shardlake.meta.catalog import catalog_rows, load_catalog
 from shardlake.meta.versions import load_version, publish_version, read_state
-from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
 from shardlake.query.sql import select
 from shardlake.read.manifests import read_entry_manifest
@@ -59,7 +58,7 @@ def _manifest_rows(store: Store, tag: str) -> pa.Table:
 
 def _pack_logs(src: Path, store: Store, tag: str, logs: list[str], base: str | None) -> None:
     make_source(src, {f"{log}/f{i}": small_frame(i) for log in logs for i in range(2)})
-    pack(src, store, tag=tag, base=base, workers=0)
+    shardlake.open(store).pack(src, tag=tag, base=base, workers=0)
 
 
 def test_partitions_table_round_trip_and_digest_check() -> None:

@@ -29,7 +29,6 @@ import pytest
 import shardlake
 from shardlake.errors import ShardlakeError
 from shardlake.meta.versions import read_state
-from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
 from shardlake.store import Store, open_store
 from shardlake.store.classify import Verdict, classify
@@ -134,8 +133,10 @@ def with_reruns(name: str, fn: Callable[[], T], done: Callable[[], bool]) -> Out
 def pack_through(
     src: Path, store: Store, tag: str, base: str | None = None
 ) -> Callable[[], object]:
-    return lambda: pack(
-        str(src), store, tag=tag, base=base, workers=1, executor="inline", shard_size=30_000
+    return lambda: (
+        shardlake.open(store)
+        .pack(str(src), tag=tag, base=base, workers=1, executor="inline", shard_size=30_000)
+        .version
     )
 
 
@@ -317,14 +318,16 @@ def test_pack_whose_commit_reply_is_lost_reports_its_success(s3: S3Server, sourc
 @pytest.fixture(scope="module")
 def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
     """A root with one version and a keyset, and what a fault-free reader sees in it."""
-    from shardlake.meta.keysets import load_keyset
-    from shardlake.query.keyset_build import create_keyset
 
     url = s3.fresh_url("flip")
     clean = open_store(url, s3.storage_options)
     pack_through(source, clean, "v1")()
-    create_keyset(clean, "all", where="true")
-    return url, (read_state(clean), open_dataset(clean).version.doc, load_keyset(clean, "all"))
+    shardlake.open(clean).create_keyset("all", where="true")
+    return url, (
+        read_state(clean),
+        open_dataset(clean).version.doc,
+        shardlake.open(clean).keyset("all"),
+    )
 
 
 @pytest.mark.parametrize("checksums", [True, False], ids=["crc", "nocrc"])
@@ -339,14 +342,13 @@ def test_a_body_damaged_in_transit_costs_a_reread(
     botocore raises FlexibleChecksumError, which the store must retry; without them the
     damaged bytes reach shardlake, whose digest check must re-read them. Either way the
     reader gets the right document, never an error or the damaged one."""
-    from shardlake.meta.keysets import load_keyset
 
     url, want = published_root
     with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:
         store = open_store(url, through(proxy, s3, checksums=checksums))
         proxy.inject("flip", method="GET", path_contains=target)
         ds = open_dataset(store)
-        got = (read_state(store), ds.version.doc, load_keyset(store, "all"))
+        got = (read_state(store), ds.version.doc, shardlake.open(store).keyset("all"))
         assert ds.manifests().num_rows == want[1]["samples"]
         assert proxy.injected == {"flip": 1}
     assert got == want

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardlake.meta.keysets import load_keyset
+import shardlake
 from shardlake.meta.versions import list_versions
 from shardlake.query.dataset import open_dataset
 from shardlake.torch import ShardDataset
@@ -75,7 +75,7 @@ def test_keyset_and_loader(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for name, info in expected["keysets"].items():
         ds = open_dataset(root, info["version"])
-        keyset = load_keyset(ds.store, name)
+        keyset = shardlake.open(ds.store).keyset(name)
         keyset.check_version(ds.version)
         wanted = sorted(ds.query(info["where"]).column("key").to_pylist())
         assert sorted(keyset.keys) == wanted and wanted

@@ -12,7 +12,7 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
-from shardlake.meta.keysets import load_keyset, parse_key_list
+from shardlake.meta.keysets import parse_key_list
 from shardlake.query.dataset import open_dataset
 from shardlake.query.keyset_build import create_keyset
 from shardlake.store import open_store
@@ -88,14 +88,14 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
     with pytest.raises(SelectionError, match="3 entries match no key") as info:
         mapped, unmapped = parse_key_list(listing.read_bytes(), "l", strip_prefix=old_root)
         assert unmapped == ["/elsewhere/c.npz"]
-        create_keyset(location.url, "t", keys=mapped, unmapped=unmapped)
+        create_keyset(location.open(), "t", keys=mapped, unmapped=unmapped)
     assert "gone/a" in str(info.value) or "gone/b" in str(info.value)
     assert main(argv) == 1
     assert main([*argv, "--allow-unmatched", "2"]) == 1
     assert main([*argv, "--allow-unmatched", "4"]) == 1
     assert not open_store(location.url).exists(keyset_key("t"))
     assert main([*argv, "--allow-unmatched", "3"]) == 0
-    keyset = load_keyset(location.url, "t")
+    keyset = shardlake.open(location.url).keyset("t")
     assert keyset.keys == keys[:4]
     assert keyset.recipe["unmatched"] == 3
 
@@ -103,15 +103,15 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
 def test_keyset_is_bound_to_its_version(tmp_path: Path) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
-    ks = create_keyset(location.url, "val", keys=keys[:2])
+    ks = shardlake.open(location.url).create_keyset("val", keys=keys[:2])
     v1 = open_dataset(location.url, "v1").version
     ks.check_version(v1)
     shardlake.open(location.url).remove("v2", keys=[keys[-1]])
     v2 = open_dataset(location.url, "v2").version
     with pytest.raises(SelectionError, match="bound to version 'v1'"):
-        load_keyset(location.url, "val").check_version(v2)
+        shardlake.open(location.url).keyset("val").check_version(v2)
     # --version picks the version a new keyset binds to.
-    ks2 = create_keyset(location.url, "val2", version="v1", where="true")
+    ks2 = shardlake.open(location.url).create_keyset("val2", version="v1", where="true")
     assert ks2.version_hash == v1.hash and len(ks2) == len(keys)
 
 
@@ -120,12 +120,12 @@ def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     _packed(location, tmp_path / "src")
     root = location.url
     with pytest.raises(NotFoundError, match="no keyset 'nope'"):
-        load_keyset(root, "nope")
+        shardlake.open(root).keyset("nope")
     # An identical re-create is a no-op (issue 18); a different selection is refused.
-    first = create_keyset(root, "a", where="true")
-    assert create_keyset(root, "a", where="true") == first
+    first = shardlake.open(root).create_keyset("a", where="true")
+    assert shardlake.open(root).create_keyset("a", where="true") == first
     with pytest.raises(ConflictError):
-        create_keyset(root, "a", keys=first.keys[:1])
+        shardlake.open(root).create_keyset("a", keys=first.keys[:1])
     cases = [
         (["keyset", root, "show", "nope"], 1, "no keyset"),
         (["keyset", root, "create", "x", "--where", "true; SELECT 1"], 1, "';' is not allowed"),
@@ -161,7 +161,7 @@ def test_keyset_list_sorts_names_naturally(
     _packed(location, tmp_path / "src")
     root = location.url
     for name in ("train-list", "train10", "train", "train2", "val"):
-        create_keyset(root, name, where="true")
+        shardlake.open(root).create_keyset(name, where="true")
     want = ["train", "train2", "train10", "train-list", "val"]
     assert main(["keyset", root, "list"]) == 0
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == want

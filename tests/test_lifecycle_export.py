@@ -13,10 +13,8 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
-from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import read_root_marker, read_state
 from shardlake.query.dataset import open_dataset
-from shardlake.query.keyset_build import create_keyset
 from shardlake.source.npz import load_npz
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
@@ -43,8 +41,10 @@ def test_round_trip_local_remote_local_is_byte_identical(
     shardlake.open(src).remove(
         "v2", keys=[keys[0]]
     )  # the exported version has its own manifest revision
-    create_keyset(src, "val", where="true")  # bound to v2 -> exported
-    create_keyset(src, "old", where="true", version="v1")  # bound to v1 -> not exported
+    shardlake.open(src).create_keyset("val", where="true")  # bound to v2 -> exported
+    shardlake.open(src).create_keyset(
+        "old", where="true", version="v1"
+    )  # bound to v1 -> not exported
     s3 = store_factory(label="mid")
     back = store_factory("local", "back")
     assert main(["export", src_loc.url, s3.url, "--json"]) == 0
@@ -68,7 +68,7 @@ def test_round_trip_local_remote_local_is_byte_identical(
     for key in keys[1:3]:
         a, b = ds.get(key), src_v2.get(key)
         assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
-    assert load_keyset(back_store, "val").keys == keys[1:]
+    assert shardlake.open(back_store).keyset("val").keys == keys[1:]
     assert shardlake.open(back_store).scrub().ok
 
 
@@ -142,7 +142,7 @@ def test_export_npz_is_bit_exact(
         assert json.loads((out / f"{key}.json").read_text()) == json.loads(
             (src_dir / f"{key}.json").read_text()
         )
-    create_keyset(store, "two", keys=keys[:2])
+    shardlake.open(store).create_keyset("two", keys=keys[:2])
     sub = shardlake.open(store).export(str(tmp_path / "sub"), format="npz", keysets=["two"])
     assert sub.samples == 2 and sorted(p.name for p in (tmp_path / "sub").rglob("*.npz")) == sorted(
         k.split("/")[-1] + ".npz" for k in keys[:2]

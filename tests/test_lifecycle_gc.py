@@ -20,7 +20,6 @@ from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
 from shardlake.query.dataset import open_dataset
-from shardlake.query.keyset_build import create_keyset
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -109,7 +108,7 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     _pack(location, src, "v1")
     store = open_store(location.url)
     v1 = load_version(store, "v1")
-    create_keyset(store, "frozen", where="true")
+    shardlake.open(store).create_keyset("frozen", where="true")
     shardlake.open(store).remove("v2", partitions=[v1.entries[0].id])
     shardlake.open(store).prune(["v1"])
     report = shardlake.open(store).gc(grace_s=0)

@@ -13,7 +13,6 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
 from shardlake.meta.versions import list_versions, read_state
-from shardlake.pack import pack
 from shardlake.query.dataset import open_dataset
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
@@ -189,14 +188,10 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
             results[name] = exc
 
     def do_pack():  # type: ignore[no-untyped-def]
-        return pack(
-            str(src),
-            location.url,
-            tag="p2",
-            base="v1",
-            workers=1,
-            executor="inline",
-            shard_size=40_000,
+        return (
+            shardlake.open(location.url)
+            .pack(str(src), tag="p2", base="v1", workers=1, executor="inline", shard_size=40_000)
+            .version
         )
 
     def do_remove():  # type: ignore[no-untyped-def]

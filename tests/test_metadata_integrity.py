@@ -20,10 +20,8 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.layout import commit_key, keyset_key, version_key
-from shardlake.meta.keysets import load_keyset
 from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
 from shardlake.query.dataset import open_dataset
-from shardlake.query.keyset_build import create_keyset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
@@ -67,12 +65,12 @@ def _rewrite(store: Store, key: str, old: bytes, new: bytes) -> None:
 @pytest.mark.parametrize("what", ["commit", "version", "keyset"])
 def test_a_flip_in_transit_is_reread_away(tmp_path: Path, what: str) -> None:
     store = _root(tmp_path)
-    create_keyset(store, "all", where="true")
-    clean = (read_state(store), load_version(store).doc, load_keyset(store, "all"))
+    shardlake.open(store).create_keyset("all", where="true")
+    clean = (read_state(store), load_version(store).doc, shardlake.open(store).keyset("all"))
     store.prefix = {"commit": "commits/", "version": "versions/", "keyset": "keysets/"}[what]
     store.flips = 2  # two bad reads, then a good one
     if what == "keyset":
-        assert load_keyset(store, "all") == clean[2]
+        assert shardlake.open(store).keyset("all") == clean[2]
     elif what == "commit":
         assert read_state(store) == clean[0]
     else:
@@ -113,7 +111,7 @@ def test_version_document_changed_at_rest_is_refused(tmp_path: Path) -> None:
 
 def test_keyset_changed_at_rest_is_refused(tmp_path: Path) -> None:
     store = _root(tmp_path)
-    create_keyset(store, "all", where="true")
+    shardlake.open(store).create_keyset("all", where="true")
     key = keyset_key("all")
     table = pq.read_table(pa.BufferReader(store.read(key)))
     keys = table.column("key").to_pylist()
@@ -123,7 +121,7 @@ def test_keyset_changed_at_rest_is_refused(tmp_path: Path) -> None:
     pq.write_table(changed.replace_schema_metadata(table.schema.metadata), sink)
     store.write(key, sink.getvalue().to_pybytes())
     with pytest.raises(FormatError, match="content_sha256") as info:
-        load_keyset(store, "all")
+        shardlake.open(store).keyset("all")
     assert key in str(info.value)
 
 
@@ -148,7 +146,7 @@ def test_export_refuses_a_version_document_damaged_at_the_source(tmp_path: Path)
 
 def test_export_rereads_metadata_flipped_in_transit(tmp_path: Path) -> None:
     store = _root(tmp_path)
-    create_keyset(store, "all", where="true")
+    shardlake.open(store).create_keyset("all", where="true")
     for prefix in ("versions/", "keysets/", "data/", "shardlake.json"):
         store.prefix, store.flips = prefix, 1
         dest = tmp_path / f"dest-{prefix.strip('/.')}"
@@ -241,7 +239,7 @@ def test_golden_root_with_record_digests_is_checked(tmp_path: Path) -> None:
     assert RECORD_DIGEST in json.loads(store.read(commit_key(2)))
     keyset = pq.read_schema(pa.BufferReader(store.read(keyset_key("turns"))))
     assert b"shardlake.content_sha256" in (keyset.metadata or {})
-    assert read_state(store).latest == "v2" and load_keyset(store, "turns")
+    assert read_state(store).latest == "v2" and shardlake.open(store).keyset("turns")
     _rewrite(store, commit_key(2), b'"latest":"v2"', b'"latest":"v1"')
     with pytest.raises(FormatError, match=RECORD_DIGEST):
         read_state(store)

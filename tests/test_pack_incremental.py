@@ -16,7 +16,6 @@ import shardlake
 import shardlake.pack.build as build_mod
 from shardlake.errors import SourceError, UsageError
 from shardlake.meta.versions import load_version
-from shardlake.pack import pack, pack_with_report
 from shardlake.store import open_store
 
 PARTS = ("logA", "logB", "logC")
@@ -55,7 +54,7 @@ def test_unchanged_partitions_are_reused_without_reading(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", executor="inline")
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
     ShardWriterSpy(monkeypatch, forbid=True)
 
     # Not even the npz reader may run for a reused partition.
@@ -64,7 +63,7 @@ def test_unchanged_partitions_are_reused_without_reading(
 
     monkeypatch.setattr(build_mod, "build_partition", no_read)
     monkeypatch.setattr("shardlake.pack.packer.build_partition", no_read)
-    report = pack_with_report(src, store, tag="v2", base="v1", executor="inline")
+    report = shardlake.open(store).pack(src, tag="v2", base="v1", executor="inline")
     assert sorted(report.reused) == list(PARTS) and not report.built
     v2 = report.version
     assert [p for p in v2.entries] == [p for p in v1.entries]
@@ -76,13 +75,13 @@ def test_changed_partition_rebuilt_vanished_dropped_new_added(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", executor="inline")
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
     spy = ShardWriterSpy(monkeypatch)
     # logA: one frame changes; logB vanishes; logD is new; logC untouched.
     make_source(src, {"logA/logA_0": {"a": np.zeros(2, np.float32)}})
     shutil.rmtree(src / "logB")
     make_source(src, {"logD/logD_0": small_frame(99)})
-    report = pack_with_report(src, store, tag="v2", base="v1", executor="inline")
+    report = shardlake.open(store).pack(src, tag="v2", base="v1", executor="inline")
     assert sorted(report.built) == ["logA", "logD"]
     assert report.reused == ["logC"] and report.dropped == ["logB"]
     assert sorted(spy.added) == ["logA/logA_0", "logA/logA_1", "logA/logA_2", "logD/logD_0"]
@@ -101,13 +100,13 @@ def test_sidecar_only_change_writes_manifest_only(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", executor="inline")
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
     before = set(store.list("data/"))
     ShardWriterSpy(monkeypatch, forbid=True)
     (src / "logB/logB_1.json").write_text(
         json.dumps({"is_skipped": False, "timestamp": 5, "note": "x"})
     )
-    report = pack_with_report(src, store, tag="v2", base="v1", executor="inline")
+    report = shardlake.open(store).pack(src, tag="v2", base="v1", executor="inline")
     assert report.manifest_only == ["logB"] and sorted(report.reused) == ["logA", "logC"]
     new_keys = set(store.list("data/")) - before
     assert len(new_keys) == 1 and new_keys.pop().endswith(".parquet")  # no shard written
@@ -127,10 +126,10 @@ def test_touching_files_rebuilds_nothing(tmp_path: Path, monkeypatch: pytest.Mon
     """A new mtime changes the stat fingerprint, but identical content means the same revision."""
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    pack(src, store, tag="v1", executor="inline")
+    shardlake.open(store).pack(src, tag="v1", executor="inline")
     ShardWriterSpy(monkeypatch, forbid=True)
     os.utime(src / "logA/logA_0.npz", ns=(1, 1))
-    report = pack_with_report(src, store, tag="v2", base="v1", executor="inline")
+    report = shardlake.open(store).pack(src, tag="v2", base="v1", executor="inline")
     assert report.resumed == ["logA"] and not report.built and not report.manifest_only
 
 
@@ -143,10 +142,10 @@ def test_failed_pack_resumes_from_finished_revisions(
     from shardlake.errors import PackWorkerError
 
     with pytest.raises(PackWorkerError, match="logC"):
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     make_source(src, {"logC/logC_1": small_frame(21)})
     spy = ShardWriterSpy(monkeypatch)
-    report = pack_with_report(src, store, tag="v1", executor="inline")
+    report = shardlake.open(store).pack(src, tag="v1", executor="inline")
     assert sorted(report.resumed) == ["logA", "logB"] and report.built == ["logC"]
     assert all(k.startswith("logC/") for k in spy.added)
 
@@ -156,31 +155,33 @@ def test_scoped_packs_carry_other_partitions(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", executor="inline")
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
     make_source(src, {"logA/logA_0": small_frame(500), "logB/logB_0": small_frame(501)})
     listing = tmp_path / "paths.txt"
     listing.write_text("# changed\nlogA/logA_0.npz\n./logA/logA_1.npz\n")
-    report = pack_with_report(src, store, tag="v2", base="v1", path_list=listing, executor="inline")
+    report = shardlake.open(store).pack(
+        src, tag="v2", base="v1", path_list=listing, executor="inline"
+    )
     assert report.built == ["logA"] and sorted(report.carried) == ["logB", "logC"]
     got = read_all(store, report.version)
     assert sorted(k for k in got if k.startswith("logA")) == ["logA/logA_0", "logA/logA_1"]
     assert got["logB/logB_0"]["b"].tolist() == small_frame(10)["b"].tolist()  # carried as in v1
     old = {p.path: p for p in v1.entries}
-    report = pack_with_report(
-        src, store, tag="v3", base="v2", partitions=["logB"], executor="inline"
+    report = shardlake.open(store).pack(
+        src, tag="v3", base="v2", partitions=["logB"], executor="inline"
     )
     assert report.built == ["logB"] and sorted(report.carried) == ["logA", "logC"]
     new = {p.path: p for p in report.version.entries}
     assert new["logC"] == old["logC"]
     with pytest.raises(UsageError, match="no partition"):
-        pack(src, store, tag="v4", base="v3", partitions=["nope"], executor="inline")
+        shardlake.open(store).pack(src, tag="v4", base="v3", partitions=["nope"], executor="inline")
     assert_consistent(store)
 
 
 def test_changed_rule_or_location_refused_with_both_remedies(tmp_path: Path) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    pack(src, store, tag="v1", executor="inline")
+    shardlake.open(store).pack(src, tag="v1", executor="inline")
     moved = tmp_path / "moved"
     shutil.copytree(src, moved)
     for kwargs, what in (
@@ -189,15 +190,17 @@ def test_changed_rule_or_location_refused_with_both_remedies(tmp_path: Path) -> 
     ):
         source = kwargs.pop("source")
         with pytest.raises(UsageError, match=what) as info:
-            pack(source, store, tag="v2", base="v1", executor="inline", **kwargs)
+            shardlake.open(store).pack(source, tag="v2", base="v1", executor="inline", **kwargs)
         assert info.value.options == ("replace_all", "source_namespace")
     # The remedies work: relocation with the base's namespace; or a full rebuild.
-    v2 = pack(
-        moved, store, tag="v2", base="v1", executor="inline", source_namespace=str(src.resolve())
+    v2 = (
+        shardlake.open(store)
+        .pack(moved, tag="v2", base="v1", executor="inline", source_namespace=str(src.resolve()))
+        .version
     )
     assert v2.samples == 9
-    report = pack_with_report(
-        moved, store, tag="v3", base="v2", executor="inline", replace_all=True
+    report = shardlake.open(store).pack(
+        moved, tag="v3", base="v2", executor="inline", replace_all=True
     )
     assert not report.reused and report.version.doc["source_namespace"] == str(moved)
 
@@ -207,9 +210,9 @@ def test_require_sidecars(tmp_path: Path) -> None:
     (src / "logB/logB_2.json").unlink()
     store = open_store(str(tmp_path / "root"))
     with pytest.raises(SourceError, match=r"logB_2\.npz: no sidecar"):
-        pack(src, store, tag="v1", executor="inline", require_sidecars=True)
+        shardlake.open(store).pack(src, tag="v1", executor="inline", require_sidecars=True)
     assert store.list("data/") == []  # refused before building anything
-    version = pack(src, store, tag="v1", executor="inline")
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline").version
     from shardlake.read.manifests import read_manifest
 
     part = {p.path: p for p in version.entries}["logB"]
@@ -224,16 +227,20 @@ def test_partition_depth_and_regex(tmp_path: Path) -> None:
         {"city/a/s0": small_frame(0), "city/a/s1": small_frame(1), "city/b/s0": small_frame(2)},
     )
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", executor="inline", partition_depth=2)
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline", partition_depth=2).version
     assert sorted(p.path for p in v1.entries) == ["city/a", "city/b"]
     assert v1.doc["partition_rule"] == {"depth": 2}
-    v2 = pack(src, store, tag="v2", executor="inline", partition_regex=r"^(?P<partition>[^/]+)/")
+    v2 = (
+        shardlake.open(store)
+        .pack(src, tag="v2", executor="inline", partition_regex=r"^(?P<partition>[^/]+)/")
+        .version
+    )
     assert [p.path for p in v2.entries] == ["city"]
     # An incremental pack inherits the base's rule when none is given.
-    v3 = pack(src, store, tag="v3", base="v1", executor="inline")
+    v3 = shardlake.open(store).pack(src, tag="v3", base="v1", executor="inline").version
     assert v3.doc["partition_rule"] == {"depth": 2}
     with pytest.raises(UsageError, match="named group"):
-        pack(src, store, tag="v4", executor="inline", partition_regex=r"^([^/]+)/")
+        shardlake.open(store).pack(src, tag="v4", executor="inline", partition_regex=r"^([^/]+)/")
 
 
 def test_revision_holding_only_a_removal_manifest_is_rebuilt(tmp_path: Path) -> None:
@@ -242,11 +249,11 @@ def test_revision_holding_only_a_removal_manifest_is_rebuilt(tmp_path: Path) -> 
 
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", executor="inline")
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
     shardlake.open(store).remove("v2", base="v1", keys=["logA/logA_0"])
     for entry in v1.entries:  # what gc does once v1 is retired
         store.delete(entry.manifest)
-    v3 = pack(src, store, tag="v3", executor="inline")
+    v3 = shardlake.open(store).pack(src, tag="v3", executor="inline").version
     assert v3.samples == v1.samples
     assert sorted(read_all(store, v3)) == sorted(read_all(store, v1))
     assert_consistent(store)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+import shardlake
 from shardlake.format.codec import Decoder, check_payload
 from shardlake.format.tar import iter_members
 from shardlake.meta.versions import Version, load_version, load_version_by_hash, read_state
@@ -79,12 +80,11 @@ def assert_consistent(store: Store) -> None:
 
 
 def test_make_source_and_read_back(tmp_path: Path) -> None:
-    from shardlake.pack import pack
     from shardlake.store import open_store
 
     src = make_source(tmp_path / "src", {f"p/s{i}": small_frame(i) for i in range(3)})
     store = open_store(str(tmp_path / "root"))
-    version = pack(src, store, tag="v1", executor="inline")
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline").version
     got = read_all(store, version)
     assert sorted(got) == ["p/s0", "p/s1", "p/s2"]
     assert np.array_equal(got["p/s2"]["b"], np.arange(2, 7))

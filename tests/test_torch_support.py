@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+import shardlake
 from shardlake.format.codec import to_python_strings
-from shardlake.pack import pack
 from shardlake.tools.synth import synth_corpus
 
 
@@ -30,7 +30,7 @@ def make_root(
     """Synthesize a tiny corpus and pack it; ``(source, root)``."""
     source, root = base / "src", base / "root"
     synth_corpus(source, len(counts), counts, seed=seed, format=fmt, neighbors=4, lanes=lanes)
-    pack(source, str(root), tag="v1", executor="inline", shard_size=shard_size)
+    shardlake.open(str(root)).pack(source, tag="v1", executor="inline", shard_size=shard_size)
     return source, root
 
 

@@ -270,29 +270,25 @@ class Root:
     def pack(
         self,
         source: str | os.PathLike[str],
+        /,
         *,
         tag: str,
         base: str | None = None,
         options: PackOptions | None = None,
-        heartbeat_s: float | None = None,
         progress_stream: TextIO | None = None,
+        **overrides: Any,
     ) -> PackReport:
         """Pack the source tree ``source`` and publish it as version ``tag``.
 
-        ``base`` reuses the unchanged partitions of that version; ``options`` holds every
-        other setting (:class:`~shardlake.PackOptions`).
+        ``base`` reuses the unchanged partitions of that version. Settings are
+        :class:`~shardlake.PackOptions` (``workers``, ``executor``, ``shard_size``,
+        ``partition_depth``, ``path_list``, ``partitions``, ...), as an object or as keywords.
         """
-        from .pack import pack_with_report
+        from .pack import PackOptions, pack
 
-        extra: dict[str, Any] = {} if heartbeat_s is None else {"heartbeat_s": heartbeat_s}
-        return pack_with_report(
-            source,
-            self.store,
-            tag=tag,
-            base=base,
-            options=options,
-            progress_stream=progress_stream,
-            **extra,
+        opts = build_options(PackOptions, options, overrides, "pack")
+        return pack(
+            self.store, source, tag=tag, base=base, options=opts, progress_stream=progress_stream
         )
 
     @_writes

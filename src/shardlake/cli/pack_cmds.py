@@ -299,10 +299,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
         source_namespace=args.source_namespace,
         progress=progress_wanted(args),
         allow_foreign=args.allow_foreign,
+        heartbeat_s=args.heartbeat,
     )
-    report = open_root(args).pack(
-        args.source, tag=args.tag, base=args.base, options=options, heartbeat_s=args.heartbeat
-    )
+    report = open_root(args).pack(args.source, tag=args.tag, base=args.base, options=options)
     if args.json:
         print_json(report.to_json())
     else:

@@ -35,7 +35,7 @@ from ..errors import (
 from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
-from ..store import Store, open_store
+from ..store import Store
 from .versions import Version, canonical_json, ensure_root, refresh_index, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
@@ -265,12 +265,9 @@ def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
     return keyset
 
 
-def load_keyset(
-    url: str | Store, name: str, storage_options: dict[str, Any] | None = None
-) -> Keyset:
+def load_keyset(store: Store, name: str) -> Keyset:
     """Read keyset ``name``; :class:`NotFoundError` if there is none."""
     check_name("keyset", name)
-    store = open_store(url, storage_options)
     try:
         keyset = load_keyset_bytes(store, name)[0]
         if not is_retired(store, keyset):
@@ -299,9 +296,8 @@ def list_keyset_names(store: Store) -> list[str]:
     return sorted(names, key=natural_key)  # by name, not by object key (".parquet" < "-")
 
 
-def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None) -> list[Keyset]:
+def list_keysets(store: Store) -> list[Keyset]:
     """Every live keyset (retired ones, and one deleted while listing, are left out)."""
-    store = open_store(url, storage_options)
     out = []
     for name in list_keyset_names(store):
         try:

@@ -16,23 +16,22 @@ The stages, in order (what makes a crash at any point harmless); this module dri
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..errors import SHOW_MAX, PackWorkerError, SourceError, SourceFilesError, check_keywords
+from ..errors import SHOW_MAX, PackWorkerError, SourceError, SourceFilesError
 from ..meta.versions import (
     Version,
 )
-from ..progress.bar import DEFAULT_HEARTBEAT_S, Progress
+from ..progress.bar import Progress
 from ..read.tasks import InlineExecutor, Task, error_text, executor_for, make_executor, run_tasks
 
-__all__ = ["InlineExecutor", "PackReport", "make_executor", "pack", "pack_with_report"]
+__all__ = ["InlineExecutor", "PackReport", "make_executor", "pack"]
 from ..source.tree import SourcePartition
-from ..store import Store, open_store
+from ..store import Store
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
@@ -86,28 +85,23 @@ def _describe(part: SourcePartition) -> str:
     return f"{part.path} ({part.id})"
 
 
-def pack_with_report(
+def pack(
+    store: Store,
     source: str | os.PathLike[str],
-    root_url: str | Store,
     *,
     tag: str,
-    base: str | None = None,
-    options: PackOptions | None = None,
-    storage_options: dict[str, Any] | None = None,
+    base: str | None,
+    options: PackOptions,
     progress_stream: TextIO | None = None,
-    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
-    poll_s: float = 1.0,
-    **overrides: Any,
 ) -> PackReport:
-    """Pack ``source`` into the root at ``root_url`` and publish it as ``tag``; see module docs.
+    """Pack ``source`` into the root ``store`` and publish it as ``tag``; see module docs.
 
-    ``options`` holds every other setting; keyword ``overrides`` replace single fields of it.
-    """
+    ``base`` reuses the unchanged partitions of that version; ``options`` holds every other
+    setting."""
     started = time.monotonic()
-    check_keywords(overrides, [f.name for f in dataclasses.fields(PackOptions)], "pack")
-    opts = dataclasses.replace(options or PackOptions(), **overrides)
+    opts = options
+    heartbeat_s, poll_s = opts.heartbeat_s, opts.poll_s
     check_options(source, tag, opts)
-    store = open_store(root_url, storage_options)
     executor = _executor_for(store, opts.executor)
     settings = resolve_settings(store, source, tag, base, opts)
     if opts.progress:
@@ -223,19 +217,3 @@ def _run_builds(
             "published: " + "; ".join(lines[:SHOW_MAX]) + more
         )
     return {t.partition.id: r for t, r in zip(tasks, done, strict=True)}
-
-
-def pack(
-    source: str | os.PathLike[str],
-    root_url: str | Store,
-    *,
-    tag: str,
-    base: str | None = None,
-    **options: Any,
-) -> Version:
-    """Pack ``source`` into ``root_url`` and publish ``tag``; returns the published version.
-
-    Options are those of :func:`pack_with_report` (``workers``, ``executor``, ``shard_size``,
-    ``partition_depth``/``partition_regex``, ``path_list``, ``partitions``, ...).
-    """
-    return pack_with_report(source, root_url, tag=tag, base=base, **options).version
