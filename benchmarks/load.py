@@ -58,7 +58,6 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 import shardlake
 from shardlake.format.codec import Decoder, decode_safetensors, to_python_strings
-from shardlake.query.dataset import open_dataset
 from shardlake.store import open_store
 from shardlake.tools.bench.measure import MemorySampler
 from shardlake.tools.synth import synth_corpus
@@ -741,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": b,
         "workers": w,
         "cpus": os.cpu_count(),
-        "dataset": open_dataset(str(root)).version.tag,
+        "dataset": shardlake.open(str(root)).dataset().version.tag,
     }
     if args.json:
         doc = {"setup": header, "results": results, "ratios": ratios, "mixing": mixing}

@@ -25,7 +25,6 @@ from shardlake.format.catalog import (
 )
 from shardlake.meta.catalog import catalog_rows, load_catalog
 from shardlake.meta.versions import load_version, publish_version, read_state
-from shardlake.query.dataset import open_dataset
 from shardlake.query.sql import select
 from shardlake.read.manifests import read_entry_manifest
 from shardlake.store import Store, open_store
@@ -187,7 +186,7 @@ def test_format_1_versions_load_and_get_an_attached_catalog(
     v3 = publish_version(store, "v3", body, read_state(store))
     assert v3.header.catalog is not None and attached.ref is not None
     assert v3.header.catalog.segments == attached.ref.segments
-    assert open_dataset(str(root), "v3").version.samples == built.num_rows
+    assert shardlake.open(str(root)).dataset("v3").version.samples == built.num_rows
 
 
 def test_version_record_is_a_small_header(tmp_path: Path) -> None:

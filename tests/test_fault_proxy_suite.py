@@ -29,7 +29,6 @@ import pytest
 import shardlake
 from shardlake.errors import ShardlakeError
 from shardlake.meta.versions import read_state
-from shardlake.query.dataset import open_dataset
 from shardlake.store import Store, open_store
 from shardlake.store.classify import Verdict, classify
 from shardlake.testing.proxy import FaultProxy
@@ -181,7 +180,7 @@ def epoch_digests(store: Store, tag: str) -> list[tuple[str, ...]]:
 
 
 def clean_keys(clean: Store, tag: str) -> list[str]:
-    return open_dataset(clean, tag).manifests(columns=["key"]).column("key").to_pylist()
+    return shardlake.open(clean).dataset(tag).manifests(columns=["key"]).column("key").to_pylist()
 
 
 def through(proxy: FaultProxy, s3: S3Server, *, checksums: bool = True) -> dict[str, Any]:
@@ -325,7 +324,7 @@ def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
     shardlake.open(clean).create_keyset("all", where="true")
     return url, (
         read_state(clean),
-        open_dataset(clean).version.doc,
+        shardlake.open(clean).dataset().version.doc,
         shardlake.open(clean).keyset("all"),
     )
 
@@ -347,7 +346,7 @@ def test_a_body_damaged_in_transit_costs_a_reread(
     with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:
         store = open_store(url, through(proxy, s3, checksums=checksums))
         proxy.inject("flip", method="GET", path_contains=target)
-        ds = open_dataset(store)
+        ds = shardlake.open(store).dataset()
         got = (read_state(store), ds.version.doc, shardlake.open(store).keyset("all"))
         assert ds.manifests().num_rows == want[1]["samples"]
         assert proxy.injected == {"flip": 1}
@@ -391,12 +390,10 @@ def test_export_killed_through_a_faulty_network_then_rerun(
 
 _VERSIONS = """
 import json, sys
-from shardlake.query.dataset import open_dataset
+import shardlake
 from shardlake.errors import ShardlakeError
-from shardlake.store import open_store
-from shardlake.meta.versions import list_versions
 try:
-    list_versions(open_store(sys.argv[1], json.loads(sys.argv[2])))
+    shardlake.open(sys.argv[1], **json.loads(sys.argv[2])).versions()
 except ShardlakeError as exc:
     print(type(exc).__name__, exc)
     sys.exit(1)

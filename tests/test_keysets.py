@@ -13,7 +13,6 @@ from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
 from shardlake.meta.keysets import parse_key_list
-from shardlake.query.dataset import open_dataset
 from shardlake.query.keyset_build import create_keyset
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
@@ -23,7 +22,7 @@ from shardlake.tools.synth import synth_corpus
 def _packed(location: StoreLocation, src: Path) -> list[str]:
     synth_corpus(src, 3, 3, seed=11, neighbors=2, lanes=4)
     pack_small(location, src)
-    ds = open_dataset(location.url, storage_options=location.storage_options)
+    ds = shardlake.open(location.url, **location.storage_options).dataset()
     return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
 
 
@@ -104,10 +103,10 @@ def test_keyset_is_bound_to_its_version(tmp_path: Path) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
     ks = shardlake.open(location.url).create_keyset("val", keys=keys[:2])
-    v1 = open_dataset(location.url, "v1").version
+    v1 = shardlake.open(location.url).dataset("v1").version
     ks.check_version(v1)
     shardlake.open(location.url).remove("v2", keys=[keys[-1]])
-    v2 = open_dataset(location.url, "v2").version
+    v2 = shardlake.open(location.url).dataset("v2").version
     with pytest.raises(SelectionError, match="bound to version 'v1'"):
         shardlake.open(location.url).keyset("val").check_version(v2)
     # --version picks the version a new keyset binds to.

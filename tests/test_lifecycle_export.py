@@ -14,7 +14,6 @@ from shardlake.cli.main import main
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_MARKER
 from shardlake.meta.versions import read_root_marker, read_state
-from shardlake.query.dataset import open_dataset
 from shardlake.source.npz import load_npz
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
@@ -37,7 +36,9 @@ def test_round_trip_local_remote_local_is_byte_identical(
 ) -> None:
     src_loc = store_factory("local", "src")
     src = _packed(src_loc, tmp_path / "src")
-    keys = sorted(open_dataset(src).manifests(columns=["key"]).column("key").to_pylist())
+    keys = sorted(
+        shardlake.open(src).dataset().manifests(columns=["key"]).column("key").to_pylist()
+    )
     shardlake.open(src).remove(
         "v2", keys=[keys[0]]
     )  # the exported version has its own manifest revision
@@ -62,9 +63,9 @@ def test_round_trip_local_remote_local_is_byte_identical(
     assert read_root_marker(back_store) == read_root_marker(src)
     state = read_state(back_store)
     assert state.latest == "v2" and list(state.versions) == ["v2"] and state.seq == 1
-    ds = open_dataset(back.url)
-    assert ds.version.hash == open_dataset(src, "v2").version.hash
-    src_v2 = open_dataset(src, "v2")
+    ds = shardlake.open(back.url).dataset()
+    assert ds.version.hash == shardlake.open(src).dataset("v2").version.hash
+    src_v2 = shardlake.open(src).dataset("v2")
     for key in keys[1:3]:
         a, b = ds.get(key), src_v2.get(key)
         assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
@@ -80,7 +81,7 @@ def test_export_resumes_and_repairs(
     dest_loc = store_factory(label="dest")
     first = shardlake.open(src).export(dest_loc.url, dest_storage_options=dest_loc.storage_options)
     dest = dest_loc.open()
-    ds = open_dataset(dest)
+    ds = shardlake.open(dest).dataset()
     shards = [s.key for p in ds.entries for s in p.shards]
     catalog = len(ds.version.catalog_objects())  # partitions table + segments
     assert len(first.copied) == len(shards) + len(ds.entries) + catalog + 1
@@ -130,7 +131,9 @@ def test_export_npz_is_bit_exact(
     out = tmp_path / "out"
     assert main(["export", store_location.url, str(out), "--format", "npz", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    keys = sorted(open_dataset(store).manifests(columns=["key"]).column("key").to_pylist())
+    keys = sorted(
+        shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
+    )
     assert report["samples"] == len(keys) == report["sidecars"]
     for key in keys:
         want = load_npz((src_dir / f"{key}.npz").read_bytes(), key)
@@ -153,7 +156,7 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
     from shardlake.errors import IntegrityError, VersionNotFoundError
 
     src = _packed(StoreLocation("local", str(tmp_path / "a")), tmp_path / "src")
-    ds = open_dataset(src)
+    ds = shardlake.open(src).dataset()
     entry = ds.entries[-1]
     row = ds.manifest(entry.id).to_pylist()[0]
     shard = entry.shards[row["shard"]].key
@@ -169,7 +172,7 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
     assert not dest_store.exists(shard)  # the bad copy is not left for a resume to trust
     assert read_state(dest_store).seq == 0  # nothing committed, so nothing references a part
     with pytest.raises(VersionNotFoundError):
-        open_dataset(dest)
+        shardlake.open(dest).dataset()
     src.write(shard, good)
     again = shardlake.open(src).export(dest)
     assert again.committed and shard in again.copied and again.skipped
@@ -186,8 +189,8 @@ def test_export_s3_to_gcs_loads(
     # Both URLs are reachable through the loopback servers' environment, as for a user's CLI.
     assert main(["export", s3.url, gcs.url]) == 0
     assert "exported v1" in capsys.readouterr().out
-    ds = open_dataset(gcs.url, storage_options=gcs.storage_options)
+    ds = shardlake.open(gcs.url, **gcs.storage_options).dataset()
     key = ds.manifests(columns=["key"]).column("key")[0].as_py()
-    a, b = ds.get(key), open_dataset(src).get(key)
+    a, b = ds.get(key), shardlake.open(src).dataset().get(key)
     assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
     assert shardlake.open(gcs.open()).scrub().ok

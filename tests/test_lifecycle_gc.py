@@ -19,7 +19,6 @@ from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
-from shardlake.query.dataset import open_dataset
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -62,7 +61,7 @@ def test_gc_dry_run_grace_and_delete(
     _pack(store_location, src, "v1")
     root, opts = store_location.url, store_location.storage_options
     store = open_store(root, opts)
-    v1 = open_dataset(root, storage_options=opts)
+    v1 = shardlake.open(root, **opts).dataset()
     pid = v1.entries[0].id
     shardlake.open(store).remove("v2", partitions=[pid])
     shardlake.open(store).prune(["v1"])
@@ -267,7 +266,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     synth_corpus(src, 2, 2, seed=25, neighbors=2, lanes=4)
     _pack(location, src, "v1")
     store = open_store(location.url)
-    keys = open_dataset(store).manifests(columns=["key"]).column("key").to_pylist()
+    keys = shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
     state = read_state(store)
     lock = GcLock(id="test", expires_at=time.time() + 600)
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
@@ -278,7 +277,7 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
         store.write("data/junk/x/shard-000000.tar", b"x")
         shardlake.open(store).gc(grace_s=0)
     # Retiring keeps the lock (it references nothing new); readers are unaffected.
-    assert open_dataset(store).version.tag == "v1"
+    assert shardlake.open(store).dataset().version.tag == "v1"
     # A crashed gc's lock expires.
     expired = RootState(
         locked.seq + 1,

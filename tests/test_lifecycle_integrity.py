@@ -12,7 +12,6 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import FormatError
-from shardlake.query.dataset import open_dataset
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -24,7 +23,7 @@ def _packed(location: StoreLocation, src: Path, **synth: object) -> Store:
 
 
 def _first_row(store: Store) -> tuple[dict, dict, str]:  # type: ignore[type-arg]
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     entry = ds.entries[0]
     rows = sorted(ds.manifest(entry.id).to_pylist(), key=lambda r: (r["shard"], r["offset"]))
     row = rows[-1]  # the last member of a shard: truncation hits it
@@ -97,7 +96,7 @@ def test_truncated_shard(tmp_path: Path) -> None:
 def test_swapped_manifests_are_caught(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     a, b = ds.entries[0], ds.entries[1]
     data_a, data_b = store.read(a.manifest), store.read(b.manifest)
     store.write(a.manifest, data_b)
@@ -112,7 +111,7 @@ def test_swapped_manifests_are_caught(tmp_path: Path, capsys: pytest.CaptureFixt
     assert a.manifest in err and b.manifest in err
     # The read path refuses the swapped manifest too, naming it and the mismatch.
     with pytest.raises(FormatError, match="does not match the version entry") as info:
-        open_dataset(store).manifest(a.id)
+        shardlake.open(store).dataset().manifest(a.id)
     assert a.manifest in str(info.value)
 
 
@@ -125,7 +124,7 @@ def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
 
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    entry = open_dataset(store).entries[0]
+    entry = shardlake.open(store).dataset().entries[0]
     table, meta = read_manifest(store, entry.manifest)
     shifted = table.set_column(
         table.column_names.index("offset"), "offset", pc.add(table.column("offset"), 512)
@@ -158,7 +157,7 @@ def test_deleted_shard_is_caught_by_all_three(
 def test_corrupted_manifest_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    entry = open_dataset(store).entries[0]
+    entry = shardlake.open(store).dataset().entries[0]
     store.write(entry.manifest, b"PAR1 garbage")
     for argv in (["scrub", location.url], ["verify-offsets", location.url]):
         assert main(argv) == 1
@@ -171,7 +170,9 @@ def test_verify_membership_and_exact_allow_missing(
     location = StoreLocation("local", str(tmp_path / "root"))
     src = tmp_path / "src"
     store = _packed(location, src)
-    keys = sorted(open_dataset(store).manifests(columns=["key"]).column("key").to_pylist())
+    keys = sorted(
+        shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
+    )
     # A frame added to the source after packing is missing from the version.
     part_dir = src / keys[0].split("/")[0]
     shutil.copy(src / f"{keys[0]}.npz", part_dir / "late_frame.npz")
@@ -207,7 +208,9 @@ def test_verify_membership_and_exact_allow_missing(
 def test_scrub_memory_is_bounded_by_batches(tmp_path: Path) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    largest = max(open_dataset(store).manifests(columns=["size"]).column("size").to_pylist())
+    largest = max(
+        shardlake.open(store).dataset().manifests(columns=["size"]).column("size").to_pylist()
+    )
     bound = largest + 1
     fetched: list[int] = []
     real = store.read_ranges
@@ -249,7 +252,7 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     src = tmp_path / "src"
     store = _packed(location, src)
     entry, row, shard = _first_row(store)
-    keys = open_dataset(store).manifests(columns=["key"]).column("key").to_pylist()
+    keys = shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
     changed = sorted(k for k in keys if k != row["key"])[0]
     path = src / f"{changed}.npz"
     old_sha = hashlib.sha256(path.read_bytes()).hexdigest()

@@ -12,8 +12,7 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
-from shardlake.meta.versions import list_versions, read_state
-from shardlake.query.dataset import open_dataset
+from shardlake.meta.versions import read_state
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -23,7 +22,7 @@ def _packed(location: StoreLocation, src: Path, tag: str = "v1") -> list[str]:
     if not src.exists():
         synth_corpus(src, 3, 4, seed=3, neighbors=2, lanes=4)
     pack_small(location, src, tag=tag)
-    ds = open_dataset(location.url, tag, storage_options=location.storage_options)
+    ds = shardlake.open(location.url, **location.storage_options).dataset(tag)
     return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
 
 
@@ -37,7 +36,7 @@ def test_remove_samples_partitions_and_where_via_cli(
 ) -> None:
     keys = _packed(store_location, tmp_path / "src")
     root, opts = store_location.url, store_location.storage_options
-    v1 = open_dataset(root, storage_options=opts)
+    v1 = shardlake.open(root, **opts).dataset()
     before = _objects(store_location)
     keyfile = tmp_path / "drop.txt"
     keyfile.write_text(keys[0] + "\n" + keys[5] + "\n")
@@ -48,34 +47,39 @@ def test_remove_samples_partitions_and_where_via_cli(
     # Only new manifest revisions, a version document and a commit record: never new shards.
     assert not [k for k in new if k.endswith(".tar")]
     assert len([k for k in new if "/manifest-" in k]) == 2
-    v2 = open_dataset(root, "v2", storage_options=opts)
+    v2 = shardlake.open(root, **opts).dataset("v2")
     remaining = set(v2.manifests(columns=["key"]).column("key").to_pylist())
     assert remaining == set(keys) - {keys[0], keys[5]}
     assert v2.get(keys[1]).keys() == v1.get(keys[1]).keys()
     assert shardlake.open(root, **opts).verify_offsets("v2").ok
     assert shardlake.open(root, **opts).scrub("v2").ok
     # Other versions untouched.
-    assert open_dataset(root, "v1", storage_options=opts).version.hash == v1.version.hash
-    assert len(open_dataset(root, "v1", storage_options=opts).manifests()) == 12
+    assert shardlake.open(root, **opts).dataset("v1").version.hash == v1.version.hash
+    assert len(shardlake.open(root, **opts).dataset("v1").manifests()) == 12
 
     pid = v2.entries[0].id
     assert main(["remove", root, "--tag", "v3", "--partition", pid]) == 0
     capsys.readouterr()
-    v3 = open_dataset(root, "v3", storage_options=opts)
+    v3 = shardlake.open(root, **opts).dataset("v3")
     assert pid not in [p.id for p in v3.entries] and len(v3.entries) == 2
     assert v3.version.doc["base"] == "v2"
 
     where = f"key = '{keys[2]}' OR key = '{keys[3]}'"
     assert main(["remove", root, "--tag", "v4", "--base", "v1", "--where", where]) == 0
     capsys.readouterr()
-    v4 = open_dataset(root, "v4", storage_options=opts)
+    v4 = shardlake.open(root, **opts).dataset("v4")
     assert v4.version.samples == 10 and len(v4.entries) == 3
-    assert [t for t, _h, _l in list_versions(open_store(root, opts))] == ["v1", "v2", "v3", "v4"]
+    assert [v.tag for v in shardlake.open(open_store(root, opts)).versions()] == [
+        "v1",
+        "v2",
+        "v3",
+        "v4",
+    ]
     assert main(["prune-version", root, "v4"]) == 1  # latest needs --force
     capsys.readouterr()
     assert main(["prune-version", root, "v1", "v2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["live"] == ["v3", "v4"]
-    assert open_dataset(root, storage_options=opts).version.tag == "v4"
+    assert shardlake.open(root, **opts).dataset().version.tag == "v4"
 
 
 def test_remove_by_json_training_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -88,7 +92,7 @@ def test_remove_by_json_training_list(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "do not start with /other" in capsys.readouterr().err
     assert main([*argv, "--strip-prefix", "/old/root"]) == 0
     capsys.readouterr()
-    remaining = open_dataset(location.url, "v2").manifests(columns=["key"]).column("key")
+    remaining = shardlake.open(location.url).dataset("v2").manifests(columns=["key"]).column("key")
     assert sorted(remaining.to_pylist()) == keys[2:]
 
 
@@ -146,7 +150,7 @@ def test_two_removes_race_one_wins(tmp_path: Path) -> None:
     losers = [v for v in results.values() if isinstance(v, ConflictError)]
     assert len(winners) == 1 and len(losers) == 1, results
     assert "re-run" in str(losers[0])
-    tags = [t for t, _h, _l in list_versions(open_store(location.url))]
+    tags = [v.tag for v in shardlake.open(open_store(location.url)).versions()]
     assert tags == ["v1", winners[0]]
 
 
@@ -214,7 +218,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
     failed = [v for v in results.values() if isinstance(v, ConflictError)]
     assert len(published) + len(failed) == 2 and published, results
     assert all("re-run" in str(e) for e in failed)
-    tags = [t for t, _h, _l in list_versions(open_store(location.url))]
+    tags = [v.tag for v in shardlake.open(open_store(location.url)).versions()]
     assert tags[0] == "v1" and sorted(tags[1:]) == sorted(published)  # nothing lost
     for tag in tags:
         assert shardlake.open(location.url).verify_offsets(tag).ok
@@ -236,4 +240,4 @@ def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert out["live"] == ["v2", "v3"] and out["latest"] == "v3"
     state = shardlake.open(root).prune(["v3"], force=True)
     assert state.latest == "v2" and "v3" in state.retired
-    assert open_dataset(root).version.tag == "v2"
+    assert shardlake.open(root).dataset().version.tag == "v2"

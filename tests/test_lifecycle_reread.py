@@ -14,7 +14,6 @@ from lifecycle_support import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import IntegrityError
-from shardlake.query.dataset import open_dataset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
@@ -56,7 +55,7 @@ def _root(tmp_path: Path) -> tuple[FlakyReads, Path]:
 
 
 def _ref(store: Store) -> PayloadRef:
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     row = ds.manifest(ds.entries[0].id).to_pylist()[0]
     shard = ds.shard_key(row["partition"], row["shard"])
     return PayloadRef(shard, row["offset"], row["size"], row["crc32"], row["key"])
@@ -69,7 +68,7 @@ def test_one_bad_read_is_reread_away(tmp_path: Path, truncate: bool) -> None:
     store.bad_reads, store.truncate = 1, truncate
     (result,) = read_payloads(store, [ref])
     assert result.ok and result.reads == 2 and result.kind is None
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     clean = ds.get(ref.key)
     store.bad_reads = 1
     again = ds.get(ref.key)  # get re-reads too
@@ -104,7 +103,7 @@ def test_corrupt_at_rest_is_reported_as_such(
     (result,) = read_payloads(store, [ref])
     assert result.kind == CORRUPT_AT_REST and result.reads == 3
     with pytest.raises(IntegrityError, match="corrupt at rest") as info:
-        open_dataset(store).get(ref.key)
+        shardlake.open(store).dataset().get(ref.key)
     assert ref.key in str(info.value) and f"offset {ref.offset}" in str(info.value)
     report = shardlake.open(store).scrub(workers=1)
     assert [(p.key, p.kind) for p in report.problems] == [(ref.key, CORRUPT_AT_REST)]

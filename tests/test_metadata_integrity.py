@@ -21,7 +21,6 @@ import shardlake
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.layout import commit_key, keyset_key, version_key
 from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
-from shardlake.query.dataset import open_dataset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
@@ -88,7 +87,7 @@ def test_commit_record_changed_at_rest_is_refused(tmp_path: Path) -> None:
     message = str(info.value)
     assert commit_key(2) in message and RECORD_DIGEST in message and CORRUPT_AT_REST in message
     with pytest.raises(FormatError, match="000000000002"):
-        open_dataset(store)
+        shardlake.open(store).dataset()
 
 
 def test_commit_flipped_on_every_read_differently_is_a_transport_error(tmp_path: Path) -> None:
@@ -162,7 +161,7 @@ def test_export_rereads_metadata_flipped_in_transit(tmp_path: Path) -> None:
 def test_export_recopies_a_shard_whose_tar_header_arrived_damaged(tmp_path: Path) -> None:
     store = _root(tmp_path, versions=1)
     dest = Store(str(tmp_path / "dest"))
-    shard = open_dataset(store).entries[0].shards[0].key
+    shard = shardlake.open(store).dataset().entries[0].shards[0].key
     # A copy whose tar header was damaged on the way (payload CRCs still match): the resume
     # must not trust it.
     shardlake.open(store).export(dest)
@@ -204,12 +203,14 @@ def test_export_killed_mid_copy_then_rerun_completes(tmp_path: Path) -> None:
     report = shardlake.open(store).export(str(dest))
     assert report.committed and report.skipped  # resumed: intact shards were kept
     assert shardlake.open(copy).scrub().ok and shardlake.open(copy).verify_offsets().ok
-    assert open_dataset(copy).version.hash == open_dataset(store).version.hash
+    assert (
+        shardlake.open(copy).dataset().version.hash == shardlake.open(store).dataset().version.hash
+    )
 
 
 def test_export_refuses_a_payload_damaged_at_the_source(tmp_path: Path) -> None:
     store = _root(tmp_path, versions=1)
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     entry = ds.entries[0]
     row = ds.manifest(entry.id).to_pylist()[0]
     shard = entry.shards[row["shard"]].key

@@ -649,9 +649,3 @@ def load_version_bytes(store: Store, tag: str, version_hash: str) -> tuple[Versi
         )
     except KeyNotFoundError as exc:
         raise FormatError(f"{where}: version document missing") from exc
-
-
-def list_versions(store: Store) -> list[tuple[str, str, bool]]:
-    """``(tag, hash, is_latest)`` for every live version, in publish order."""
-    state = read_state(store)
-    return [(t, h, t == state.latest) for t, h in state.versions.items()]

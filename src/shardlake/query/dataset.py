@@ -7,7 +7,6 @@ sample access (single ranged reads for :meth:`Dataset.get`, batched multi-range 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +26,7 @@ from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from ..source.pathlists import KeyMapping
 from ..source.source_form import npz_bytes, sidecar_json
-from ..store import Store, open_store
+from ..store import Store
 from . import sql
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ BATCH_BYTES = 64 * 2**20
 class Dataset:
     """One version of a dataset root, opened for reading.
 
-    Get one from :meth:`shardlake.Root.dataset` (or :func:`open_dataset`). Thread-safe for
+    Get one from :meth:`shardlake.Root.dataset` . Thread-safe for
     reading; manifests are read once and cached.
 
     Parameters
@@ -345,22 +344,6 @@ class SampleFile:
     @property
     def sidecar(self) -> bytes | None:
         return sidecar_json(self._row)
-
-
-def open_dataset(
-    url: str | Store,
-    version: str | None = "latest",
-    storage_options: dict[str, Any] | None = None,
-    *,
-    keyset: str | None = None,
-) -> Dataset:
-    """Open ``version`` (a tag or ``latest``) of the dataset root at ``url``; ``None``: the
-    version keyset ``keyset`` is bound to (``latest`` without one). A relative local path
-    resolves against the working directory, as in :func:`shardlake.open`."""
-    if isinstance(url, str) and url.strip() and "://" not in url:
-        url = os.path.abspath(os.path.expanduser(url))
-    store = open_store(url, storage_options)
-    return Dataset(store, resolve_version(store, version, keyset))
 
 
 def resolve_version(store: Store, version: str | None, keyset: str | None = None) -> Version:

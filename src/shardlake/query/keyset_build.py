@@ -24,7 +24,7 @@ from ..meta.keysets import (
 from ..meta.versions import load_version, load_version_by_hash
 from ..source import pathlists
 from ..store import Store
-from .dataset import Dataset, open_dataset
+from .dataset import Dataset, resolve_version
 
 
 def keys_from_file(
@@ -133,7 +133,7 @@ def create_keyset(
         raise SelectionError("allow_unmatched must be >= 0", options=("allow_unmatched",))
     key = keyset_key(name)
     existing = _existing(store, name)
-    ds = open_dataset(store, version)
+    ds = Dataset(store, resolve_version(store, version))
     if key_file is not None:
         listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
         keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths

@@ -616,10 +616,11 @@ def train_valid(
         shuffle=False,
         **options,
     )
-    from ..query.dataset import open_dataset
     from ..query.selection import require_disjoint
+    from ..root import open as open_root
 
-    version_ds = open_dataset(url, valid.version_tag, options.get("storage_options"))
+    storage_options = options.get("storage_options") or {}
+    version_ds = open_root(url, **storage_options).dataset(valid.version_tag)
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:

@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 
 from ..errors import SelectionError, UsageError
 from ..meta.catalog import node_catalog_cache
-from ..query.dataset import open_dataset
 from ..read.catalog_cache import catalog_cache
 from ..store import Store
 from .reader import RowTable
@@ -125,7 +124,10 @@ def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
 
 
 def _select_rows(source: Source, meta_columns: Sequence[str]) -> SourceRows:
-    ds = open_dataset(source.url, source.version, source.storage_options, keyset=source.keyset)
+    from ..root import open as open_root
+
+    root = open_root(source.url, **(source.storage_options or {}))
+    ds = root.dataset(source.version, keyset=source.keyset)
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
     table: pa.Table | None = None
