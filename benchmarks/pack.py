@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 seconds, report = run_shardlake(src, out, args.workers, args.level, args.shard_size)
                 samples = report.version.samples
-                payload = sum(e.payload_bytes for e in report.version.entries)
+                payload = sum(e.payload_bytes for e in report.record.entries)
             if samples != total:
                 print(f"{name}: wrote {samples} of {total} samples", file=sys.stderr)
                 return 1

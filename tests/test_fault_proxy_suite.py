@@ -135,7 +135,7 @@ def pack_through(
     return lambda: (
         shardlake.open(store)
         .pack(str(src), tag=tag, base=base, workers=1, executor="inline", shard_size=30_000)
-        .version
+        .record
     )
 
 

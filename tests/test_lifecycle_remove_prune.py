@@ -195,7 +195,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
         return (
             shardlake.open(location.url)
             .pack(str(src), tag="p2", base="v1", workers=1, executor="inline", shard_size=40_000)
-            .version
+            .record
         )
 
     def do_remove():  # type: ignore[no-untyped-def]

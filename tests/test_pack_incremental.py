@@ -54,7 +54,7 @@ def test_unchanged_partitions_are_reused_without_reading(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     ShardWriterSpy(monkeypatch, forbid=True)
 
     # Not even the npz reader may run for a reused partition.
@@ -65,7 +65,7 @@ def test_unchanged_partitions_are_reused_without_reading(
     monkeypatch.setattr("shardlake.pack.packer.build_partition", no_read)
     report = shardlake.open(store).pack(src, tag="v2", base="v1", executor="inline")
     assert sorted(report.reused) == list(PARTS) and not report.built
-    v2 = report.version
+    v2 = report.record
     assert [p for p in v2.entries] == [p for p in v1.entries]
     assert v2.doc["base"] == "v1"
 
@@ -75,7 +75,7 @@ def test_changed_partition_rebuilt_vanished_dropped_new_added(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     spy = ShardWriterSpy(monkeypatch)
     # logA: one frame changes; logB vanishes; logD is new; logC untouched.
     make_source(src, {"logA/logA_0": {"a": np.zeros(2, np.float32)}})
@@ -85,11 +85,11 @@ def test_changed_partition_rebuilt_vanished_dropped_new_added(
     assert sorted(report.built) == ["logA", "logD"]
     assert report.reused == ["logC"] and report.dropped == ["logB"]
     assert sorted(spy.added) == ["logA/logA_0", "logA/logA_1", "logA/logA_2", "logD/logD_0"]
-    got = read_all(store, report.version)
+    got = read_all(store, report.record)
     assert sorted({k.split("/")[0] for k in got}) == ["logA", "logC", "logD"]
     assert got["logA/logA_0"]["a"].tolist() == [0.0, 0.0]
     old = {p.path: p for p in v1.entries}
-    new = {p.path: p for p in report.version.entries}
+    new = {p.path: p for p in report.record.entries}
     assert new["logC"] == old["logC"] and new["logA"].data_rev != old["logA"].data_rev
     assert read_all(store, load_version(store, "v1"))["logA/logA_0"]["b"].size == 5  # v1 intact
     assert_consistent(store)
@@ -100,7 +100,7 @@ def test_sidecar_only_change_writes_manifest_only(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     before = set(store.list("data/"))
     ShardWriterSpy(monkeypatch, forbid=True)
     (src / "logB/logB_1.json").write_text(
@@ -111,7 +111,7 @@ def test_sidecar_only_change_writes_manifest_only(
     new_keys = set(store.list("data/")) - before
     assert len(new_keys) == 1 and new_keys.pop().endswith(".parquet")  # no shard written
     old = {p.path: p for p in v1.entries}["logB"]
-    new = {p.path: p for p in report.version.entries}["logB"]
+    new = {p.path: p for p in report.record.entries}["logB"]
     assert new.data_rev == old.data_rev and new.shards == old.shards
     assert new.meta_rev != old.meta_rev
     from shardlake.read.manifests import read_manifest
@@ -119,7 +119,7 @@ def test_sidecar_only_change_writes_manifest_only(
     table, _ = read_manifest(store, new.manifest)
     rows = {r["key"]: r for r in table.to_pylist()}
     assert rows["logB/logB_1"]["note"] == "x" and rows["logB/logB_1"]["timestamp"] == 5
-    assert read_all(store, report.version).keys() == read_all(store, v1).keys()
+    assert read_all(store, report.record).keys() == read_all(store, v1).keys()
 
 
 def test_touching_files_rebuilds_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -155,7 +155,7 @@ def test_scoped_packs_carry_other_partitions(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     make_source(src, {"logA/logA_0": small_frame(500), "logB/logB_0": small_frame(501)})
     listing = tmp_path / "paths.txt"
     listing.write_text("# changed\nlogA/logA_0.npz\n./logA/logA_1.npz\n")
@@ -163,7 +163,7 @@ def test_scoped_packs_carry_other_partitions(
         src, tag="v2", base="v1", path_list=listing, executor="inline"
     )
     assert report.built == ["logA"] and sorted(report.carried) == ["logB", "logC"]
-    got = read_all(store, report.version)
+    got = read_all(store, report.record)
     assert sorted(k for k in got if k.startswith("logA")) == ["logA/logA_0", "logA/logA_1"]
     assert got["logB/logB_0"]["b"].tolist() == small_frame(10)["b"].tolist()  # carried as in v1
     old = {p.path: p for p in v1.entries}
@@ -171,7 +171,7 @@ def test_scoped_packs_carry_other_partitions(
         src, tag="v3", base="v2", partitions=["logB"], executor="inline"
     )
     assert report.built == ["logB"] and sorted(report.carried) == ["logA", "logC"]
-    new = {p.path: p for p in report.version.entries}
+    new = {p.path: p for p in report.record.entries}
     assert new["logC"] == old["logC"]
     with pytest.raises(UsageError, match="no partition"):
         shardlake.open(store).pack(src, tag="v4", base="v3", partitions=["nope"], executor="inline")
@@ -196,13 +196,13 @@ def test_changed_rule_or_location_refused_with_both_remedies(tmp_path: Path) -> 
     v2 = (
         shardlake.open(store)
         .pack(moved, tag="v2", base="v1", executor="inline", source_namespace=str(src.resolve()))
-        .version
+        .record
     )
     assert v2.samples == 9
     report = shardlake.open(store).pack(
         moved, tag="v3", base="v2", executor="inline", replace_all=True
     )
-    assert not report.reused and report.version.doc["source_namespace"] == str(moved)
+    assert not report.reused and report.record.doc["source_namespace"] == str(moved)
 
 
 def test_require_sidecars(tmp_path: Path) -> None:
@@ -212,7 +212,7 @@ def test_require_sidecars(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=r"logB_2\.npz: no sidecar"):
         shardlake.open(store).pack(src, tag="v1", executor="inline", require_sidecars=True)
     assert store.list("data/") == []  # refused before building anything
-    version = shardlake.open(store).pack(src, tag="v1", executor="inline").version
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     from shardlake.read.manifests import read_manifest
 
     part = {p.path: p for p in version.entries}["logB"]
@@ -227,17 +227,17 @@ def test_partition_depth_and_regex(tmp_path: Path) -> None:
         {"city/a/s0": small_frame(0), "city/a/s1": small_frame(1), "city/b/s0": small_frame(2)},
     )
     store = open_store(str(tmp_path / "root"))
-    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline", partition_depth=2).version
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline", partition_depth=2).record
     assert sorted(p.path for p in v1.entries) == ["city/a", "city/b"]
     assert v1.doc["partition_rule"] == {"depth": 2}
     v2 = (
         shardlake.open(store)
         .pack(src, tag="v2", executor="inline", partition_regex=r"^(?P<partition>[^/]+)/")
-        .version
+        .record
     )
     assert [p.path for p in v2.entries] == ["city"]
     # An incremental pack inherits the base's rule when none is given.
-    v3 = shardlake.open(store).pack(src, tag="v3", base="v1", executor="inline").version
+    v3 = shardlake.open(store).pack(src, tag="v3", base="v1", executor="inline").record
     assert v3.doc["partition_rule"] == {"depth": 2}
     with pytest.raises(UsageError, match="named group"):
         shardlake.open(store).pack(src, tag="v4", executor="inline", partition_regex=r"^([^/]+)/")
@@ -249,11 +249,11 @@ def test_revision_holding_only_a_removal_manifest_is_rebuilt(tmp_path: Path) -> 
 
     src = corpus(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").version
+    v1 = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     shardlake.open(store).remove("v2", base="v1", keys=["logA/logA_0"])
     for entry in v1.entries:  # what gc does once v1 is retired
         store.delete(entry.manifest)
-    v3 = shardlake.open(store).pack(src, tag="v3", executor="inline").version
+    v3 = shardlake.open(store).pack(src, tag="v3", executor="inline").record
     assert v3.samples == v1.samples
     assert sorted(read_all(store, v3)) == sorted(read_all(store, v1))
     assert_consistent(store)

@@ -52,7 +52,7 @@ def test_read_ahead_roundtrip_is_exact(tmp_path: Path, monkeypatch: pytest.Monke
     _no_cache(monkeypatch)
     src = make_source(tmp_path / "src", FRAMES)
     store = open_store(str(tmp_path / "root"))
-    version = shardlake.open(store).pack(src, tag="v1", executor="inline", shard_size=4096).version
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline", shard_size=4096).record
     assert sum(len(p.shards) for p in version.entries) > 1
     got = read_all(store, version)
     assert sorted(got) == sorted(FRAMES)

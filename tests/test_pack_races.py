@@ -78,7 +78,7 @@ def test_racing_latest_updates_exactly_one_wins(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = store_location.open()
-    v0 = shardlake.open(store).pack(src, tag="v0", executor="inline").version
+    v0 = shardlake.open(store).pack(src, tag="v0", executor="inline").record
     base = read_state(store)
     body = {
         k: v for k, v in v0.doc.items() if k not in ("format", "format_version", "tag", "samples")

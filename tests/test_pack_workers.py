@@ -34,8 +34,8 @@ def test_process_pool_matches_inline(tmp_path: Path) -> None:
     src = corpus(tmp_path / "src")
     inline = open_store(str(tmp_path / "a"))
     procs = open_store(str(tmp_path / "b"))
-    v_inline = shardlake.open(inline).pack(src, tag="v1", executor="inline").version
-    v_procs = shardlake.open(procs).pack(src, tag="v1", executor="process", workers=2).version
+    v_inline = shardlake.open(inline).pack(src, tag="v1", executor="inline").record
+    v_procs = shardlake.open(procs).pack(src, tag="v1", executor="process", workers=2).record
     assert [p.data_rev for p in v_procs.entries] == [p.data_rev for p in v_inline.entries]
     for part in v_procs.entries:
         for shard in part.shards:
@@ -90,13 +90,13 @@ def test_dask_local_cluster(tmp_path: Path) -> None:
         address = cluster.scheduler_address.replace("tcp://", "dask://")
         report = shardlake.open(store).pack(src, tag="v1", executor=address)
     assert sorted(report.built) == ["log0", "log1", "log2"]
-    assert len(read_all(store, report.version)) == 9
+    assert len(read_all(store, report.record)) == 9
     reference = (
         shardlake.open(open_store(str(tmp_path / "ref")))
         .pack(src, tag="v1", executor="inline")
-        .version
+        .record
     )
-    assert [p.data_rev for p in report.version.entries] == [p.data_rev for p in reference.entries]
+    assert [p.data_rev for p in report.record.entries] == [p.data_rev for p in reference.entries]
 
 
 def test_progress_weighted_with_eta_and_heartbeat() -> None:
@@ -214,16 +214,14 @@ def test_pack_on_every_backend(tmp_path: Path, store_location: Any) -> None:
     """Default executor (processes; threads for memory://) writing straight to each store."""
     src = corpus(tmp_path / "src")
     store = store_location.open()
-    version = shardlake.open(store).pack(src, tag="v1", workers=2, shard_size=1500).version
+    version = shardlake.open(store).pack(src, tag="v1", workers=2, shard_size=1500).record
     assert version.samples == 9
     got = read_all(store, version)
     assert got["log2/s1"]["b"].tolist() == small_frame(21)["b"].tolist()
     assert_consistent(store)
     # The same content packed locally gives the same revisions and shard bytes.
     local = open_store(str(tmp_path / "ref"))
-    reference = (
-        shardlake.open(local).pack(src, tag="v1", executor="inline", shard_size=1500).version
-    )
+    reference = shardlake.open(local).pack(src, tag="v1", executor="inline", shard_size=1500).record
     assert [p.data_rev for p in version.entries] == [p.data_rev for p in reference.entries]
     shard = reference.entries[0].shards[0].key
     assert store.read(shard) == local.read(shard)

@@ -40,7 +40,7 @@ def test_incremental_publish_lists_only_new_revisions(tmp_path: Path) -> None:
     _partitions(src, ["log_new"])
     log = KeyLog()
     version = (
-        shardlake.open(store.with_layers(log)).pack(src, tag="v2", base="v1", workers=0).version
+        shardlake.open(store.with_layers(log)).pack(src, tag="v2", base="v1", workers=0).record
     )
     calls = log.calls
     assert version.partition_count == 7
@@ -54,7 +54,7 @@ def test_publish_refuses_a_missing_new_object(tmp_path: Path) -> None:
     src = tmp_path / "src"
     _partitions(src, ["a", "b"])
     store = open_store(str(tmp_path / "root"))
-    v1 = shardlake.open(store).pack(src, tag="v1", workers=0).version
+    v1 = shardlake.open(store).pack(src, tag="v1", workers=0).record
     entry = v1.entries[0]
     gone = replace(entry, manifest=entry.manifest.replace("manifest-", "manifest-gone"))
     body = {"base": "v1", "partitions": [gone.to_json()]}

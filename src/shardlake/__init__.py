@@ -33,11 +33,12 @@ if TYPE_CHECKING:
     from .lifecycle.scrub import ScrubOptions, ScrubReport
     from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.keysets import Keyset
+    from .meta.versions import Version
     from .pack import PackOptions, PackReport, inspect_source
     from .pack.writer import WriteOptions, Writer
     from .query.dataset import Dataset
     from .query.selection import Selection
-    from .root import Root, VersionInfo, open
+    from .root import Root, open
     from .store.check import StoreReport, check_store
 
 # Imported on first use: ``import shardlake`` stays cheap (no pyarrow compute, DuckDB or pack
@@ -65,7 +66,7 @@ _LAZY = {
     "Root": "root",
     "Selection": "query.selection",
     "StoreReport": "store.check",
-    "VersionInfo": "root",
+    "Version": "meta.versions",
     "WriteOptions": "pack.writer",
     "Writer": "pack.writer",
     "check_store": "store.check",
@@ -74,6 +75,15 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "VersionInfo":  # the old name of Version, kept for one release
+        import warnings
+
+        warnings.warn(
+            "shardlake.VersionInfo is deprecated: use shardlake.Version",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        name = "Version"
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'shardlake' has no attribute {name!r}")
@@ -118,7 +128,7 @@ __all__ = [
     "UsageError",
     "VerifyOptions",
     "VerifyReport",
-    "VersionInfo",
+    "Version",
     "VersionNotFoundError",
     "WriteOptions",
     "Writer",

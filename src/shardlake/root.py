@@ -11,8 +11,6 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 from .errors import build_options
@@ -61,69 +59,6 @@ def _writes(
     return checked
 
 
-@dataclass(frozen=True)
-class VersionInfo:
-    """One live version of a root, as :meth:`Root.versions` lists it.
-
-    Attributes
-    ----------
-    tag
-        The version's tag (never reused in a root).
-    hash
-        The hash of its version document.
-    created
-        When it was published (UTC), None if the document does not say.
-    samples
-        Samples in the version.
-    partitions
-        Partitions in the version.
-    is_latest
-        Whether ``latest`` names it.
-    base
-        The tag of the version it was made from, if any.
-    """
-
-    tag: str
-    hash: str
-    created: datetime | None
-    samples: int
-    partitions: int
-    is_latest: bool
-    base: str | None = None
-
-    @classmethod
-    def of(cls, version: Version, is_latest: bool) -> VersionInfo:
-        header = version.header  # the small record header: no partition list is read
-        return cls(
-            tag=version.tag,
-            hash=version.hash,
-            created=_parse_time(header.created_at),
-            samples=header.samples,
-            partitions=header.partition_count,
-            is_latest=is_latest,
-            base=header.base,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        created = None if self.created is None else self.created.isoformat()
-        return {
-            "tag": self.tag,
-            "hash": self.hash,
-            "latest": self.is_latest,
-            "created_at": None if created is None else created.replace("+00:00", "Z"),
-            "base": self.base,
-            "partitions": self.partitions,
-            "samples": self.samples,
-        }
-
-
-def _parse_time(text: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
-
-
 class Root:
     """A dataset root: its versions, keysets and the operations that change them.
 
@@ -150,31 +85,31 @@ class Root:
 
     # --- versions ------------------------------------------------------------------------------
 
-    def versions(self) -> list[VersionInfo]:
+    def versions(self) -> list[Version]:
         """Every live version, in publish order (their documents read concurrently).
 
         A location with no root (no marker, no commits) is refused: ``no shardlake root at``."""
         state = read_state(self.store)
         require_root(self.store, state)
 
-        def info(item: tuple[str, str]) -> VersionInfo:
+        def info(item: tuple[str, str]) -> Version:
             tag, version_hash = item
             version = load_version_by_hash(self.store, tag, version_hash)
-            return VersionInfo.of(version, tag == state.latest)
+            return Version.of(version, tag == state.latest)
 
         with ThreadPoolExecutor(max_workers=_DOCUMENT_READERS) as pool:
             return list(pool.map(info, state.versions.items()))
 
     @property
-    def latest(self) -> VersionInfo:
+    def latest(self) -> Version:
         """The version ``latest`` names (:class:`VersionNotFoundError` in an empty root)."""
         return self.version("latest")
 
-    def version(self, tag: str = "latest") -> VersionInfo:
+    def version(self, tag: str = "latest") -> Version:
         """One live version by tag (``latest`` follows the commit log)."""
         state = read_state(self.store)
         version = load_version(self.store, tag, state)
-        return VersionInfo.of(version, version.tag == state.latest)
+        return Version.of(version, version.tag == state.latest)
 
     def dataset(self, version: str | None = "latest", *, keyset: str | None = None) -> Dataset:
         """Open ``version`` (a tag or ``latest``) for reading; ``None`` with a ``keyset``: the

@@ -44,7 +44,7 @@ from ..format.manifest import entry_mismatches, parse_manifest
 from ..meta.keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
 from ..meta.versions import (
     RootState,
-    Version,
+    StoredVersion,
     check_foreign,
     commit_state,
     ensure_root,
@@ -391,7 +391,7 @@ def _raise_failures(tasks: Sequence[Task], failures: dict[int, BaseException]) -
     )
 
 
-def _commit_export(src: Store, dest: Store, ver: Version) -> bool:
+def _commit_export(src: Store, dest: Store, ver: StoredVersion) -> bool:
     """Publish the copied version at ``dest`` (False: an earlier run already did)."""
     state = read_state(dest)
     if state.versions.get(ver.tag) == ver.hash and state.latest == ver.tag:

@@ -21,7 +21,7 @@ from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
 from ..meta.versions import (
     RootState,
-    Version,
+    StoredVersion,
     check_new_tag,
     load_version,
     publish_version,
@@ -73,7 +73,7 @@ def _new_manifest(
 class RemoveReport(NamedTuple):
     """What :func:`remove` published: the new version and what it left out."""
 
-    version: Version
+    version: StoredVersion
     counts: dict[str, int]  # partitions_removed, samples_removed, manifests_written
 
     def to_json(self) -> dict[str, Any]:
@@ -195,7 +195,7 @@ def _publish_without(
     store: Store,
     state: RootState,
     tag: str,
-    base_version: Version,
+    base_version: StoredVersion,
     entries: dict[str, PartitionEntry],
     dropped_parts: set[str],
     removed_by_part: dict[str, list[str]],

@@ -36,7 +36,7 @@ from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store
-from .versions import Version, canonical_json, ensure_root, refresh_index, utc_now
+from .versions import StoredVersion, canonical_json, ensure_root, refresh_index, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
@@ -59,7 +59,7 @@ class Keyset:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def check_version(self, version: Version) -> None:
+    def check_version(self, version: StoredVersion) -> None:
         """Refuse to use this keyset with any version but the one it was made from."""
         if version.hash != self.version_hash:
             raise SelectionError(
@@ -139,7 +139,7 @@ def read_key_list(
 def _encode(
     name: str,
     rows: pa.Table,
-    version: Version,
+    version: StoredVersion,
     dataset_id: str,
     recipe: dict[str, Any],
     rebased_from: str = "",
@@ -172,7 +172,7 @@ def publish_keyset(
     store: Store,
     name: str,
     rows: pa.Table,
-    version: Version,
+    version: StoredVersion,
     recipe: dict[str, Any],
     *,
     rebased_from: str = "",

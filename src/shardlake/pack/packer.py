@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from ..errors import SHOW_MAX, PackWorkerError, SourceError, SourceFilesError
 from ..meta.versions import (
+    StoredVersion,
     Version,
 )
 from ..progress.bar import Progress
@@ -42,7 +43,7 @@ from .publish import publish
 class PackReport:
     """The published version plus what the pack did."""
 
-    version: Version
+    record: StoredVersion  # the published version's stored record (its partition entries)
     built: list[str] = field(default_factory=list)  # partition paths whose shards were written
     manifest_only: list[str] = field(default_factory=list)  # new manifest over existing shards
     resumed: list[str] = field(default_factory=list)  # revision already complete in the root
@@ -52,9 +53,14 @@ class PackReport:
     skipped_samples: int = 0
     seconds: float = 0.0
 
+    @property
+    def version(self) -> Version:
+        """The version the pack published (``latest`` names it)."""
+        return Version.of(self.record, is_latest=True)
+
     def to_json(self) -> dict[str, Any]:
         """The report as the ``pack --json`` document."""
-        v = self.version
+        v = self.record
         return {
             "tag": v.tag,
             "hash": v.hash,
@@ -71,7 +77,7 @@ class PackReport:
         }
 
     def summary(self) -> str:
-        v = self.version
+        v = self.record
         return (
             f"published {v.tag} ({v.hash}): {v.partition_count} partitions, {v.samples} samples; "
             f"built {len(self.built)}, manifest-only {len(self.manifest_only)}, "

@@ -21,7 +21,7 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.manifest import entry_mismatches
 from ..meta.catalog import catalog_rows
-from ..meta.versions import Version, load_version, load_version_by_hash
+from ..meta.versions import StoredVersion, load_version, load_version_by_hash
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from ..source.pathlists import KeyMapping
@@ -53,7 +53,7 @@ class Dataset:
         The published version to read.
     """
 
-    def __init__(self, store: Store, version: Version) -> None:
+    def __init__(self, store: Store, version: StoredVersion) -> None:
         self.store = store
         self.version = version
         self.entries: tuple[PartitionEntry, ...] = version.entries
@@ -346,7 +346,7 @@ class SampleFile:
         return sidecar_json(self._row)
 
 
-def resolve_version(store: Store, version: str | None, keyset: str | None = None) -> Version:
+def resolve_version(store: Store, version: str | None, keyset: str | None = None) -> StoredVersion:
     """``version``, or with ``None`` the version ``keyset`` is bound to (a keyset knows its
     version, even once pruned), else ``latest``."""
     if version is None and keyset is not None:

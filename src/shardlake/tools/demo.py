@@ -227,7 +227,7 @@ def _version_rows(
                 "hash": vhash,
                 "latest": latest,
                 "samples": rep_v.version.samples,
-                "partitions": rep_v.version.partition_count,
+                "partitions": rep_v.version.partitions,
                 "built": len(rep_v.built),
                 "reused": len(rep_v.reused),
                 "pack_seconds": round(rep_v.seconds, 2),
@@ -235,7 +235,7 @@ def _version_rows(
         )
         say(
             f"   version {tag}{' (latest)' if latest else ''}: {vhash}, "
-            f"{rep_v.version.samples} samples in {rep_v.version.partition_count} partitions"
+            f"{rep_v.version.samples} samples in {rep_v.version.partitions} partitions"
         )
     return rows
 

@@ -274,7 +274,7 @@ def _parallel_pack(
     model = CostModel(
         model.overhead_s, model.bytes_per_s, model.calibration, parallel_efficiency=efficiency
     )
-    payload = sum(e.payload_bytes for e in report.version.entries)
+    payload = sum(e.payload_bytes for e in report.record.entries)
     run = {
         "workers": workers,
         "seconds": round(wall, 3),
