@@ -151,7 +151,7 @@ def mix_rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     """One rank of a mix: train steps (optionally preempted and resumed) and an exact pass."""
     import torch.distributed as dist
 
-    from shardlake.torch import ShardDataset, Source, masked_sum
+    from shardlake.torch import MixMember, ShardDataset, masked_sum
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -160,7 +160,7 @@ def mix_rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     )
     out: dict[str, Any] = {"rank": rank, "error": None}
     try:
-        sources = [Source(**s) for s in cfg["sources"]]
+        sources = [MixMember(**s) for s in cfg["sources"]]
 
         def new_loader() -> Any:
             ds = ShardDataset.mix(
