@@ -56,9 +56,8 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+import shardlake
 from shardlake.format.codec import Decoder, decode_safetensors, to_python_strings
-from shardlake.pack import pack
-from shardlake.query.dataset import open_dataset
 from shardlake.store import open_store
 from shardlake.tools.bench.measure import MemorySampler
 from shardlake.tools.synth import synth_corpus
@@ -539,7 +538,7 @@ def prepare(work: Path, partitions: int, samples: int, neighbors: int) -> tuple[
     synth_corpus(source, partitions, per, seed=11, neighbors=neighbors)
     print(f"synth: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     t0 = time.perf_counter()
-    pack(source, str(root), tag="bench", workers=2)
+    shardlake.open(str(root)).pack(source, tag="bench", workers=2)
     print(f"pack: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     stamp.write_text(json.dumps(want))
     return source, root
@@ -549,7 +548,7 @@ def ttfb_many_partitions(work: Path, partitions: int, batch: int, workers: int) 
     source, root = work / f"src-{partitions}", work / f"root-{partitions}"
     if not (root / "shardlake.json").exists():
         synth_corpus(source, partitions, 2, seed=5, neighbors=4, lanes=4)
-        pack(source, str(root), tag="many", workers=2)
+        shardlake.open(str(root)).pack(source, tag="many", workers=2)
     t0 = time.perf_counter()
     ds = ShardDataset(str(root), batch_size=batch, num_workers=workers, max_pad_fraction=1.0)
     opened = time.perf_counter() - t0
@@ -741,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch": b,
         "workers": w,
         "cpus": os.cpu_count(),
-        "dataset": open_dataset(str(root)).version.tag,
+        "dataset": shardlake.open(str(root)).dataset().version.tag,
     }
     if args.json:
         doc = {"setup": header, "results": results, "ratios": ratios, "mixing": mixing}

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+import shardlake
 from shardlake.tools.bench.pack import (
     GOAL_VS_FLOOR,
     GOAL_VS_WEBDATASET,
@@ -115,11 +116,10 @@ def run_webdataset(
 def run_shardlake(
     src: Path, root: Path, workers: int, level: int, shard_size: int
 ) -> tuple[float, Any]:
-    from shardlake.pack import pack_with_report
 
     start = time.perf_counter()
-    report = pack_with_report(
-        src, str(root), tag="bench", workers=workers, level=level, shard_size=shard_size
+    report = shardlake.open(str(root)).pack(
+        src, tag="bench", workers=workers, level=level, shard_size=shard_size
     )
     return time.perf_counter() - start, report
 
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 seconds, report = run_shardlake(src, out, args.workers, args.level, args.shard_size)
                 samples = report.version.samples
-                payload = sum(e.payload_bytes for e in report.version.entries)
+                payload = sum(e.payload_bytes for e in report.record.entries)
             if samples != total:
                 print(f"{name}: wrote {samples} of {total} samples", file=sys.stderr)
                 return 1

@@ -13,7 +13,6 @@ from typing import Any
 
 import shardlake
 from shardlake.meta.versions import load_version, publish_version, read_state
-from shardlake.query.keyset_build import create_keyset
 from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset
@@ -45,7 +44,7 @@ def _requests(url: str) -> dict[str, Any]:
     record = shardlake.open(store).dataset("v1").version.record  # what `show` prints
     assert record.partitions
     show = _take(counter)
-    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
+    shardlake.open(store).create_keyset("turns", version="v1", where="scenario = 'turn'")
     keyset = _take(counter)
     version = load_version(store, "v1")
     entry = scale.partition(store, "added", 3, scale.encoded_sample())

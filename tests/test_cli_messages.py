@@ -156,7 +156,7 @@ def test_no_root_at_the_resolved_path(capsys, tmp_path, monkeypatch):
 def test_relative_root_reads_like_the_cli(root, monkeypatch):
     monkeypatch.chdir(os.path.dirname(root))
     assert [v.tag for v in shardlake.open("root").versions()] == ["v1", "v2"]
-    assert shardlake.query.dataset.open_dataset("root").version.tag == "v2"
+    assert shardlake.open("root").dataset().version.tag == "v2"
 
 
 def test_prune_latest_without_force_is_a_failed_op(capsys, root):

@@ -17,9 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardlake.meta.keysets import load_keyset
-from shardlake.meta.versions import list_versions
-from shardlake.query.dataset import open_dataset
+import shardlake
 from shardlake.torch import ShardDataset
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -46,15 +44,15 @@ def test_golden_formats_present() -> None:
 
 def test_versions_listed(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
-    ds = open_dataset(root, "latest")
-    tags = [tag for tag, _, _ in list_versions(ds.store)]
+    ds = shardlake.open(root).dataset("latest")
+    tags = [v.tag for v in shardlake.open(ds.store).versions()]
     assert tags == sorted(expected["versions"])
 
 
 def test_get_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for tag, samples in expected["versions"].items():
-        ds = open_dataset(root, tag)
+        ds = shardlake.open(root).dataset(tag)
         assert ds.version.samples == len(samples)
         for key, digests in samples.items():
             assert make_golden.sample_digests(ds.get(key)) == digests, (tag, key)
@@ -63,7 +61,7 @@ def test_get_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
 def test_iter_samples_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for tag, samples in expected["versions"].items():
-        ds = open_dataset(root, tag)
+        ds = shardlake.open(root).dataset(tag)
         got = {
             key: make_golden.sample_digests(arrays)
             for key, arrays in ds.iter_samples(list(samples))
@@ -74,8 +72,8 @@ def test_iter_samples_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
 def test_keyset_and_loader(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for name, info in expected["keysets"].items():
-        ds = open_dataset(root, info["version"])
-        keyset = load_keyset(ds.store, name)
+        ds = shardlake.open(root).dataset(info["version"])
+        keyset = shardlake.open(ds.store).keyset(name)
         keyset.check_version(ds.version)
         wanted = sorted(ds.query(info["where"]).column("key").to_pylist())
         assert sorted(keyset.keys) == wanted and wanted

@@ -231,10 +231,9 @@ def test_where_keyset_and_errors(corpus: tuple[Path, Path]) -> None:
     pid = everything.partition_names[0]
     ds = ShardDataset(str(root), batch_size=4, num_workers=0, where=f"partition = '{pid}'")
     assert len(ds.table) == COUNTS_BY_PID(everything)[pid]
-    from shardlake.query.keyset_build import create_keyset
 
     chosen = everything.table.keys[1::4]
-    create_keyset(str(root), "held-out", keys=chosen)
+    shardlake.open(str(root)).create_keyset("held-out", keys=chosen)
     by_name = ShardDataset(str(root), batch_size=4, num_workers=0, keyset="held-out")
     assert sorted(by_name.table.keys) == sorted(chosen)
     assert by_name.run_record()["selection"] == {"keyset": "held-out"}

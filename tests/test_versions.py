@@ -2,9 +2,9 @@ import threading
 
 import pytest
 
+import shardlake
 from shardlake.errors import ConflictError, FormatError, NotFoundError, VersionNotFoundError
 from shardlake.meta.versions import (
-    list_versions,
     load_version,
     publish_version,
     read_state,
@@ -41,7 +41,7 @@ def test_publish_and_latest(store):
     v2 = publish_version(store, "v2", _body(2), read_state(store))
     assert resolve_tag(store) == ("v2", v2.hash)
     assert load_version(store, "v1").record.partitions[0].skipped == 1
-    assert [t for t, _, _ in list_versions(store)] == ["v1", "v2"]
+    assert [v.tag for v in shardlake.open(store).versions()] == ["v1", "v2"]
 
 
 def test_publish_refuses_a_malformed_partition_entry(store):

@@ -83,7 +83,7 @@ def test_base_carries_reuses_replaces_and_deletes(tmp_path: Path) -> None:
     report = w.report
     assert report.reused == ["log0"] and report.built == ["log1"]
     assert report.carried == ["log2"] and report.dropped == ["log3"]
-    assert report.version.record.base == "v1"
+    assert report.version.base == "v1"
     before, after = revisions(root, "v1"), revisions(root, "v2")
     assert after["log0"] == before["log0"] and after["log2"] == before["log2"]
     assert after["log1"][0] != before["log1"][0] and "log3" not in after

@@ -270,7 +270,7 @@ def test_export(world: World) -> None:
     assert [v.tag for v in shardlake.open(dest, **world.options).versions()] == ["v2"]
 
     api_dest = world.fresh("api-export")
-    report = world.open().export(api_dest, version="v3", dest_options=world.options or None)
+    report = world.open().export(api_dest, version="v3", dest_storage_options=world.options)
     assert report.to_json()["version"] == "v3"
     assert shardlake.open(api_dest, **world.options).latest.tag == "v3"
 

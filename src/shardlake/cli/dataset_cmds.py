@@ -9,9 +9,8 @@ import os
 import sys
 from typing import Any
 
+from ..errors import SHOW_MAX
 from .common import add_storage_flags, finish_command, open_root, print_json
-
-SHOW_MAX = 20
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:

@@ -35,9 +35,9 @@ from ..errors import (
 from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
-from ..store import Store, open_store
+from ..store import Store
 from .versions import (
-    Version,
+    StoredVersion,
     canonical_json,
     ensure_root,
     read_state,
@@ -48,7 +48,6 @@ from .versions import (
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
-SHOW_MAX = 20
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class Keyset:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def check_version(self, version: Version) -> None:
+    def check_version(self, version: StoredVersion) -> None:
         """Refuse to use this keyset with any version but the one it was made from."""
         if version.hash != self.version_hash:
             raise SelectionError(
@@ -151,7 +150,7 @@ def read_key_list(
 def _encode(
     name: str,
     rows: pa.Table,
-    version: Version,
+    version: StoredVersion,
     dataset_id: str,
     recipe: dict[str, Any],
     rebased_from: str = "",
@@ -184,7 +183,7 @@ def publish_keyset(
     store: Store,
     name: str,
     rows: pa.Table,
-    version: Version,
+    version: StoredVersion,
     recipe: dict[str, Any],
     *,
     rebased_from: str = "",
@@ -277,12 +276,9 @@ def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
     return keyset
 
 
-def load_keyset(
-    url: str | Store, name: str, storage_options: dict[str, Any] | None = None
-) -> Keyset:
+def load_keyset(store: Store, name: str) -> Keyset:
     """Read keyset ``name``; :class:`NotFoundError` if there is none."""
     check_name("keyset", name)
-    store = open_store(url, storage_options)
     try:
         keyset = load_keyset_bytes(store, name)[0]
         if not is_retired(store, keyset):
@@ -311,9 +307,8 @@ def list_keyset_names(store: Store) -> list[str]:
     return sorted(names, key=natural_key)  # by name, not by object key (".parquet" < "-")
 
 
-def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None) -> list[Keyset]:
+def list_keysets(store: Store) -> list[Keyset]:
     """Every live keyset (retired ones, and one deleted while listing, are left out)."""
-    store = open_store(url, storage_options)
     out = []
     for name in list_keyset_names(store):
         try:

@@ -41,7 +41,7 @@ from ..format.documents import PartitionEntry
 from ..format.layout import partition_id
 from ..meta.versions import (
     RootState,
-    Version,
+    StoredVersion,
     check_new_tag,
     ensure_root,
     load_version,
@@ -104,7 +104,7 @@ class WriteSettings:
     """Root state, base and recipe, resolved before the first sample."""
 
     state: RootState
-    base_version: Version | None
+    base_version: StoredVersion | None
     recipe: Recipe
 
 

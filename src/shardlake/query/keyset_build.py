@@ -10,11 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ConflictError, SelectionError, SourceError
+from ..errors import SHOW_MAX, ConflictError, SelectionError, SourceError
 from ..format.layout import check_name, keyset_key
 from ..meta.diff import compare_versions
 from ..meta.keysets import (
-    SHOW_MAX,
     Keyset,
     is_retired,
     load_keyset,
@@ -24,8 +23,8 @@ from ..meta.keysets import (
 )
 from ..meta.versions import load_version, load_version_by_hash
 from ..source import pathlists
-from ..store import Store, open_store
-from .dataset import Dataset, open_dataset
+from ..store import Store
+from .dataset import Dataset, resolve_version
 
 
 def keys_from_file(
@@ -105,7 +104,7 @@ def _is_skipped_frame(npz_path: str) -> bool:
 
 
 def create_keyset(
-    url: str | Store,
+    store: Store,
     name: str,
     *,
     version: str = "latest",
@@ -115,7 +114,6 @@ def create_keyset(
     strip_prefix: str | None = None,
     unmapped: Sequence[str] = (),
     allow_unmatched: int | None = None,
-    storage_options: dict[str, Any] | None = None,
     local_paths: Mapping[str, str] | None = None,
 ) -> Keyset:
     """Select samples of ``version`` by ``where``, ``keys`` or ``key_file`` and publish keyset
@@ -133,10 +131,9 @@ def create_keyset(
         )
     if allow_unmatched is not None and allow_unmatched < 0:
         raise SelectionError("allow_unmatched must be >= 0", options=("allow_unmatched",))
-    store = open_store(url, storage_options)
     key = keyset_key(name)
     existing = _existing(store, name)
-    ds = open_dataset(store, version)
+    ds = Dataset(store, resolve_version(store, version))
     if key_file is not None:
         listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
         keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
@@ -217,13 +214,12 @@ class KeysetReport:
 
 
 def rebase_keyset(
-    url: str | Store,
+    store: Store,
     name: str,
     version: str,
     *,
     new_name: str,
     strict: bool = False,
-    storage_options: dict[str, Any] | None = None,
 ) -> KeysetReport:
     """Publish keyset ``new_name`` bound to ``version``: the keys of keyset ``name`` that
     version still has. Keyset ``name`` is never modified. ``strict``: a dropped or changed key
@@ -232,7 +228,6 @@ def rebase_keyset(
     Reads the two versions' partitions tables and the catalog rows of the partitions that
     differ between them (:func:`shardlake.meta.diff.compare_versions`)."""
     check_name("keyset", new_name)
-    store = open_store(url, storage_options)
     source = load_keyset(store, name)
     old = load_version_by_hash(store, source.version_tag, source.version_hash)
     new = load_version(store, version)
@@ -307,11 +302,8 @@ class DisjointReport:
         }
 
 
-def keyset_overlap(
-    url: str | Store, a: str, b: str, storage_options: dict[str, Any] | None = None
-) -> DisjointReport:
+def keyset_overlap(store: Store, a: str, b: str) -> DisjointReport:
     """Compare two keysets' keys; ``overlap`` counts keys in both (first 20 as examples)."""
-    store = open_store(url, storage_options)
     ka, kb = load_keyset(store, a), load_keyset(store, b)
     both = sorted(set(ka.keys).intersection(kb.keys))
     return DisjointReport(a, b, len(both), both[:SHOW_MAX], ka.version_hash == kb.version_hash)

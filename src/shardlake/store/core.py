@@ -762,11 +762,6 @@ def run_create_checks(store: Store, prefix: str = PROBE_PREFIX) -> list[ProbeChe
             store.delete(key)
 
 
-def probe_create_if_absent(store: Store) -> bool:
-    """True if the store passes every create-if-absent check (sequential and racing)."""
-    return all(check.ok for check in run_create_checks(store))
-
-
 def _store_identity(store: Store) -> dict[str, Any]:
     """What the record is tied to: the protocol, the root URL and the endpoint it was reached at."""
     options = store.storage_options

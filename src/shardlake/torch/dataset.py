@@ -43,7 +43,7 @@ from .plan import (
 )
 from .reader import ChunkList, Payload, SlotReader, iter_ints, request_chunk_size, selection_members
 from .sources import (
-    Source,
+    MixMember,
     combine,
     epoch_counts,
     epoch_rows,
@@ -127,7 +127,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         **overrides: Any,
     ) -> None:
         opts = LoaderOptions.build(options, overrides, where="ShardDataset")
-        source = Source(
+        source = MixMember(
             url, version, keyset=keyset, where=where, keys=keys, storage_options=storage_options
         )
         self._configure([source], batch_size=batch_size, opts=opts)
@@ -135,7 +135,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     @classmethod
     def mix(
         cls,
-        sources: Sequence[Source],
+        sources: Sequence[MixMember],
         *,
         batch_size: int,
         epoch_size: int | None = None,
@@ -150,7 +150,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         dataset. Other options as for ``ShardDataset``.
         """
         if not sources:
-            raise UsageError("ShardDataset.mix needs at least one Source")
+            raise UsageError("ShardDataset.mix needs at least one MixMember")
         opts = LoaderOptions.build(options, overrides, where="ShardDataset.mix")
         if epoch_size is not None:
             opts = replace(opts, epoch_size=epoch_size)
@@ -158,7 +158,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self._configure(list(sources), batch_size=batch_size, opts=opts)
         return self
 
-    def _configure(self, sources: list[Source], *, batch_size: int, opts: LoaderOptions) -> None:
+    def _configure(self, sources: list[MixMember], *, batch_size: int, opts: LoaderOptions) -> None:
         self.options = opts
         self.engine = opts.resolved_engine  # fixed here: workers and threads see the same
         (epoch_size, seed, shuffle, exact, rank, world_size, num_workers) = (
@@ -339,7 +339,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         return [self.table.keys[int(r)] for r in rows]
 
     def sources_of(self, index: torch.Tensor | Sequence[int]) -> list[str]:
-        """Source names of a batch's ``"__index__"``."""
+        """MixMember names of a batch's ``"__index__"``."""
         rows = index.tolist() if isinstance(index, torch.Tensor) else list(index)
         return [self.source_records[int(self.source_of[int(r)])]["name"] for r in rows]
 
@@ -616,10 +616,11 @@ def train_valid(
         shuffle=False,
         **options,
     )
-    from ..query.dataset import open_dataset
     from ..query.selection import require_disjoint
+    from ..root import open as open_root
 
-    version_ds = open_dataset(url, valid.version_tag, options.get("storage_options"))
+    storage_options = options.get("storage_options") or {}
+    version_ds = open_root(url, **storage_options).dataset(valid.version_tag)
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:
