@@ -18,7 +18,8 @@ breakdown (one thread), samples/s and MB/s, the ratios and the command that prod
 The same run also times the **writer** (issue #32): ``Root.writer`` from arrays already in
 memory (the frames loaded once, untimed), against pack from the npz files and against
 webdataset's ``ShardWriter`` fed the same in-memory arrays with the same encoding
-(safetensors + zstd); the writer and that baseline both run in this one process.
+(safetensors + zstd); the writer and that baseline both run in this one process, the writer
+once with one thread and once with ``encode_threads=--workers`` (``writer-threads``).
 
 ``--writer-memory-mb N`` instead measures the writer's memory: it writes about N MB of
 generated frames (made on the fly, never all in memory) round-robin into ``--mem-partitions``
@@ -107,11 +108,12 @@ def run_writer(
     root: Path,
     level: int,
     shard_size: int,
+    threads: int = 1,
 ) -> tuple[float, Any]:
     """``Root.writer`` over in-memory frames (skipped frames left out, as pack does)."""
     import shardlake
 
-    options = shardlake.WriteOptions(level=level, shard_size=shard_size)
+    options = shardlake.WriteOptions(level=level, shard_size=shard_size, encode_threads=threads)
     start = time.perf_counter()
     with shardlake.open(root).writer("bench", options=options) as w:
         for key, arrays, meta in frames:
@@ -305,11 +307,12 @@ def main(argv: list[str] | None = None) -> int:
     payload = 0
     kept = total - sum(1 for _, _, m in frames if m and m.get("is_skipped") is True)
     for rep in range(args.repeat):
-        for name in ("writer", "webdataset-mem"):
+        for name in ("writer", "writer-threads", "webdataset-mem"):
             out = work / f"out-{name}-{rep}"
             shutil.rmtree(out, ignore_errors=True)
-            if name == "writer":
-                seconds, report = run_writer(frames, out, args.level, args.shard_size)
+            if name.startswith("writer"):
+                threads = args.workers if name == "writer-threads" else 1
+                seconds, report = run_writer(frames, out, args.level, args.shard_size, threads)
                 samples = report.version.samples
             else:
                 seconds, samples, _ = run_webdataset_memory(
@@ -346,7 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"writer (in-memory arrays, 1 process) vs webdataset ShardWriter (same arrays, same "
         f"encoding, 1 process): {best['webdataset-mem'] / best['writer']:.2f}x; vs pack from npz "
-        f"({args.workers} workers): {best['shardlake'] / best['writer']:.2f}x"
+        f"({args.workers} workers): {best['shardlake'] / best['writer']:.2f}x; writer with "
+        f"encode_threads={args.workers} vs webdataset ShardWriter: "
+        f"{best['webdataset-mem'] / best['writer-threads']:.2f}x"
     )
     vs_wds = best["webdataset"] / best["shardlake"]
     vs_floor = best["floor"] / best["shardlake"]

@@ -200,3 +200,25 @@ def test_options_and_base_are_checked_up_front(tmp_path: Path) -> None:
         w.delete_partition("b")
     assert [v.tag for v in root.versions()] == ["v1"]
     assert tempfile.gettempdir()  # the default spill directory exists
+
+
+def test_encode_threads_give_the_same_version_and_abort_cleanly(tmp_path: Path) -> None:
+    samples = make_samples(partitions=3, per_partition=10)
+    roots = {}
+    for threads in (1, 3):
+        root = shardlake.open(tmp_path / f"root{threads}")
+        options = WriteOptions(shard_size=SHARD, encode_threads=threads)
+        with root.writer("v1", options=options) as w:
+            for key, arrays, meta in samples:
+                w.write(key, arrays, meta)
+        roots[threads] = root
+    assert revisions(roots[1], "v1") == revisions(roots[3], "v1")
+    assert roots[3].scrub().ok
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    options = WriteOptions(encode_threads=3, spill_dir=spill)
+    with pytest.raises(KeyboardInterrupt), roots[3].writer("v2", options=options) as w:
+        for key, arrays, meta in samples[:12]:
+            w.write(key, arrays, meta)
+        raise KeyboardInterrupt
+    assert [v.tag for v in roots[3].versions()] == ["v1"] and _spill_files(spill) == []

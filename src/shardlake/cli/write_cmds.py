@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--keep-skipped", action="store_true", help="keep is_skipped samples")
     p.add_argument("--spill-dir", metavar="DIR", help="local directory for the writer's spill")
     p.add_argument(
+        "--encode-threads", type=int, default=1, help="threads encoding samples (default 1)"
+    )
+    p.add_argument(
         "--allow-foreign",
         action="store_true",
         help="publish into a location that already holds other objects (gc leaves them alone)",
@@ -58,6 +61,7 @@ def cmd_import_wds(args: argparse.Namespace) -> int:
         seed=args.seed,
         keep_skipped=args.keep_skipped,
         spill_dir=args.spill_dir,
+        encode_threads=args.encode_threads,
         allow_foreign=args.allow_foreign,
     )
     sources = args.sources[0] if len(args.sources) == 1 else args.sources

@@ -21,6 +21,7 @@ A sample's ``source_sha256`` is the SHA-256 of its canonical npz form
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import json
 import os
@@ -83,6 +84,11 @@ class WriteOptions:
         Keep samples whose ``meta`` says ``is_skipped: true`` (left out by default, as pack does).
     workers
         Partitions built in parallel (threads) when the writer closes.
+    encode_threads
+        Threads encoding and verifying samples (default 1: in :meth:`Writer.write` itself).
+        Above 1, ``write`` checks the sample and returns while it is encoded: do not modify its
+        arrays afterwards; an encoding error is raised by a later ``write`` or at the end, naming
+        the key. Memory: at most ``2 * encode_threads`` samples in flight.
     spill_dir
         Local directory for the spill file of encoded payloads (default: the system temp dir).
         It holds the compressed samples until the writer closes.
@@ -95,6 +101,7 @@ class WriteOptions:
     seed: int | None = None
     keep_skipped: bool = False
     workers: int | None = None
+    encode_threads: int = 1
     spill_dir: str | os.PathLike[str] | None = None
     allow_foreign: bool = False
 
@@ -245,6 +252,9 @@ def encode_record(
     return EncodedRecord(skey, path, source_sha256(checked), sidecar, payload, len(st))
 
 
+_Encoded = tuple[str, bytes, int]  # source sha256, payload, safetensors size
+
+
 @dataclass
 class _SpillPartition:
     """A partition being written: its samples' index entries into the spill file."""
@@ -288,8 +298,18 @@ class Writer:
         self._parts: dict[str, _SpillPartition] = {}
         self._partition_of: dict[str, str] = {}  # every key written -> its partition
         self._deleted: set[str] = set()
-        self._coders = (Encoder(self._settings.recipe.level), Decoder())
+        self._local = threading.local()  # zstd contexts are per thread
         self._lock = threading.Lock()
+        threads = max(1, self._opts.encode_threads)
+        self._pool = (
+            cf.ThreadPoolExecutor(threads, thread_name_prefix="shardlake-encode")
+            if threads > 1
+            else None
+        )
+        self._inflight: collections.deque[
+            tuple[_SpillPartition, str, dict[str, Any] | None, cf.Future[_Encoded]]
+        ] = collections.deque()
+        self._max_inflight = 2 * threads
         self._spill = tempfile.TemporaryFile(  # noqa: SIM115 - lives as long as the writer
             prefix="shardlake-writer-", dir=os.fspath(self._opts.spill_dir or tempfile.gettempdir())
         )
@@ -350,39 +370,53 @@ class Writer:
         """
         self._check_open()
         skey = check_key(key)
-        if skey in self._partition_of:
-            raise SourceError(f"sample {skey!r}: duplicate key (already written to this version)")
         path = partition_of_key(skey, partition)
-        if path in self._deleted:
-            raise UsageError(f"sample {skey!r}: partition {path!r} was deleted in this writer")
-        record = encode_record(
-            skey,
-            arrays,
-            meta,
-            partition,
-            self._settings.recipe.level,
-            self._opts.keep_skipped,
-            self._coders,
-        )
+        sidecar = sample_sidecar(skey, meta)
+        checked = sample_arrays(skey, arrays)
         with self._lock:
-            if skey in self._partition_of:  # a racing write of the same key
+            if skey in self._partition_of:
                 raise SourceError(
                     f"sample {skey!r}: duplicate key (already written to this version)"
                 )
+            if path in self._deleted:
+                raise UsageError(f"sample {skey!r}: partition {path!r} was deleted in this writer")
             part = self._parts.get(path)
             if part is None:
                 part = self._parts[path] = _SpillPartition(path)
             self._partition_of[skey] = path
-            if record.payload is None:
+            if is_skipped(sidecar) and not self._opts.keep_skipped:
                 part.skipped += 1
                 return
+        if self._pool is None:
+            self._stage(part, skey, sidecar, self._encode(skey, checked))
+            return
+        self._inflight.append((part, skey, sidecar, self._pool.submit(self._encode, skey, checked)))
+        while len(self._inflight) > self._max_inflight:
+            self._stage_next()
+
+    def _encode(self, key: str, arrays: dict[str, np.ndarray[Any, Any]]) -> _Encoded:
+        coders = getattr(self._local, "coders", None)
+        if coders is None:
+            coders = self._local.coders = (Encoder(self._settings.recipe.level), Decoder())
+        st, payload = encode_verified(coders[0], coders[1], arrays, f"sample {key!r}")
+        return source_sha256(arrays), payload, len(st)
+
+    def _stage_next(self) -> None:
+        part, key, sidecar, future = self._inflight.popleft()
+        self._stage(part, key, sidecar, future.result())
+
+    def _stage(
+        self, part: _SpillPartition, key: str, sidecar: dict[str, Any] | None, encoded: _Encoded
+    ) -> None:
+        """Append a verified payload to the spill; only its index entry stays in memory."""
+        sha, payload, raw_size = encoded
+        with self._lock:
             offset = self._spill_size
-            self._spill.write(record.payload)
-            self._spill_size += len(record.payload)
-            size = len(record.payload)
-            part.index[skey] = (offset, size, record.raw_size, zlib.crc32(record.payload))
-            part.included.append((skey, record.sha256))
-            part.sidecars[skey] = record.sidecar
+            self._spill.write(payload)
+            self._spill_size += len(payload)
+            part.index[key] = (offset, len(payload), raw_size, zlib.crc32(payload))
+            part.included.append((key, sha))
+            part.sidecars[key] = sidecar
 
     def delete_partition(self, name: str) -> None:
         """Leave the base's partition ``name`` (a partition path) out of the new version."""
@@ -403,7 +437,15 @@ class Writer:
         """Publish nothing; drop the spill (revisions already in the store are gc's)."""
         if self._state == "open":
             self._state = "aborted"
+            self._stop_encoding()
             self._spill.close()
+
+    def _stop_encoding(self) -> None:
+        for *_, future in self._inflight:
+            future.cancel()
+        self._inflight.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> PackReport:
         """Build every written partition from the spill and publish the version (once)."""
@@ -411,6 +453,9 @@ class Writer:
             return self._report
         self._check_open()
         try:
+            while self._inflight:
+                self._stage_next()
+            self._stop_encoding()
             if not self._parts and not self._deleted:
                 raise SourceError(
                     f"writer for {self._tag!r}: nothing was written (an empty write); "
