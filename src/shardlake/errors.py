@@ -125,6 +125,11 @@ class CapabilityError(StoreError):
     """The store does not keep a promise shardlake needs (e.g. it ignores If-None-Match)."""
 
 
+class ReadOnlyStoreError(CapabilityError):
+    """The store can only be read (an ``http://`` or ``https://`` root): a command that would
+    write is refused before it does anything."""
+
+
 class OutcomeUnknownError(StoreError):
     """A write whose reply was lost and whose effect could not be read back before the deadline:
     it may or may not have taken effect."""

@@ -308,6 +308,8 @@ def cmd_scrub(args: argparse.Namespace) -> int:
         for problem in report.problems:
             label = "corrupt" if problem.corrupt_at_rest else "unreadable"
             print(f"{label}: {problem}", file=sys.stderr)
+        for text in report.index_problems:
+            print(f"index: {text}", file=sys.stderr)
         counts = report.to_json()
         print(
             f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
@@ -315,8 +317,10 @@ def cmd_scrub(args: argparse.Namespace) -> int:
             + (
                 "ok"
                 if report.ok
-                else f"{len(report.problems)} problem(s): {counts['corrupt_at_rest']} corrupt at "
-                f"rest, {counts['transport_errors']} transport error(s)"
+                else f"{len(report.problems) + len(report.index_problems)} problem(s): "
+                f"{counts['corrupt_at_rest']} corrupt at rest, {counts['transport_errors']} "
+                f"transport error(s)"
+                + (f", {len(report.index_problems)} in index.json" if report.index_problems else "")
             )
         )
     return 0 if report.ok else 1

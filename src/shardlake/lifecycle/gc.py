@@ -50,7 +50,14 @@ from typing import Any
 
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.documents import GcLock
-from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER, is_owned_key
+from ..format.layout import (
+    COMMITS_DIR,
+    KEYSETS_DIR,
+    PROBE_DIR,
+    ROOT_INDEX,
+    ROOT_MARKER,
+    is_owned_key,
+)
 from ..meta.keysets import list_keysets, referenced_versions
 from ..meta.versions import (
     RootState,
@@ -155,7 +162,7 @@ def _owned_leftover(store: Store, leftover: Leftover) -> bool:
 
 
 def _is_protected(key: str) -> bool:
-    return key == ROOT_MARKER or key.startswith(_KEEP_PREFIXES)
+    return key in (ROOT_MARKER, ROOT_INDEX) or key.startswith(_KEEP_PREFIXES)
 
 
 def _delete_order(info: ObjectInfo) -> tuple[int, str]:
@@ -190,6 +197,7 @@ def collect_garbage(
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     store = open_store(url, storage_options)
+    store.require_writable("gc")
     fenced = _survey_under_lock(store, grace_s, dry_run)
     if isinstance(fenced, GcReport):
         return fenced  # a dry run, or nothing to delete

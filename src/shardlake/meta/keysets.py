@@ -36,7 +36,7 @@ from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store, open_store
-from .versions import Version, canonical_json, ensure_root, utc_now
+from .versions import Version, canonical_json, ensure_root, refresh_index, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
@@ -191,6 +191,7 @@ def publish_keyset(
         raise ConflictError(
             f"{store.key_url(key)}: keyset {name!r} was created by another writer meanwhile"
         ) from exc
+    refresh_index(store)
     return decode_keyset(data, name, store.key_url(key))
 
 
@@ -371,6 +372,7 @@ def delete_keyset(store: Store, name: str) -> Keyset:
         store.delete(key)
         store.create(key, canonical_json(doc))
     store.delete(keyset_key(name))
+    refresh_index(store)
     return keyset
 
 
