@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_import_wds(args: argparse.Namespace) -> int:
-    from ..pack.writer import WriteOptions
+    from shardlake import WriteOptions
 
     options = WriteOptions(
         shard_size=args.shard_size,
