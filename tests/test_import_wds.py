@@ -164,3 +164,16 @@ def test_unconvertible_members_are_all_named_and_nothing_is_published(
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="no .tar files"):
         shardlake.open(root_dir).import_wds(tmp_path / "empty", "v1")
+
+
+def test_shard_partitions_hold_keys_with_directories(tmp_path: Path) -> None:
+    tars = tmp_path / "wds"
+    tars.mkdir()
+    with wds.TarWriter(str(tars / "part-a.tar")) as sink:
+        for i in range(3):
+            sink.write({"__key__": f"cam/{i:04d}", "x.npy": np.full(2, i), "id": str(i)})
+    root = shardlake.open(tmp_path / "root")
+    report = root.import_wds(tars / "part-a.tar", "v1", key_prefix="run1/")
+    assert report.built == ["run1/part-a"]
+    sample = root.dataset("v1").get("run1/part-a/cam/0002")
+    _same(sample, {"x": np.full(2, 2), "id": np.array(2, dtype=np.int64)})

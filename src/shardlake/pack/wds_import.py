@@ -220,12 +220,14 @@ def import_wds(
     problems: list[str] = []
     with Writer(root, tag, base=base, options=options) as writer:
         for url, store, key in tars:
-            prefix = key_prefix + _stem(key) + "/" if partition_by == "shard" else key_prefix
+            # shard: the tar is the partition, whatever directories its keys hold
+            part = key_prefix + _stem(key) if partition_by == "shard" else None
+            prefix = part + "/" if part is not None else key_prefix
             for sample in _samples(url, store, key, problems):
                 if problems:
                     continue  # keep reading to name every unconvertible member
                 try:
-                    writer.write(prefix + sample.key, sample.arrays, sample.meta)
+                    writer.write(prefix + sample.key, sample.arrays, sample.meta, partition=part)
                 except SourceError as exc:
                     raise SourceError(f"{url}: {exc}") from exc
         if problems:
