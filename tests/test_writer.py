@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -240,3 +241,32 @@ def test_canonical_npz_form_is_deterministic_and_hashed() -> None:
     assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
     assert source_sha256(arrays) == hashlib.sha256(data).hexdigest()
     assert_same_arrays(load_npz(data, "x"), arrays)
+
+
+def test_finished_partitions_build_early_and_free_their_spill(tmp_path: Path) -> None:
+    samples = make_samples(partitions=3, per_partition=5)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    root = shardlake.open(tmp_path / "root")
+    options = WriteOptions(shard_size=SHARD, spill_dir=spill)
+    with root.writer("v1", options=options) as w:
+        for p in range(3):
+            for key, arrays, meta in samples[p * 5 : (p + 1) * 5]:
+                w.write(key, arrays, meta)
+            w.finish_partition(f"log{p}")
+        with pytest.raises(UsageError, match="finished already"):
+            w.write("log0/new", {"x": np.ones(1)})
+        (tmpdir,) = os.listdir(spill)
+        w.finish_partition("log2")  # again: nothing to do
+        deadline = time.monotonic() + 30
+        while os.listdir(spill / tmpdir) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the builds run in the background
+        assert os.listdir(spill / tmpdir) == []  # built and freed before the writer closed
+        assert root.versions() == []
+    assert _spill_files(spill) == []
+    other = shardlake.open(tmp_path / "other")
+    with other.writer("v1", options=WriteOptions(shard_size=SHARD)) as w:
+        for key, arrays, meta in samples:
+            w.write(key, arrays, meta)
+    assert revisions(root, "v1") == revisions(other, "v1")
+    assert root.scrub().ok

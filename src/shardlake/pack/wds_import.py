@@ -223,6 +223,7 @@ def import_wds(
             # shard: the tar is the partition, whatever directories its keys hold
             part = key_prefix + _stem(key) if partition_by == "shard" else None
             prefix = part + "/" if part is not None else key_prefix
+            written = 0
             for sample in _samples(url, store, key, problems):
                 if problems:
                     continue  # keep reading to name every unconvertible member
@@ -230,6 +231,9 @@ def import_wds(
                     writer.write(prefix + sample.key, sample.arrays, sample.meta, partition=part)
                 except SourceError as exc:
                     raise SourceError(f"{url}: {exc}") from exc
+                written += 1
+            if part is not None and written and not problems:
+                writer.finish_partition(part)  # built while the next tar is read
         if problems:
             more = len(problems) - SHOW_PROBLEMS
             raise SourceError(

@@ -1,9 +1,10 @@
 """``Root.writer``: write a version from Python, sample by sample, through pack's publish.
 
 Each :meth:`Writer.write` checks the sample (key, arrays, sidecar), encodes it, **verifies**
-the payload against the arrays (as pack does) and appends it to a local spill file, keeping only
-a small index entry in memory (key, offset, sizes, CRC, source hash, sidecar). On a clean exit
-every partition written is built with pack's own :func:`~shardlake.pack.build.build_revision`
+the payload against the arrays (as pack does) and appends it to its partition's local spill
+file, keeping only a small index entry in memory (key, offset, sizes, CRC, source hash,
+sidecar). :meth:`Writer.finish_partition` builds a partition at once, in the background, and
+removes its spill file; on a clean exit every partition not finished yet is built with pack's own :func:`~shardlake.pack.build.build_revision`
 (same content addressing, seeded shuffle, shard rolling, manifest, revision reuse) from the
 spill, one payload at a time, and the version is published by :func:`~shardlake.pack.publish.
 publish` (one commit, create-if-absent). An exception (or Ctrl-C) inside the ``with`` block
@@ -32,7 +33,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -68,6 +69,7 @@ __all__ = ["WriteOptions", "Writer", "check_key", "partition_of_key"]
 # The partition rule a writer version records: a key's parent path (``partition=`` overrides).
 PARENT_RULE = PartitionRule(depth=None, regex=r"^(?P<partition>.+)/[^/]+$")
 DEFAULT_BUILD_WORKERS = 4
+MAX_OPEN_SPILLS = 64
 
 
 @dataclass(frozen=True)
@@ -257,13 +259,16 @@ _Encoded = tuple[str, bytes, int]  # source sha256, payload, safetensors size
 
 @dataclass
 class _SpillPartition:
-    """A partition being written: its samples' index entries into the spill file."""
+    """A partition being written: its spill file and its samples' index entries into it."""
 
     path: str
+    file: str
+    size: int = 0
     index: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # off,size,raw,crc
     included: list[tuple[str, str]] = field(default_factory=list)
     sidecars: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     skipped: int = 0
+    build: cf.Future[BuildResult] | None = None  # set once the partition is finished
 
 
 class Writer:
@@ -310,10 +315,15 @@ class Writer:
             tuple[_SpillPartition, str, dict[str, Any] | None, cf.Future[_Encoded]]
         ] = collections.deque()
         self._max_inflight = 2 * threads
-        self._spill = tempfile.TemporaryFile(  # noqa: SIM115 - lives as long as the writer
+        self._spill = tempfile.TemporaryDirectory(  # lives as long as the writer
             prefix="shardlake-writer-", dir=os.fspath(self._opts.spill_dir or tempfile.gettempdir())
         )
-        self._spill_size = 0
+        # Open spill handles, least recently used first (many partitions: few descriptors).
+        self._handles: collections.OrderedDict[str, BinaryIO] = collections.OrderedDict()
+        self._builder = cf.ThreadPoolExecutor(
+            max(1, self._opts.workers or DEFAULT_BUILD_WORKERS),
+            thread_name_prefix="shardlake-build",
+        )
         self._state = "open"  # open -> published | aborted
         self._report: PackReport | None = None
 
@@ -382,7 +392,10 @@ class Writer:
                 raise UsageError(f"sample {skey!r}: partition {path!r} was deleted in this writer")
             part = self._parts.get(path)
             if part is None:
-                part = self._parts[path] = _SpillPartition(path)
+                spill = os.path.join(self._spill.name, f"{len(self._parts):08d}.spill")
+                part = self._parts[path] = _SpillPartition(path, spill)
+            elif part.build is not None:
+                raise UsageError(f"sample {skey!r}: partition {path!r} was finished already")
             self._partition_of[skey] = path
             if is_skipped(sidecar) and not self._opts.keep_skipped:
                 part.skipped += 1
@@ -411,9 +424,15 @@ class Writer:
         """Append a verified payload to the spill; only its index entry stays in memory."""
         sha, payload, raw_size = encoded
         with self._lock:
-            offset = self._spill_size
-            self._spill.write(payload)
-            self._spill_size += len(payload)
+            handle = self._handles.pop(part.path, None)
+            if handle is None:
+                handle = open(part.file, "ab")  # noqa: SIM115 - kept open across writes
+                if len(self._handles) >= MAX_OPEN_SPILLS:
+                    self._handles.popitem(last=False)[1].close()
+            self._handles[part.path] = handle
+            offset = part.size
+            handle.write(payload)
+            part.size += len(payload)
             part.index[key] = (offset, len(payload), raw_size, zlib.crc32(payload))
             part.included.append((key, sha))
             part.sidecars[key] = sidecar
@@ -431,6 +450,28 @@ class Writer:
             )
         self._deleted.add(path)
 
+    def finish_partition(self, name: str) -> None:
+        """Declare partition ``name`` complete: it is built now, in the background, and its
+        spill file removed; writing to it again is refused. Optional: at the end every
+        partition not finished is built. Writing partition after partition and finishing each
+        keeps the spill to the partitions still open."""
+        self._check_open()
+        path = check_key(name, "partition")
+        part = self._parts.get(path)
+        if part is None:
+            raise UsageError(f"partition {path!r} has no samples in this writer")
+        if part.build is None:
+            while self._inflight:  # its samples may still be encoding
+                self._stage_next()
+            self._start_build(part)
+
+    def _start_build(self, part: _SpillPartition) -> None:
+        with self._lock:
+            handle = self._handles.pop(part.path, None)
+            if handle is not None:
+                handle.close()
+            part.build = self._builder.submit(self._build, part)
+
     # --- ending --------------------------------------------------------------------------
 
     def abort(self) -> None:
@@ -438,7 +479,15 @@ class Writer:
         if self._state == "open":
             self._state = "aborted"
             self._stop_encoding()
-            self._spill.close()
+            self._stop_building()
+
+    def _stop_building(self) -> None:
+        """Wait for running builds (their revisions stay for gc), drop the spill."""
+        self._builder.shutdown(wait=True, cancel_futures=True)
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
+        self._spill.cleanup()
 
     def _stop_encoding(self) -> None:
         for *_, future in self._inflight:
@@ -461,8 +510,10 @@ class Writer:
                     f"writer for {self._tag!r}: nothing was written (an empty write); "
                     "nothing was published"
                 )
-            self._spill.flush()
-            results = self._build_all()
+            for part in self._parts.values():
+                if part.build is None:
+                    self._start_build(part)
+            results = [p.build.result() for p in self._parts.values() if p.build is not None]
             self._report = publish_written(
                 self._store,
                 self._tag,
@@ -477,45 +528,39 @@ class Writer:
             self.abort()
             raise
         self._state = "published"
-        self._spill.close()
+        self._stop_building()
         return self._report
 
     def _check_open(self) -> None:
         if self._state != "open":
             raise UsageError(f"writer for {self._tag!r} is closed ({self._state})")
 
-    def _build_all(self) -> list[BuildResult]:
-        parts = [p for p in self._parts.values() if p.included or p.skipped]
-        workers = max(1, self._opts.workers or DEFAULT_BUILD_WORKERS)
-        if workers == 1 or len(parts) == 1:
-            return [self._build(p) for p in parts]
-        with cf.ThreadPoolExecutor(workers, thread_name_prefix="shardlake-writer") as pool:
-            futures = [pool.submit(self._build, p) for p in parts]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-
     def _build(self, part: _SpillPartition) -> BuildResult:
-        fd = self._spill.fileno()
-
-        def encoded(order: list[str]) -> Iterator[EncodedSample]:
-            for key in order:
-                offset, size, raw_size, crc = part.index[key]
-                payload = os.pread(fd, size, offset)
-                # The spill is local disk: check what comes back is what was verified.
-                if len(payload) != size or zlib.crc32(payload) != crc:
-                    raise IntegrityError(f"sample {key!r}: the writer's spill file changed")
-                yield EncodedSample(key, payload, raw_size)
-
+        """Build one partition from its spill file (one payload at a time), then remove it."""
         source = RevisionSource(
             partition_id(part.path), part.path, part.included, part.sidecars, part.skipped
         )
-        return build_revision(
-            self._store, self._settings.recipe, source, encoded, where=f"partition {part.path}"
-        )
+        if not part.size:
+            return build_revision(
+                self._store, self._settings.recipe, source, lambda order: iter(()), where=part.path
+            )
+        with open(part.file, "rb") as fh:
+            fd = fh.fileno()
+
+            def encoded(order: list[str]) -> Iterator[EncodedSample]:
+                for key in order:
+                    offset, size, raw_size, crc = part.index[key]
+                    payload = os.pread(fd, size, offset)
+                    # The spill is local disk: check what comes back is what was verified.
+                    if len(payload) != size or zlib.crc32(payload) != crc:
+                        raise IntegrityError(f"sample {key!r}: the writer's spill file changed")
+                    yield EncodedSample(key, payload, raw_size)
+
+            result = build_revision(
+                self._store, self._settings.recipe, source, encoded, where=f"partition {part.path}"
+            )
+        os.remove(part.file)
+        return result
 
 
 def publish_written(
