@@ -177,3 +177,30 @@ def test_shard_partitions_hold_keys_with_directories(tmp_path: Path) -> None:
     assert report.built == ["run1/part-a"]
     sample = root.dataset("v1").get("run1/part-a/cam/0002")
     _same(sample, {"x": np.full(2, 2), "id": np.array(2, dtype=np.int64)})
+
+
+@pytest.mark.parametrize("store_kind", ["s3"])
+def test_cli_import_between_stores_with_storage_options(
+    store_factory: Callable[..., StoreLocation],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    shards = _records(1, 4, seed=9)
+    _write_tars(tmp_path / "wds", shards)
+    src, dest = store_factory(label="cli-src"), store_factory(label="cli-root")
+    tar = next((tmp_path / "wds").iterdir())
+    src.open().write(tar.name, tar.read_bytes())
+
+    def flags(flag: str, options: dict[str, Any]) -> list[str]:
+        return [a for k, v in options.items() for a in (flag, f"{k}={json.dumps(v)}")]
+
+    argv = ["import-wds", f"{src.url}/{tar.name}", dest.url, "--tag", "v1", "--json"]
+    argv += flags("--storage-option", dest.storage_options)
+    argv += flags("--source-storage-option", src.storage_options)
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 4
+    root = shardlake.open(dest.url, **dest.storage_options)
+    samples = _expected(shards, lambda s, k: f"train-{s:06d}/{k}")
+    for key, arrays, _ in samples:
+        _same(root.dataset("v1").get(key), arrays)
