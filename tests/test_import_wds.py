@@ -177,6 +177,11 @@ def test_shard_partitions_hold_keys_with_directories(tmp_path: Path) -> None:
     assert report.built == ["run1/part-a"]
     sample = root.dataset("v1").get("run1/part-a/cam/0002")
     _same(sample, {"x": np.full(2, 2), "id": np.array(2, dtype=np.int64)})
+    # a directory: tars of the same name in two subdirectories are two partitions
+    (tars / "b").mkdir()
+    (tars / "b" / "part-a.tar").write_bytes((tars / "part-a.tar").read_bytes())
+    report = root.import_wds(tars, "v2")
+    assert sorted(report.built) == ["b/part-a", "part-a"]
 
 
 @pytest.mark.parametrize("store_kind", ["s3"])

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import io
 import os
-import posixpath
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -80,7 +79,9 @@ def _is_tar(name: str) -> bool:
 
 
 def _stem(name: str) -> str:
-    base = posixpath.basename(name)
+    """A tar's partition name: its path under the directory given (or its file name), less
+    the suffix, so that ``a/x.tar`` and ``b/x.tar`` stay apart."""
+    base = name.strip("/")
     for suffix in TAR_SUFFIXES:
         if base.endswith(suffix):
             return base[: -len(suffix)]
