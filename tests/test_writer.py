@@ -270,3 +270,17 @@ def test_finished_partitions_build_early_and_free_their_spill(tmp_path: Path) ->
             w.write(key, arrays, meta)
     assert revisions(root, "v1") == revisions(other, "v1")
     assert root.scrub().ok
+
+
+def test_a_writer_that_only_deletes_publishes_the_base_without_it(tmp_path: Path) -> None:
+    root = shardlake.open(tmp_path / "root")
+    with root.writer("v1") as w:
+        for key, arrays, meta in make_samples(partitions=2, per_partition=2):
+            w.write(key, arrays, meta)
+    with root.writer("v2", base="v1") as w:
+        w.delete_partition("log0")
+    assert w.report.dropped == ["log0"] and w.report.carried == ["log1"]
+    assert sorted(revisions(root, "v2")) == ["log1"]
+    with pytest.raises(SourceError, match="no partitions"), root.writer("v3", base="v2") as w:
+        w.delete_partition("log1")
+    assert [v.tag for v in root.versions()] == ["v1", "v2"]
