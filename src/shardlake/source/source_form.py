@@ -37,6 +37,7 @@ def _npz(arrays: Mapping[str, np.ndarray[Any, Any]], compress: bool) -> io.Bytes
     with zipfile.ZipFile(buf, "w", compression=method, compresslevel=1 if compress else None) as zf:
         for name, array in arrays.items():
             info = zipfile.ZipInfo(name + ".npy", date_time=NPZ_DATE_TIME)
+            info.create_system = 3  # zipfile writes 0 on Windows: the same bytes everywhere
             info.compress_type = method
             info._compresslevel = 1 if compress else None  # type: ignore[attr-defined]
             with zf.open(info, "w", force_zip64=True) as fh:
