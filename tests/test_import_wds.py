@@ -209,3 +209,33 @@ def test_cli_import_between_stores_with_storage_options(
     samples = _expected(shards, lambda s, k: f"train-{s:06d}/{k}")
     for key, arrays, _ in samples:
         _same(root.dataset("v1").get(key), arrays)
+
+
+def test_ctrl_c_during_an_import_publishes_nothing(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tars = tmp_path / "wds"
+    tars.mkdir()
+    rng = np.random.default_rng(1)
+    with wds.TarWriter(str(tars / "big.tar")) as sink:
+        for i in range(400):
+            sink.write({"__key__": f"{i:05d}", "x.npy": rng.random(32768)})
+    spill, root_dir = tmp_path / "spill", tmp_path / "root"
+    spill.mkdir()
+    code = "import sys; from shardlake.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    argv = ["import-wds", str(tars), str(root_dir), "--tag", "v1", "--spill-dir", str(spill)]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *argv], stderr=subprocess.PIPE, text=True, env=os.environ
+    )
+    deadline = time.monotonic() + 60
+    while not any(spill.rglob("*.spill")) and time.monotonic() < deadline:
+        time.sleep(0.01)  # interrupt once the writer has staged samples
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted; nothing was published" in err
+    assert shardlake.open(root_dir).versions() == [] and list(spill.iterdir()) == []
