@@ -31,18 +31,8 @@ SHARD = 1500
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            processes=True,
-            threads_per_worker=1,
-            protocol="tcp://",
-            host="127.0.0.1",
-            dashboard_address=None,
-        ) as cluster,
-        distributed.Client(cluster) as dask_client,
-    ):
+def client(dask_cluster: Any) -> Iterator[Any]:
+    with distributed.Client(dask_cluster) as dask_client:
         yield dask_client
 
 
