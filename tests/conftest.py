@@ -22,9 +22,10 @@ def loader_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     return engine
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_cluster() -> Iterator[Any]:
-    """A real distributed cluster on loopback: 2 worker processes, 1 thread each."""
+    """A real distributed cluster on loopback: 2 worker processes, 1 thread each (one per
+    test module: it goes away with the module's tests)."""
     distributed = pytest.importorskip("distributed")
     with distributed.LocalCluster(
         n_workers=2,
@@ -37,7 +38,7 @@ def dask_cluster() -> Iterator[Any]:
         yield cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dask_address(dask_cluster: Any) -> str:
     """The cluster's scheduler as shardlake's executor spec (``dask://127.0.0.1:PORT``)."""
     return str(dask_cluster.scheduler_address).replace("tcp://", "dask://")
