@@ -311,6 +311,7 @@ class Writer:
             if threads > 1
             else None
         )
+        self._hasher = cf.ThreadPoolExecutor(1, thread_name_prefix="shardlake-hash")
         self._inflight: collections.deque[
             tuple[_SpillPartition, str, dict[str, Any] | None, cf.Future[_Encoded]]
         ] = collections.deque()
@@ -401,18 +402,27 @@ class Writer:
                 part.skipped += 1
                 return
         if self._pool is None:
-            self._stage(part, skey, sidecar, self._encode(skey, checked))
+            # The source hash runs beside the encoding (both release the GIL on big buffers);
+            # both are done before write() returns, so the caller may reuse its arrays.
+            sha = self._hasher.submit(source_sha256, checked)
+            try:
+                _, payload, raw_size = self._encode(skey, checked, hashed=False)
+            finally:
+                digest = sha.result()
+            self._stage(part, skey, sidecar, (digest, payload, raw_size))
             return
         self._inflight.append((part, skey, sidecar, self._pool.submit(self._encode, skey, checked)))
         while len(self._inflight) > self._max_inflight:
             self._stage_next()
 
-    def _encode(self, key: str, arrays: dict[str, np.ndarray[Any, Any]]) -> _Encoded:
+    def _encode(
+        self, key: str, arrays: dict[str, np.ndarray[Any, Any]], hashed: bool = True
+    ) -> _Encoded:
         coders = getattr(self._local, "coders", None)
         if coders is None:
             coders = self._local.coders = (Encoder(self._settings.recipe.level), Decoder())
         st, payload = encode_verified(coders[0], coders[1], arrays, f"sample {key!r}")
-        return source_sha256(arrays), payload, len(st)
+        return source_sha256(arrays) if hashed else "", payload, len(st)
 
     def _stage_next(self) -> None:
         part, key, sidecar, future = self._inflight.popleft()
@@ -493,6 +503,7 @@ class Writer:
         for *_, future in self._inflight:
             future.cancel()
         self._inflight.clear()
+        self._hasher.shutdown(wait=True, cancel_futures=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
