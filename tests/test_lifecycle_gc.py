@@ -14,7 +14,7 @@ from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
-from shardlake.format.layout import COMMITS_DIR, ROOT_MARKER, commit_key
+from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
 from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
@@ -38,7 +38,7 @@ def _expected_garbage(store: Store, live: list[str]) -> set[str]:
         k
         for k in store.list("")
         if k not in keep
-        and k != ROOT_MARKER
+        and k not in (ROOT_MARKER, ROOT_INDEX)
         and not k.startswith((COMMITS_DIR + "/", "keysets/", "_shardlake/"))
     }
 
