@@ -18,7 +18,7 @@ from shardlake.store import open_store
 from shardlake.tools.bench.measure import CountingStore, read_counts
 from shardlake.torch import ShardDataset
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("loader_engine")]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from shardlake.tools.bench.measure import CountingStore, read_counts
 from shardlake.torch import ReadOptions, ShardDataset
 from shardlake.torch.reader import coalesce, request_chunk_size
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("loader_engine")]
 
 
 @pytest.fixture(scope="module")

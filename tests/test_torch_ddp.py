@@ -10,7 +10,10 @@ from test_torch_support import copy_root, flip_byte, make_root, run_ranks
 
 from shardlake.torch import ShardDataset
 
-pytestmark = pytest.mark.timeout(300)  # a hang is a failure
+pytestmark = [
+    pytest.mark.timeout(300),
+    pytest.mark.usefixtures("loader_engine"),
+]  # a hang is a failure
 
 COUNTS = [1, 400]  # an uneven selection: one partition of 1 sample, one of 400
 BATCH = 16

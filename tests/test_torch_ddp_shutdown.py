@@ -9,7 +9,7 @@ from test_torch_support import copy_root, flip_byte, make_root, run_ranks
 
 from shardlake.torch import ShardDataset
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.usefixtures("loader_engine")]
 
 RUNS = 10
 

@@ -12,7 +12,7 @@ from test_torch_support import make_root
 from shardlake.errors import UsageError
 from shardlake.torch import ShardDataset, Source
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("loader_engine")]
 
 BATCH = 8
 

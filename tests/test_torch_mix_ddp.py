@@ -17,7 +17,7 @@ from shardlake.store import open_store
 from shardlake.testing.fixtures import new_location, shared_servers
 from shardlake.torch import ShardDataset, Source
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("loader_engine")]
 
 BATCH = 8
 K = 4  # steps before the preemption

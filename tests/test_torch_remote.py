@@ -13,7 +13,7 @@ from shardlake.store import RequestCounter, open_store
 from shardlake.testing.fixtures import new_location, shared_servers
 from shardlake.torch import ShardDataset
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("loader_engine")]
 
 BATCH = 8
 

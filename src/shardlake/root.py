@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
+    from .pack.writer import WriteOptions, Writer
     from .query.keyset_build import DisjointReport, KeysetReport
     from .read.tasks import ExecutorSpec
 
@@ -291,6 +292,60 @@ class Root:
             options=options,
             progress_stream=progress_stream,
             **extra,
+        )
+
+    @_writes
+    def writer(
+        self, tag: str, *, base: str | None = None, options: WriteOptions | None = None
+    ) -> Writer:
+        """A :class:`~shardlake.Writer` publishing version ``tag`` when its ``with`` block exits.
+
+        ``base`` carries that version's partitions forward (a partition written again replaces
+        its own); ``options`` is a :class:`~shardlake.WriteOptions`.
+        """
+        from .pack.writer import Writer
+
+        return Writer(self.store, tag, base=base, options=options)
+
+    @_writes
+    def write_bag(
+        self, bag: Any, tag: str, *, base: str | None = None, options: WriteOptions | None = None
+    ) -> PackReport:
+        """Write a ``dask.bag.Bag`` of ``(key, arrays, meta)`` records as version ``tag``.
+
+        The cluster's workers build and write the partitions; this process publishes.
+        """
+        from .pack.bag import write_bag
+
+        return write_bag(self.store, bag, tag, base=base, options=options)
+
+    @_writes
+    def import_wds(
+        self,
+        source: str | os.PathLike[str] | Sequence[str],
+        tag: str,
+        *,
+        key_prefix: str = "",
+        partition_by: str = "shard",
+        base: str | None = None,
+        options: WriteOptions | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> PackReport:
+        """Import a WebDataset tar set (brace pattern, list or directory) as version ``tag``.
+
+        See :func:`shardlake.pack.wds_import.import_wds`; ``storage_options`` open the source.
+        """
+        from .pack.wds_import import import_wds
+
+        return import_wds(
+            self.store,
+            source,
+            tag,
+            key_prefix=key_prefix,
+            partition_by=partition_by,
+            base=base,
+            options=options,
+            storage_options=storage_options,
         )
 
     @_writes

@@ -63,6 +63,16 @@ def is_owned_key(key: str) -> bool:
     return _OWNED_RE.fullmatch(key) is not None
 
 
+_DIGITS_RE = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key for names as people read them: ``train`` < ``train-list``, ``v2`` < ``v10``."""
+    return tuple(
+        (1, int(part)) if part.isdigit() else (0, part) for part in _DIGITS_RE.split(name) if part
+    )
+
+
 def check_name(kind: str, name: str) -> str:
     """Validate a tag or keyset name: letters, digits, ``.``, ``_``, ``-``; at most 128."""
     if not isinstance(name, str) or not _NAME_RE.match(name) or name in ("latest",):

@@ -38,6 +38,7 @@ Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import re
 import socket
@@ -102,6 +103,7 @@ class GcReport:
     young: list[ObjectInfo] = field(default_factory=list)  # unreferenced but within grace
     # staging of killed writers (local temp files, unfinished multipart uploads) removed
     leftovers: list[Leftover] = field(default_factory=list)
+    young_leftovers: list[Leftover] = field(default_factory=list)  # within grace: kept
     incomplete: bool = False  # stopped before its lock expired; run gc again
     # objects shardlake did not write (names outside docs/format.md's shapes): never deleted
     foreign: list[ObjectInfo] = field(default_factory=list)
@@ -125,6 +127,7 @@ class GcReport:
             "kept_young": len(self.young),
             "kept_young_bytes": sum(o.size for o in self.young),
             "leftovers": [item.path for item in self.leftovers],
+            "kept_young_leftovers": len(self.young_leftovers),
             "incomplete": self.incomplete,
             "foreign": len(self.foreign),
             "foreign_examples": [o.key for o in self.foreign[:FOREIGN_EXAMPLES]],
@@ -230,9 +233,10 @@ def _survey(
             report.young.append(info)
         else:
             report.garbage.append(info)
-    leftovers = [
-        item for item in store.leftovers(older_than=cutoff) if _owned_leftover(store, item)
-    ]
+    # Every leftover with a start time, so that those the grace keeps are counted too.
+    found = [item for item in store.leftovers(older_than=math.inf) if _owned_leftover(store, item)]
+    leftovers = [item for item in found if item.started is not None and item.started < cutoff]
+    report.young_leftovers = [item for item in found if item not in leftovers]
     return report, leftovers, cutoff
 
 

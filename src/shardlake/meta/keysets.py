@@ -32,7 +32,7 @@ from ..errors import (
     SelectionError,
     SourceError,
 )
-from ..format.layout import KEYSETS_DIR, check_name, keyset_key
+from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store, open_store
@@ -292,11 +292,12 @@ def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:
 
 def list_keyset_names(store: Store) -> list[str]:
     suffix = ".parquet"
-    return [
+    names = [
         k[len(KEYSETS_DIR) + 1 : -len(suffix)]
         for k in store.list(KEYSETS_DIR)
         if k.endswith(suffix) and "/" not in k[len(KEYSETS_DIR) + 1 :]
     ]
+    return sorted(names, key=natural_key)  # by name, not by object key (".parquet" < "-")
 
 
 def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None) -> list[Keyset]:

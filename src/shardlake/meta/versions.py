@@ -227,11 +227,7 @@ class Version:
 
 def describe_lock(lock: GcLock | None) -> str:
     """``gc holds the root until <UTC time> (owner ...)``, for messages."""
-    if lock is None:
-        return "no gc holds the root"
-    until = datetime.fromtimestamp(lock.expires_at, timezone.utc)
-    owner = f" (owner {lock.owner})" if lock.owner else ""
-    return f"gc holds the root until {until.isoformat(timespec='seconds')}{owner}"
+    return "no gc holds the root" if lock is None else lock.describe()
 
 
 def read_root_marker(store: Store) -> dict[str, Any] | None:

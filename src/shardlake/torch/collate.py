@@ -11,6 +11,7 @@ Collated batches equal ``default_collate`` over the per-sample dicts: numeric ar
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,21 +51,32 @@ def _as_sample_value(array: np.ndarray[Any, Any]) -> Any:
 
 
 class PayloadDecoder:
-    """zstd + safetensors decode; a bad zstd frame is re-read once through ``refetch``."""
+    """zstd + safetensors decode; a bad zstd frame is re-read once through ``refetch``.
+
+    Safe to call from several threads at once (the thread engine): a zstd decompression
+    context must not be shared between threads, so each thread gets its own."""
 
     def __init__(self, refetch: RefetchFn, where: WhereFn) -> None:
-        self._decoder = Decoder()
+        self._local = threading.local()
         self._refetch = refetch
         self._where = where
 
+    @property
+    def _decoder(self) -> Decoder:
+        found: Decoder | None = getattr(self._local, "decoder", None)
+        if found is None:
+            found = self._local.decoder = Decoder()
+        return found
+
     def raw(self, row: int, payload: bytes | memoryview) -> bytes:
         """The decompressed safetensors bytes; a bad zstd frame is re-read, then reported."""
+        decoder = self._decoder
         try:
-            return self._decoder.decompress(payload)
+            return decoder.decompress(payload)
         except IntegrityError:
             payload = self._refetch(row)  # raises if the re-read fails its CRC-32
         try:
-            return self._decoder.decompress(payload)
+            return decoder.decompress(payload)
         except IntegrityError as exc:
             raise IntegrityError(f"{self._where(row)}: {exc} (on two reads)") from exc
 
@@ -125,23 +137,56 @@ class BufferPool:
     pooled buffer is still held, a fresh unpooled one is used.
     """
 
-    def __init__(self, flags: torch.Tensor, base: int, size: int) -> None:
+    def __init__(
+        self,
+        flags: torch.Tensor,
+        base: int,
+        size: int,
+        allocate: Callable[[int], torch.UntypedStorage] | None = None,
+    ) -> None:
         self.flags = flags
         self.base = base
         self.size = size
         self.buffers: list[torch.UntypedStorage] = []
+        self.allocate = allocate or torch.UntypedStorage._new_shared
+        self.lock = threading.RLock()  # held by new_batch_tensors while it takes a buffer
 
     def take(self, nbytes: int) -> tuple[torch.UntypedStorage, int]:
-        for j, storage in enumerate(self.buffers):
-            if int(self.flags[self.base + j]) == 0 and storage.nbytes() >= nbytes:
-                self.flags[self.base + j] = 1
-                return storage, self.base + j
-        if len(self.buffers) < self.size:
-            storage = torch.UntypedStorage._new_shared(nbytes)
-            self.buffers.append(storage)
-            self.flags[self.base + len(self.buffers) - 1] = 1
-            return storage, self.base + len(self.buffers) - 1
-        return torch.UntypedStorage._new_shared(nbytes), -1
+        with self.lock:
+            for j, storage in enumerate(self.buffers):
+                if int(self.flags[self.base + j]) == 0 and storage.nbytes() >= nbytes:
+                    self.flags[self.base + j] = 1
+                    return storage, self.base + j
+            if len(self.buffers) < self.size:
+                storage = self.allocate(nbytes)
+                self.buffers.append(storage)
+                self.flags[self.base + len(self.buffers) - 1] = 1
+                return storage, self.base + len(self.buffers) - 1
+        return self.allocate(nbytes), -1
+
+
+_use_count: Callable[[int], int] | None = getattr(torch._C, "_storage_Use_Count", None)
+
+
+class LocalBufferPool(BufferPool):
+    """The thread engine's reusable batch buffers (plain or pinned memory, in this process).
+
+    A buffer is free again once no tensor or view of its batch is alive: its storage is then
+    referenced by this pool alone. Fresh memory costs a page fault per page on first touch
+    (a fresh batch-sized allocation is mapped anew by malloc every time)."""
+
+    def __init__(self, size: int, allocate: Callable[[int], torch.UntypedStorage]) -> None:
+        super().__init__(torch.zeros(0, dtype=torch.int32), 0, size if _use_count else 0, allocate)
+
+    def take(self, nbytes: int) -> tuple[torch.UntypedStorage, int]:
+        with self.lock:
+            for storage in self.buffers:
+                if storage.nbytes() >= nbytes and _use_count and _use_count(storage._cdata) == 1:
+                    return storage, -1
+            storage = self.allocate(nbytes)
+            if len(self.buffers) < self.size:
+                self.buffers.append(storage)
+            return storage, -1
 
 
 def new_batch_tensors(
@@ -162,20 +207,24 @@ def new_batch_tensors(
         offsets.append(total)
         total += int(np.prod(shape, dtype=np.int64)) * item
     total = max(total, 1)
-    index = -1
+
+    def views(storage: torch.UntypedStorage) -> list[torch.Tensor]:
+        out = []
+        for (shape, dtype), offset in zip(specs, offsets, strict=True):
+            item = torch.empty(0, dtype=dtype).element_size()
+            t = torch.empty(0, dtype=dtype)
+            t.set_(storage, offset // item, shape, _contiguous_strides(shape))
+            out.append(t)
+        return out
+
     if pool is not None:
-        storage, index = pool.take(total)
-    elif shared:
-        storage = torch.UntypedStorage._new_shared(total)
-    else:
-        storage = torch.UntypedStorage(total)
-    out = []
-    for (shape, dtype), offset in zip(specs, offsets, strict=True):
-        item = torch.empty(0, dtype=dtype).element_size()
-        t = torch.empty(0, dtype=dtype)
-        t.set_(storage, offset // item, shape, _contiguous_strides(shape))
-        out.append(t)
-    return out, index
+        # Under the pool's lock: a buffer counts as taken once these views hold it.
+        with pool.lock:
+            storage, index = pool.take(total)
+            return views(storage), index
+    if shared:
+        return views(torch.UntypedStorage._new_shared(total)), -1
+    return views(torch.UntypedStorage(total)), -1
 
 
 class _BatchSlots:

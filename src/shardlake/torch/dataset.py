@@ -41,7 +41,7 @@ from .plan import (
     plan_epoch,
     resolve,
 )
-from .reader import ChunkList, SlotReader, iter_ints, request_chunk_size, selection_members
+from .reader import ChunkList, Payload, SlotReader, iter_ints, request_chunk_size, selection_members
 from .sources import (
     Source,
     combine,
@@ -52,6 +52,7 @@ from .sources import (
     selection_key_digest,
     trim_heap,
 )
+from .threads import default_threads, ordered_map
 
 if TYPE_CHECKING:
     from .loader import ShardLoader
@@ -60,6 +61,27 @@ IntArrayT = np.ndarray[Any, np.dtype[np.int64]]
 VALID_KEY = "__valid__"  # bool per sample: False marks the padding of an exact pass
 INDEX_KEY = "__index__"  # int64 per sample: its row in ``ds.table`` (see ``ShardDataset.keys_of``)
 DATASET_STATE_FORMAT = "shardlake.query.dataset-state/1"
+
+
+def plain(value: Any) -> Any:
+    """``value`` as str, int, float, bool, None, lists and dicts (tensors kept), so that a
+    plain ``torch.load`` (``weights_only``) reads back what ``torch.save`` wrote
+    (``torch.__version__`` is a ``TorchVersion``; numpy scalars and tuples creep in)."""
+    if isinstance(value, torch.Tensor) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} {value!r} is not a plain checkpoint value")
 
 
 @dataclass(frozen=True)
@@ -138,6 +160,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
 
     def _configure(self, sources: list[Source], *, batch_size: int, opts: LoaderOptions) -> None:
         self.options = opts
+        self.engine = opts.resolved_engine  # fixed here: workers and threads see the same
         (epoch_size, seed, shuffle, exact, rank, world_size, num_workers) = (
             opts.epoch_size,
             opts.seed,
@@ -324,7 +347,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         """What to save next to a checkpoint to know exactly which data trained it."""
         from .. import __version__
 
-        return {
+        record = {
             "shardlake_version": __version__,
             "torch_version": torch.__version__,
             "store": self.store.url,
@@ -343,6 +366,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 "num_workers": self.num_workers,
             },
         }
+        return cast("dict[str, Any]", plain(record))
 
     # --- slots ---------------------------------------------------------------------------------
 
@@ -416,43 +440,44 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     ) -> Iterator[Any]:
         _, valid, reader = self._slot(layout, worker, cursor, skip)
         decoder = self._decoder(reader)
-        for (row, payload), ok in zip(reader, iter_ints(valid), strict=False):
+        items = zip(reader, iter_ints(valid), strict=False)
+        if self.engine == "threads" and get_worker_info() is None:
+            # Plain iteration in this process (e.g. StatefulDataLoader(num_workers=0)):
+            # decoded on a thread pool, a batch or two ahead, in order.
+            yield from ordered_map(
+                lambda item: self._sample(decoder, item[0][0], item[0][1], item[1]),
+                items,
+                threads=default_threads(),
+                ahead=2 * layout.batch_size,
+            )
+            return
+        for (row, payload), ok in items:
             yield self._sample(decoder, row, payload, ok)
 
     def iter_slot_batches(
         self, layout: Layout, worker: int, cursor: Cursor, pool: BufferPool | None = None
     ) -> Iterator[Any]:
         """Collated batches of one slot, decoded straight into (shared) batch tensors."""
+        work = self.slot_work(layout, worker, cursor, pool=pool)
+        for items in work:
+            yield work.build(items)
+
+    def slot_work(
+        self,
+        layout: Layout,
+        worker: int,
+        cursor: Cursor,
+        *,
+        pool: BufferPool | None = None,
+        shared: bool | None = None,
+    ) -> SlotBatches:
+        """One slot's batches as units of work: iterating yields each batch's fetched
+        ``(row, payload)`` items (the reads), :meth:`SlotBatches.build` turns them into the
+        batch (decompression, checks, assembly). The process engine runs both in a worker;
+        the thread engine builds on a thread pool."""
         _, valid, reader = self._slot(layout, worker, cursor)
-        decoder = self._decoder(reader)
-        builder = BatchBuilder(layout.batch_size, self.out.drop_keys, pool=pool)
-        pending: list[tuple[int, bytes | memoryview]] = []
-        done = 0
-        for item in reader:
-            pending.append(item)
-            if len(pending) < layout.batch_size:
-                continue
-            rows = [r for r, _ in pending]
-            ok = valid[done : done + len(rows)]
-            done += len(rows)
-            if self.out.transform is not None:
-                samples = [
-                    self._sample(decoder, r, p, v) for (r, p), v in zip(pending, ok, strict=True)
-                ]
-                yield collate_samples(samples)
-            else:
-                batch = builder.build(
-                    decoder,
-                    pending,
-                    [self.table.keys[r] for r in rows] if self.out.include_key else None,
-                    {c: [values[r] for r in rows] for c, values in self.meta.items()},
-                )
-                if self.out.include_index:
-                    batch[INDEX_KEY] = torch.tensor(rows, dtype=torch.int64)
-                if self.exact:
-                    batch[VALID_KEY] = torch.from_numpy(np.ascontiguousarray(ok))
-                yield batch
-            pending = []
+        builder = BatchBuilder(layout.batch_size, self.out.drop_keys, shared=shared, pool=pool)
+        return SlotBatches(self, reader, valid, builder)
 
     # --- plain iteration (DataLoader / StatefulDataLoader) -----------------------------------------
 
@@ -467,7 +492,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position (torchdata ``StatefulDataLoader`` calls it in each worker)."""
-        return {
+        state = {
             "format": DATASET_STATE_FORMAT,
             "version_hash": self.version_hash,
             "selection_digest": self.selection_digest,
@@ -476,6 +501,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             **self.cursor.to_json(),
             "samples": self._yielded,
         }
+        return cast("dict[str, Any]", plain(state))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue this worker after the samples it had yielded (same workers and batch)."""
@@ -507,6 +533,58 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         from .loader import ShardLoader
 
         return ShardLoader(self, **options)
+
+
+class SlotBatches:
+    """One slot's batches: the reads (iteration, one thread) and the per-batch work
+    (:meth:`build`, safe to run on several threads at once: one decompressor per thread)."""
+
+    def __init__(
+        self,
+        ds: ShardDataset,
+        reader: SlotReader,
+        valid: np.ndarray[Any, Any],
+        builder: BatchBuilder,
+    ) -> None:
+        self.ds = ds
+        self.reader = reader
+        self.valid = valid
+        self.builder = builder
+        self.decoder = ds._decoder(reader)
+        self.batch_size = builder.batch_size
+        self._done = 0
+
+    def __iter__(self) -> Iterator[tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]]:
+        """Per batch, its ``(row, payload)`` items and their validity (as the plan marks them)."""
+        pending: list[tuple[int, Payload]] = []
+        for item in self.reader:
+            pending.append(item)
+            if len(pending) < self.batch_size:
+                continue
+            ok = self.valid[self._done : self._done + len(pending)]
+            self._done += len(pending)
+            yield pending, ok
+            pending = []
+
+    def build(self, work: tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]) -> Any:
+        """The collated batch of one unit of work."""
+        pending, ok = work
+        ds, decoder = self.ds, self.decoder
+        rows = [r for r, _ in pending]
+        if ds.out.transform is not None:
+            samples = [ds._sample(decoder, r, p, v) for (r, p), v in zip(pending, ok, strict=True)]
+            return collate_samples(samples)
+        batch = self.builder.build(
+            decoder,
+            pending,
+            [ds.table.keys[r] for r in rows] if ds.out.include_key else None,
+            {c: [values[r] for r in rows] for c, values in ds.meta.items()},
+        )
+        if ds.out.include_index:
+            batch[INDEX_KEY] = torch.tensor(rows, dtype=torch.int64)
+        if ds.exact:
+            batch[VALID_KEY] = torch.from_numpy(np.ascontiguousarray(ok))
+        return batch
 
 
 def train_valid(

@@ -17,13 +17,19 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from ..errors import PlanError, UsageError
 from .collate import BUFFER_KEY, BufferPool
 from .ddp import RankSync, distributed
+from .options import check_engine
 from .plan import Cursor, Layout, Leg
+from .threads import ThreadBatches, default_threads
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset  # which builds this loader (ShardDataset.loader)
 
 STATE_FORMAT = "shardlake.loader-state/1"
 POOL_SIZE = 8  # reusable shared batch buffers per worker (prefetched + held by the user)
+# DataLoader options the thread engine takes (multiprocessing_context: harmless, ignored).
+THREAD_ENGINE_OPTIONS = frozenset(
+    {"pin_memory", "prefetch_factor", "timeout", "multiprocessing_context"}
+)
 
 
 class _BatchStream(IterableDataset[Any]):
@@ -119,6 +125,14 @@ class ShardLoader:
     Batch tensors live in shared-memory buffers the workers recycle once no tensor or view of
     the batch is alive in this process any more (so a batch you keep is never overwritten);
     ``reuse_buffers=False`` allocates fresh shared memory for every batch instead (slower).
+
+    ``engine`` (default: the dataset's, see :class:`~shardlake.torch.LoaderOptions`) chooses
+    who builds the batches: ``"threads"`` builds them on ``threads`` threads of this process
+    (default: one per core) straight into plain or, with ``pin_memory=True``, pinned buffers
+    recycled the same way; of the DataLoader options it uses ``pin_memory``,
+    ``prefetch_factor`` (batches ahead per slot) and ``timeout``, and ignores
+    ``multiprocessing_context``. ``"processes"`` is a DataLoader with a worker process per slot.
+    Both yield the same batches.
     """
 
     def __init__(
@@ -128,6 +142,8 @@ class ShardLoader:
         num_workers: int | None = None,
         sync: bool = True,
         reuse_buffers: bool = True,
+        engine: str | None = None,
+        threads: int | None = None,
         **options: Any,
     ) -> None:
         if options.get("persistent_workers"):
@@ -138,6 +154,17 @@ class ShardLoader:
             )
         if options.get("batch_size") is not None:
             raise UsageError("the loader batches in the workers; set batch_size on ShardDataset")
+        self.engine = ds.engine if engine is None else check_engine(engine, "engine")
+        if self.engine == "threads":
+            unknown = sorted(set(options) - THREAD_ENGINE_OPTIONS)
+            if unknown:
+                raise UsageError(
+                    f"engine='threads' runs no worker processes: {', '.join(unknown)} "
+                    "applies to engine='processes' only"
+                )
+        if threads is not None and threads < 1:
+            raise UsageError(f"threads={threads}: need at least 1")
+        self.threads = default_threads() if threads is None else threads
         self.ds = ds
         self.reuse_buffers = reuse_buffers
         self.num_workers = ds.num_workers if num_workers is None else num_workers
@@ -219,16 +246,26 @@ class ShardLoader:
             )
         )
 
-    def __iter__(self) -> Iterator[Any]:
-        synced = self.sync and distributed()
-        if synced and not self._checked:
-            self._check_ranks()
-            self._checked = True
+    def _batches(self) -> tuple[Iterator[Any], torch.Tensor | None]:
+        """The engine's batch iterator for this pass, and the process engine's buffer flags."""
+        if self.engine == "threads":
+            opts = self.options
+            ahead = int(opts.get("prefetch_factor") or 2) * self.layout.slots_per_rank
+            threads = ThreadBatches(
+                self.ds,
+                self.layout,
+                self.cursor,
+                threads=self.threads,
+                ahead=max(ahead, 2 * self.threads),
+                pin_memory=bool(opts.get("pin_memory", False)),
+                timeout=opts.get("timeout"),
+                reuse_buffers=self.reuse_buffers,
+            )
+            return iter(threads), None
         # Buffer release flags shared with the workers (see collate.BufferPool).
         flags = None
         if self.num_workers > 0 and self.reuse_buffers:
             flags = torch.zeros(self.num_workers * POOL_SIZE, dtype=torch.int32).share_memory_()
-        held: list[tuple[StorageWeakRef, int]] = []
         stream = _BatchStream(self.ds, self.layout, self.cursor, flags)
         options = dict(self.options)
         if self.num_workers > 0:
@@ -236,7 +273,15 @@ class ShardLoader:
         loader = DataLoader(
             stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **options
         )
-        it = _start_workers(loader)
+        return _start_workers(loader), flags
+
+    def __iter__(self) -> Iterator[Any]:
+        synced = self.sync and distributed()
+        if synced and not self._checked:
+            self._check_ranks()
+            self._checked = True
+        held: list[tuple[StorageWeakRef, int]] = []
+        it, flags = self._batches()
         try:
             while True:
                 error: BaseException | None = None
@@ -263,7 +308,7 @@ class ShardLoader:
         finally:
             # Join the workers now, before an error leaves the loader: left to the iterator's
             # __del__ at interpreter shutdown, the join races teardown and a rank can exit 1.
-            shutdown = getattr(it, "_shutdown_workers", None)
+            shutdown = getattr(it, "_shutdown_workers", None) or getattr(it, "close", None)
             if shutdown is not None:
                 shutdown()
             del it

@@ -12,6 +12,16 @@ from ..errors import UsageError, check_keywords
 from ..read.options import ReadOptions
 from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
 
+ENGINES = ("threads", "processes")
+DEFAULT_ENGINE = "threads"  # measured faster on this project's machines (docs/loader.md)
+ENGINE_ENV = "SHARDLAKE_LOADER_ENGINE"  # the default engine of this process and its children
+
+
+def check_engine(engine: str, name: str) -> str:
+    if engine not in ENGINES:
+        raise UsageError(f"{name}={engine!r}: choose one of {', '.join(repr(e) for e in ENGINES)}")
+    return engine
+
 
 @dataclass(frozen=True)
 class LoaderOptions:
@@ -30,7 +40,14 @@ class LoaderOptions:
     rank, world_size
         DDP rank and world size (default: from ``torch.distributed`` or the environment).
     num_workers
-        DataLoader worker processes of :meth:`~shardlake.torch.ShardDataset.loader`.
+        Slots per rank: the plan's reading streams, each a DataLoader worker process
+        (``engine="processes"``) or a stream of the thread engine (``engine="threads"``). The
+        same ``num_workers`` gives the same batches on either engine.
+    engine
+        Who builds the batches of :meth:`~shardlake.torch.ShardDataset.loader` and of plain
+        iteration: ``"threads"`` (a thread pool in this process) or ``"processes"``
+        (DataLoader worker processes; better when a ``transform`` does heavy Python work).
+        Default: the environment variable ``SHARDLAKE_LOADER_ENGINE``, else ``"threads"``.
     transform, include_key, include_index, meta_columns, drop_keys
         What a sample holds: a per-sample callable; its key; its table index; manifest
         columns to add; array names to leave out.
@@ -53,6 +70,7 @@ class LoaderOptions:
     rank: int | None = None
     world_size: int | None = None
     num_workers: int = 2
+    engine: str | None = None
     transform: Callable[[dict[str, Any]], Any] | None = None
     include_key: bool = False
     include_index: bool = False
@@ -65,6 +83,17 @@ class LoaderOptions:
     read_options: ReadOptions = field(default_factory=ReadOptions)
     cache_dir: str | os.PathLike[str] | None = None
     cache_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine is not None:
+            check_engine(self.engine, "engine")
+
+    @property
+    def resolved_engine(self) -> str:
+        """``engine``, or the default: ``$SHARDLAKE_LOADER_ENGINE``, else ``"threads"``."""
+        if self.engine is not None:
+            return self.engine
+        return check_engine(os.environ.get(ENGINE_ENV) or DEFAULT_ENGINE, ENGINE_ENV)
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidURLError, UsageError
+from ..endpoint import check_endpoint
 from ..retry import RetryPolicy
 from .azure import AzureBackend
 from .base import Backend, BucketBackend
@@ -80,6 +81,7 @@ def make_backend(
 ) -> Backend:
     """The backend for ``protocol`` with a filesystem built from ``storage_options``."""
     check_protocol(protocol)
+    check_endpoint(protocol, storage_options)
     from . import obstore
 
     storage_options = dict(storage_options)
