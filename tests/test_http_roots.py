@@ -318,3 +318,41 @@ def test_a_root_without_an_index_says_how_to_serve_it(
         assert code == 0 and "commit 1" in out
         code, out, err = _run(capsys, ["versions", f"{server.url}/root", "--json"])
         assert code == 0 and [v["tag"] for v in json.loads(out)] == ["v1"], err
+
+
+def test_a_server_answering_403_for_missing_names_reads_like_404(
+    roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # S3 and GCS answer 403 for a missing key to readers who may not list: once the root
+    # index was readable, a 403 means "absent" (the tombstone and next-commit probes).
+    with static_http_server(roots["root"].parent) as server:
+        server.missing_status = 403
+        url = _url(server)
+        code, out, err = _run(capsys, ["keyset", url, "show", "early", "--json"])
+        assert code == 0 and json.loads(out)["name"] == "early", err
+        assert any(r.status == 403 for r in server.requests)
+        code, out, err = _run(capsys, ["versions", url, "--json"])
+        assert code == 0 and [v["tag"] for v in json.loads(out)] == ["v1", "v2"], err
+        code, _, err = _run(capsys, ["keyset", url, "show", "nope"])
+        assert code == 1 and "no keyset 'nope'" in err
+
+
+@pytest.mark.parametrize("store_kind", ["local", "s3"])
+def test_export_from_http_to_local_and_s3(
+    roots: dict[str, Path], store_factory: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dest = store_factory(label="from-http")
+    with static_http_server(roots["export"]) as server:
+        argv = ["export", server.url, dest.url, "--json", "--quiet"]
+        argv += [
+            f"--dest-storage-option={k}={json.dumps(v)}" for k, v in dest.storage_options.items()
+        ]
+        code, out, err = _run(capsys, argv)
+        assert code == 0, err
+        report = json.loads(out)
+        assert report["committed"] and report["keysets"] == ["late"]
+        _no_listing(server)
+    copy = shardlake.open(dest.url, **dest.storage_options)
+    want = shardlake.open(str(roots["export"]))
+    assert [v.hash for v in copy.versions()] == [v.hash for v in want.versions()]
+    assert copy.scrub().ok and copy.keyset("late").keys == want.keyset("late").keys

@@ -42,13 +42,17 @@ class Served:
 class StaticServer:
     """A running server: its base :attr:`url` (``http://127.0.0.1:PORT``), the directory it
     serves and the requests it answered. Setting :attr:`fail_next` makes the next that many
-    requests fail with 503 (a restarting server or overloaded CDN)."""
+    requests fail with 503 (a restarting server or overloaded CDN); :attr:`missing_status` 403
+    answers a missing name as a bucket does to readers who may not list."""
 
     url: str
     directory: str
     ranges: bool
     requests: list[Served] = field(default_factory=list)
     fail_next: int = 0
+    # The status of a request for a name that is not there: 404, or 403 as S3 and GCS answer
+    # readers who may not list.
+    missing_status: int = 404
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def clear(self) -> None:
@@ -97,7 +101,7 @@ class _Handler(SimpleHTTPRequestHandler):
             return
         path = self.translate_path(self.path)
         if not os.path.isfile(path):  # directories too: a static server that does not list
-            self._fail(404)
+            self._fail(state.missing_status)
             return
         size = os.path.getsize(path)
         start, end, status = 0, size, 200
