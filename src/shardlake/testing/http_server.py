@@ -15,6 +15,7 @@ import contextlib
 import email.utils
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -62,6 +63,11 @@ class StaticServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     state: StaticServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client closing a kept-alive connection is not an error worth a traceback.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
 
 
 class _Handler(SimpleHTTPRequestHandler):
