@@ -356,3 +356,19 @@ def test_export_from_http_to_local_and_s3(
     want = shardlake.open(str(roots["export"]))
     assert [v.hash for v in copy.versions()] == [v.hash for v in want.versions()]
     assert copy.scrub().ok and copy.keyset("late").keys == want.keyset("late").keys
+
+
+def test_a_keyset_is_checked_against_the_digest_the_index_records(
+    roots: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Another valid keyset under this name decodes fine: only the index's sha256 catches it
+    # (keysets written before content digests carry none of their own).
+    served = tmp_path / "root"
+    shutil.copytree(roots["root"], served)
+    shutil.copy(served / "keysets" / "early.parquet", served / "keysets" / "late.parquet")
+    with static_http_server(tmp_path) as server:
+        code, _, err = _run(capsys, ["keyset", f"{server.url}/root", "show", "late"])
+        assert code == 1 and "keysets/late.parquet" in err and "index.json" in err
+        assert "corrupt at rest" in err
+        code, out, err = _run(capsys, ["keyset", f"{server.url}/root", "show", "early", "--json"])
+        assert code == 0 and json.loads(out)["name"] == "early", err
