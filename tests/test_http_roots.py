@@ -211,6 +211,7 @@ WRITES = [
     ["index", "{url}"],
     ["export", "{local}", "{url}"],
     ["check-store", "{url}"],
+    ["bench", "pack", "{src}", "--root", "{url}", "--calibrate", "1"],
 ]
 
 
