@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import FormatError, KeyNotFoundError, ShardlakeError
+from ..errors import FormatError, KeyNotFoundError
 from ..format.layout import KEYSETS_DIR, ROOT_INDEX, keyset_key
 from ..format.rootindex import KeysetRef, RootIndex
 from ..store import Store
@@ -154,7 +154,7 @@ def write_index(
             return previous
         store.write(ROOT_INDEX, index.to_bytes())
         return index
-    except ShardlakeError as exc:
+    except Exception as exc:  # noqa: BLE001 - the commit stands whatever happens here
         if strict:
             raise
         log.warning(
