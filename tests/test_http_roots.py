@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from shardlake.errors import (
 )
 from shardlake.format.layout import ROOT_INDEX
 from shardlake.format.rootindex import RootIndex
+from shardlake.store import Request, open_store
 from shardlake.store.backends.http import RangeIgnoredWarning, _warned_servers
 from shardlake.testing.http_server import StaticServer, static_http_server
 from shardlake.torch import ShardDataset
@@ -384,3 +385,24 @@ def test_a_keyset_is_checked_against_the_digest_the_index_records(
         assert "corrupt at rest" in err
         code, out, err = _run(capsys, ["keyset", f"{server.url}/root", "show", "early", "--json"])
         assert code == 0 and json.loads(out)["name"] == "early", err
+
+
+def test_a_lost_index_write_leaves_the_publish_standing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    source, root = make_root(tmp_path, [3, 2])
+
+    def refuse_index(request: Request, send: Callable[[], Any]) -> Any:
+        if request.op == "write" and request.key == ROOT_INDEX:
+            raise PermissionError("index write refused")
+        return send()
+
+    flaky = shardlake.open(open_store(str(root)).with_layers(refuse_index))
+    with caplog.at_level("WARNING", logger="shardlake.index"):
+        flaky.pack(str(source), tag="v2", base="v1")
+    assert [v.tag for v in flaky.versions()] == ["v1", "v2"]  # published all the same
+    assert "shardlake index" in caplog.text and "index.json was not updated" in caplog.text
+    local = shardlake.open(str(root))
+    assert not local.scrub().ok  # the stale index is reported ...
+    local.write_index()
+    assert local.scrub().ok  # ... until it is rewritten
