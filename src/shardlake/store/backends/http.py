@@ -18,6 +18,7 @@ import asyncio
 import builtins
 import json
 import re
+import ssl
 import threading
 import warnings
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from typing import Any
 import fsspec
 from fsspec.asyn import sync
 
-from ...errors import CapabilityError, ReadOnlyStoreError
+from ...errors import CapabilityError, EndpointError, ReadOnlyStoreError
 from ..retry import RetryPolicy
 from .base import Backend, Entry, Leftover
 
@@ -62,6 +63,17 @@ def _warn_range_ignored(server: str) -> None:
         RangeIgnoredWarning,
         stacklevel=2,
     )
+
+
+def _untrusted_certificate(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or any(
+            cls.__name__ == "ClientConnectorCertificateError" for cls in type(seen).__mro__
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class HTTPBackend(Backend):
@@ -105,7 +117,16 @@ class HTTPBackend(Backend):
         return kwargs
 
     def _run(self, coro_fn: Any, *args: Any) -> Any:
-        return sync(self.fs.loop, coro_fn, *args)
+        try:
+            return sync(self.fs.loop, coro_fn, *args)
+        except Exception as exc:
+            if _untrusted_certificate(exc):  # no retry can fix it: say what does, at once
+                raise EndpointError(
+                    f"{self._server()}: the server's TLS certificate is not trusted ({exc}); "
+                    "trust its CA (SSL_CERT_FILE=ca.pem) or, for a test server only, set the "
+                    "storage option ssl=false"
+                ) from exc
+            raise
 
     # --- reads -------------------------------------------------------------------------------
 
