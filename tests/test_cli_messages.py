@@ -6,7 +6,7 @@ import pytest
 
 import shardlake
 from shardlake.cli.main import main
-from shardlake.errors import VersionNotFoundError
+from shardlake.errors import SelectionError, VersionNotFoundError
 from shardlake.tools.synth import synth_corpus
 
 
@@ -58,6 +58,17 @@ def test_missing_column_names_it_and_the_columns(capsys, root):
     assert "Binder" not in err and "FROM clause" not in err
     code, _, err = _run(capsys, ["query", root, "--where", "skipping_info.label = 1"])
     assert code == 1 and 'e.g. "skipping_info.label"' in err and "Referenced" not in err
+
+
+def test_sql_syntax_errors_quote_the_users_clause(capsys, root):
+    code, _, err = _run(capsys, ["query", root, "--where", "key LIKE"])
+    assert code == 1 and err.count("\n") == 1
+    assert "invalid selection 'key LIKE': syntax error at 'LIKE' (character 5)" in err
+    assert '")"' not in err and "AS" not in err  # nothing of the query wrapped around it
+    with pytest.raises(SelectionError, match=r"syntax error at '=' \(character 13\)"):
+        shardlake.open(root).dataset().query("timestamp = = 3")
+    code, _, err = _run(capsys, ["keyset", root, "create", "k", "--where", "x > 1 AND"])
+    assert code == 1 and "syntax error at 'AND' (character 7)" in err
 
 
 def test_no_root_at_the_resolved_path(capsys, tmp_path, monkeypatch):

@@ -38,9 +38,12 @@ def _two_versions(location: StoreLocation, tmp_path: Path) -> dict[str, object]:
     arrays["goal_pose"] = arrays["goal_pose"] + 1.0
     np.savez_compressed(frame, **arrays)
     sidecar = sorted(meta_log.glob("*.json"))[0]
-    doc = json.loads(sidecar.read_text())
-    doc["map_version_id"] = "v9.9"
-    sidecar.write_text(json.dumps(doc))
+    # ... and a sidecar-only change in the partition whose data changed too.
+    beside = sorted(data_log.glob("*.json"))[1]
+    for path in (sidecar, beside):
+        doc = json.loads(path.read_text())
+        doc["map_version_id"] = "v9.9"
+        path.write_text(json.dumps(doc))
     pack_small(location, src, tag="v2", base="v1")
     return {
         "removed": [gone.name],
@@ -50,6 +53,9 @@ def _two_versions(location: StoreLocation, tmp_path: Path) -> dict[str, object]:
         "added_keys": sorted(_key(src, f) for f in new_log.glob("*.npz")),
         "removed_keys": gone_keys,
         "changed_keys": [_key(src, frame)],
+        "meta_changed_keys": sorted(
+            _key(src, path.with_suffix(".npz")) for path in (sidecar, beside)
+        ),
     }
 
 
@@ -75,17 +81,23 @@ def test_diff_then_rebase_reports_exactly(
         "added": 3,
         "removed": 3,
         "changed": 1,
+        "meta_changed": 2,  # the sidecar-only changes are counted and named
         "added_keys": want["added_keys"],
         "removed_keys": want["removed_keys"],
         "changed_keys": want["changed_keys"],
+        "meta_changed_keys": want["meta_changed_keys"],
     }
     # Without --samples: counts only, no key lists.
     assert main(["diff", root, "v1", "v2", "--json"]) == 0
-    assert set(json.loads(capsys.readouterr().out)["samples"]) == {"added", "removed", "changed"}
+    samples = json.loads(capsys.readouterr().out)["samples"]
+    assert samples == {"added": 3, "removed": 3, "changed": 1, "meta_changed": 2}
     assert main(["diff", root, "v1", "v2"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[1].startswith("partitions: 1 added, 1 removed, 1 data changed, 1 meta changed")
-    assert table[2].split() == ["samples:", "3", "added,", "3", "removed,", "1", "changed"]
+    assert table[2] == "samples:    3 added, 3 removed, 1 changed, 2 meta changed"
+    assert main(["diff", root, "v1", "v2", "--samples"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert f"  meta_changed  {want['meta_changed_keys'][0]}" in listed
 
     # A v1 keyset of everything, carried to v2: the removed log's frames drop out.
     assert main(["keyset", root, "create", "all", "--where", "true", "--version", "v1"]) == 0
@@ -127,7 +139,9 @@ def test_diff_of_a_version_with_itself_reads_no_rows(tmp_path: Path) -> None:
         "added": 0,
         "removed": 0,
         "changed": 0,
+        "meta_changed": 0,
         "added_keys": [],
         "removed_keys": [],
         "changed_keys": [],
+        "meta_changed_keys": [],
     }

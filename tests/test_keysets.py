@@ -152,3 +152,18 @@ def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (argv, err)
     assert not open_store(root).exists(keyset_key("x"))
+
+
+def test_keyset_list_sorts_names_naturally(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    _packed(location, tmp_path / "src")
+    root = location.url
+    for name in ("train-list", "train10", "train", "train2", "val"):
+        create_keyset(root, name, where="true")
+    want = ["train", "train2", "train10", "train-list", "val"]
+    assert main(["keyset", root, "list"]) == 0
+    assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == want
+    assert main(["keyset", root, "list", "--json"]) == 0
+    assert [k["name"] for k in json.loads(capsys.readouterr().out)] == want

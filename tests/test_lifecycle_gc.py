@@ -14,7 +14,7 @@ from lifecycle_support import pack_small
 
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
-from shardlake.format.layout import COMMITS_DIR, ROOT_MARKER, commit_key
+from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
 from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
@@ -38,7 +38,7 @@ def _expected_garbage(store: Store, live: list[str]) -> set[str]:
         k
         for k in store.list("")
         if k not in keep
-        and k != ROOT_MARKER
+        and k not in (ROOT_MARKER, ROOT_INDEX)
         and not k.startswith((COMMITS_DIR + "/", "keysets/", "_shardlake/"))
     }
 
@@ -118,7 +118,9 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     assert set(version_closure(store, v1)) <= set(store.list(""))
 
 
-def test_staging_leftovers_are_collected_after_grace(tmp_path: Path) -> None:
+def test_staging_leftovers_are_collected_after_grace(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     src = tmp_path / "src"
     synth_corpus(src, 1, 2, seed=23, neighbors=2, lanes=4)
@@ -132,9 +134,22 @@ def test_staging_leftovers_are_collected_after_grace(tmp_path: Path) -> None:
     os.utime(old, (past, past))
     report = collect_garbage(location.url, dry_run=True)
     assert [x.path for x in report.leftovers] == [str(old)] and old.exists()
+    assert [x.path for x in report.young_leftovers] == [str(young)]
+    # The totals count the leftovers, those that go and those the grace keeps.
+    assert main(["gc", location.url, "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert f"would delete staging leftover {old}" in out
+    assert out[-1].startswith("would delete 0 object(s) and 1 staging leftover(s), ")
+    assert "kept 0 unreferenced object(s) and 1 staging leftover(s) younger than 6h" in out[-1]
+    assert main(["gc", location.url, "--dry-run", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["leftovers"] == [str(old)] and doc["kept_young_leftovers"] == 1
     report = collect_garbage(location.url)
     assert [x.path for x in report.leftovers] == [str(old)]
+    assert [x.path for x in report.young_leftovers] == [str(young)]
     assert not old.exists() and young.exists()
+    assert main(["gc", location.url]) == 0
+    assert "deleted 0 object(s) and 0 staging leftover(s)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("store_kind", ["s3"])

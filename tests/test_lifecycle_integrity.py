@@ -230,3 +230,54 @@ def test_verify_bad_source(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert "no .npz files" in capsys.readouterr().err
     assert main(["verify", location.url, "--source", str(tmp_path / "src"), "--version", "v9"]) == 1
     assert "unknown version" in capsys.readouterr().err
+
+
+def test_verify_tells_a_changed_source_from_corruption_at_rest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A source frame rewritten after pack: the shard is intact (scrub agrees), so verify
+    blames the source file, with the pack-time sha256 against today's; a flipped byte in the
+    shard stays corrupt at rest, which scrub finds too."""
+    import hashlib
+
+    import numpy as np
+
+    from shardlake.source.npz import load_npz
+    from shardlake.source.source_form import npz_bytes
+
+    location = StoreLocation("local", str(tmp_path / "root"))
+    src = tmp_path / "src"
+    store = _packed(location, src)
+    entry, row, shard = _first_row(store)
+    keys = open_dataset(store).manifests(columns=["key"]).column("key").to_pylist()
+    changed = sorted(k for k in keys if k != row["key"])[0]
+    path = src / f"{changed}.npz"
+    old_sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    arrays = load_npz(path.read_bytes(), "x")
+    arrays["ego_agent_past"] = arrays["ego_agent_past"] + np.float32(0.5)
+    path.write_bytes(npz_bytes(arrays))
+    new_sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    assert scrub(store).ok  # nothing is wrong with the dataset
+    report = verify_source(store, str(src))
+    assert not report.ok and [p.key for p in report.problems] == [changed]
+    problem = report.problems[0]
+    assert problem.kind == "source changed" and str(path) in problem.message
+    assert old_sha[:16] in problem.message and new_sha[:16] in problem.message
+    counts = report.to_json()
+    assert (counts["source_changed"], counts["corrupt_at_rest"]) == (1, 0)
+    assert main(["verify", location.url, "--source", str(src)]) == 1
+    captured = capsys.readouterr()
+    assert "corrupt at rest" not in captured.err and "(source changed)" in captured.err
+    assert "0 corrupt at rest, 0 transport error(s), 1 source changed" in captured.out
+    # Now damage the shard too: that sample is corrupt at rest, as scrub also reports.
+    data = bytearray(store.read(shard))
+    data[row["offset"] + row["size"] // 2] ^= 0x40
+    store.write(shard, bytes(data))
+    scrubbed = scrub(store)
+    assert [p.key for p in scrubbed.problems] == [row["key"]]
+    report = verify_source(store, str(src))
+    kinds = {p.key: p.kind for p in report.problems}
+    assert kinds == {changed: "source changed", row["key"]: "corrupt at rest"}
+    assert (report.to_json()["source_changed"], report.to_json()["corrupt_at_rest"]) == (1, 1)
+    assert main(["verify", location.url, "--source", str(src)]) == 1
+    assert "1 corrupt at rest, 0 transport error(s), 1 source changed" in capsys.readouterr().out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 from pathlib import Path
 
@@ -117,6 +119,71 @@ def test_cli_query_and_get(
         assert json.loads((outdir / f"{r['key']}.json").read_text()) == json.loads(
             (src / f"{r['key']}.json").read_text()
         )
+
+
+def test_query_csv_holds_nested_columns_and_columns_repeat(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    _packed(location, tmp_path / "src")
+    root = location.url
+    want = open_dataset(root).query(None, ["key", "neighbor_ids", "timestamp"]).to_pylist()
+    assert isinstance(want[0]["neighbor_ids"], list) and want[0]["neighbor_ids"]
+    # List (and struct) columns become JSON text in their cell; every other column as pyarrow
+    # writes it.
+    assert main(["query", root, "--csv"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert len(rows) == 6
+    assert [json.loads(r["neighbor_ids"]) for r in rows] == [w["neighbor_ids"] for w in want]
+    assert json.loads(rows[0]["skipping_info.incomplete_data_types"]) == []
+    # Repeats and comma lists, in the order given, once each.
+    for argv in (
+        ["--columns", "key", "--columns", "timestamp"],
+        ["--columns", "key,timestamp"],
+        ["--columns", "key", "timestamp,key"],
+    ):
+        assert main(["query", root, *argv, "--csv"]) == 0, argv
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[0] == '"key","timestamp"', argv
+        assert lines[1] == f'"{want[0]["key"]}",{want[0]["timestamp"]}', argv
+    # The tab output shows a list as JSON too, not as a Python repr.
+    assert main(["query", root, "--columns", "neighbor_ids", "--limit", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == json.dumps(want[0]["neighbor_ids"])
+    # A name it cannot find: named, with the nearest and every valid column; one line, exit 1.
+    assert main(["query", root, "--columns", "key,timestmp"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "unknown column(s) 'timestmp' (did you mean 'timestamp'?)" in captured.err
+    assert "columns: key, partition, shard" in captured.err and "neighbor_ids" in captured.err
+
+
+def test_get_out_refuses_to_overwrite_unless_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    location = StoreLocation("local", str(tmp_path / "root"))
+    src = tmp_path / "src"
+    _packed(location, src)
+    root = location.url
+    key = open_dataset(root).keys()[0]
+    out = tmp_path / "mine.npz"
+    out.write_bytes(b"the user's own file")
+    assert main(["get", root, key, "--out", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert f"{out} already exist(s); not overwritten (see --force)" in err
+    assert out.read_bytes() == b"the user's own file"
+    assert main(["get", root, key, "--out", str(out), "--force"]) == 0
+    _assert_same(load_npz(out.read_bytes(), "out"), _source_arrays(src, key))
+    # --out-dir: one file already there refuses the whole fetch; nothing is written.
+    outdir = tmp_path / "many"
+    keys = open_dataset(root).keys()[:2]
+    mine = outdir / f"{keys[1]}.json"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("{}")
+    assert main(["get", root, *keys, "--out-dir", str(outdir)]) == 1
+    assert "already exist(s); not overwritten (see --force)" in capsys.readouterr().err
+    assert not (outdir / f"{keys[0]}.npz").exists() and mine.read_text() == "{}"
+    assert main(["get", root, *keys, "--out-dir", str(outdir), "--force"]) == 0
+    assert json.loads(mine.read_text()) == json.loads((src / f"{keys[1]}.json").read_text())
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -138,3 +138,77 @@ def test_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         )
         == 2
     )
+
+
+SMALL = ["--neighbors", "2", "--lanes", "4", "--quiet"]
+
+
+def _synth(dest: Path, *extra: str) -> list[str]:
+    return ["synth", str(dest), "--partitions", "2", "--samples", "3", *SMALL, *extra]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def test_synth_never_overwrites_a_converter_tree(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's case: synth --layout converter into a converter tree whose file names it
+    would draw again replaced a real frame and its sidecar; now it is refused, --add or not."""
+    tree = tmp_path / "frames"
+    assert main(_synth(tree, "--layout", "converter")) == 0
+    frame = sorted(tree.rglob("*.npz"))[0]
+    frame.write_bytes(b"a real 200 KB frame")  # the user's data under a colliding name
+    frame.with_suffix(".json").write_text('{"real": true}')
+    before = _tree(tree)
+    capsys.readouterr()
+    for extra in ([], ["--add"]):
+        assert main(_synth(tree, "--layout", "converter", *extra)) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "error" in err and str(tree) in err
+        assert _tree(tree) == before
+    assert "already exist" in err and "nothing was written" in err and "seed" in err
+
+
+def test_synth_refuses_a_folder_that_holds_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "mine"
+    (target / "log").mkdir(parents=True)
+    for name in ("a.npz", "b.json", "c.txt", "log/d.npz", "log/e.npz"):
+        (target / name).write_bytes(name.encode())
+    before = _tree(target)
+    assert main(_synth(target)) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "holds 5 file(s)" in err and "a.npz, b.json, c.txt and 2 more" in err
+    assert "--add" in err
+    assert _tree(target) == before
+    (tmp_path / "empty" / "sub").mkdir(parents=True)  # empty folders hold no files
+    assert main(_synth(tmp_path / "empty")) == 0
+
+
+def test_synth_add_writes_beside_and_never_overwrites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "frames"
+    assert main(_synth(target)) == 0
+    before = _tree(target)
+    assert main(_synth(target, "--add", "--seed", "7")) == 0
+    after = _tree(target)
+    assert {k: after[k] for k in before} == before  # every old file as it was
+    assert len([k for k in after if k.endswith(".npz")]) == 12
+    capsys.readouterr()
+    # The same seed again would draw the same names: refused as a whole, nothing written.
+    assert main(_synth(target, "--add", "--seed", "7")) == 1
+    assert "12 of the 12 file(s)" in capsys.readouterr().err
+    assert _tree(target) == after
+
+
+def test_synth_shows_progress(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = _synth(tmp_path / "s")
+    argv.remove("--quiet")
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "synth: 2/2 partitions, 6/6 frames (100.0%)" in err

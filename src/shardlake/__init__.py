@@ -26,8 +26,11 @@ from .errors import (
 from .store import Store, open_store
 
 if TYPE_CHECKING:
+    from .lifecycle.export import ExportReport, NpzExportReport
+    from .lifecycle.verify import VerifyOptions, VerifyReport
     from .meta.keysets import Keyset
-    from .pack import PackOptions, PackReport
+    from .pack import PackOptions, PackReport, inspect_source
+    from .pack.writer import WriteOptions, Writer
     from .query.dataset import Dataset
     from .query.selection import Selection
     from .root import Root, VersionInfo, open
@@ -37,6 +40,11 @@ if TYPE_CHECKING:
 # machinery until a root is opened), which every CLI call and worker process pays.
 _LAZY = {
     "Dataset": "query.dataset",
+    "ExportReport": "lifecycle.export",
+    "NpzExportReport": "lifecycle.export",
+    "VerifyOptions": "lifecycle.verify",
+    "VerifyReport": "lifecycle.verify",
+    "inspect_source": "pack",
     "Keyset": "meta.keysets",
     "PackOptions": "pack",
     "PackReport": "pack",
@@ -44,6 +52,8 @@ _LAZY = {
     "Selection": "query.selection",
     "StoreReport": "store.check",
     "VersionInfo": "root",
+    "WriteOptions": "pack.writer",
+    "Writer": "pack.writer",
     "check_store": "store.check",
     "open": "root",
 }
@@ -65,10 +75,12 @@ __version__ = "0.1.0"
 __all__ = [
     "ConflictError",
     "Dataset",
+    "ExportReport",
     "FormatError",
     "IntegrityError",
     "Keyset",
     "NotFoundError",
+    "NpzExportReport",
     "PackOptions",
     "PackReport",
     "Root",
@@ -80,10 +92,15 @@ __all__ = [
     "StoreError",
     "StoreReport",
     "UsageError",
+    "VerifyOptions",
+    "VerifyReport",
     "VersionInfo",
     "VersionNotFoundError",
+    "WriteOptions",
+    "Writer",
     "__version__",
     "check_store",
+    "inspect_source",
     "open",
     "open_store",
 ]

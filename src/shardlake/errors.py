@@ -11,6 +11,9 @@ import difflib
 from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
+# How many offending items (files, keys) one message or report names before "... and N more".
+SHOW_MAX = 20
+
 
 class ShardlakeError(Exception):
     """Root of every error shardlake raises on purpose.
@@ -69,6 +72,16 @@ class SourceError(ShardlakeError, ValueError):
     """A source file (npz or sidecar) that cannot be packed; the message names the file."""
 
 
+class SourceFilesError(SourceError):
+    """Several source files that cannot be packed; ``problems`` has one line per file."""
+
+    def __init__(
+        self, *args: object, problems: Sequence[str] = (), options: Sequence[str] = ()
+    ) -> None:
+        super().__init__(*args, options=options)
+        self.problems: list[str] = list(problems)
+
+
 class SelectionError(ShardlakeError, ValueError):
     """A ``WHERE`` expression or key list that cannot select samples."""
 
@@ -110,6 +123,11 @@ class RetriesExhaustedError(StoreError):
 
 class CapabilityError(StoreError):
     """The store does not keep a promise shardlake needs (e.g. it ignores If-None-Match)."""
+
+
+class ReadOnlyStoreError(CapabilityError):
+    """The store can only be read (an ``http://`` or ``https://`` root): a command that would
+    write is refused before it does anything."""
 
 
 class OutcomeUnknownError(StoreError):

@@ -7,12 +7,13 @@ methods are thin: they delegate to the pack and lifecycle modules, which do the 
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 from .format.documents import GcLock
 from .meta.versions import (
@@ -36,10 +37,27 @@ if TYPE_CHECKING:
     from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
+    from .pack.writer import WriteOptions, Writer
     from .query.keyset_build import DisjointReport, KeysetReport
     from .read.tasks import ExecutorSpec
 
 _DOCUMENT_READERS = 16
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _writes(
+    method: Callable[Concatenate[Root, P], R],
+) -> Callable[Concatenate[Root, P], R]:
+    """A method that writes to the root: refused in one line, before it does anything, where
+    the root is read-only (``http://``, ``https://``)."""
+
+    @functools.wraps(method)
+    def checked(self: Root, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        self.store.require_writable(method.__name__.replace("_", " "))
+        return method(self, *args, **kwargs)
+
+    return checked
 
 
 @dataclass(frozen=True)
@@ -176,6 +194,7 @@ class Root:
 
     # --- keysets -------------------------------------------------------------------------------
 
+    @_writes
     def rebase_keyset(
         self, name: str, version: str, *, new_name: str, strict: bool = False
     ) -> KeysetReport:
@@ -186,6 +205,7 @@ class Root:
 
         return rebase_keyset(self.store, name, version, new_name=new_name, strict=strict)
 
+    @_writes
     def delete_keyset(self, name: str) -> Keyset:
         """Retire keyset ``name`` (a tombstone, then its object goes); the next :meth:`gc`
         releases what only it pinned. Returns the retired keyset."""
@@ -205,6 +225,7 @@ class Root:
 
         return load_keyset(self.store, name)
 
+    @_writes
     def create_keyset(
         self,
         name: str,
@@ -244,6 +265,7 @@ class Root:
 
     # --- writers -------------------------------------------------------------------------------
 
+    @_writes
     def pack(
         self,
         source: str | os.PathLike[str],
@@ -272,6 +294,61 @@ class Root:
             **extra,
         )
 
+    @_writes
+    def writer(
+        self, tag: str, *, base: str | None = None, options: WriteOptions | None = None
+    ) -> Writer:
+        """A :class:`~shardlake.Writer` publishing version ``tag`` when its ``with`` block exits.
+
+        ``base`` carries that version's partitions forward (a partition written again replaces
+        its own); ``options`` is a :class:`~shardlake.WriteOptions`.
+        """
+        from .pack.writer import Writer
+
+        return Writer(self.store, tag, base=base, options=options)
+
+    @_writes
+    def write_bag(
+        self, bag: Any, tag: str, *, base: str | None = None, options: WriteOptions | None = None
+    ) -> PackReport:
+        """Write a ``dask.bag.Bag`` of ``(key, arrays, meta)`` records as version ``tag``.
+
+        The cluster's workers build and write the partitions; this process publishes.
+        """
+        from .pack.bag import write_bag
+
+        return write_bag(self.store, bag, tag, base=base, options=options)
+
+    @_writes
+    def import_wds(
+        self,
+        source: str | os.PathLike[str] | Sequence[str],
+        tag: str,
+        *,
+        key_prefix: str = "",
+        partition_by: str = "shard",
+        base: str | None = None,
+        options: WriteOptions | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> PackReport:
+        """Import a WebDataset tar set (brace pattern, list or directory) as version ``tag``.
+
+        See :func:`shardlake.pack.wds_import.import_wds`; ``storage_options`` open the source.
+        """
+        from .pack.wds_import import import_wds
+
+        return import_wds(
+            self.store,
+            source,
+            tag,
+            key_prefix=key_prefix,
+            partition_by=partition_by,
+            base=base,
+            options=options,
+            storage_options=storage_options,
+        )
+
+    @_writes
     def remove(
         self,
         tag: str,
@@ -301,6 +378,7 @@ class Root:
             strip_prefix=strip_prefix,
         )
 
+    @_writes
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
         """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
@@ -309,6 +387,7 @@ class Root:
         state = prune_versions(self.store, tags, force=force)
         return PruneReport.of(list(tags), state, pinning_keysets(self.store, list(tags)))
 
+    @_writes
     def gc(
         self, *, grace_s: float | str = "6h", dry_run: bool = False, progress: bool | None = None
     ) -> GcReport:
@@ -323,6 +402,7 @@ class Root:
         """The lease of a gc holding the root, or None."""
         return read_state(self.store).gc_lock
 
+    @_writes
     def break_gc_lock(self) -> GcLock | None:
         """Release the lock of a gc known to be dead; returns the lock it released."""
         from .lifecycle.gc import break_lock
@@ -431,6 +511,7 @@ class Root:
         opts = VerifyOptions.build(options, overrides)
         return verify_version(self.store, _location(source), opts)
 
+    @_writes
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
         """Write the catalog of ``version`` (default: every live version) where it was published
         before format 2 (idempotent: versions with a catalog are reported, not rewritten)."""
@@ -442,6 +523,22 @@ class Root:
             state = read_state(self.store)
             versions = [load_version_by_hash(self.store, t, h) for t, h in state.versions.items()]
         return attach_catalogs(self.store, versions)
+
+    @_writes
+    def write_index(self) -> dict[str, Any]:
+        """Write ``index.json`` from the commit log and the keysets: what a root published
+        before the index existed needs before it can be served over HTTP (every publish, keyset
+        change and prune rewrites it since). Returns what it names: ``commit``, ``versions``
+        (``[tag, hash]`` pairs), ``latest``, ``keysets`` (names)."""
+        from .meta.versions import refresh_index
+
+        index = refresh_index(self.store, strict=True)
+        return {
+            "commit": index.commit,
+            "versions": [list(pair) for pair in index.versions],
+            "latest": index.latest,
+            "keysets": sorted(index.keysets),
+        }
 
     def verify_offsets(
         self,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import UsageError
 
 if TYPE_CHECKING:
-    from ..root import Root
+    from shardlake import Root
 
 
 def add_json_flag(parser: argparse.ArgumentParser) -> None:

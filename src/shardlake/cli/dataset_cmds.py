@@ -32,12 +32,23 @@ def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--where", metavar="SQL", help="boolean expression over the manifest columns")
-    p.add_argument("--columns", metavar="COL", nargs="+", help="columns to output (default: all)")
+    p.add_argument(
+        "--columns",
+        metavar="COL",
+        nargs="+",
+        action="extend",
+        help="columns to output (default: all); repeatable, and COL may be a comma list "
+        "(--columns key,timestamp)",
+    )
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument("--limit", type=int, default=None, help="print at most this many rows")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON lines, one object per row")
-    fmt.add_argument("--csv", action="store_true", help="CSV with a header row")
+    fmt.add_argument(
+        "--csv",
+        action="store_true",
+        help="CSV with a header row (list and struct columns as JSON text)",
+    )
     fmt.add_argument("--count", action="store_true", help="print only the number of rows")
     add_storage_flags(p)
     p.set_defaults(func=cmd_query)
@@ -58,6 +69,9 @@ def _add_get(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
     p.add_argument("--out", metavar="FILE.npz", help="write the (single) sample to this npz file")
     p.add_argument("--out-dir", metavar="DIR", help="write <key>.npz (+ .json) for every key")
+    p.add_argument(
+        "--force", action="store_true", help="overwrite files that --out / --out-dir would write"
+    )
     finish_command(p, cmd_get)
 
 
@@ -123,8 +137,9 @@ def _add_diff(sub: argparse._SubParsersAction[Any]) -> None:
         "diff",
         help="what changed between two versions (partitions and samples)",
         description="Compare version A with version B: partitions added, removed, with new "
-        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed or "
-        "with different payload bytes. Reads only the catalog objects that differ.",
+        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed, "
+        "with different payload bytes (changed) or only a different sidecar (meta_changed). "
+        "Reads only the catalog objects that differ.",
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("a", metavar="A", help="the older version (tag)")
@@ -143,7 +158,8 @@ def cmd_query(args: argparse.Namespace) -> int:
 
     if args.limit is not None and args.limit < 0:
         raise UsageError("the row limit must be >= 0", options=("limit",))
-    table = open_root(args).dataset(args.tag).query(args.where, args.columns)
+    columns = _column_list(args.columns)
+    table = open_root(args).dataset(args.tag).query(args.where, columns)
     if args.count:
         print(table.num_rows)
         return 0
@@ -154,15 +170,38 @@ def cmd_query(args: argparse.Namespace) -> int:
             sys.stdout.write(json.dumps(row, default=str, sort_keys=False) + "\n")
     elif args.csv:
         buf = io.BytesIO()
-        pacsv.write_csv(table, buf)
+        pacsv.write_csv(_nested_as_json(table), buf)
         sys.stdout.write(buf.getvalue().decode())
     else:
         names = table.column_names
         print("\t".join(names))
-        for row in table.to_pylist():
+        for row in _nested_as_json(table).to_pylist():
             print("\t".join("" if row[n] is None else str(row[n]) for n in names))
         print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})", file=sys.stderr)
     return 0
+
+
+def _column_list(given: list[str] | None) -> list[str] | None:
+    """``--columns`` as given: repeated and comma-separated names, in order, once each."""
+    if not given:
+        return None
+    names = [name.strip() for value in given for name in value.split(",")]
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def _nested_as_json(table: Any) -> Any:
+    """List, struct and map columns as JSON text (CSV cells and tab output hold one value)."""
+    import pyarrow as pa
+
+    columns = []
+    for field, column in zip(table.schema, table.columns, strict=True):
+        if pa.types.is_nested(field.type):
+            column = pa.array(
+                [None if v is None else json.dumps(v, default=str) for v in column.to_pylist()],
+                pa.string(),
+            )
+        columns.append(column)
+    return pa.table(columns, names=table.column_names)
 
 
 def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
@@ -174,15 +213,13 @@ def _describe(arrays: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_get(args: argparse.Namespace) -> int:
     from ..errors import SelectionError, UsageError
-    from ..query.keyset_build import keys_from_file
-    from ..source.source_form import npz_bytes, sidecar_json
 
     if not args.keys and not args.keys_file:
         raise UsageError("give at least one KEY", options=("keys",))
     ds = open_root(args).dataset(args.tag)
     keys = list(args.keys)
     if args.keys_file:
-        listed = keys_from_file(ds, args.keys_file)
+        listed = ds.keys_from_file(args.keys_file)
         if listed.unmapped:
             raise SelectionError(
                 f"{args.keys_file}: {len(listed.unmapped)} entr(ies) name no key of version "
@@ -194,19 +231,21 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.out and len(keys) != 1:
         raise UsageError("one output file holds one sample", options=("out_dir",))
     ds.require_keys(keys)  # every key checked before anything is written
-    table = ds.select(keys=keys).rows() if args.out_dir else None
-    rows = {row["key"]: row for row in table.to_pylist()} if table is not None else {}
-    described: list[dict[str, Any]] = []
-    for key, arrays in ds.iter_samples(keys):
-        if args.out:
-            _write_file(args.out, npz_bytes(arrays))
+    if not args.force:  # refuse before anything is fetched or written
+        targets = [args.out] if args.out else []
         if args.out_dir:
-            path = os.path.join(args.out_dir, *key.split("/"))
-            _write_file(path + ".npz", npz_bytes(arrays))
-            side = sidecar_json(rows[key])
+            targets += [_out_path(args.out_dir, k, ext) for k in keys for ext in (".npz", ".json")]
+        _refuse_existing(targets)
+    described: list[dict[str, Any]] = []
+    for sample in ds.iter_files(keys):  # every key checked before anything is written
+        if args.out:
+            _write_file(args.out, sample.npz, args.force)
+        if args.out_dir:
+            _write_file(_out_path(args.out_dir, sample.key, ".npz"), sample.npz, args.force)
+            side = sample.sidecar
             if side is not None:
-                _write_file(path + ".json", side)
-        described.append({"key": key, "arrays": _describe(arrays)})
+                _write_file(_out_path(args.out_dir, sample.key, ".json"), side, args.force)
+        described.append({"key": sample.key, "arrays": _describe(sample.arrays)})
     if args.json:
         print_json(described if len(described) != 1 else described[0])
     else:
@@ -217,12 +256,39 @@ def cmd_get(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_file(path: str, data: bytes) -> None:
+def _out_path(out_dir: str, key: str, suffix: str) -> str:
+    return os.path.join(out_dir, *key.split("/")) + suffix
+
+
+def _refuse_existing(paths: list[str]) -> None:
+    from ..errors import ConflictError
+
+    there = [p for p in paths if os.path.lexists(p)]
+    if there:
+        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
+        raise ConflictError(
+            f"{there[0]}{more} already exist(s); not overwritten", options=("force",)
+        )
+
+
+def _write_file(path: str, data: bytes, force: bool) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as f:
         f.write(data)
-    os.replace(tmp, path)  # never a half-written npz at the final name
+    if force:
+        os.replace(tmp, path)  # never a half-written npz at the final name
+        return
+    try:
+        os.link(tmp, path)  # atomic create: a file made meanwhile is not overwritten either
+    except FileExistsError:
+        _refuse_existing([path])
+    except OSError:  # no hard links on this filesystem
+        _refuse_existing([path])
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
 
 
 # --- keysets -----------------------------------------------------------------------------------
@@ -342,12 +408,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
     )
     print(
         f"samples:    {samples['added']} added, {samples['removed']} removed, "
-        f"{samples['changed']} changed"
+        f"{samples['changed']} changed, {samples['meta_changed']} meta changed"
     )
     for name in ("added", "removed", "data_changed", "meta_changed"):
         for path in parts[name]:
             print(f"  {name:<13} {path}")
-    for name in ("added_keys", "removed_keys", "changed_keys"):
+    for name in ("added_keys", "removed_keys", "changed_keys", "meta_changed_keys"):
         for key in samples.get(name) or []:
             print(f"  {name[:-5]:<13} {key}")
     return 0

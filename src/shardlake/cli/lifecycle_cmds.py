@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 from typing import Any
 
@@ -235,13 +234,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ..lifecycle import collect_garbage
-    from ..lifecycle.gc import parse_duration
     from ..progress.bar import human_bytes
 
     if args.break_lock:
         return _break_lock(args)
-    report = collect_garbage(args.root, grace_s=parse_duration(args.grace), dry_run=args.dry_run)
+    # Through the Root the flags opened: its storage options reach every request.
+    report = open_root(args).gc(grace_s=args.grace, dry_run=args.dry_run)
     if args.json:
         print_json(report.to_json())
         return 0
@@ -251,9 +249,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for leftover in report.leftovers:
         print(f"{verb} staging leftover {leftover.path}")
     print(
-        f"{verb} {len(report.garbage)} object(s), {human_bytes(report.garbage_bytes)}"
-        f" ({report.garbage_bytes} bytes); kept {len(report.young)} unreferenced object(s) "
-        f"younger than {args.grace}; {report.referenced} referenced by "
+        f"{verb} {len(report.garbage)} object(s) and {len(report.leftovers)} staging "
+        f"leftover(s), {human_bytes(report.garbage_bytes)} ({report.garbage_bytes} bytes); "
+        f"kept {len(report.young)} unreferenced object(s) and {len(report.young_leftovers)} "
+        f"staging leftover(s) younger than {args.grace}; {report.referenced} referenced by "
         f"{len(report.live_versions)} version(s)"
     )
     if report.foreign:
@@ -268,7 +267,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def _break_lock(args: argparse.Namespace) -> int:
     from ..errors import UsageError
-    from ..meta.versions import describe_lock
 
     root = open_root(args)
     lock = root.gc_lock()
@@ -279,7 +277,7 @@ def _break_lock(args: argparse.Namespace) -> int:
             raise UsageError(
                 "breaking the gc lock needs confirmation (stdin is no terminal)", options=("yes",)
             )
-        answer = input(f"{describe_lock(lock)}. Break it only if that gc is dead. Break? [y/N] ")
+        answer = input(f"{lock.describe()}. Break it only if that gc is dead. Break? [y/N] ")
         if answer.strip().lower() not in ("y", "yes"):
             print("lock kept", file=sys.stderr)
             return 1
@@ -287,14 +285,12 @@ def _break_lock(args: argparse.Namespace) -> int:
     if args.json:
         print_json({"broken": None if broken is None else broken.to_json()})
     else:
-        print(f"broke the gc lock: {describe_lock(broken)}")
+        print(f"broke the gc lock: {'-' if broken is None else broken.describe()}")
     return 0
 
 
 def cmd_scrub(args: argparse.Namespace) -> int:
-    from ..lifecycle.common import problem_counts
     from ..progress.bar import human_bytes
-    from ..read.payloads import CORRUPT_AT_REST
 
     report = open_root(args).scrub(
         args.tag,
@@ -310,24 +306,28 @@ def cmd_scrub(args: argparse.Namespace) -> int:
             status = "ok" if not part.problems else f"{part.problems} PROBLEM(S)"
             print(f"{part.partition}\t{part.samples} samples\t{human_bytes(part.bytes)}\t{status}")
         for problem in report.problems:
-            label = "corrupt" if problem.kind == CORRUPT_AT_REST else "unreadable"
+            label = "corrupt" if problem.corrupt_at_rest else "unreadable"
             print(f"{label}: {problem}", file=sys.stderr)
-        counts = problem_counts(report.problems)
+        for text in report.index_problems:
+            print(f"index: {text}", file=sys.stderr)
+        counts = report.to_json()
         print(
             f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
             f"{', '.join(report.versions)}: "
             + (
                 "ok"
                 if report.ok
-                else f"{len(report.problems)} problem(s): {counts['corrupt_at_rest']} corrupt at "
-                f"rest, {counts['transport_errors']} transport error(s)"
+                else f"{len(report.problems) + len(report.index_problems)} problem(s): "
+                f"{counts['corrupt_at_rest']} corrupt at rest, {counts['transport_errors']} "
+                f"transport error(s)"
+                + (f", {len(report.index_problems)} in index.json" if report.index_problems else "")
             )
         )
     return 0 if report.ok else 1
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ..lifecycle.export import ExportReport
+    from shardlake import ExportReport
 
     report = open_root(args).export(
         args.dest,
@@ -357,7 +357,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from ..lifecycle.verify import VerifyOptions
+    from shardlake import VerifyOptions
 
     options = VerifyOptions(
         version=args.tag,
@@ -370,9 +370,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         source_options=parse_storage_options(args.source_storage_options) or None,
         progress=progress_wanted(args),
         executor=args.executor,
+        workers=args.workers,
     )
-    if args.workers is not None:
-        options = dataclasses.replace(options, workers=args.workers)
     report = open_root(args).verify(args.source, options=options)
     if args.json:
         print_json(report.to_json())

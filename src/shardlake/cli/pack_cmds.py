@@ -93,6 +93,12 @@ def _add_inspect(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("source", metavar="SOURCE")
     _add_rule_options(p)
     p.add_argument("--out", metavar="TSV", help="also write the per-partition table as TSV")
+    p.add_argument(
+        "--no-frame-check",
+        action="store_true",
+        help="list and stat files only; by default every .npz is read as pack reads it and each "
+        "one pack would refuse is listed as unreadable",
+    )
     finish_command(p, cmd_inspect, opens_root=False)
 
 
@@ -114,6 +120,13 @@ def _add_synth(sub: argparse._SubParsersAction[Any]) -> None:
         help="flat: <log_dir>/ frames; converter: <location>/<split>/<date>/<time>/ frames plus "
         "routes/*.json, like Diffusion-Planner's converter",
     )
+    p.add_argument(
+        "--add",
+        action="store_true",
+        help="write into a SOURCE that already holds files (refused otherwise); a run that would "
+        "replace any existing file is still refused as a whole, before writing anything",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     finish_command(p, cmd_synth, opens_root=False)
 
 
@@ -170,7 +183,7 @@ def _add_show(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from ..pack import inspect_source
+    from shardlake import inspect_source
 
     report = inspect_source(
         args.source,
@@ -180,6 +193,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         strip_prefix=args.strip_prefix,
         include=args.include,
         exclude=args.exclude,
+        check_frames=not args.no_frame_check,
     )
     columns = ["id", "path", "samples", "skipped", "missing_sidecars", "npz_bytes", "sidecar_bytes"]
     if args.out:
@@ -241,6 +255,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
             skip_fraction=args.skip_fraction,
             sidecars=not args.no_sidecars,
             layout=args.layout,
+            add=args.add,
+            progress=progress_wanted(args),
         )
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
@@ -262,7 +278,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_pack(args: argparse.Namespace) -> int:
-    from ..pack import PackOptions
+    from shardlake import PackOptions
 
     options = PackOptions(
         workers=args.workers,

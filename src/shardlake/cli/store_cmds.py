@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..store.check import check_store
+from shardlake import check_store
+
 from .common import finish_command, parse_storage_options, print_json
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import FormatError
@@ -338,6 +339,12 @@ class GcLock:
         if self.owner:
             out["owner"] = self.owner
         return out
+
+    def describe(self) -> str:
+        """``gc holds the root until <UTC time> (owner ...)``, for messages."""
+        until = datetime.fromtimestamp(self.expires_at, timezone.utc)
+        owner = f" (owner {self.owner})" if self.owner else ""
+        return f"gc holds the root until {until.isoformat(timespec='seconds')}{owner}"
 
 
 @dataclass(frozen=True)

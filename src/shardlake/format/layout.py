@@ -3,6 +3,7 @@
 ::
 
     shardlake.json                                   root marker (format, dataset_id)
+    index.json                                       root index: tags, latest, keysets (GET-only readers)
     data/<pid>/<data_rev>/shard-000000.tar           shards of one partition revision
     data/<pid>/<data_rev>/manifest-<manifest_rev>.parquet
     versions/<tag>/<version_hash>.json               version records (immutable)
@@ -19,12 +20,15 @@ import hashlib
 import re
 
 from ..errors import UsageError
+from ..store.backends.http import ROOT_INDEX_KEY
 
 # Format of shards and manifests (part of a pack recipe: a change rebuilds every revision).
 FORMAT_VERSION = 1
 # Format of version records and the root (2: partitions and rows in the per-version catalog).
 RECORD_FORMAT_VERSION = 2
 ROOT_MARKER = "shardlake.json"
+# Rewritten at every commit and keyset change: the one mutable document (docs/format.md, 12).
+ROOT_INDEX = ROOT_INDEX_KEY
 DATA_DIR = "data"
 VERSIONS_DIR = "versions"
 COMMITS_DIR = "commits"
@@ -40,6 +44,7 @@ _OWNED_RE = re.compile(
     "|".join(
         (
             re.escape(ROOT_MARKER),
+            re.escape(ROOT_INDEX),
             rf"{DATA_DIR}/[0-9a-z]{{1,64}}/[0-9a-z]{{1,64}}/shard-\d{{6}}\.tar",
             rf"{DATA_DIR}/[0-9a-z]{{1,64}}/[0-9a-z]{{1,64}}/manifest-[0-9a-z]{{1,64}}\.parquet",
             rf"{VERSIONS_DIR}/{_NAME}/[0-9a-f]{{1,64}}\.json",
@@ -56,6 +61,16 @@ _OWNED_RE = re.compile(
 def is_owned_key(key: str) -> bool:
     """True if ``key`` has the name shape of an object shardlake writes (see docs/format.md)."""
     return _OWNED_RE.fullmatch(key) is not None
+
+
+_DIGITS_RE = re.compile(r"(\d+)")
+
+
+def natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key for names as people read them: ``train`` < ``train-list``, ``v2`` < ``v10``."""
+    return tuple(
+        (1, int(part)) if part.isdigit() else (0, part) for part in _DIGITS_RE.split(name) if part
+    )
 
 
 def check_name(kind: str, name: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from ..errors import SHOW_MAX as SHOW_MAX  # the reports' cut-off, re-exported
 from ..errors import FormatError, IntegrityError, KeyNotFoundError
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
@@ -22,7 +23,6 @@ from ..store import Store
 
 # Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
 BATCH_BYTES = 32 * 2**20
-SHOW_MAX = 20
 # Shards checked at once by scrub/verify (threads; memory bound is workers x BATCH_BYTES).
 DEFAULT_WORKERS = 4
 
@@ -46,6 +46,11 @@ class Problem:
         if self.offset is not None:
             where += f" offset {self.offset}"
         return f"{where}: {self.message} ({self.kind})"
+
+    @property
+    def corrupt_at_rest(self) -> bool:
+        """Every read agreed on the wrong bytes: the stored object is bad (else: transport)."""
+        return self.kind == CORRUPT_AT_REST
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -77,10 +82,13 @@ def read_manifest_or_report(
 
 
 def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
-    """``{"corrupt_at_rest": n, "transport_errors": m}`` for a report's problems."""
-    problems = list(problems)
-    transport = sum(1 for p in problems if p.kind == TRANSPORT)
-    return {"corrupt_at_rest": len(problems) - transport, "transport_errors": transport}
+    """``{"corrupt_at_rest": n, "transport_errors": m}`` for a report's problems (verify's
+    source differences are neither)."""
+    kinds = [p.kind for p in problems]
+    return {
+        "corrupt_at_rest": kinds.count(CORRUPT_AT_REST),
+        "transport_errors": kinds.count(TRANSPORT),
+    }
 
 
 def versions_for(store: Store, version: str | None, all_versions: bool) -> list[Version]:
@@ -120,6 +128,7 @@ class ShardRow(NamedTuple):
     size: int
     raw_size: int | None
     crc32: int
+    source_sha256: str | None = None  # of the source npz at pack time (None: not recorded)
 
 
 def rows_by_shard(table: pa.Table) -> dict[int, list[ShardRow]]:

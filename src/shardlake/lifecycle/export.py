@@ -277,6 +277,7 @@ def export_version(
     ``executor`` (default: ``workers`` threads)."""
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)
+    dest.require_writable("export into it")
     spec = executor_for(dest, executor_for(src, executor, "exported"), "exported")
     src_marker, marker_bytes = _read_marker(src)
     ver, doc_bytes = load_version_bytes(src, *resolve_tag(src, version))
@@ -396,6 +397,7 @@ def export_npz(
     """
     src = open_store(src_url, src_options)
     dest = open_store(dest_url, dest_options)
+    dest.require_writable("export into it")
     ver = load_version(src, version)
     wanted: set[str] | None = None
     if keyset is not None:

@@ -38,6 +38,7 @@ Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import re
 import socket
@@ -49,7 +50,14 @@ from typing import Any
 
 from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.documents import GcLock
-from ..format.layout import COMMITS_DIR, KEYSETS_DIR, PROBE_DIR, ROOT_MARKER, is_owned_key
+from ..format.layout import (
+    COMMITS_DIR,
+    KEYSETS_DIR,
+    PROBE_DIR,
+    ROOT_INDEX,
+    ROOT_MARKER,
+    is_owned_key,
+)
 from ..meta.keysets import list_keysets, referenced_versions
 from ..meta.versions import (
     RootState,
@@ -95,6 +103,7 @@ class GcReport:
     young: list[ObjectInfo] = field(default_factory=list)  # unreferenced but within grace
     # staging of killed writers (local temp files, unfinished multipart uploads) removed
     leftovers: list[Leftover] = field(default_factory=list)
+    young_leftovers: list[Leftover] = field(default_factory=list)  # within grace: kept
     incomplete: bool = False  # stopped before its lock expired; run gc again
     # objects shardlake did not write (names outside docs/format.md's shapes): never deleted
     foreign: list[ObjectInfo] = field(default_factory=list)
@@ -118,6 +127,7 @@ class GcReport:
             "kept_young": len(self.young),
             "kept_young_bytes": sum(o.size for o in self.young),
             "leftovers": [item.path for item in self.leftovers],
+            "kept_young_leftovers": len(self.young_leftovers),
             "incomplete": self.incomplete,
             "foreign": len(self.foreign),
             "foreign_examples": [o.key for o in self.foreign[:FOREIGN_EXAMPLES]],
@@ -152,7 +162,7 @@ def _owned_leftover(store: Store, leftover: Leftover) -> bool:
 
 
 def _is_protected(key: str) -> bool:
-    return key == ROOT_MARKER or key.startswith(_KEEP_PREFIXES)
+    return key in (ROOT_MARKER, ROOT_INDEX) or key.startswith(_KEEP_PREFIXES)
 
 
 def _delete_order(info: ObjectInfo) -> tuple[int, str]:
@@ -187,6 +197,7 @@ def collect_garbage(
     if grace_s < 0:
         raise UsageError("the grace period cannot be negative")
     store = open_store(url, storage_options)
+    store.require_writable("gc")
     fenced = _survey_under_lock(store, grace_s, dry_run)
     if isinstance(fenced, GcReport):
         return fenced  # a dry run, or nothing to delete
@@ -222,9 +233,10 @@ def _survey(
             report.young.append(info)
         else:
             report.garbage.append(info)
-    leftovers = [
-        item for item in store.leftovers(older_than=cutoff) if _owned_leftover(store, item)
-    ]
+    # Every leftover with a start time, so that those the grace keeps are counted too.
+    found = [item for item in store.leftovers(older_than=math.inf) if _owned_leftover(store, item)]
+    leftovers = [item for item in found if item.started is not None and item.started < cutoff]
+    report.young_leftovers = [item for item in found if item not in leftovers]
     return report, leftovers, cutoff
 
 

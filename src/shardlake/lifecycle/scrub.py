@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..format.documents import PartitionEntry
+from ..meta.rootindex import index_problems
+from ..meta.versions import read_state
 from ..progress.bar import Progress
 from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..store import Store, open_store
@@ -51,10 +53,12 @@ class ScrubReport:
     versions: list[str]
     partitions: list[PartitionScrub] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
+    # How index.json differs from the commit log and keysets (checked where the store lists).
+    index_problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        return not self.problems and not self.index_problems
 
     @property
     def samples(self) -> int:
@@ -72,6 +76,7 @@ class ScrubReport:
             "bytes": self.bytes,
             "partitions": [p.to_json() for p in self.partitions],
             "problems": [p.to_json() for p in self.problems],
+            "index_problems": self.index_problems,
             **problem_counts(self.problems),
         }
 
@@ -142,4 +147,9 @@ def scrub(
             part, problems = results[index]
         report.partitions.append(part)
         report.problems.extend(problems)
+    if store.backend.read_only is None:  # over HTTP the index is the listing: nothing to compare
+        state = read_state(store)
+        report.index_problems = index_problems(
+            store, state.seq, state.versions, state.retired, state.latest
+        )
     return report

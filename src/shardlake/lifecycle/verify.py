@@ -3,7 +3,9 @@
 ``verify`` proves a version equals its source tree: membership both ways (every non-skipped
 source sample present, nothing extra; ``allow_missing`` means exactly that many missing), every
 sample decoded and compared bit-exactly (names, order, dtype, shape, bytes) to its source npz,
-and the partition count.
+and the partition count. A sample whose stored bytes match the shard's checksum but differ from
+the source is the source differing (``source changed``: the file changed since pack, or cannot be
+read), not corruption at rest: that stays what ``scrub`` also finds.
 
 ``verify-offsets`` parses every shard's tar headers independently of the manifest and checks
 each manifest row's member index, name, payload offset and size against them, and each
@@ -61,6 +63,8 @@ from .common import (
 
 NPZ = ".npz"
 SIDECAR = ".json"
+# The kind of a problem whose shard bytes are intact (checksum matched) but whose source differs.
+SOURCE_CHANGED = "source changed"
 
 
 @dataclass
@@ -95,11 +99,12 @@ class VerifyReport:
         if self.extra:
             out.append(f"{len(self.extra)} sample(s) not in the source")
         if self.problems:
-            counts = problem_counts(self.problems)
+            counts = verify_counts(self.problems)
             out.append(
                 f"{len(self.problems)} sample(s) differ or are unreadable "
                 f"({counts['corrupt_at_rest']} corrupt at rest, "
-                f"{counts['transport_errors']} transport error(s))"
+                f"{counts['transport_errors']} transport error(s), "
+                f"{counts['source_changed']} source changed)"
             )
         if self.expected_partitions is not None and self.partitions != self.expected_partitions:
             out.append(f"{self.partitions} partition(s), expected {self.expected_partitions}")
@@ -121,9 +126,16 @@ class VerifyReport:
             "extra_keys": self.extra[:SHOW_MAX],
             "problems": [p.to_json() for p in self.problems[:SHOW_MAX]],
             "problem_count": len(self.problems),
-            **problem_counts(self.problems),
+            **verify_counts(self.problems),
             "failures": self.failures(),
         }
+
+
+def verify_counts(problems: Sequence[Problem]) -> dict[str, int]:
+    """:func:`problem_counts` plus ``source_changed``: samples intact in their shard that
+    differ from (or cannot be read in) the source."""
+    changed = sum(1 for p in problems if p.kind == SOURCE_CHANGED)
+    return {**problem_counts(problems), "source_changed": changed}
 
 
 def _source_samples(source: Store, keep_skipped: bool) -> tuple[set[str], set[str]]:
@@ -314,13 +326,35 @@ def _check_shard(
         where = f"{url} key {key!r} offset {row.offset}"
         try:
             arrays = decoder.decode(payload, where)
-            original = load_npz(source.read(key + NPZ), source.key_url(key + NPZ))
-        except (ShardlakeError, KeyNotFoundError) as exc:
+        except ShardlakeError as exc:
             out.append((key, Problem(pid, url, key, row.offset, str(exc)), False))
             continue
+        # The payload matched the shard's checksum: from here on a difference is the source's.
+        source_url = source.key_url(key + NPZ)
+        try:
+            blob = source.read(key + NPZ)
+            original = load_npz(blob, source_url)
+        except ShardlakeError as exc:
+            message = f"source file {source_url} cannot be read: {exc}"
+            out.append((key, Problem(pid, url, key, row.offset, message, SOURCE_CHANGED), False))
+            continue
         diff = _compare(arrays, original)
-        out.append((key, Problem(pid, url, key, row.offset, diff) if diff else None, True))
+        problem = None
+        if diff:
+            message = f"source file {source_url} differs: {diff}{_sha_note(row, blob)}"
+            problem = Problem(pid, url, key, row.offset, message, SOURCE_CHANGED)
+        out.append((key, problem, True))
     return out
+
+
+def _sha_note(row: ShardRow, blob: bytes) -> str:
+    """What the source checksum recorded at pack time says about today's file."""
+    if not row.source_sha256:
+        return ""
+    today = hashlib.sha256(blob).hexdigest()
+    if today == row.source_sha256:
+        return f"; its sha256 is still {today[:16]} as at pack time"
+    return f"; changed since pack: sha256 {row.source_sha256[:16]} at pack time, {today[:16]} now"
 
 
 def _compare(got: dict[str, Any], want: dict[str, Any]) -> str | None:

@@ -1,9 +1,10 @@
 """What changed between two versions (``shardlake diff``), read from their catalogs.
 
 Partitions are compared by ``data_rev``/``meta_rev`` in the two partitions tables; catalog rows
-are read only for partitions added, removed or with a different ``data_rev`` (the same
-``data_rev`` means the same samples and payload bytes, so a metadata-only change reads no rows).
-Two versions sharing one partitions table cost no row read at all.
+are read only for partitions added, removed or with a different ``data_rev`` or ``meta_rev`` (the
+same ``data_rev`` means the same samples and payload bytes; a different ``meta_rev`` is read to
+name the samples whose sidecar changed). Two versions sharing one partitions table cost no row
+read at all.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ from typing import Any
 import pyarrow as pa
 
 from ..format.documents import PartitionEntry
+from ..format.layout import natural_key
 from ..store import Store
 from .catalog import load_catalog
 from .versions import Version
 
 # The per-sample columns that identify its payload bytes (source_sha256 when recorded).
 _PAYLOAD_COLUMNS = ["key", "partition", "source_sha256", "crc32", "raw_size"]
+# Where the payload lies: differs when a partition is rebuilt, whatever changed. Every other
+# column comes from the sidecar (``has_sidecar`` included).
+_PLACE_COLUMNS = {"shard", "member", "offset", "size"}
 
 
 @dataclass(frozen=True)
@@ -29,7 +34,8 @@ class VersionDiff:
 
     Partitions are named by path; ``data_changed``: a different ``data_rev``; ``meta_changed``:
     the same ``data_rev``, a different ``meta_rev``. Samples ``changed``: the same key with
-    different payload bytes. The key lists are filled only when asked for (``samples=True``).
+    different payload bytes; ``meta_changed``: the same payload bytes, a different sidecar. The
+    key lists are filled only when asked for (``samples=True``).
     """
 
     from_tag: str
@@ -47,6 +53,8 @@ class VersionDiff:
     added_keys: list[str] | None = None
     removed_keys: list[str] | None = None
     changed_keys: list[str] | None = None
+    samples_meta_changed: int = 0
+    meta_changed_keys: list[str] | None = None
 
     @property
     def identical(self) -> bool:
@@ -57,11 +65,13 @@ class VersionDiff:
             "added": self.samples_added,
             "removed": self.samples_removed,
             "changed": self.samples_changed,
+            "meta_changed": self.samples_meta_changed,
         }
         if self.added_keys is not None:
             samples["added_keys"] = self.added_keys
             samples["removed_keys"] = self.removed_keys
             samples["changed_keys"] = self.changed_keys
+            samples["meta_changed_keys"] = self.meta_changed_keys
         return {
             "from": {"tag": self.from_tag, "hash": self.from_hash},
             "to": {"tag": self.to_tag, "hash": self.to_hash},
@@ -88,6 +98,8 @@ class Comparison:
     added_keys: set[str] = field(default_factory=set)
     removed_keys: set[str] = field(default_factory=set)
     changed_keys: set[str] = field(default_factory=set)
+    # the same payload, another sidecar (filled with ``meta=True`` only)
+    meta_changed_keys: set[str] = field(default_factory=set)
     # key -> partition id in the newer version, for the keys of the partitions rows were read of
     new_partition_of: dict[str, str] = field(default_factory=dict)
 
@@ -103,8 +115,10 @@ def _payloads(table: pa.Table) -> dict[str, tuple[str, Any]]:
     return {keys[i]: (parts[i], sha[i] if sha[i] else (crc[i], raw[i])) for i in range(n)}
 
 
-def compare_versions(store: Store, a: Version, b: Version) -> Comparison:
-    """Compare ``a`` (older) with ``b``: partition entries, then rows of the differing ones."""
+def compare_versions(store: Store, a: Version, b: Version, *, meta: bool = False) -> Comparison:
+    """Compare ``a`` (older) with ``b``: partition entries, then rows of the differing ones
+    (with ``meta``, every column of the partitions whose data or sidecars changed, for
+    ``meta_changed_keys``)."""
     out = Comparison()
     ref_a, ref_b = a.header.catalog, b.header.catalog
     if (
@@ -137,7 +151,35 @@ def compare_versions(store: Store, a: Version, b: Version) -> Comparison:
     out.changed_keys = {
         k for k, (_, pay) in after_rows.items() if k in before_rows and before_rows[k][1] != pay
     }
+    if meta:
+        pids = [o.id for o, _ in out.data_changed] + [o.id for o, _ in out.meta_changed]
+        before_meta, after_meta = _sidecars(store, a, pids), _sidecars(store, b, pids)
+        out.meta_changed_keys = {
+            k
+            for k, row in after_meta.items()
+            if k in before_meta and k not in out.changed_keys and not _same(before_meta[k], row)
+        }
     return out
+
+
+def _sidecars(store: Store, version: Version, pids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """key -> its sidecar columns, for the rows of ``pids``."""
+    if not pids:
+        return {}
+    table = load_catalog(store, version).rows(None, pids)
+    skip = {*_PAYLOAD_COLUMNS, *_PLACE_COLUMNS}
+    names = [c for c in table.column_names if c not in skip]
+    return {str(row.pop("key")): row for row in table.select(["key", *names]).to_pylist()}
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Equal sidecar rows: a column only one version has counts as null in the other; NaN
+    equals NaN."""
+    for name in a.keys() | b.keys():
+        x, y = a.get(name), b.get(name)
+        if x != y and not (x != x and y != y):  # NaN != NaN
+            return False
+    return True
 
 
 def _rows(store: Store, version: Version, pids: Sequence[str]) -> dict[str, tuple[str, Any]]:
@@ -148,10 +190,10 @@ def _rows(store: Store, version: Version, pids: Sequence[str]) -> dict[str, tupl
 
 def diff_versions(store: Store, a: Version, b: Version, *, samples: bool = False) -> VersionDiff:
     """:class:`VersionDiff` of ``a`` -> ``b`` (key lists, sorted, with ``samples``)."""
-    c = compare_versions(store, a, b)
+    c = compare_versions(store, a, b, meta=True)
 
     def paths(entries: Sequence[PartitionEntry]) -> list[str]:
-        return sorted(e.path for e in entries)
+        return sorted((e.path for e in entries), key=natural_key)
 
     return VersionDiff(
         from_tag=a.tag,
@@ -169,4 +211,6 @@ def diff_versions(store: Store, a: Version, b: Version, *, samples: bool = False
         added_keys=sorted(c.added_keys) if samples else None,
         removed_keys=sorted(c.removed_keys) if samples else None,
         changed_keys=sorted(c.changed_keys) if samples else None,
+        samples_meta_changed=len(c.meta_changed_keys),
+        meta_changed_keys=sorted(c.meta_changed_keys) if samples else None,
     )

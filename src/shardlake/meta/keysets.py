@@ -32,11 +32,11 @@ from ..errors import (
     SelectionError,
     SourceError,
 )
-from ..format.layout import KEYSETS_DIR, check_name, keyset_key
+from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store, open_store
-from .versions import Version, canonical_json, ensure_root, utc_now
+from .versions import Version, canonical_json, ensure_root, refresh_index, utc_now
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
@@ -191,6 +191,7 @@ def publish_keyset(
         raise ConflictError(
             f"{store.key_url(key)}: keyset {name!r} was created by another writer meanwhile"
         ) from exc
+    refresh_index(store)
     return decode_keyset(data, name, store.key_url(key))
 
 
@@ -291,11 +292,12 @@ def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:
 
 def list_keyset_names(store: Store) -> list[str]:
     suffix = ".parquet"
-    return [
+    names = [
         k[len(KEYSETS_DIR) + 1 : -len(suffix)]
         for k in store.list(KEYSETS_DIR)
         if k.endswith(suffix) and "/" not in k[len(KEYSETS_DIR) + 1 :]
     ]
+    return sorted(names, key=natural_key)  # by name, not by object key (".parquet" < "-")
 
 
 def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None) -> list[Keyset]:
@@ -370,6 +372,7 @@ def delete_keyset(store: Store, name: str) -> Keyset:
         store.delete(key)
         store.create(key, canonical_json(doc))
     store.delete(keyset_key(name))
+    refresh_index(store)
     return keyset
 
 

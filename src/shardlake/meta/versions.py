@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal, overload
 
 import pyarrow as pa
 
@@ -55,9 +55,11 @@ from ..format.layout import (
     version_key,
 )
 from ..format.manifest import entry_mismatches, parse_manifest
+from ..format.rootindex import RootIndex
 from ..read.verified import read_verified
 from ..store import Store
 from .catalog import Catalog, load_catalog, publish_catalog, read_partitions
+from .rootindex import write_index
 
 ROOT_SCHEMA = "shardlake.root/1"
 
@@ -225,11 +227,7 @@ class Version:
 
 def describe_lock(lock: GcLock | None) -> str:
     """``gc holds the root until <UTC time> (owner ...)``, for messages."""
-    if lock is None:
-        return "no gc holds the root"
-    until = datetime.fromtimestamp(lock.expires_at, timezone.utc)
-    owner = f" (owner {lock.owner})" if lock.owner else ""
-    return f"gc holds the root until {until.isoformat(timespec='seconds')}{owner}"
+    return "no gc holds the root" if lock is None else lock.describe()
 
 
 def read_root_marker(store: Store) -> dict[str, Any] | None:
@@ -386,7 +384,29 @@ def commit_state(
             f"{store.url}: another writer committed (commit {base.seq + 1}) while this {op} ran; "
             "nothing was published by this run - re-run it"
         ) from exc
+    write_index(store, new.seq, new.versions, new.retired, new.latest)
     return new
+
+
+@overload
+def refresh_index(store: Store, *, strict: Literal[True]) -> RootIndex: ...
+
+
+@overload
+def refresh_index(store: Store, *, strict: bool = False) -> RootIndex | None: ...
+
+
+def refresh_index(store: Store, *, strict: bool = False) -> RootIndex | None:
+    """Rewrite the root index from the commit log and the keysets (after a keyset change, and
+    ``shardlake index ROOT`` for a root published before the index existed); ``strict``: a
+    failure raises instead of being logged."""
+    state = read_state(store)
+    index = write_index(
+        store, state.seq, state.versions, state.retired, state.latest, strict=strict
+    )
+    if index is None and strict:  # write_index raises when strict; for the type checker
+        raise FormatError(f"{store.url}: index not written")
+    return index
 
 
 # Fields of a body that publish computes itself (a body copied from an older record may hold them).

@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -37,13 +37,14 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import AlreadyExistsError, IntegrityError, SourceError
+from ..errors import SHOW_MAX, AlreadyExistsError, IntegrityError, SourceError, SourceFilesError
 from ..format.codec import (
     CODEC_NAME,
     DEFAULT_LEVEL,
     Decoder,
     Encoder,
     decode_safetensors,
+    encode_safetensors,
     payload_checksum,
 )
 from ..format.documents import PartitionEntry, ShardEntry
@@ -275,37 +276,145 @@ def _read_source(path: Path) -> bytes:
 
 
 def _hash_sources(task: BuildTask, root: Path) -> _Sources:
-    """Read every sidecar, hash every included npz, keep up to READ_CACHE_BYTES of them."""
+    """Read every sidecar, hash every included npz, keep up to READ_CACHE_BYTES of them.
+
+    A file that cannot be read does not stop the pass: every bad file of the partition is
+    named in one :class:`SourceFilesError`."""
     out = _Sources()
+    bad: list[str] = []
     cached = 0
     for f in task.partition.files:
-        doc = read_sidecar(root / (f.key + SIDECAR)) if f.sidecar_size is not None else None
+        doc = None
+        if f.sidecar_size is not None:
+            try:
+                doc = read_sidecar(root / (f.key + SIDECAR))
+            except SourceError as exc:
+                bad.append(str(exc))
         if is_skipped(doc) and not task.keep_skipped:
             out.skipped += 1
             continue
-        data = _read_source(root / (f.key + NPZ))
+        try:
+            data = _read_source(root / (f.key + NPZ))
+        except SourceError as exc:
+            bad.append(str(exc))
+            continue
         out.included.append((f.key, hashlib.sha256(data).hexdigest()))
         out.sidecars[f.key] = doc
         if cached + len(data) <= READ_CACHE_BYTES:
             out.cache[f.key] = data
             cached += len(data)
+    if bad:
+        raise _bad_files(root, bad, [key for key, _sha in out.included])
     return out
+
+
+def _bad_files(root: Path, found: list[str], unchecked: list[str]) -> SourceFilesError:
+    """The error naming ``found`` and every other bad frame among ``unchecked``, so one pack
+    run reports all of a partition's bad files, not the first."""
+    problems = list(found)
+    for key in unchecked:
+        where = str(root / (key + NPZ))
+        try:
+            encode_safetensors(load_npz(_read_source(root / (key + NPZ)), where), where)
+        except SourceError as exc:
+            problems.append(str(exc))
+    problems.sort()
+    shown = "; ".join(problems[:SHOW_MAX])
+    more = f"; ... and {len(problems) - SHOW_MAX} more" if len(problems) > SHOW_MAX else ""
+    return SourceFilesError(
+        f"{len(problems)} source file(s) cannot be packed: {shown}{more}", problems=problems
+    )
 
 
 def build_partition(task: BuildTask) -> BuildResult:
     """Build (or reuse) the revision of one partition; see the module docs for the steps."""
-    store, part, recipe = task.store, task.partition, task.recipe
+    part = task.partition
     root = Path(task.source_root)
     src = _hash_sources(task, root)
-    data_rev = data_revision(recipe, part.path, src.included)
+    level = task.recipe.level
+
+    def encoded(order: list[str]) -> Iterator[EncodedSample]:
+        encoder, decoder = Encoder(level), Decoder()
+        for done, (key, blob) in enumerate(_prefetched(root, src, order), start=1):
+            where = str(root / (key + NPZ))
+            try:
+                arrays = load_npz(blob, where)
+                st, payload = encoder.encode(arrays, where)
+            except SourceError as exc:
+                # name every bad frame of the partition in one run, not the first
+                raise _bad_files(root, [str(exc)], order[done:]) from exc
+            verify_sample(st, payload, arrays, decoder, where)
+            yield EncodedSample(key, payload, len(st))
+
+    return build_revision(
+        task.store,
+        task.recipe,
+        RevisionSource(part.id, part.path, src.included, src.sidecars, src.skipped),
+        encoded,
+        where=str(root / part.path),
+        source_fingerprint=part.fingerprint(),
+        npz_fingerprint=part.npz_fingerprint(),
+    )
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """One sample, encoded and verified: its key, payload and safetensors size."""
+
+    key: str
+    payload: bytes
+    raw_size: int
+
+
+@dataclass
+class RevisionSource:
+    """What decides a partition revision: its samples' source hashes and sidecars.
+
+    ``included`` holds ``(key, sha256 of the sample's npz form)``; pack hashes the npz files,
+    the writer the canonical npz form of the arrays it is given (``source_form.source_sha256``).
+    """
+
+    pid: str
+    path: str
+    included: list[tuple[str, str]]
+    sidecars: dict[str, dict[str, Any] | None]
+    skipped: int = 0
+
+
+def encode_verified(
+    encoder: Encoder, decoder: Decoder, arrays: dict[str, np.ndarray[Any, Any]], where: str
+) -> tuple[bytes, bytes]:
+    """``(safetensors bytes, payload)`` of ``arrays``, the payload verified against them."""
+    st, payload = encoder.encode(arrays, where)
+    verify_sample(st, payload, arrays, decoder, where)
+    return st, payload
+
+
+def build_revision(
+    store: Store,
+    recipe: Recipe,
+    src: RevisionSource,
+    encoded: Callable[[list[str]], Iterable[EncodedSample]],
+    *,
+    where: str,
+    source_fingerprint: str | None = None,
+    npz_fingerprint: str | None = None,
+) -> BuildResult:
+    """Build (or reuse) one partition revision: the steps pack and the writer share.
+
+    ``encoded(order)`` yields the verified samples in ``order`` (the seeded shuffle); it is
+    called only when the revision has to be built.
+    """
+    pid = src.pid
+    data_rev = data_revision(recipe, src.path, src.included)
     meta_rev = meta_revision(list(src.sidecars.items()))
     manifest_rev = manifest_revision(data_rev, meta_rev)
-    mkey = manifest_key(part.id, data_rev, manifest_rev)
-    meta = ManifestMeta(part.id, part.path, data_rev, meta_rev, manifest_rev, recipe.to_json())
+    mkey = manifest_key(pid, data_rev, manifest_rev)
+    meta = ManifestMeta(pid, src.path, data_rev, meta_rev, manifest_rev, recipe.to_json())
     # payload_bytes and shards are set once the shards are written (or found).
     entry = PartitionEntry(
-        id=part.id,
-        path=part.path,
+        id=pid,
+        path=src.path,
         data_rev=data_rev,
         meta_rev=meta_rev,
         manifest_rev=manifest_rev,
@@ -314,14 +423,14 @@ def build_partition(task: BuildTask) -> BuildResult:
         skipped=src.skipped,
         payload_bytes=0,
         shards=(),
-        source_fingerprint=part.fingerprint(),
-        npz_fingerprint=part.npz_fingerprint(),
+        source_fingerprint=source_fingerprint,
+        npz_fingerprint=npz_fingerprint,
     )
-    where = str(root / part.path)
-    reused = _reuse_revision(store, task, src, meta, entry, where)
+    reused = _reuse_revision(store, src, meta, entry, where)
     if reused is not None:
         return reused
-    rows, shards = _write_shards(task, root, src, data_rev)
+    order = shuffle_order([k for k, _ in src.included], recipe.seed)
+    rows, shards = _write_shards(store, recipe, src, data_rev, encoded(order))
     table = build_manifest_table(rows, [src.sidecars[r["key"]] for r in rows], where=where)
     written = _create_manifest(store, mkey, write_manifest(table, meta))
     entry = replace(entry, payload_bytes=sum(r["size"] for r in rows), shards=tuple(shards))
@@ -330,14 +439,13 @@ def build_partition(task: BuildTask) -> BuildResult:
 
 def _reuse_revision(
     store: Store,
-    task: BuildTask,
-    src: _Sources,
+    src: RevisionSource,
     meta: ManifestMeta,
     entry: PartitionEntry,
     where: str,
 ) -> BuildResult | None:
     """Reuse a complete revision of the same tensor content (new manifest if sidecars changed)."""
-    pid, data_rev, mkey = task.partition.id, meta.data_rev, entry.manifest
+    pid, data_rev, mkey = src.pid, meta.data_rev, entry.manifest
     existing = sorted(
         k
         for k in store.list(revision_dir(pid, data_rev) + "/")
@@ -405,21 +513,21 @@ def _rolls(sink: _ShardSink, key: str, payload_size: int, shard_size: int) -> bo
 
 
 def _write_shards(
-    task: BuildTask, root: Path, src: _Sources, data_rev: str
+    store: Store,
+    recipe: Recipe,
+    src: RevisionSource,
+    data_rev: str,
+    samples: Iterable[EncodedSample],
 ) -> tuple[list[dict[str, Any]], list[ShardEntry]]:
-    """Encode, verify and append every sample in shuffled order; ``(manifest rows, shards)``."""
-    store, pid, recipe = task.store, task.partition.id, task.recipe
-    encoder, decoder = Encoder(recipe.level), Decoder()
+    """Append every verified sample in order, rolling shards; ``(manifest rows, shards)``."""
+    pid = src.pid
     sha_of = dict(src.included)
     rows: list[dict[str, Any]] = []
     shards: list[ShardEntry] = []
     sink: _ShardSink | None = None
     try:
-        for key, blob in _prefetched(root, src, shuffle_order(list(sha_of), recipe.seed)):
-            where = str(root / (key + NPZ))
-            arrays = load_npz(blob, where)
-            st, payload = encoder.encode(arrays, where)
-            verify_sample(st, payload, arrays, decoder, where)
+        for sample in samples:
+            key, payload = sample.key, sample.payload
             if sink is not None and _rolls(sink, key, len(payload), recipe.shard_size):
                 shards.append(sink.finish())
                 sink = None
@@ -434,7 +542,7 @@ def _write_shards(
                     "member": member,
                     "offset": offset,
                     "size": len(payload),
-                    "raw_size": len(st),
+                    "raw_size": sample.raw_size,
                     "crc32": payload_checksum(payload),
                     "source_sha256": sha_of[key],
                 }
@@ -446,6 +554,8 @@ def _write_shards(
         if sink is not None:
             sink.abort(exc)
         raise
+    if len(rows) != len(sha_of):
+        raise IntegrityError(f"partition {src.path}: {len(rows)} of {len(sha_of)} samples encoded")
     return rows, shards
 
 

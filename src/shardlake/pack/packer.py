@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..errors import PackWorkerError, SourceError, check_keywords
+from ..errors import SHOW_MAX, PackWorkerError, SourceError, SourceFilesError, check_keywords
 from ..meta.versions import (
     Version,
 )
@@ -207,9 +207,20 @@ def _run_builds(
         poll_s=poll_s,
     )
     if failed:
+        # Every bad source file of every failed build, one line each (up to SHOW_MAX).
+        lines: list[str] = []
+        bad_files = 0
+        for i, exc in failed:
+            if isinstance(exc, SourceFilesError):
+                lines.extend(exc.problems)
+                bad_files += len(exc.problems)
+            else:
+                lines.append(f"{jobs[i].label}: {error_text(exc)}")
+        files = f" ({bad_files} bad source file(s))" if bad_files else ""
+        more = f"; ... and {len(lines) - SHOW_MAX} more" if len(lines) > SHOW_MAX else ""
         raise PackWorkerError(
-            f"{len(failed)} of {len(tasks)} partition build(s) failed; nothing was published: "
-            + "; ".join(f"{jobs[i].label}: {error_text(exc)}" for i, exc in failed)
+            f"{len(failed)} of {len(tasks)} partition build(s) failed{files}; nothing was "
+            "published: " + "; ".join(lines[:SHOW_MAX]) + more
         )
     return {t.partition.id: r for t, r in zip(tasks, done, strict=True)}
 

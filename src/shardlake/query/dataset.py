@@ -25,6 +25,8 @@ from ..meta.catalog import catalog_rows
 from ..meta.versions import Version, load_version, load_version_by_hash
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
+from ..source.pathlists import KeyMapping
+from ..source.source_form import npz_bytes, sidecar_json
 from ..store import Store, open_store
 from . import sql
 
@@ -286,6 +288,22 @@ class Dataset:
         if batch:
             yield from self._fetch(batch)
 
+    def iter_files(self, keys: Sequence[str]) -> Iterator[SampleFile]:
+        """Each of ``keys`` as the files it was packed from: its arrays, a bit-exact ``.npz``
+        and its ``.json`` sidecar (what ``get --out-dir`` and an npz export write)."""
+        self.require_keys(keys)  # every key checked before the first one is yielded
+        rows = {row["key"]: row for row in self.select(keys=keys).rows().to_pylist()}
+        for key, arrays in self.iter_samples(keys):
+            yield SampleFile(key, arrays, rows[key])
+
+    def keys_from_file(self, path: str, *, strip_prefix: str | None = None) -> KeyMapping:
+        """The keys a local key list names in this version (``-``: stdin): text, or a JSON list
+        of keys or ``.npz`` paths; absolute paths map to keys by ``strip_prefix``, without one
+        by the version's source namespace. Entries naming no key are in ``unmapped``."""
+        from .keyset_build import keys_from_file
+
+        return keys_from_file(self, path, strip_prefix=strip_prefix)
+
     def _all_rows(self) -> Iterator[dict[str, Any]]:
         for entry in self.entries:
             yield from self.manifest(entry.id).select(_PAYLOAD_COLUMNS).to_pylist()
@@ -309,6 +327,24 @@ class Dataset:
             if result.payload is None:
                 raise IntegrityError(f"{where}: {result.problem} ({result.kind})")
             yield result.ref.key, self._decoder.decode(result.payload, where)
+
+
+class SampleFile:
+    """One sample as files: ``key``, ``arrays``, ``npz`` (bit-exact ``.npz`` bytes) and
+    ``sidecar`` (the ``.json`` sidecar's bytes, None without one)."""
+
+    def __init__(self, key: str, arrays: dict[str, np.ndarray[Any, Any]], row: dict[str, Any]):
+        self.key = key
+        self.arrays = arrays
+        self._row = row
+
+    @property
+    def npz(self) -> bytes:
+        return npz_bytes(self.arrays)
+
+    @property
+    def sidecar(self) -> bytes | None:
+        return sidecar_json(self._row)
 
 
 def open_dataset(

@@ -149,6 +149,8 @@ def _run_with_timeout(
                     f"selection {where!r} did not finish within {timeout:g} s"
                 ) from exc
             raise SelectionError(f"selection {where!r} was interrupted") from exc
+        except duckdb.ParserException as exc:
+            raise SelectionError(_syntax_message(where)) from exc
         except duckdb.BinderException as exc:
             raise SelectionError(_binder_message(where, exc, table.column_names)) from exc
         except duckdb.Error as exc:
@@ -157,6 +159,39 @@ def _run_with_timeout(
         if timer is not None:
             timer.cancel()
         con.close()
+
+
+_NEAR = re.compile(r'syntax error at or near "(.*)"')
+_CARET = re.compile(r"^(LINE 1: )(.*)\n( *)\^", re.MULTILINE)
+
+
+def _syntax_message(where: str) -> str:
+    """A parser error in the user's terms: the query shardlake wraps around ``where`` must not
+    show (a ``)`` or ``AS`` the user never typed), so the clause is parsed again on its own
+    (parsed only, never run) and the error quotes what they wrote."""
+    expr = where.strip()
+    prefix = "SELECT "
+    con = duckdb.connect(":memory:")
+    try:
+        con.extract_statements(prefix + expr)
+    except duckdb.ParserException as exc:
+        text = str(exc)
+    else:  # valid alone, yet not inside the wrapper
+        return f"invalid selection {where!r}: not one boolean expression"
+    finally:
+        con.close()
+    detail = _one_line(Exception(text.removeprefix("Parser Error: ")))
+    near = _NEAR.search(detail)
+    caret = _CARET.search(text)
+    offset = -1
+    if caret and caret.group(2).startswith(prefix):
+        offset = len(caret.group(3)) - len(caret.group(1)) - len(prefix)
+    at = f" (character {offset + 1})" if 0 <= offset < len(expr) else ""
+    if near:
+        return f"invalid selection {where!r}: syntax error at {near.group(1)!r}{at}"
+    if "end of input" in detail:
+        return f"invalid selection {where!r}: the expression is incomplete"
+    return f"invalid selection {where!r}: {detail}{at}"
 
 
 _MISSING_COLUMN = re.compile(r'Referenced column "([^"]+)" not found')
@@ -212,10 +247,15 @@ def _as_mask(result: pa.Table, rows: int, where: str) -> pa.BooleanArray:
 
 def _check_columns(table: pa.Table, columns: Sequence[str]) -> list[str]:
     names = list(columns)
-    missing = [c for c in names if c not in table.column_names]
+    valid = table.column_names
+    missing = [c for c in names if c not in valid]
     if missing:
-        available = ", ".join(table.column_names[:40])
-        raise SelectionError(f"unknown column(s) {', '.join(missing)}; available: {available}")
+        named = []
+        for name in missing:
+            close = difflib.get_close_matches(name, valid, n=1)
+            named.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        shown = ", ".join(valid[:COLUMNS_SHOWN]) + (", ..." if len(valid) > COLUMNS_SHOWN else "")
+        raise SelectionError(f"unknown column(s) {', '.join(named)}; columns: {shown}")
     return names
 
 

@@ -5,6 +5,7 @@ Pure (no I/O): ``get --out``/``--out-dir`` and ``export --format npz`` write wha
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import zipfile
@@ -15,17 +16,37 @@ import numpy as np
 
 from ..format.manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
 
+# Every member's zip timestamp: np.savez stamps the current time, which would make the same
+# arrays hash differently from one second to the next.
+NPZ_DATE_TIME = (1980, 1, 1, 0, 0, 0)
+
 
 def npz_bytes(arrays: Mapping[str, np.ndarray[Any, Any]], *, compress: bool = True) -> bytes:
-    """An ``.npz`` holding ``arrays`` in their order, bit-exact (no pickling, any array name)."""
+    """An ``.npz`` holding ``arrays`` in their order, bit-exact (no pickling, any array name).
+
+    Deterministic: the same arrays give the same bytes (fixed member timestamps); with
+    ``compress=False`` it is the canonical npz form the writer hashes (:func:`source_sha256`).
+    """
     buf = io.BytesIO()
     method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     # Level 1: several times faster than zlib's default and within a few % of its size here.
     with zipfile.ZipFile(buf, "w", compression=method, compresslevel=1 if compress else None) as zf:
         for name, array in arrays.items():
-            with zf.open(name + ".npy", "w", force_zip64=True) as fh:
+            info = zipfile.ZipInfo(name + ".npy", date_time=NPZ_DATE_TIME)
+            info.compress_type = method
+            info._compresslevel = 1 if compress else None  # type: ignore[attr-defined]
+            with zf.open(info, "w", force_zip64=True) as fh:
                 np.lib.format.write_array(fh, np.asarray(array), allow_pickle=False)
     return buf.getvalue()
+
+
+def source_sha256(arrays: Mapping[str, np.ndarray[Any, Any]]) -> str:
+    """The ``source_sha256`` of a sample given as arrays: SHA-256 of its canonical npz form.
+
+    ``pack`` hashes the npz file it reads; a file written by ``npz_bytes(arrays,
+    compress=False)`` hashes to this value, so both paths give the same ``data_rev``.
+    """
+    return hashlib.sha256(npz_bytes(arrays, compress=False)).hexdigest()
 
 
 def sidecar_of(row: Mapping[str, Any]) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ hashes: an unchanged content yields the same ``data_rev`` and the existing shard
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import fnmatch
 import os
 import re
@@ -451,11 +452,16 @@ def inspect_source(
     strip_prefix: str | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
+    check_frames: bool = True,
 ) -> dict[str, Any]:
     """Read-only report of a source: per partition the sample, skipped, missing-sidecar and byte
     counts; plus id collisions, unreadable files, files that are not frames, malformed
     sidecars, and a partition-depth suggestion when depth 1 gives very few, very large
-    partitions."""
+    partitions.
+
+    ``check_frames``: read every ``.npz`` as pack would (zip structure, every member inflated
+    and CRC-checked, dtypes) and list each one that cannot be packed under ``unreadable``;
+    False lists and stats files only (fast on huge trees)."""
     rule = PartitionRule.from_options(partition_depth, partition_regex) or PartitionRule()
     paths = (
         read_path_list(path_list, source, strip_prefix=strip_prefix)
@@ -468,6 +474,9 @@ def inspect_source(
     )
     bad_sidecars: list[str] = []
     rows = [_inspect_partition(tree.root, part, bad_sidecars) for part in tree.partitions.values()]
+    unreadable = list(tree.unreadable)
+    if check_frames:
+        unreadable += _frame_problems(tree)
     return {
         "source": str(tree.root),
         "partition_rule": rule.to_json(),
@@ -477,13 +486,40 @@ def inspect_source(
         "missing_sidecars": sum(r["missing_sidecars"] for r in rows),
         "npz_bytes": sum(r["npz_bytes"] for r in rows),
         "collisions": collisions,
-        "unreadable": tree.unreadable,
+        "unreadable": unreadable,
         "not_frames": tree.not_frames,
         "excluded": tree.excluded,
         "outside_partitions": tree.outside,
         "bad_sidecars": bad_sidecars,
         "suggestion": suggest_depth(tree),
     }
+
+
+def _frame_problem(root: Path, key: str) -> str | None:
+    """Why the frame ``key`` cannot be packed (``relpath: reason``), or None."""
+    from ..format.codec import check_array
+    from .npz import load_npz
+
+    rel = key + NPZ
+    try:
+        data = (root / rel).read_bytes()
+    except OSError as exc:
+        return f"{rel}: cannot read ({exc.strerror or exc})"
+    try:
+        for name, array in load_npz(data, rel).items():
+            check_array(name, array, rel)
+    except SourceError as exc:
+        return str(exc)
+    return None
+
+
+def _frame_problems(tree: SourceTree) -> list[str]:
+    """Every frame of ``tree`` that cannot be packed, in key order (a few threads: reading
+    and inflating release the GIL)."""
+    keys = [f.key for part in tree.partitions.values() for f in part.files]
+    with cf.ThreadPoolExecutor(min(4, os.cpu_count() or 1)) as pool:
+        found = pool.map(lambda key: _frame_problem(tree.root, key), keys, chunksize=64)
+        return sorted(p for p in found if p is not None)
 
 
 def _inspect_partition(

@@ -57,6 +57,7 @@ def check_store(url: str | Store, **storage_options: Any) -> StoreReport:
     list-after-write, delete, small-object-latency, large-object-throughput.
     """
     store = open_store(url, storage_options or None)
+    store.require_writable("check-store")  # its checks write: an HTTP root is refused at once
     prefix = f"{CHECK_PREFIX}/{uuid.uuid4().hex}"
     report = StoreReport(store.url)
     steps: list[tuple[str, Callable[[], ProbeCheck]]] = [

@@ -29,6 +29,7 @@ from ..errors import (
     CapabilityError,
     KeyNotFoundError,
     OutcomeUnknownError,
+    ReadOnlyStoreError,
     RetriesExhaustedError,
     StoreError,
     TransientStoreError,
@@ -36,10 +37,11 @@ from ..errors import (
 )
 from .backends import Backend, Leftover, is_already_exists, make_backend
 from .classify import Verdict, classify
+from .endpoint import endpoint_id
 from .errors import translate_error
 from .keys import check_key, check_prefix
 from .layers import Request, StoreLayer
-from .retry import RetryLoop, RetryPolicy, mark_answered, split_retry_options
+from .retry import RetryLoop, RetryPolicy, has_answered, mark_answered, split_retry_options
 from .url import ParsedURL, parse_url, redact
 
 T = TypeVar("T")
@@ -79,6 +81,7 @@ class Store:
         options = dict(storage_options or {})
         self.retry = (retry or RetryPolicy.from_env()).with_options(options)
         self._storage_options = split_retry_options(options)
+        self._endpoint = endpoint_id(self.protocol, self._storage_options)
         self._layers: tuple[StoreLayer, ...] = tuple(layers)
         self._backend: Backend | None = None
         self._backend_pid = -1
@@ -137,6 +140,9 @@ class Store:
             "retry": self.retry,
             "layers": self._layers,
             "create_checked": self._create_checked,
+            # A worker that receives the store inherits "this endpoint answered the job": a
+            # refusal it meets first is the server restarting, not a wrong endpoint URL.
+            "answered": has_answered(self._endpoint),
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -145,6 +151,9 @@ class Store:
         self.retry = state["retry"]
         self._layers = tuple(state.get("layers", ()))
         self._create_checked = state["create_checked"]
+        self._endpoint = endpoint_id(self.protocol, self._storage_options)
+        if state.get("answered"):
+            mark_answered(self._endpoint)
         self._backend = None
         self._backend_pid = -1
         self._lock = threading.Lock()
@@ -159,6 +168,16 @@ class Store:
             self._backend, self._backend_pid = backend, pid
             return backend
         return self._backend
+
+    def require_writable(self, what: str) -> None:
+        """Refuse ``what`` (a command) before it does anything where the store is read-only
+        (``http://``, ``https://``): :class:`ReadOnlyStoreError`, one line."""
+        reason = self.backend.read_only
+        if reason is not None:
+            raise ReadOnlyStoreError(
+                f"{self.url}: the root is {reason}, so {what} cannot run on it; run it where "
+                "the root is stored (a local path, s3://, gs://, az://)"
+            )
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
@@ -198,7 +217,7 @@ class Store:
             send = functools.partial(layer, request, send)
         result = send()
         if self.protocol not in ("file", "memory"):
-            mark_answered()  # an endpoint answered: later refusals are outages, retried in full
+            mark_answered(self._endpoint)  # later refusals are outages, retried in full
         return result
 
     def _send(
@@ -210,7 +229,7 @@ class Store:
         data: bytes | None = None,
     ) -> T:
         """Run one request under the retry policy; raise permanent failures translated."""
-        loop = RetryLoop(self.retry, self._describe(op, key))
+        loop = RetryLoop(self.retry, self._describe(op, key), endpoint=self._endpoint)
         while True:
             try:
                 return self._attempt(op, key, path, action, data)
@@ -321,7 +340,7 @@ class Store:
         """
         path = self.path(key)
         payload = bytes(data)
-        loop = RetryLoop(self.retry, self._describe("create", key))
+        loop = RetryLoop(self.retry, self._describe("create", key), endpoint=self._endpoint)
         maybe_landed = False  # an earlier attempt may have created the key before failing
         while True:
             try:
@@ -490,6 +509,7 @@ class Store:
         still works. A passing result is remembered in the root for
         :data:`PROBE_RECORD_TTL_S` (``_shardlake/probe-record.json``).
         """
+        self.require_writable("publishing")
         with self._lock:
             if self._create_checked:
                 return

@@ -7,6 +7,8 @@ storage options are never part of a message.
 
 from __future__ import annotations
 
+import ssl
+
 from ..errors import (
     AlreadyExistsError,
     BucketNotFoundError,
@@ -76,6 +78,35 @@ def _azure_rejected(exc: BaseException, lowered: str) -> bool:
     return code == "AuthorizationFailure" and "failed to authenticate" in lowered
 
 
+def _tls_problem(exc: BaseException) -> str | None:
+    """What to fix when a TLS handshake failed: https:// to a plain HTTP server, or a
+    certificate the client does not trust."""
+    for cause in _all_causes(exc):
+        if not isinstance(cause, ssl.SSLError):
+            continue
+        reason = str(getattr(cause, "reason", "") or cause).upper()
+        if "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER_FAILURE" in reason:
+            return (
+                "the endpoint does not speak TLS - if it is a plain HTTP server, write its "
+                "endpoint URL with http://, not https://"
+            )
+        if isinstance(cause, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY" in reason:
+            return (
+                "the endpoint's TLS certificate is not trusted - give its CA bundle "
+                "(AWS_CA_BUNDLE / client_kwargs verify=...) or fix the endpoint URL's host"
+            )
+    return None
+
+
+def _all_causes(exc: BaseException) -> list[BaseException]:
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and all(current is not seen for seen in out):
+        out.append(current)
+        current = current.__cause__ or current.__context__
+    return out
+
+
 def translate_error(
     exc: BaseException,
     op: str,
@@ -106,6 +137,9 @@ def translate_error(
         )
     if isinstance(exc, EndpointMismatch):
         return EndpointError(f"{where}: {exc}")
+    tls = _tls_problem(exc)
+    if tls is not None:
+        return EndpointError(f"{where}: {tls}")
     if is_already_exists(exc):
         return AlreadyExistsError(f"{where}: already exists")
     if bucket is not None and (code == "NoSuchBucket" or _is_missing_bucket(exc, text)):

@@ -11,11 +11,13 @@ import errno
 import logging
 import os
 import random
+import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ..errors import EndpointError, RetriesExhaustedError, UsageError
 from .classify import Verdict, classify
@@ -133,71 +135,127 @@ def split_retry_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in options.items() if k not in (DEADLINE_OPTION, ATTEMPT_TIMEOUT_OPTION)}
 
 
-# A wrong endpoint URL fails fast: when nothing has answered any remote request in this process
-# and an endpoint refuses connections for this long, retrying for the whole deadline cannot help.
-# Refusals after a first answer (a server restarting mid-run) keep the full retry policy.
+# A wrong endpoint URL fails fast: while an endpoint has not answered this job, a host DNS does
+# not know fails at once, and refusals (nothing listens) or failing name lookups that last
+# FIRST_CONTACT_S seconds end the operation: retrying for the whole deadline cannot help.
+# Once the endpoint answered - in this process, or in the process that pickled the store over
+# (a DataLoader or pack worker) - the same failures are an outage (a server restarting) and keep
+# the full retry policy.
 FIRST_CONTACT_S = 5.0
 _contact_lock = threading.Lock()
-_answered = False
-_first_refusal: dict[str, float] = {}
+_answered: set[str] = set()
+_first_failure: dict[str, float] = {}
 
 
-def mark_answered() -> None:
-    """A remote request succeeded: from now on refusals are mid-run outages, retried in full."""
-    global _answered
-    _answered = True
+def mark_answered(endpoint: str) -> None:
+    """A request to ``endpoint`` (:func:`endpoint.endpoint_id`) got an answer: from now on its
+    refusals are mid-run outages, retried in full (in this process and its workers)."""
+    if endpoint not in _answered:
+        with _contact_lock:
+            _answered.add(endpoint)
 
 
-def refused_endpoint(exc: BaseException) -> str | None:
-    """``http://HOST:PORT`` when ``exc`` is a refused connection (nothing listens), else None."""
-    refused = False
-    endpoint: str | None = None
+def has_answered(endpoint: str | None) -> bool:
+    """Whether ``endpoint`` answered this job (None: whether any endpoint did)."""
+    return endpoint in _answered if endpoint is not None else bool(_answered)
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, ConnectionRefusedError) or (
-            getattr(current, "errno", None) == errno.ECONNREFUSED
-        ):
-            refused = True
-        url = getattr(current, "kwargs", {}).get("endpoint_url") if endpoint is None else None
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _endpoint_in(exc: BaseException) -> str | None:
+    """``scheme://host:port`` of the request that failed, from the exceptions' attributes."""
+    for current in _chain(exc):
+        url = getattr(current, "kwargs", {}).get("endpoint_url")
         if isinstance(url, str) and "://" in url:
             scheme, rest = url.split("://", 1)
-            endpoint = f"{scheme}://{rest.split('/', 1)[0]}"
+            return redact(f"{scheme}://{rest.split('/', 1)[0]}")
+    for current in _chain(exc):
         host, port = getattr(current, "host", None), getattr(current, "port", None)
-        if endpoint is None and isinstance(host, str) and isinstance(port, int):
-            endpoint = f"{'https' if port == 443 else 'http'}://{host}:{port}"
-        current = current.__cause__ or current.__context__
-    return endpoint if refused and endpoint else None
+        if isinstance(host, str) and isinstance(port, int):
+            return f"{'https' if port == 443 else 'http'}://{host}:{port}"
+    return None
 
 
-def _check_first_contact(exc: BaseException, pause: float, clock: Callable[[], float]) -> None:
-    """Raise :class:`EndpointError` when the process's first requests to an endpoint keep
-    being refused for :data:`FIRST_CONTACT_S` seconds (counting the coming pause)."""
-    if _answered:
+def refused_endpoint(exc: BaseException) -> str | None:
+    """``http://HOST:PORT`` when ``exc`` is a refused connection (nothing listens), else None."""
+    refused = any(
+        isinstance(c, ConnectionRefusedError) or getattr(c, "errno", None) == errno.ECONNREFUSED
+        for c in _chain(exc)
+    )
+    return _endpoint_in(exc) if refused else None
+
+
+# getaddrinfo's "no such name" answers (EAI_NODATA: the name exists without addresses).
+_NO_SUCH_HOST = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
+
+
+def unresolved_host(exc: BaseException) -> tuple[str, bool] | None:
+    """``(host, definite)`` when ``exc`` is a failed name lookup (``definite``: DNS answered
+    that the name does not exist, rather than failing to answer), else None."""
+    lookup = next((c for c in _chain(exc) if isinstance(c, socket.gaierror)), None)
+    if lookup is None:
+        return None
+    hosts = (getattr(c, "host", None) for c in _chain(exc))
+    host = next((h for h in hosts if isinstance(h, str)), None)
+    if host is None:
+        endpoint = _endpoint_in(exc)
+        host = urlsplit(endpoint).hostname if endpoint else None
+    return (host or "?", lookup.errno in _NO_SUCH_HOST)
+
+
+def _check_first_contact(
+    exc: BaseException, pause: float, clock: Callable[[], float], endpoint: str | None
+) -> None:
+    """Raise :class:`EndpointError` for a failure that says the endpoint URL is wrong, unless
+    ``endpoint`` answered this job before (see :data:`FIRST_CONTACT_S`)."""
+    if has_answered(endpoint):
         return
-    endpoint = refused_endpoint(exc)
-    if endpoint is None:
-        return
+    where = _endpoint_in(exc)
+    shown = f" {where}" if where else ""
+    lookup = unresolved_host(exc)
+    if lookup is not None:
+        host, definite = lookup
+        message = f"cannot resolve host {host!r} in the endpoint URL{shown} - check the host name"
+        if definite:
+            raise EndpointError(message) from exc
+        key = f"dns:{host}"
+    else:
+        refused = refused_endpoint(exc)
+        if refused is None:
+            return
+        message = f"nothing listens at {refused} - check the endpoint URL"
+        key = refused
     now = clock()
     with _contact_lock:
-        first = _first_refusal.setdefault(endpoint, now)
+        first = _first_failure.setdefault(key, now)
     if now - first + pause >= FIRST_CONTACT_S:
-        raise EndpointError(f"nothing listens at {endpoint} - check the endpoint URL") from exc
+        raise EndpointError(message) from exc
 
 
 class RetryLoop:
-    """The attempts of one operation: call :meth:`backoff` after each retryable failure."""
+    """The attempts of one operation: call :meth:`backoff` after each retryable failure.
+
+    ``endpoint``: the server the requests go to (:func:`endpoint.endpoint_id`); its failures
+    fail fast until it has answered (None: until any endpoint has)."""
 
     def __init__(
         self,
         policy: RetryPolicy,
         describe: Callable[[], str],
         *,
+        endpoint: str | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
+        self.endpoint = endpoint
         self.describe = describe
         self.attempts = 0
         self._sleep = sleep
@@ -215,7 +273,7 @@ class RetryLoop:
         policy = self.policy
         pause = policy.delay(self.attempts)
         left = policy.deadline - self.elapsed
-        _check_first_contact(exc, pause, self._clock)
+        _check_first_contact(exc, pause, self._clock, self.endpoint)
         if (policy.attempts is not None and self.attempts >= policy.attempts) or pause >= left:
             raise RetriesExhaustedError(
                 f"{self.describe()} failed after {self.attempts} attempt(s) in "

@@ -10,14 +10,16 @@ from urllib.parse import urlsplit
 from ..errors import InvalidURLError
 
 _SECRET_QUERY = re.compile(r"(?i)(secret|token|key|password|signature|credential)[^=&]*=[^&]*")
-_USERINFO = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@]*@")
+# Userinfo of any URL in the text (a library's message quotes the endpoint URL it used).
+_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s\"'<>]*@")
 
 # Protocols with a bucket as the first path component.
 BUCKET_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
 
 
 def redact(url: str) -> str:
-    """Drop userinfo and secret-looking query parameters from a URL for messages and reprs."""
+    """Mask userinfo and secret-looking query parameters of URLs in ``url`` (a URL, or a message
+    quoting some) for messages and reprs."""
     url = _USERINFO.sub(r"\1***@", url)
     return _SECRET_QUERY.sub(lambda m: m.group(0).split("=", 1)[0] + "=***", url)
 

@@ -13,6 +13,10 @@ frame sidecars. Two frame formats:
 Padding rows are zero and coordinates are quantised like sensor data, so the frames compress
 about as well as real ones (a v2 frame with N=320 is ~1.2 MB raw). Everything is a function of
 ``seed``: the same call writes byte-identical files (the npz zip entries carry a fixed date).
+
+synth never touches an existing file: it refuses a target that already holds files unless
+``add=True``, and even then it refuses, before writing anything, a run whose paths (file names
+are a function of ``seed``) collide with existing ones; every file is created exclusively.
 """
 
 from __future__ import annotations
@@ -22,12 +26,14 @@ import io
 import json
 import os
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ..errors import ConflictError
+from ..progress.bar import Progress
 
 FORMATS = ("v2", "nuplan")
 LAYOUTS = ("flat", "converter")
@@ -35,6 +41,7 @@ _LOCATIONS = ("odaiba", "shinjuku", "kashiwa")
 _ZIP_DATE = (1980, 1, 1, 0, 0, 0)
 _MAPS = ("us-nv-las-vegas-strip", "us-ma-boston", "sg-one-north", "us-pa-pittsburgh-hazelwood")
 _INCOMPLETE = ("lanes", "route_lanes", "neighbors", "static_objects", "ego_future")
+_NAMED = 3  # existing files named in a refusal
 
 Arrays = dict[str, np.ndarray[Any, Any]]
 
@@ -135,6 +142,11 @@ def write_npz(
     path: str | os.PathLike[str], arrays: dict[str, Any], *, compress: bool = True
 ) -> None:
     """Write a numpy-readable ``.npz`` with fixed zip dates, so equal arrays give equal bytes."""
+    Path(path).write_bytes(npz_bytes(arrays, compress=compress))
+
+
+def npz_bytes(arrays: dict[str, Any], *, compress: bool = True) -> bytes:
+    """The bytes :func:`write_npz` writes."""
     buf = io.BytesIO()
     method = zipfile.ZIP_DEFLATED if compress else zipfile.ZIP_STORED
     with zipfile.ZipFile(buf, "w", compression=method) as zf:
@@ -143,7 +155,41 @@ def write_npz(
             info.compress_type = method
             with zf.open(info, "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(value), allow_pickle=False)
-    Path(path).write_bytes(buf.getvalue())
+    return buf.getvalue()
+
+
+def _create(path: Path, data: bytes) -> None:
+    """Write a new file; never replaces one (``x``: the create fails if the path exists)."""
+    try:
+        with path.open("xb") as f:
+            f.write(data)
+    except FileExistsError as exc:  # appeared after the collision check
+        raise ConflictError(f"synth: {path} appeared while writing; it was left as it is") from exc
+
+
+def _files_under(root: Path) -> list[Path]:
+    """Every non-directory entry under ``root`` (none if it does not exist)."""
+    found: list[Path] = []
+    if not root.exists():
+        return found
+    if not root.is_dir():
+        return [root]
+    for folder, dirs, names in os.walk(root):
+        dirs.sort()
+        found.extend(Path(folder, n) for n in sorted(names))
+    return found
+
+
+def _named(root: Path, paths: list[Path]) -> str:
+    """``a, b, c and 117 more`` (relative to ``root``)."""
+    shown = [p.relative_to(root).as_posix() if p != root else str(p) for p in paths[:_NAMED]]
+    more = f" and {len(paths) - _NAMED} more" if len(paths) > _NAMED else ""
+    return ", ".join(shown) + more
+
+
+def _token(seed: int, p: int, i: int) -> str:
+    """The frame's name token: the first draw of its generator (see :func:`_write_log`)."""
+    return np.random.default_rng([seed, p, i]).bytes(8).hex()
 
 
 def _sidecar(
@@ -225,8 +271,9 @@ def synth_corpus(
     skip_fraction: float = 0.0,
     sidecars: bool = True,
     compress: bool = True,
-    progress: Callable[[int], None] | None = None,
+    progress: bool | None = None,
     layout: str = "flat",
+    add: bool = False,
 ) -> SynthResult:
     """Write a synthetic corpus of ``partitions`` log dirs with ``samples`` frames each.
 
@@ -247,27 +294,78 @@ def synth_corpus(
     if len(counts) != partitions or any(c < 0 for c in counts):
         raise ValueError("samples must be a count >= 0 or one count per partition")
     root = Path(dest)
+    log_dirs = [
+        log_dir_name(seed, p) if layout == "flat" else converter_dir(seed, p)
+        for p in range(partitions)
+    ]
+    _check_target(root, seed, log_dirs, counts, sidecars=sidecars, layout=layout, add=add)
     root.mkdir(parents=True, exist_ok=True)
     result = SynthResult(root, [], [], 0)
-    for p in range(partitions):
-        log_dir = log_dir_name(seed, p) if layout == "flat" else converter_dir(seed, p)
-        result.partitions.append(log_dir)
-        _write_log(
-            result,
-            seed,
-            p,
-            log_dir,
-            counts[p],
-            format,
-            neighbors,
-            lanes,
-            skip_fraction,
-            sidecars,
-            compress,
-            progress,
-            layout,
-        )
+    with Progress(sum(counts), "synth", unit="frames", groups=partitions, enabled=progress) as bar:
+        for p, log_dir in enumerate(log_dirs):
+            result.partitions.append(log_dir)
+            _write_log(
+                result,
+                seed,
+                p,
+                log_dir,
+                counts[p],
+                format,
+                neighbors,
+                lanes,
+                skip_fraction,
+                sidecars,
+                compress,
+                bar,
+                layout,
+            )
+            bar.update(0, groups=1)
     return dataclasses.replace(result, skipped=len(result.skipped_files))
+
+
+def _check_target(
+    root: Path,
+    seed: int,
+    log_dirs: list[str],
+    counts: list[int],
+    *,
+    sidecars: bool,
+    layout: str,
+    add: bool,
+) -> None:
+    """Refuse, before writing anything, a target holding files (unless ``add``) and any path
+    of this run that already exists."""
+    if not add:
+        existing = _files_under(root)
+        if existing:
+            raise ConflictError(
+                f"synth: {root} already holds {len(existing)} file(s) "
+                f"({_named(root, existing)}); synth writes only into a new or empty folder "
+                "unless told to add to it (it never overwrites a file)",
+                options=("add",),
+            )
+        return
+    if root.exists() and not root.is_dir():
+        raise ConflictError(f"synth: {root} exists and is not a folder")
+    planned: list[Path] = []
+    for p, log_dir in enumerate(log_dirs):
+        folder = root / log_dir
+        stem = log_dir.rsplit("/", 1)[-1]
+        for i in range(counts[p]):
+            path = folder / f"{stem}_{_token(seed, p, i)}.npz"
+            planned.append(path)
+            if sidecars:
+                planned.append(path.with_suffix(".json"))
+        if layout == "converter":
+            planned.append(folder / "routes" / f"{stem}_0.json")
+    taken = [path for path in planned if os.path.lexists(path)]
+    if taken:
+        raise ConflictError(
+            f"synth: {len(taken)} of the {len(planned)} file(s) this run would write already "
+            f"exist under {root} ({_named(root, taken)}); nothing was written - choose "
+            "another seed (synth never overwrites a file)",
+            options=("seed",),
+        )
 
 
 def _write_log(
@@ -282,7 +380,7 @@ def _write_log(
     skip_fraction: float,
     sidecars: bool,
     compress: bool,
-    progress: Callable[[int], None] | None,
+    bar: Progress,
     layout: str,
 ) -> None:
     """Write the ``count`` frames of one log directory (and, converter layout, its route)."""
@@ -300,7 +398,7 @@ def _write_log(
             else _nuplan_frame(rng, neighbors, lanes, token)
         )
         path = folder / f"{stem}_{token}.npz"
-        write_npz(path, arrays, compress=compress)
+        _create(path, npz_bytes(arrays, compress=compress))
         result.files.append(path)
         if sidecars:
             is_skipped = bool(rng.random() < skip_fraction)
@@ -309,16 +407,16 @@ def _write_log(
                 for name in ("log_file_id", "vehicle_id", "map_version_id", "date"):
                     doc.pop(name)
             indent = 2 if layout == "converter" else None  # the converter pretty-prints
-            path.with_suffix(".json").write_text(json.dumps(doc, sort_keys=True, indent=indent))
+            text = json.dumps(doc, sort_keys=True, indent=indent)
+            _create(path.with_suffix(".json"), text.encode())
             if is_skipped:
                 result.skipped_files.append(path)
                 skipped_here += 1
-        if progress is not None:
-            progress(1)
+        bar.update()
     if layout == "converter":
         routes = folder / "routes"
         routes.mkdir(exist_ok=True)
         rng = np.random.default_rng([seed, p, 13])
         route = routes / f"{stem}_0.json"
-        route.write_text(json.dumps(_route_summary(rng, count, skipped_here), indent=2))
+        _create(route, json.dumps(_route_summary(rng, count, skipped_here), indent=2).encode())
         result.others.append(route)

@@ -63,6 +63,27 @@ INDEX_KEY = "__index__"  # int64 per sample: its row in ``ds.table`` (see ``Shar
 DATASET_STATE_FORMAT = "shardlake.query.dataset-state/1"
 
 
+def plain(value: Any) -> Any:
+    """``value`` as str, int, float, bool, None, lists and dicts (tensors kept), so that a
+    plain ``torch.load`` (``weights_only``) reads back what ``torch.save`` wrote
+    (``torch.__version__`` is a ``TorchVersion``; numpy scalars and tuples creep in)."""
+    if isinstance(value, torch.Tensor) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} {value!r} is not a plain checkpoint value")
+
+
 @dataclass(frozen=True)
 class _Options:
     """Per-sample output options (what a batch holds besides the stored arrays)."""
@@ -326,7 +347,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         """What to save next to a checkpoint to know exactly which data trained it."""
         from .. import __version__
 
-        return {
+        record = {
             "shardlake_version": __version__,
             "torch_version": torch.__version__,
             "store": self.store.url,
@@ -345,6 +366,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 "num_workers": self.num_workers,
             },
         }
+        return cast("dict[str, Any]", plain(record))
 
     # --- slots ---------------------------------------------------------------------------------
 
@@ -470,7 +492,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
 
     def state_dict(self) -> dict[str, Any]:
         """This worker's position (torchdata ``StatefulDataLoader`` calls it in each worker)."""
-        return {
+        state = {
             "format": DATASET_STATE_FORMAT,
             "version_hash": self.version_hash,
             "selection_digest": self.selection_digest,
@@ -479,6 +501,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             **self.cursor.to_json(),
             "samples": self._yielded,
         }
+        return cast("dict[str, Any]", plain(state))
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue this worker after the samples it had yielded (same workers and batch)."""

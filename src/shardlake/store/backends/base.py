@@ -54,6 +54,8 @@ class Backend:
     implementation's ``pipe_file(mode="create")`` does (often check-then-write, not atomic).
     """
 
+    # Why the store cannot be written ("read-only over HTTP"), or None where it can.
+    read_only: str | None = None
     # Keyword arguments of ``cat_file`` for a whole-object read (per filesystem class).
     whole_read_options: Mapping[str, Any] = MappingProxyType({})
 

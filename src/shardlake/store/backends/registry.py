@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from ...errors import InvalidURLError, UsageError
+from ..endpoint import check_endpoint
 from ..retry import RetryPolicy
 from .azure import AzureBackend
 from .base import Backend, BucketBackend
 from .gcs import GCSBackend
+from .http import HTTPBackend, HTTPSBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
 from .s3 import S3Backend
@@ -24,6 +26,8 @@ _BACKENDS: dict[str, type[Backend]] = {
     "az": AzureBackend,
     "abfs": AzureBackend,
     "abfss": AzureBackend,
+    "http": HTTPBackend,
+    "https": HTTPSBackend,
 }
 
 _EXTRAS = {
@@ -34,6 +38,8 @@ _EXTRAS = {
     "az": "azure",
     "abfs": "azure",
     "abfss": "azure",
+    "http": "http",
+    "https": "http",
 }
 
 
@@ -65,7 +71,8 @@ def check_protocol(protocol: str) -> None:
     ):
         raise InvalidURLError(
             f"unknown store protocol {protocol!r}: use an absolute path, file://, memory://, "
-            "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or az://CONTAINER/PREFIX"
+            "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or (read-only) "
+            "https://HOST/PATH"
         )
 
 
@@ -74,6 +81,7 @@ def make_backend(
 ) -> Backend:
     """The backend for ``protocol`` with a filesystem built from ``storage_options``."""
     check_protocol(protocol)
+    check_endpoint(protocol, storage_options)
     from . import obstore
 
     storage_options = dict(storage_options)

@@ -1,0 +1,182 @@
+"""Writing and checking the root index ``index.json`` on stores that can list and write.
+
+The index (``shardlake.format.rootindex``) is rewritten after every commit and keyset change
+(:func:`write_index`, called by ``meta.versions.commit_state`` and ``meta.keysets``), so a root
+can be served as static files; a reader that can list checks it against the commit log and the
+keysets (:func:`index_problems`, run by ``scrub``). Readers over HTTP take the commit it names
+(and any later one) from ``store.backends.http``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import FormatError, KeyNotFoundError, ShardlakeError
+from ..format.layout import KEYSETS_DIR, ROOT_INDEX, keyset_key
+from ..format.rootindex import KeysetRef, RootIndex
+from ..store import Store
+
+log = logging.getLogger("shardlake.index")
+_PARQUET = ".parquet"
+_TOMBSTONE = ".json"
+
+
+def read_index(store: Store) -> RootIndex | None:
+    """The root's index, checked (:class:`FormatError` if damaged); None where there is none."""
+    try:
+        data = store.read(ROOT_INDEX)
+    except KeyNotFoundError:
+        return None
+    return RootIndex.from_bytes(data, store.key_url(ROOT_INDEX))
+
+
+def _retired(store: Store, name: str, data: bytes) -> bool:
+    """Whether the tombstone of ``name`` retires exactly this keyset object (meta.keysets'
+    rule: it names the keyset's version hash and creation time)."""
+    try:
+        doc = json.loads(store.read(f"{KEYSETS_DIR}/{name}{_TOMBSTONE}"))
+        meta = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.metadata or {}
+    except KeyNotFoundError:
+        return False
+    except (ValueError, pa.ArrowException, OSError):
+        return False  # damaged: the keyset's own reader reports it
+    body = {
+        "created_at": meta.get(b"shardlake.created_at", b"").decode(),
+        "version_hash": meta.get(b"shardlake.version_hash", b"").decode(),
+    }
+    identity = hashlib.sha256(
+        json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    ).hexdigest()
+    return isinstance(doc, dict) and doc.get("keyset") == identity
+
+
+def live_keysets(store: Store, previous: RootIndex | None = None) -> dict[str, KeysetRef]:
+    """Every live keyset with the digest and size of its object (one listing of ``keysets/``;
+    a keyset ``previous`` names with the same size is not read again: keysets are immutable)."""
+    parquets: dict[str, int] = {}
+    tombstones: set[str] = set()
+    for info in store.list_info(KEYSETS_DIR):
+        name = info.key[len(KEYSETS_DIR) + 1 :]
+        if "/" in name:
+            continue
+        if name.endswith(_PARQUET):
+            parquets[name[: -len(_PARQUET)]] = info.size
+        elif name.endswith(_TOMBSTONE):
+            tombstones.add(name[: -len(_TOMBSTONE)])
+    out: dict[str, KeysetRef] = {}
+    for name, size in sorted(parquets.items()):
+        known = previous.keysets.get(name) if previous is not None else None
+        if known is not None and known.size == size and name not in tombstones:
+            out[name] = known
+            continue
+        try:
+            data = store.read(keyset_key(name))
+        except KeyNotFoundError:
+            continue  # deleted while listing
+        if name in tombstones and _retired(store, name, data):
+            continue
+        out[name] = KeysetRef(hashlib.sha256(data).hexdigest(), len(data))
+    return out
+
+
+def build_index(
+    store: Store,
+    seq: int,
+    versions: Mapping[str, str],
+    retired: Sequence[str],
+    latest: str | None,
+    previous: RootIndex | None = None,
+) -> RootIndex:
+    """The index of commit ``seq`` (its state given) and the root's live keysets."""
+    return RootIndex(
+        commit=seq,
+        versions=tuple(versions.items()),
+        retired=tuple(retired),
+        latest=latest,
+        keysets=live_keysets(store, previous),
+        written_at=datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    )
+
+
+def write_index(
+    store: Store,
+    seq: int,
+    versions: Mapping[str, str],
+    retired: Sequence[str],
+    latest: str | None,
+    *,
+    strict: bool = False,
+) -> RootIndex | None:
+    """Rewrite ``index.json`` for commit ``seq`` (atomic overwrite; unchanged content is not
+    rewritten). An index already naming a later commit keeps that commit's state.
+
+    The commit is what publishes; the index only mirrors it. So a failure here is logged with
+    the fix (``shardlake index ROOT``) unless ``strict`` (the upgrade command) - readers over
+    HTTP probe past a stale index for later commits, and ``scrub`` reports it."""
+    try:
+        try:
+            previous = read_index(store)
+        except FormatError:
+            previous = None  # damaged: rewritten from the commit log
+        if previous is not None and previous.commit > seq:
+            seq, versions = previous.commit, dict(previous.versions)
+            retired, latest = previous.retired, previous.latest
+        index = build_index(store, seq, versions, retired, latest, previous)
+        if previous is not None and previous.same_content(index):
+            return previous
+        store.write(ROOT_INDEX, index.to_bytes())
+        return index
+    except ShardlakeError as exc:
+        if strict:
+            raise
+        log.warning(
+            "%s: %s was not updated (%s); HTTP readers may not see the newest keysets until "
+            "`shardlake index %s` rewrites it",
+            store.url,
+            ROOT_INDEX,
+            exc,
+            store.url,
+        )
+        return None
+
+
+def index_problems(
+    store: Store,
+    seq: int,
+    versions: Mapping[str, str],
+    retired: Sequence[str],
+    latest: str | None,
+) -> list[str]:
+    """How the stored index differs from commit ``seq``'s state and the live keysets (each
+    keyset re-hashed); empty when it matches. A root without an index is not a problem (it was
+    published before the index existed) but cannot be served over HTTP: say so."""
+    try:
+        stored = read_index(store)
+    except FormatError as exc:
+        return [f"{exc}; rewrite it with `shardlake index ROOT`"]
+    if stored is None:
+        return []
+    fresh = build_index(store, seq, versions, retired, latest)
+    problems = []
+    where = store.key_url(ROOT_INDEX)
+    if stored.commit != fresh.commit or (stored.versions, stored.retired, stored.latest) != (
+        fresh.versions,
+        fresh.retired,
+        fresh.latest,
+    ):
+        problems.append(f"{where} names commit {stored.commit}, the commit log is at {seq}")
+    if dict(stored.keysets) != dict(fresh.keysets):
+        names = sorted(
+            n
+            for n in set(stored.keysets) | set(fresh.keysets)
+            if stored.keysets.get(n) != fresh.keysets.get(n)
+        )
+        problems.append(f"{where}: keysets differ from the root's ({', '.join(names[:10])})")
+    return [f"{p}; rewrite it with `shardlake index ROOT`" for p in problems]

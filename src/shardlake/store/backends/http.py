@@ -1,0 +1,285 @@
+"""Plain HTTP(S) roots, read-only: GET and ``Range`` through fsspec's HTTP filesystem.
+
+A static web server, CDN or artifact host can serve a root (``docs/storage.md``, "Serving a
+root over HTTPS"); it cannot list. The two listings a reader needs are answered from the root's
+published index document ``index.json`` (``docs/format.md``, "Root index"): ``commits/`` gives
+the commit the index names and any later one found by probing ``commits/<seq+1>.json`` (commits
+are never deleted, so a stale index is caught up), ``keysets/`` the keysets the index names.
+Any other listing, and every write, is refused with one line.
+
+Ranged reads send ``Range``; a server that answers with the whole object (200, not 206) is
+reported once per server (:class:`RangeIgnoredWarning`) and the requested bytes are cut from
+the body, read only as far as needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+import re
+import threading
+import warnings
+from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import fsspec
+from fsspec.asyn import sync
+
+from ...errors import CapabilityError, ReadOnlyStoreError
+from ..retry import RetryPolicy
+from .base import Backend, Entry, Leftover
+
+# The root index (format layer: shardlake.format.layout.ROOT_INDEX names the same object).
+ROOT_INDEX_KEY = "index.json"
+INDEX_SCHEMA = "shardlake.index/1"
+_ROOT_MARKER = "shardlake.json"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
+# Ranged GETs of one read_ranges call in flight at once.
+_CONCURRENCY = 16
+_CHUNK = 1 << 20
+
+
+class RangeIgnoredWarning(UserWarning):
+    """A server answered a ranged GET with the whole object (200 instead of 206)."""
+
+
+_warned_servers: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def _warn_range_ignored(server: str) -> None:
+    with _warned_lock:
+        if server in _warned_servers:
+            return
+        _warned_servers.add(server)
+    warnings.warn(
+        f"{server} ignores HTTP Range requests (answered 200 with the whole object instead of "
+        "206): reads stay correct but fetch every object from its start; serve the root with "
+        "a server that honours Range",
+        RangeIgnoredWarning,
+        stacklevel=2,
+    )
+
+
+class HTTPBackend(Backend):
+    """``http://HOST[:PORT]/PATH``: read-only, listing from the root index, ranged GETs."""
+
+    scheme = "http"
+    read_only = "read-only over HTTP"
+
+    @classmethod
+    def make_filesystem(
+        cls, protocol: str, storage_options: dict[str, Any], policy: RetryPolicy
+    ) -> fsspec.AbstractFileSystem:
+        # The store's policy retries; each attempt is bounded by its request timeout.
+        import aiohttp
+
+        options = dict(storage_options)
+        client_kwargs = dict(options.get("client_kwargs") or {})
+        client_kwargs.setdefault(
+            "timeout",
+            aiohttp.ClientTimeout(
+                total=None,
+                sock_connect=policy.request_timeout,
+                sock_read=policy.request_timeout,
+            ),
+        )
+        options["client_kwargs"] = client_kwargs
+        return fsspec.filesystem(protocol, **options)
+
+    def _url(self, path: str) -> str:
+        return f"{self.scheme}://{path.lstrip('/')}"
+
+    def _server(self) -> str:
+        return f"{self.scheme}://{self.root.split('/', 1)[0]}"
+
+    def _request_kwargs(self, extra_headers: Mapping[str, str]) -> dict[str, Any]:
+        """The filesystem's request options (headers, auth, ssl...) with ``extra_headers``."""
+        kwargs = dict(getattr(self.fs, "kwargs", {}) or {})
+        headers = dict(kwargs.pop("headers", None) or {})
+        headers.update(extra_headers)
+        kwargs["headers"] = headers
+        return kwargs
+
+    def _run(self, coro_fn: Any, *args: Any) -> Any:
+        return sync(self.fs.loop, coro_fn, *args)
+
+    # --- reads -------------------------------------------------------------------------------
+
+    def read(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(self._url(path)))
+
+    def read_range(self, path: str, start: int, end: int) -> bytes:
+        return bytes(self._run(self._get_range, path, start, end))
+
+    def read_ranges(
+        self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
+    ) -> list[bytes | memoryview]:
+        async def all_ranges() -> list[bytes]:
+            gate = asyncio.Semaphore(_CONCURRENCY)
+
+            async def one(path: str, start: int, end: int) -> bytes:
+                async with gate:
+                    return await self._get_range(path, start, end)
+
+            return list(
+                await asyncio.gather(
+                    *(one(p, s, e) for p, s, e in zip(paths, starts, ends, strict=True))
+                )
+            )
+
+        out: list[bytes | memoryview] = list(self._run(all_ranges))
+        return out
+
+    async def _get_range(self, path: str, start: int, end: int) -> bytes:
+        url = self._url(path)
+        session = await self.fs.set_session()
+        kwargs = self._request_kwargs(
+            {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
+        )
+        async with session.get(self.fs.encode_url(url), **kwargs) as r:
+            if r.status == 404:
+                raise FileNotFoundError(url)
+            if r.status == 416:  # starts at or past the end: an empty slice
+                return b""
+            r.raise_for_status()
+            if r.status == 206:
+                got = _CONTENT_RANGE_RE.match(r.headers.get("Content-Range", ""))
+                if got is not None and int(got.group(1)) != start:
+                    raise OSError(
+                        f"{url}: asked for bytes from {start}, the server sent "
+                        f"{r.headers.get('Content-Range')}"
+                    )
+                return bytes(await r.read())
+            # 200: the whole object. Read only as far as the range goes, then drop the rest.
+            _warn_range_ignored(self._server())
+            body = bytearray()
+            while len(body) < end:
+                chunk = await r.content.read(min(_CHUNK, end - len(body)))
+                if not chunk:
+                    break
+                body += chunk
+            return bytes(body[start:end])
+
+    def stat(self, path: str) -> tuple[int, float | None]:
+        size, mtime = self._run(self._head, path)
+        return int(size), mtime
+
+    async def _head(self, path: str) -> tuple[int, float | None]:
+        url = self._url(path)
+        session = await self.fs.set_session()
+        kwargs = self._request_kwargs({"Accept-Encoding": "identity"})
+        kwargs.setdefault("allow_redirects", True)
+        async with session.head(self.fs.encode_url(url), **kwargs) as r:
+            if r.status == 404:
+                raise FileNotFoundError(url)
+            r.raise_for_status()
+            length = r.headers.get("Content-Length")
+            modified = r.headers.get("Last-Modified")
+        mtime = None
+        if modified:
+            try:
+                mtime = parsedate_to_datetime(modified).timestamp()
+            except (TypeError, ValueError):
+                mtime = None
+        if length is None:  # no length on HEAD: let fsspec find it (a GET, not read)
+            info = await self.fs._info(url)
+            length = info.get("size")
+            if length is None:
+                raise OSError(f"{url}: the server gives no Content-Length")
+        return int(length), mtime
+
+    # --- listings from the root index --------------------------------------------------------
+
+    def list(self, prefix_path: str) -> list[Entry]:
+        base = self.root.rstrip("/") + "/"
+        rel = prefix_path[len(base) :] if prefix_path.startswith(base) else prefix_path
+        if rel == "commits/":
+            return self._list_commits(base)
+        if rel == "keysets/":
+            index = self._index(base)
+            if index is None:
+                return []
+            return [
+                (f"{base}keysets/{name}.parquet", int(ref.get("size") or 0), None)
+                for name, ref in sorted(index["keysets"].items())
+            ]
+        raise CapabilityError(
+            f"{self._url(prefix_path)}: listing {rel or 'the root'} is not possible over HTTP "
+            f"(only what {ROOT_INDEX_KEY} names is known); run this command where the root is "
+            "stored (a local path, s3://, gs://, az://)"
+        )
+
+    def _index(self, base: str) -> dict[str, Any] | None:
+        """The root index, shape-checked (its content digest is the format layer's check);
+        None where the location has no root at all."""
+        url = self._url(base + ROOT_INDEX_KEY)
+        try:
+            data = self.fs.cat_file(url)
+        except FileNotFoundError:
+            if not self.exists(base + _ROOT_MARKER):
+                return None  # no root here: readers report "no shardlake root"
+            raise CapabilityError(
+                f"{self._url(base.rstrip('/'))} has no {ROOT_INDEX_KEY}, which an HTTP reader "
+                "needs in place of a listing (the root was published before it existed): run "
+                "`shardlake index ROOT` where the root is stored, or re-export it"
+            ) from None
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format") != INDEX_SCHEMA:
+                raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}")
+            commit = doc["commit"]
+            keysets = doc["keysets"]
+            if not isinstance(commit, int) or commit < 0 or not isinstance(keysets, dict):
+                raise ValueError("commit or keysets malformed")
+            for name, ref in keysets.items():
+                if not _NAME_RE.match(name) or not isinstance(ref, dict):
+                    raise ValueError(f"keyset entry {name!r} malformed")
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+            raise CapabilityError(f"{url}: not a shardlake root index ({exc})") from None
+        return doc
+
+    def _list_commits(self, base: str) -> builtins.list[Entry]:
+        index = self._index(base)
+        if index is None:
+            return []
+        seq = int(index["commit"])
+        # Commits are never deleted: any later one is the next number (the index may lag).
+        while self.exists(f"{base}commits/{seq + 1:012d}.json"):
+            seq += 1
+        if seq == 0:
+            return []
+        return [(f"{base}commits/{seq:012d}.json", 0, None)]
+
+    # --- writes: refused ---------------------------------------------------------------------
+
+    def _refuse(self, path: str) -> ReadOnlyStoreError:
+        return ReadOnlyStoreError(
+            f"{self._url(path)}: the root is read-only over HTTP; write to the store it is "
+            "served from (a local path, s3://, gs://, az://)"
+        )
+
+    def write(self, path: str, data: bytes) -> None:
+        raise self._refuse(path)
+
+    def create(self, path: str, data: bytes) -> None:
+        raise self._refuse(path)
+
+    def _open_for_write(self, path: str) -> Any:
+        raise self._refuse(path)
+
+    def delete(self, path: str) -> None:
+        raise self._refuse(path)
+
+    def leftovers(self, prefix_path: str) -> builtins.list[Leftover]:
+        return []
+
+
+class HTTPSBackend(HTTPBackend):
+    """``https://HOST[:PORT]/PATH``: as :class:`HTTPBackend`, over TLS."""
+
+    scheme = "https"
+    read_only = "read-only over HTTPS"

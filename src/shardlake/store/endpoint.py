@@ -1,0 +1,101 @@
+"""The endpoint a store talks to, found where its client finds it and checked before any request.
+
+A custom endpoint (``endpoint_url``, s3fs' ``client_kwargs.endpoint_url``, ``AWS_ENDPOINT_URL_S3``
+/ ``AWS_ENDPOINT_URL`` for S3, ``STORAGE_EMULATOR_HOST`` for GCS) that can never work fails here,
+at once and naming what to fix: no scheme, a scheme other than http(s), no host, or credentials
+in the URL (refused with the secret masked: a client would send them or refuse the request).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import InvalidURLError
+from .url import redact
+
+_S3 = ("s3", "s3a")
+_GCS = ("gs", "gcs")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A custom endpoint URL and where it was given (for messages)."""
+
+    url: str
+    source: str
+
+
+def _ignore_configured() -> bool:
+    # botocore: AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true drops the environment's endpoints.
+    return os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true"
+
+
+def configured_endpoint(protocol: str, options: Mapping[str, Any]) -> Endpoint | None:
+    """The custom endpoint the protocol's client would use, in its order of precedence:
+    the storage options, then the environment (S3: ``AWS_ENDPOINT_URL_S3`` before
+    ``AWS_ENDPOINT_URL``, as botocore; GCS: ``STORAGE_EMULATOR_HOST``, as gcsfs).
+    None: the client's default endpoint."""
+    given = options.get("endpoint_url")
+    if given:
+        return Endpoint(str(given), "storage option endpoint_url")
+    client = options.get("client_kwargs")
+    if isinstance(client, Mapping) and client.get("endpoint_url"):
+        return Endpoint(str(client["endpoint_url"]), "storage option client_kwargs.endpoint_url")
+    if protocol in _S3 and not _ignore_configured():
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if os.environ.get(name):
+                return Endpoint(os.environ[name], f"environment variable {name}")
+    if protocol in _GCS:
+        host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+        if host and host != "default":
+            # gcsfs reads a bare host:port as http://host:port
+            url = host if "://" in host else f"http://{host}"
+            return Endpoint(url, "environment variable STORAGE_EMULATOR_HOST")
+    return None
+
+
+def endpoint_id(protocol: str, options: Mapping[str, Any]) -> str:
+    """Which server a store's requests go to (``scheme://host:port``, or the protocol's default
+    endpoint as ``s3:``), so an answer from it can be remembered without its credentials."""
+    found = configured_endpoint(protocol, options)
+    if found is None:
+        return f"{protocol}:"
+    parts = urlsplit(found.url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
+
+
+def check_endpoint(protocol: str, options: Mapping[str, Any]) -> None:
+    """Raise :class:`InvalidURLError` for a custom endpoint no request could reach."""
+    found = configured_endpoint(protocol, options)
+    if found is None:
+        return
+    shown = redact(found.url)
+    where = f"endpoint URL {shown!r} ({found.source})"
+    if "://" not in found.url:
+        raise InvalidURLError(f"{where} has no scheme: write http://{shown} or https://{shown}")
+    parts = urlsplit(found.url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        raise InvalidURLError(
+            f"{where} has scheme {scheme!r}: an endpoint URL starts with http:// or https://"
+        )
+    if "@" in parts.netloc:
+        raise InvalidURLError(
+            f"{where} carries credentials: remove them from the URL and give them as storage "
+            "options (key/secret) or the client's environment variables"
+        )
+    try:
+        _ = parts.port  # raises for a port that is not a number in range
+    except ValueError:
+        raise InvalidURLError(f"{where} has an invalid port") from None
+    if not parts.hostname:
+        raise InvalidURLError(f"{where} names no host: write {scheme}://HOST:PORT")
