@@ -390,7 +390,7 @@ def run_store(
         base_url, options = str(work), None
     try:
         empty_url = f"{base_url}/empty"
-        build_root(empty_url, 1, 16, options)
+        build_root(empty_url, 1, 64, options)  # 4 ranks x batch 8 without replays
         os.environ[CACHE_ENV] = "off"
         empty = run_child(empty_url, options)["pss_bytes"]
         for n, per in sizes:
