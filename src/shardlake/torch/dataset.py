@@ -662,7 +662,7 @@ def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
     """``plan`` with int32 arrays where every value fits and chunks as :class:`ChunkList`: it
     is computed once before the workers fork and shared by them (~13 instead of ~32 bytes a
     sample). Arrays that were one object stay one object. ``keep``: the slots to keep (the
-    others become empty)."""
+    others become empty; so do the plan ids, which only whole-plan reports use)."""
     kept = range(len(plan.slot_rows)) if keep is None else keep
     arrays = [a for field in (plan.slot_rows, plan.slot_emit_chunk, plan.slot_ids)
               for i, a in enumerate(field) if i in kept]  # fmt: skip
@@ -670,7 +670,7 @@ def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
     low = min((int(a.min()) for a in arrays if len(a)), default=0)
     dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
     done: dict[int, np.ndarray[Any, Any]] = {}
-    none = np.zeros(0, dtype=dtype)
+    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
 
     def small(i: int, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         if i not in kept:
@@ -684,7 +684,8 @@ def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
         plan,
         slot_rows=[small(i, a) for i, a in enumerate(plan.slot_rows)],
         slot_emit_chunk=[small(i, a) for i, a in enumerate(plan.slot_emit_chunk)],
-        slot_ids=[small(i, a) for i, a in enumerate(plan.slot_ids)],
+        # Epoch positions of the emits: nothing reads them from a rank's cached plan.
+        slot_ids=[small(i, a) if keep is None else none for i, a in enumerate(plan.slot_ids)],
         slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
         # A sequence of arrays, as the readers use it (ReadPlan's annotation says list).
         slot_chunks=cast(list[list[IntArrayT]], chunks),
