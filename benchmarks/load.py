@@ -29,6 +29,13 @@ GET (>= 4), client CPU seconds per GB fetched, the local-disk rate against the d
 (>= 0.75), the second S3 epoch with the epoch cache against a local-disk epoch (>= 0.9), and one
 S3 epoch with obstore as the read client against s3fs.
 
+Issue #31's block (``--engine-rounds``, default 3; ``--engines-only`` prints only it): both
+loader engines side by side, per round the decode limit then one epoch of each engine from
+local disk and (``--s3``) from the S3 endpoint: each engine's local epoch against the decode
+limit, its S3 epoch against its local epoch with the client CPU per sample, threads against
+processes, time to first batch and peak PSS (medians over the rounds of ratios within a round).
+PSS per sample at 1M/5M samples and 1, 2, 4 ranks: ``benchmarks/scale.py --ranks 1 2 4``.
+
 Prints samples/s, MB/s (decoded bytes), time to first batch, peak RSS and PSS (main process plus
 workers) and the ratios. ``--ttfb-partitions N`` also times the first batch of an N-partition
 version (small frames)::
