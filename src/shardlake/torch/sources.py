@@ -152,6 +152,14 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
     )
 
 
+def load_keys(sources: Sequence[Source]) -> StringColumn:
+    """The sample keys of resolved ``sources`` (each pinned to its version), in table order:
+    what :class:`~shardlake.torch.strings.LazyStrings` reads back when asked for a key."""
+    return StringColumn.concat(
+        [StringColumn.from_arrow(select_rows(s).table.column("key")) for s in sources]
+    )
+
+
 def selection_key_digest(rows: SourceRows) -> str:
     """:func:`~shardlake.torch.strings.key_digest` of the source's selected keys. A whole
     version's is a function of the version alone, so it is kept in the node-local catalog cache
@@ -231,7 +239,8 @@ def _shard_index(pids: pa.ChunkedArray, shards: IntArray) -> tuple[IntArray, lis
         run = np.zeros(len(pair), dtype=np.int64)
         run[changes] = 1
         names = codes.dictionary.to_pylist()
-        return np.cumsum(run), [(names[part[i]], int(shards[i])) for i in starts]
+        firsts = zip(part[starts].tolist(), shards[starts].tolist(), strict=True)
+        return np.cumsum(run), [(names[p], s) for p, s in firsts]
     _u, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
