@@ -113,9 +113,9 @@ class Root:
         version = load_version(self.store, tag, state)
         return Version.of(version, version.tag == state.latest)
 
-    def dataset(self, version: str | None = "latest", *, keyset: str | None = None) -> Dataset:
-        """Open ``version`` (a tag or ``latest``) for reading; ``None`` with a ``keyset``: the
-        version that keyset is bound to."""
+    def dataset(self, version: str | None = None, *, keyset: str | None = None) -> Dataset:
+        """Open ``version`` (a tag or ``latest``) for reading; not given: the version ``keyset``
+        is bound to, else ``latest``. A keyset bound to another version is refused."""
         return Dataset.open(self.store, version, keyset)
 
     def diff(self, a: str, b: str, *, samples: bool = False) -> VersionDiff:
