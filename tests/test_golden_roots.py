@@ -20,10 +20,6 @@ import torch
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import CapabilityError
-from shardlake.meta.keysets import load_keyset
-from shardlake.meta.versions import list_versions
-from shardlake.query.dataset import open_dataset
-from shardlake.store import open_store
 from shardlake.testing.http_server import static_http_server
 from shardlake.torch import ShardDataset
 
@@ -98,12 +94,13 @@ def test_served_over_http_after_the_one_line_upgrade(golden: tuple[str, dict[str
     root, expected = golden
     with static_http_server(Path(root).parent) as server:
         url = f"{server.url}/root"
-        with pytest.raises(CapabilityError, match="shardlake index ROOT"):
-            list_versions(open_store(url))
+        with pytest.raises(CapabilityError, match=r"Root\.write_index\(\)"):
+            shardlake.open(url).versions()
         assert main(["index", root]) == 0
-        assert [tag for tag, _, _ in list_versions(open_store(url))] == sorted(expected["versions"])
+        served = shardlake.open(url)
+        assert sorted(v.tag for v in served.versions()) == sorted(expected["versions"])
         for tag, samples in expected["versions"].items():
-            ds = open_dataset(url, tag)
+            ds = served.dataset(tag)
             for key, digests in samples.items():
                 assert make_golden.sample_digests(ds.get(key)) == digests, (tag, key)
         for name, info in expected["keysets"].items():
@@ -111,7 +108,7 @@ def test_served_over_http_after_the_one_line_upgrade(golden: tuple[str, dict[str
                 url, info["version"], keyset=name, batch_size=1, num_workers=0, include_key=True
             )
             assert sorted(item["__key__"] for item in loader) == sorted(
-                load_keyset(root, name).keys
+                shardlake.open(root).keyset(name).keys
             )
 
 
