@@ -44,3 +44,19 @@ def test_obstore_eval_compares_both_clients() -> None:
     assert [row["store"] for row in rows] == ["gcs"]
     assert set(rows[0]["results"]) == {"gcsfs", "obstore"}
     assert rows[0]["ratios"]["cpu per GB fsspec / obstore"] > 0
+
+
+def test_http_load_compares_disk_and_both_servers(tmp_path: Path) -> None:
+    out = _run(
+        str(BENCHMARKS / "http_load.py"),
+        "--partitions", "2", "--samples", "16", "--batch-size", "4", "--work", str(tmp_path),
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [row["name"] for row in rows] == [
+        "disk",
+        "http (Range)",
+        "http (Range ignored)",
+        "ratios (samples/s)",
+    ]
+    assert all(row["samples"] == 16 for row in rows[:3])
+    assert out.startswith("# issue 33: ")
