@@ -24,6 +24,7 @@ from .meta.versions import (
 )
 from .query.dataset import Dataset
 from .store import Store, open_store
+from .store.url import absolute_location
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
@@ -439,9 +440,7 @@ def _location(url: str | os.PathLike[str] | Store) -> str | Store:
     """A URL or store; a local path made absolute (the store layer wants absolute paths)."""
     if isinstance(url, os.PathLike):
         url = os.fspath(url)
-    if isinstance(url, str) and "://" not in url:
-        url = os.path.abspath(os.path.expanduser(url))
-    return url
+    return absolute_location(url) if isinstance(url, str) else url
 
 
 def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  # noqa: A001
@@ -464,3 +463,9 @@ def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  
         first use).
     """
     return Root(open_store(_location(url), storage_options or None))
+
+
+__all__ = [
+    "Root",
+    "open",
+]

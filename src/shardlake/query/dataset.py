@@ -21,6 +21,7 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.manifest import entry_mismatches
 from ..meta.catalog import catalog_rows
+from ..meta.keysets import read_key_list
 from ..meta.versions import StoredVersion, load_version, load_version_by_hash
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
@@ -299,9 +300,8 @@ class Dataset:
         """The keys a local key list names in this version (``-``: stdin): text, or a JSON list
         of keys or ``.npz`` paths; absolute paths map to keys by ``strip_prefix``, without one
         by the version's source namespace. Entries naming no key are in ``unmapped``."""
-        from .keyset_build import keys_from_file
-
-        return keys_from_file(self, path, strip_prefix=strip_prefix)
+        namespace = None if strip_prefix is not None else self.version.record.source_namespace
+        return read_key_list(path, strip_prefix=strip_prefix, source=namespace)
 
     def _all_rows(self) -> Iterator[dict[str, Any]]:
         for entry in self.entries:

@@ -136,3 +136,13 @@ def summarize_request_log(path: str) -> dict[str, Any]:
         "by_op": dict(Counter(r["op"] for r in records)),
         "processes": len({r["pid"] for r in records}),
     }
+
+
+__all__ = [
+    "Request",
+    "RequestCounter",
+    "StoreLayer",
+    "payload_size",
+    "read_request_log",
+    "summarize_request_log",
+]

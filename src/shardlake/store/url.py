@@ -39,6 +39,14 @@ class ParsedURL:
         return None
 
 
+def absolute_location(url: str) -> str:
+    """A URL as given; a local path made absolute against the working directory (``~`` too):
+    where a user hands in a location (``shardlake.open``, the loader), not deeper."""
+    if url.strip() and "://" not in url:
+        return os.path.abspath(os.path.expanduser(url))
+    return url
+
+
 def parse_url(url: str) -> ParsedURL:
     """Parse ``/abs/path``, ``file://``, ``memory://``, ``s3://bucket/prefix``, ``gs://...``."""
     if not isinstance(url, str) or not url.strip():

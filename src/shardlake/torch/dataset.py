@@ -616,11 +616,14 @@ def train_valid(
         shuffle=False,
         **options,
     )
+    from ..query.dataset import Dataset, resolve_version
     from ..query.selection import require_disjoint
-    from ..root import open as open_root
+    from ..store import open_store
+    from ..store.url import absolute_location
 
-    storage_options = options.get("storage_options") or {}
-    version_ds = open_root(url, **storage_options).dataset(valid.version_tag)
+    location = absolute_location(url) if isinstance(url, str) else url
+    store = open_store(location, options.get("storage_options"))
+    version_ds = Dataset(store, resolve_version(store, valid.version_tag))
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:

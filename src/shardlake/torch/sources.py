@@ -124,10 +124,14 @@ def select_rows(source: MixMember, meta_columns: Sequence[str] = ()) -> SourceRo
 
 
 def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
-    from ..root import open as open_root
+    from ..query.dataset import Dataset, resolve_version
+    from ..store import open_store
+    from ..store.url import absolute_location
 
-    root = open_root(source.url, **(source.storage_options or {}))
-    ds = root.dataset(source.version, keyset=source.keyset)
+    # The loader is where its storage options enter (it reopens its roots in workers).
+    url = absolute_location(source.url) if isinstance(source.url, str) else source.url
+    store = open_store(url, source.storage_options)
+    ds = Dataset(store, resolve_version(store, source.version, source.keyset))
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
     table: pa.Table | None = None
