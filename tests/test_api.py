@@ -43,10 +43,11 @@ def _open(location: StoreLocation) -> shardlake.Root:
 def test_root_versions_dataset_selection(store_location: StoreLocation, tmp_path: Path) -> None:
     src = _corpus(tmp_path)
     root = _open(store_location)
-    with pytest.raises(VersionNotFoundError, match="no shardlake root at"):
+    with pytest.raises(NotFoundError, match="no shardlake root at") as info:
         root.versions()
-    with pytest.raises(VersionNotFoundError):
-        root.latest  # noqa: B018 - an empty root has no latest
+    assert not isinstance(info.value, VersionNotFoundError)  # no root, not an unknown version
+    with pytest.raises(NotFoundError, match="no shardlake root at"):
+        root.latest  # noqa: B018 - nothing there: no root, so no latest
     report = root.pack(src, tag="v1", options=SMALL)
     assert isinstance(report, shardlake.PackReport) and report.to_json()["samples"] == 12
 

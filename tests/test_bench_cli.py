@@ -161,6 +161,8 @@ def test_bench_load_reports_throughput_bytes_and_mixing(
     assert doc["bytes_fetched"] >= doc["selected_payload_mb"] * 1e6
     assert 1.0 <= doc["fetched_per_payload"] < 1.6
     assert doc["requests_by_op"].get("read_ranges", 0) >= 1
+    # The endpoint reaches the CLI only as AWS_ENDPOINT_URL(_S3): obstore still serves (#31).
+    assert doc["read_client"] == ("obstore" if store_kind == "s3" else "local")
     goals = doc["goals"]
     assert goals["decode_limit_samples_per_s"] > 0 and goals["loader_vs_decode_limit"] > 0
     assert goals["decode_cpu_ms_per_sample"] > 0 and goals["decode_share_of_loader_cpu"] > 0

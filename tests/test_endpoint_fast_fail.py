@@ -170,6 +170,8 @@ def test_credentials_in_the_endpoint_url_are_refused_before_any_request_and_neve
     [
         ("ftp://127.0.0.1:9", "has scheme 'ftp': an endpoint URL starts with http:// or https://"),
         ("127.0.0.1:9", "has no scheme: write http://127.0.0.1:9"),
+        ("http://[::1", "cannot be parsed: Invalid IPv6 URL"),
+        ("http://127.0.0.1:99999", "has an invalid port"),
     ],
 )
 def test_a_wrong_scheme_is_a_usage_error_saying_what_to_write(endpoint, expected):
@@ -207,3 +209,17 @@ def test_a_worker_given_the_store_inherits_that_its_endpoint_answered(monkeypatc
     pickle.loads(sent)
     assert retry.has_answered("http://127.0.0.1:9")
     assert not retry.has_answered("http://127.0.0.1:10")
+
+
+def test_what_answered_is_remembered_per_endpoint(monkeypatch):
+    from shardlake.store.endpoint import endpoint_id
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    assert endpoint_id("s3", {"endpoint_url": "http://u:s@127.0.0.1:9000/x"}) == (
+        "http://127.0.0.1:9000"
+    )
+    assert endpoint_id("s3", {}) == "s3:"  # the default endpoint
+    a = endpoint_id("https", {}, "a.example:8443/root")
+    b = endpoint_id("https", {}, "b.example/root")
+    assert (a, b) == ("https://a.example:8443", "https://b.example")

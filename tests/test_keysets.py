@@ -99,7 +99,7 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
     assert keyset.recipe["unmatched"] == 3
 
 
-def test_keyset_is_bound_to_its_version(tmp_path: Path) -> None:
+def test_keyset_is_bound_to_its_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
     ks = shardlake.open(location.url).create_keyset("val", keys=keys[:2])
@@ -107,8 +107,17 @@ def test_keyset_is_bound_to_its_version(tmp_path: Path) -> None:
     ks.check_version(v1)
     shardlake.open(location.url).remove("v2", keys=[keys[-1]])
     v2 = shardlake.open(location.url).dataset("v2").version
-    with pytest.raises(SelectionError, match="bound to version 'v1'"):
+    with pytest.raises(SelectionError, match="bound to version 'v1'") as info:
         shardlake.open(location.url).keyset("val").check_version(v2)
+    # The API names the API call that carries it over; the CLI names `keyset rebase`.
+    assert "Root.rebase_keyset('val', 'v2', new_name=...)" in str(info.value)
+    assert "shardlake" not in str(info.value)
+    out = tmp_path / "out"
+    argv = ["export", location.url, str(out), "--format", "npz", "--keyset", "val"]
+    assert main([*argv, "--version", "v2"]) == 1
+    err = capsys.readouterr().err
+    assert f"(shardlake keyset {location.url} rebase val --version v2 --as NEW_NAME)" in err
+    assert "bound to version 'v1'" in err and err.count("\n") == 1
     # --version picks the version a new keyset binds to.
     ks2 = shardlake.open(location.url).create_keyset("val2", version="v1", where="true")
     assert ks2.version_hash == v1.hash and len(ks2) == len(keys)
@@ -166,3 +175,4 @@ def test_keyset_list_sorts_names_naturally(
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == want
     assert main(["keyset", root, "list", "--json"]) == 0
     assert [k["name"] for k in json.loads(capsys.readouterr().out)] == want
+    assert shardlake.open(root).write_index()["keysets"] == want  # as the HTTP root index does

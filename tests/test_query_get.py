@@ -171,7 +171,7 @@ def test_get_out_refuses_to_overwrite_unless_force(
     out.write_bytes(b"the user's own file")
     assert main(["get", root, key, "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert f"{out} already exist(s); not overwritten (see --force)" in err
+    assert f"{out} already exists; not overwritten (see --force)" in err
     assert out.read_bytes() == b"the user's own file"
     assert main(["get", root, key, "--out", str(out), "--force"]) == 0
     _assert_same(load_npz(out.read_bytes(), "out"), _source_arrays(src, key))
@@ -182,7 +182,7 @@ def test_get_out_refuses_to_overwrite_unless_force(
     mine.parent.mkdir(parents=True)
     mine.write_text("{}")
     assert main(["get", root, *keys, "--out-dir", str(outdir)]) == 1
-    assert "already exist(s); not overwritten (see --force)" in capsys.readouterr().err
+    assert f"{mine} already exists; not overwritten (see --force)" in capsys.readouterr().err
     assert not (outdir / f"{keys[0]}.npz").exists() and mine.read_text() == "{}"
     assert main(["get", root, *keys, "--out-dir", str(outdir), "--force"]) == 0
     assert json.loads(mine.read_text()) == json.loads((src / f"{keys[1]}.json").read_text())

@@ -4,14 +4,17 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from shardlake.errors import KeyNotFoundError, UsageError
-from shardlake.store import open_store
-from shardlake.store.backends.obstore import obstore_config
+from shardlake.store import ReadClientWarning, RequestCounter, open_store
+from shardlake.store.backends import obstore as obstore_backend
+from shardlake.store.backends.obstore import obstore_config, obstore_config_or_reason
 from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.testing.fixtures import StoreLocation, new_location
 
@@ -153,3 +156,70 @@ def test_credentials_obstore_cannot_use_keep_the_fsspec_client(
         open_store(
             "gs://bucket/x", {"token": {"type": "authorized_user"}, "read_client": "obstore"}
         )
+
+
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_an_http_endpoint_given_only_in_the_environment_is_read_through_obstore(
+    variable: str, store_servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """#31 item 4: as botocore, obstore takes the endpoint from the environment; an http one
+    built obstore without allow_http (every read failed with 'builder error' and went to s3fs
+    without a word)."""
+    s3 = new_location("seaweedfs", "env-endpoint", store_servers)
+    for name, value in s3.env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(
+        "AWS_ENDPOINT_URL_S3" if variable == "AWS_ENDPOINT_URL" else "AWS_ENDPOINT_URL"
+    )
+    assert os.environ[variable].startswith("http://")
+    counter = RequestCounter()
+    store = open_store(s3.url).with_layers(counter)  # no storage options at all
+    data = bytes(range(256)) * 40
+    store.write("env/blob", data)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReadClientWarning)  # no fall-back, silent or not
+        got = store.read_ranges([("env/blob", 0, 10), ("env/blob", 500, 9000)])
+        assert store.read_ranges([("env/blob", 100, 200)]) == [data[100:200]]
+    assert got == [data[0:10], data[500:9000]]
+    assert counter.read_clients == {"obstore": 2}
+
+
+def test_a_fall_back_to_the_fsspec_client_is_said_once_per_process(
+    store_servers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3 = new_location("seaweedfs", "fallback", store_servers)
+    counter = RequestCounter()
+    store = open_store(s3.url, s3.storage_options).with_layers(counter)
+    store.write("f/blob", b"0123456789")
+    backend: Any = store.backend
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("Generic S3 error: HTTP error: builder error")
+
+    monkeypatch.setattr(backend.fast_reads, "read_ranges", broken)
+    monkeypatch.setattr(obstore_backend, "_warned_pid", None)
+    with pytest.warns(ReadClientWarning) as caught:
+        for _ in range(3):
+            assert store.read_ranges([("f/blob", 2, 6)]) == [b"2345"]
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "reads of s3:// go through s3fs, not obstore" in message
+    assert "builder error" in message
+    assert counter.read_clients == {"fsspec": 3}
+
+
+def test_credentials_only_a_profile_holds_keep_s3fs_and_say_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[work]\naws_access_key_id = AKIA\naws_secret_access_key = s\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_PROFILE", "work")
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    reason = obstore_config_or_reason("s3", {"endpoint_url": "http://127.0.0.1:1"})
+    assert isinstance(reason, str) and "AWS profile" in reason
+    # A key in the environment is what botocore signs with first: obstore reads it too.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA")
+    config = obstore_config_or_reason("s3", {"endpoint_url": "http://127.0.0.1:1"})
+    assert isinstance(config, dict) and config["endpoint"] == "http://127.0.0.1:1"

@@ -3,7 +3,7 @@ import threading
 import pytest
 
 import shardlake
-from shardlake.errors import ConflictError, FormatError, VersionNotFoundError
+from shardlake.errors import ConflictError, FormatError, NotFoundError, VersionNotFoundError
 from shardlake.meta.versions import (
     load_version,
     publish_version,
@@ -97,6 +97,8 @@ def test_retire_requires_force_for_latest(store):
         publish_version(store, "v2", _body(3), read_state(store))
 
 
-def test_empty_root_has_no_latest(store):
-    with pytest.raises(VersionNotFoundError):
+def test_empty_location_is_no_root(store):
+    # Nothing there at all: not "no version", but no root (NotFoundError, not a version error).
+    with pytest.raises(NotFoundError, match="no shardlake root at") as info:
         load_version(store)
+    assert not isinstance(info.value, VersionNotFoundError)

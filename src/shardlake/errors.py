@@ -28,11 +28,16 @@ class ShardlakeError(Exception):
     options
         Names of the settings that would fix the problem, in library terms (keyword arguments
         such as ``"shard_size"`` or ``"force"``); the CLI shows them as flags.
+    hint
+        The ``shardlake`` command that helps, in CLI words (``"all of them: shardlake versions
+        ROOT"``). It is not part of the message, which speaks API terms: the CLI shows it, with
+        ``ROOT`` replaced by the root it was given.
     """
 
-    def __init__(self, *args: object, options: Sequence[str] = ()) -> None:
+    def __init__(self, *args: object, options: Sequence[str] = (), hint: str = "") -> None:
         super().__init__(*args)
         self.options: tuple[str, ...] = tuple(options)
+        self.hint = hint
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Our own reduce: errors cross process and Dask boundaries, and the built-in one (or

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 from .errors import build_options
 from .format.documents import GcLock
+from .format.layout import natural_key
 from .meta.versions import (
     Version,
     load_version,
@@ -392,6 +393,7 @@ class Root:
             versions = [load_version(self.store, version)]
         else:
             state = read_state(self.store)
+            require_root(self.store, state)
             versions = [load_version_by_hash(self.store, t, h) for t, h in state.versions.items()]
         return attach_catalogs(self.store, versions)
 
@@ -408,7 +410,7 @@ class Root:
             "commit": index.commit,
             "versions": [list(pair) for pair in index.versions],
             "latest": index.latest,
-            "keysets": sorted(index.keysets),
+            "keysets": sorted(index.keysets, key=natural_key),
         }
 
     def verify_offsets(

@@ -67,6 +67,7 @@ from ..meta.versions import (
     lock_holder_gone,
     read_commit,
     read_state,
+    require_root,
     takeover_note,
 )
 from ..progress.bar import Progress
@@ -262,6 +263,7 @@ def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced |
     meanwhile); the bare report when there is nothing to delete or this is a dry run."""
     for _attempt in range(FENCE_ATTEMPTS):
         state = read_state(store)
+        require_root(store, state)  # a mistyped root is not an empty one
         report, leftovers, cutoff = _survey(store, state, grace_s, dry_run)
         if dry_run:
             report.leftovers = leftovers

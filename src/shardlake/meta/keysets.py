@@ -36,7 +36,15 @@ from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store
-from .versions import StoredVersion, canonical_json, ensure_root, refresh_index, utc_now
+from .versions import (
+    StoredVersion,
+    canonical_json,
+    ensure_root,
+    read_state,
+    refresh_index,
+    require_root,
+    utc_now,
+)
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
@@ -64,8 +72,11 @@ class Keyset:
         if version.hash != self.version_hash:
             raise SelectionError(
                 f"keyset {self.name!r} is bound to version {self.version_tag!r} "
-                f"({self.version_hash}), not {version.tag!r} ({version.hash}); "
-                "create a new keyset for that version"
+                f"({self.version_hash}), not {version.tag!r} ({version.hash}); carry it to that "
+                f"version as a new keyset with Root.rebase_keyset({self.name!r}, "
+                f"{version.tag!r}, new_name=...)",
+                hint=f"shardlake keyset ROOT rebase {self.name} --version {version.tag} "
+                "--as NEW_NAME",
             )
 
     def info(self) -> dict[str, Any]:
@@ -306,6 +317,8 @@ def list_keysets(store: Store) -> list[Keyset]:
             continue  # deleted after its tombstone was written
         if not is_retired(store, keyset):
             out.append(keyset)
+    if not out:  # none, or no root at all (a mistyped URL)
+        require_root(store, read_state(store))
     return out
 
 

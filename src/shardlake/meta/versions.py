@@ -31,6 +31,7 @@ from ..errors import (
     ConflictError,
     FormatError,
     KeyNotFoundError,
+    NotFoundError,
     VersionNotFoundError,
 )
 from ..format.catalog import CatalogRef, ObjectRef
@@ -401,6 +402,8 @@ def refresh_index(store: Store, *, strict: bool = False) -> RootIndex | None:
     ``shardlake index ROOT`` for a root published before the index existed); ``strict``: a
     failure raises instead of being logged."""
     state = read_state(store)
+    if strict:  # asked for: a wrong folder gets no index.json written into it
+        require_root(store, state)
     index = write_index(
         store, state.seq, state.versions, state.retired, state.latest, strict=strict
     )
@@ -597,18 +600,19 @@ TAGS_SHOWN = 10
 
 
 def require_root(store: Store, state: RootState) -> None:
-    """Refuse to read a location that has no commits and no root marker: a wrong URL or folder."""
+    """Refuse to read a location that has no commits and no root marker: a wrong URL or folder
+    (:class:`NotFoundError`: no root, so no version either)."""
     if state.seq == 0 and not state.versions and read_root_marker(store) is None:
-        raise VersionNotFoundError(f"no shardlake root at {store.url}")
+        raise NotFoundError(f"no shardlake root at {store.url}")
 
 
 def _known_tags(state: RootState) -> str:
-    """The newest live tags (up to :data:`TAGS_SHOWN`) and where to see them all."""
+    """The newest live tags (up to :data:`TAGS_SHOWN`); ``Root.versions()`` lists them all."""
     tags = list(state.versions)
     if not tags:
         return "the root has no published version"
     shown = ", ".join(reversed(tags[-TAGS_SHOWN:])) + (", ..." if len(tags) > TAGS_SHOWN else "")
-    return f"tags there are: {shown} (all of them: shardlake versions ROOT)"
+    return f"tags there are: {shown}"
 
 
 def resolve_tag(
@@ -622,9 +626,12 @@ def resolve_tag(
             raise VersionNotFoundError(f"{store.url}: no published version yet")
         tag = state.latest
     if tag not in state.versions:
+        if not state.versions:
+            require_root(store, state)
         retired = " (it was retired)" if tag in state.retired else ""
         raise VersionNotFoundError(
-            f"{store.url}: unknown version {tag!r}{retired}; {_known_tags(state)}"
+            f"{store.url}: unknown version {tag!r}{retired}; {_known_tags(state)}",
+            hint="all of them: shardlake versions ROOT",
         )
     return tag, state.versions[tag]
 

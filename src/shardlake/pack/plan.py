@@ -111,7 +111,7 @@ def resolve_settings(
             base_version = load_version(store, base, state)
         except VersionNotFoundError as exc:
             raise VersionNotFoundError(
-                f"unknown base version {base!r}: {exc}", options=("base",)
+                f"unknown base version {base!r}: {exc}", options=("base",), hint=exc.hint
             ) from exc
     base_record = base_version.record if base_version is not None else None
     base_recipe = Recipe.from_json(base_record.recipe) if base_record else Recipe()

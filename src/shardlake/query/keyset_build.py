@@ -139,8 +139,8 @@ def create_keyset(
         raise ConflictError(
             f"{store.key_url(key)}: keyset {name!r} already exists with a different selection "
             f"(bound to {existing.version_tag!r}, {len(existing)} samples); keysets are "
-            f"immutable: choose a new name, or retire it first with "
-            f"'shardlake keyset ROOT delete {name}'"
+            f"immutable: choose a new name, or retire it first (Root.delete_keyset)",
+            hint=f"to retire it: shardlake keyset ROOT delete {name}",
         )
     return publish_keyset(store, name, rows, ds.version, recipe)
 
@@ -225,8 +225,11 @@ def rebase_keyset(
         shown = ", ".join(repr(k) for k in (dropped + changed)[:SHOW_MAX])
         raise SelectionError(
             f"keyset {name!r} in version {new.tag!r}: {len(dropped)} key(s) dropped, "
-            f"{len(changed)} changed (strict): {shown}",
-            options=("strict",),
+            f"{len(changed)} changed, refused as strict: {shown}; rebase without strict to "
+            f"carry the {len(source.keys) - len(dropped)} key(s) it still has (dropped ones are "
+            "left out, changed ones kept), or pick a version that has them all",
+            hint=f"shardlake keyset ROOT rebase {name} --version {new.tag} --as {new_name} "
+            "without --strict",
         )
     gone = set(dropped)
     keys = [k for k in source.keys if k not in gone]
@@ -242,8 +245,8 @@ def rebase_keyset(
         if not (_same(existing, rows, new.hash) and existing.rebased_from == origin):
             raise ConflictError(
                 f"{store.key_url(keyset_key(new_name))}: keyset {new_name!r} already exists; "
-                f"choose a new name, or retire it first with "
-                f"'shardlake keyset ROOT delete {new_name}'"
+                f"choose a new name, or retire it first (Root.delete_keyset)",
+                hint=f"to retire it: shardlake keyset ROOT delete {new_name}",
             )
         made = existing
     else:

@@ -1,6 +1,7 @@
 """One storage layer for every backend: local disk, NFS, S3, GCS and memory via fsspec."""
 
 from .backends import Backend, Leftover, register_backend
+from .backends.obstore import ReadClientWarning
 from .core import ObjectInfo, Store, open_store
 from .keys import check_key, join_key
 from .layers import Request, RequestCounter, StoreLayer
@@ -11,6 +12,7 @@ __all__ = [
     "Leftover",
     "NO_RETRY",
     "ObjectInfo",
+    "ReadClientWarning",
     "Request",
     "RequestCounter",
     "RetryPolicy",

@@ -58,17 +58,20 @@ def configured_endpoint(protocol: str, options: Mapping[str, Any]) -> Endpoint |
     return None
 
 
-def endpoint_id(protocol: str, options: Mapping[str, Any]) -> str:
+def endpoint_id(protocol: str, options: Mapping[str, Any], root: str = "") -> str:
     """Which server a store's requests go to (``scheme://host:port``, or the protocol's default
-    endpoint as ``s3:``), so an answer from it can be remembered without its credentials."""
+    endpoint as ``s3:``), so an answer from it can be remembered without its credentials.
+    An ``http(s)://`` root is its own endpoint (``root``: host and path)."""
+    if protocol in ("http", "https") and root:
+        return f"{protocol}://{root.split('/', 1)[0]}"
     found = configured_endpoint(protocol, options)
     if found is None:
         return f"{protocol}:"
-    parts = urlsplit(found.url)
     try:
+        parts = urlsplit(found.url)
         port = parts.port
     except ValueError:
-        port = None
+        return redact(found.url)  # check_endpoint refuses it before any request
     host = parts.hostname or ""
     return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
@@ -82,7 +85,10 @@ def check_endpoint(protocol: str, options: Mapping[str, Any]) -> None:
     where = f"endpoint URL {shown!r} ({found.source})"
     if "://" not in found.url:
         raise InvalidURLError(f"{where} has no scheme: write http://{shown} or https://{shown}")
-    parts = urlsplit(found.url)
+    try:
+        parts = urlsplit(found.url)
+    except ValueError as exc:
+        raise InvalidURLError(f"{where} cannot be parsed: {exc}") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
         raise InvalidURLError(

@@ -43,6 +43,21 @@ class StoreLayer(Protocol):
     def __call__(self, request: Request, send: Callable[[], T]) -> T: ...
 
 
+_served = threading.local()
+
+
+def note_read_client(name: str) -> None:
+    """Record which client (``obstore``, ``fsspec``) served this thread's current multi-range
+    read (backends call it; :class:`RequestCounter` reports it)."""
+    _served.client = name
+
+
+def _take_read_client() -> str | None:
+    name: str | None = getattr(_served, "client", None)
+    _served.client = None
+    return name
+
+
 def payload_size(result: object) -> int:
     """Bytes a request returned (a read's bytes, or a multi-range read's list of them)."""
     if isinstance(result, (bytes, bytearray, memoryview)):
@@ -64,6 +79,8 @@ class RequestCounter:
 
     def _reset(self) -> None:
         self.requests: Counter[str] = Counter()
+        # Multi-range reads per client that served them (obstore or fsspec).
+        self.read_clients: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
         self.bytes_read = 0
         self.bytes_written = 0
@@ -83,6 +100,7 @@ class RequestCounter:
     def __call__(self, request: Request, send: Callable[[], T]) -> T:
         with self._lock:
             self.requests[request.op] += 1
+        _take_read_client()
         try:
             result = send()
         except Exception as exc:
@@ -91,13 +109,24 @@ class RequestCounter:
             self._log(request, ok=False, nbytes=0, error=type(exc).__name__)
             raise
         nbytes = payload_size(result)
+        client = _take_read_client()
         with self._lock:
             self.bytes_read += nbytes
             self.bytes_written += len(request.data or b"")
-        self._log(request, ok=True, nbytes=nbytes, error=None)
+            if client is not None:
+                self.read_clients[client] += 1
+        self._log(request, ok=True, nbytes=nbytes, error=None, client=client)
         return result
 
-    def _log(self, request: Request, *, ok: bool, nbytes: int, error: str | None) -> None:
+    def _log(
+        self,
+        request: Request,
+        *,
+        ok: bool,
+        nbytes: int,
+        error: str | None,
+        client: str | None = None,
+    ) -> None:
         if not self.log_path:
             return
         line = json.dumps(
@@ -108,6 +137,7 @@ class RequestCounter:
                 "ok": ok,
                 "error": error,
                 "bytes": nbytes,
+                "client": client,
             }
         )
         # One O_APPEND write per line: lines from concurrent processes do not interleave.
@@ -134,6 +164,8 @@ def summarize_request_log(path: str) -> dict[str, Any]:
         "failures": sum(1 for r in records if not r["ok"]),
         "bytes_read": sum(r["bytes"] for r in records if r["ok"]),
         "by_op": dict(Counter(r["op"] for r in records)),
+        # Multi-range reads per client that served them (obstore, fsspec).
+        "by_client": dict(Counter(r["client"] for r in records if r.get("client"))),
         "processes": len({r["pid"] for r in records}),
     }
 

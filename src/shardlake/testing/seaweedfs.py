@@ -30,6 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..tools.localhost import LOOPBACK
@@ -56,12 +57,60 @@ _PORT_FLAGS = (
 )
 
 
+@dataclass(frozen=True)
 class SeaweedFSServer(StoreServer):
     """A running ``weed server`` with its S3 gateway; see :func:`seaweedfs_server`."""
+
+    _weed: _Weed | None = field(default=None, repr=False, compare=False)
 
     @property
     def scheme(self) -> str:
         return "s3"
+
+    def restart(self, down_s: float = 0.0, startup_timeout: float = 60.0) -> None:
+        """Kill the server (SIGKILL), wait ``down_s`` seconds and start it again on the same
+        ports with the same data; return once it accepts writes again (a server restart under
+        a running job)."""
+        if self._weed is None:
+            raise RuntimeError("this SeaweedFS server cannot be restarted")
+        self._weed.restart(down_s, startup_timeout)
+
+
+@dataclass
+class _Weed:
+    """The ``weed server`` process behind a :class:`SeaweedFSServer`."""
+
+    args: list[str]
+    log_path: str
+    workdir: str
+    endpoint: str
+    bucket: str
+    grpc_ports: list[int]
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, startup_timeout: float) -> bool:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.workdir,
+                env=_server_env(),
+            )
+        deadline = time.monotonic() + startup_timeout
+        return _wait_writable(self.proc, self.endpoint, self.bucket, deadline)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            _stop(self.proc, self.grpc_ports)
+
+    def restart(self, down_s: float, startup_timeout: float) -> None:
+        self.stop()
+        time.sleep(down_s)
+        if not self.start(startup_timeout):
+            with open(self.log_path, errors="replace") as f:
+                raise RuntimeError(f"SeaweedFS did not restart: {f.read()[-3000:]}")
 
 
 def weed_binary() -> str:
@@ -189,29 +238,23 @@ def seaweedfs_server(
                 f"-filer.localSocket={os.path.join(workdir, 'filer.sock')}",
             ]
             endpoint = f"http://{LOOPBACK}:{ports['s3.port']}"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    args,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    cwd=workdir,
-                    env=_server_env(),
-                )
-            if _wait_writable(proc, endpoint, bucket, time.monotonic() + startup_timeout):
+            weed_process = _Weed(args, log_path, workdir, endpoint, bucket, grpc_ports)
+            if weed_process.start(startup_timeout):
                 break
-            _stop(proc, grpc_ports)
+            weed_process.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
         else:
             with open(log_path, errors="replace") as f:
                 raise RuntimeError(f"SeaweedFS did not start: {f.read()[-3000:]}")
         try:
             env = s3_env(endpoint)
-            info = SeaweedFSServer("seaweedfs", endpoint, bucket, s3_storage_options(endpoint), env)
+            info = SeaweedFSServer(
+                "seaweedfs", endpoint, bucket, s3_storage_options(endpoint), env, weed_process
+            )
             with _patched_env(env, set_env):
                 yield info
         finally:
-            _stop(proc, grpc_ports)
+            weed_process.stop()
 
 
 __all__ = ["ENV_BINARY", "SeaweedFSServer", "seaweedfs_server", "weed_binary"]

@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import fsspec
 
+from ..layers import note_read_client
 from ..retry import RetryPolicy
 
 Entry = tuple[str, int, "float | None"]
@@ -97,7 +98,9 @@ class Backend:
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         try:
-            return bytes(self.fs.cat_file(path, start=start, end=end))
+            found = bytes(self.fs.cat_file(path, start=start, end=end))
+            note_read_client("fsspec")
+            return found
         except Exception as exc:
             if is_unsatisfiable_range(exc):  # start at/after the end: an empty slice
                 return b""
@@ -108,6 +111,7 @@ class Backend:
     ) -> list[bytes | memoryview]:
         """The ranges, in order; ``views``: memoryviews of the client's buffers are fine."""
         found = self.fs.cat_ranges(paths, starts, ends, on_error="return")
+        note_read_client("fsspec")
         out: list[bytes | memoryview] = []
         for item in found:
             if isinstance(item, BaseException):
@@ -226,6 +230,9 @@ class EndpointMismatch(OSError):
     """The endpoint answered, but not in the store's protocol (a web page where S3 was expected)."""
 
 
+_FORKED = "this process was forked after its parent started obstore's runtime"
+
+
 class BucketBackend(Backend):
     """Object stores: listing caches are dropped before every check, and a request that fails
     permanently is explained (:meth:`explain`): a missing bucket says so (not "no such key",
@@ -236,24 +243,41 @@ class BucketBackend(Backend):
     fast_reads: Any = None  # backends.obstore.ObstoreReads, unless read_client="fsspec"
 
     def batches_single_ranges(self) -> bool:
-        # The loader's chunks are one coalesced range each: they must reach obstore too.
-        return self.fast_reads is not None and bool(self.fast_reads.usable())
+        # The loader's chunks are one coalesced range each: they must reach obstore too (or
+        # say why they cannot).
+        return self.fast_reads is not None
 
     def read_ranges(
         self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
     ) -> list[bytes | memoryview]:
-        if self.fast_reads is not None and self.fast_reads.usable():
-            try:
-                out: list[bytes | memoryview] = self.fast_reads.read_ranges(
-                    paths, starts, ends, views=views
-                )
-                if all(len(b) == e - s for b, s, e in zip(out, starts, ends, strict=True)):
-                    return out
-            except BaseException as exc:  # a Rust panic is a BaseException
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
-                # the fsspec path answers with the store's semantics and errors
-        return super().read_ranges(paths, starts, ends, views=views)
+        fast = self.fast_reads
+        if fast is None:
+            return super().read_ranges(paths, starts, ends, views=views)
+        if not fast.usable():
+            from .obstore import warn_fallback
+
+            warn_fallback(fast.protocol, _FORKED)
+            return super().read_ranges(paths, starts, ends, views=views)
+        failed: BaseException | None = None
+        try:
+            out: list[bytes | memoryview] = fast.read_ranges(paths, starts, ends, views=views)
+            if all(len(b) == e - s for b, s, e in zip(out, starts, ends, strict=True)):
+                note_read_client("obstore")
+                fast.served()
+                return out
+        except BaseException as exc:  # a Rust panic is a BaseException
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            failed = exc
+        # The fsspec path answers with the store's semantics and errors (a range past the end,
+        # a missing key, an outage). Where it reads in full what obstore failed to, obstore
+        # may not work here at all: say so (see ObstoreReads.fell_back).
+        found = super().read_ranges(paths, starts, ends, views=views)
+        if failed is not None and all(
+            len(b) == e - s for b, s, e in zip(found, starts, ends, strict=True)
+        ):
+            fast.fell_back(failed)
+        return found
 
     def _fresh(self, path: str | None = None) -> None:
         self.fs.invalidate_cache(path)

@@ -224,8 +224,9 @@ class HTTPBackend(Backend):
                 return None  # no root here: readers report "no shardlake root"
             raise CapabilityError(
                 f"{self._url(base.rstrip('/'))} has no {ROOT_INDEX_KEY}, which an HTTP reader "
-                "needs in place of a listing (the root was published before it existed): run "
-                "`shardlake index ROOT` where the root is stored, or re-export it"
+                "needs in place of a listing (the root was published before it existed): write "
+                "it with Root.write_index() where the root is stored, or re-export it",
+                hint="where the root is stored: shardlake index STORED_ROOT",
             ) from None
         try:
             doc = json.loads(data)

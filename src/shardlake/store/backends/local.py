@@ -12,6 +12,7 @@ from typing import BinaryIO
 
 from ...errors import CapabilityError
 from ..keys import TEMP_PREFIX
+from ..layers import note_read_client
 from .base import Backend, Entry, Leftover
 
 
@@ -30,7 +31,9 @@ class LocalBackend(Backend):
     def read_range(self, path: str, start: int, end: int) -> bytes:
         with _open_object(path) as f:
             f.seek(start)
-            return f.read(end - start)
+            found = f.read(end - start)
+        note_read_client("local")
+        return found
 
     def read_ranges(
         self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
@@ -47,6 +50,7 @@ class LocalBackend(Backend):
         finally:
             for f in handles.values():
                 f.close()
+        note_read_client("local")
         return out
 
     def stat(self, path: str) -> tuple[int, float | None]:

@@ -25,8 +25,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import warnings
 from datetime import timedelta
 from typing import Any
+
+from ..url import redact
 
 READ_CLIENT_OPTION = "read_client"
 OBSTORE = "obstore"
@@ -45,6 +48,32 @@ FSSPEC_CLIENTS = {
 _runtime_pid: int | None = None  # the process that started obstore's runtime (fork-inherited)
 
 
+class ReadClientWarning(UserWarning):
+    """Reads that obstore would serve go through the slower fsspec client instead (the message
+    says why); issued once per process."""
+
+
+_warned_pid: int | None = None
+# Failed reads in a row (the fsspec client serving each) after which a client that worked
+# before is reported as not working.
+_FALLBACKS_TO_WARN = 3
+
+
+def warn_fallback(protocol: str, reason: str) -> None:
+    """Say (once per process) that reads of ``protocol`` fall back to the fsspec client."""
+    global _warned_pid
+    if _warned_pid == os.getpid():
+        return
+    _warned_pid = os.getpid()
+    client = FSSPEC_CLIENTS.get(protocol, FSSPEC)
+    warnings.warn(
+        f"shardlake: reads of {protocol}:// go through {client}, not obstore: {redact(reason)} "
+        f"(storage option {READ_CLIENT_OPTION}='{FSSPEC}' chooses {client} without this warning)",
+        ReadClientWarning,
+        stacklevel=3,
+    )
+
+
 def obstore_installed() -> bool:
     """Whether the ``obstore`` package can be imported (found, not imported: ~30 ms)."""
     import importlib.util
@@ -59,19 +88,88 @@ def obstore_config(protocol: str, options: dict[str, Any]) -> dict[str, Any] | N
     """The obstore store keywords for fsspec-style ``options`` of ``protocol``, or None when
     obstore cannot reach or sign for the store the way the fsspec client would (a credentials
     object, an interactive login, requester-pays): those stores keep their fsspec client."""
+    found = obstore_config_or_reason(protocol, options)
+    return found if isinstance(found, dict) else None
+
+
+def obstore_config_or_reason(protocol: str, options: dict[str, Any]) -> dict[str, Any] | str:
+    """:func:`obstore_config`, or why obstore cannot serve (for the fall-back's warning)."""
     if protocol in ("s3", "s3a"):
         return _s3_config(options)
     if protocol in ("gs", "gcs"):
         return _gcs_config(options)
     if protocol in ("az", "abfs", "abfss"):
         return _azure_config(options)
+    return f"obstore does not read {protocol}://"
+
+
+# Settings of an AWS profile that give credentials (obstore reads none of these files).
+_PROFILE_CREDENTIALS = (
+    "aws_access_key_id",
+    "credential_process",
+    "sso_session",
+    "sso_start_url",
+    "role_arn",
+    "source_profile",
+    "web_identity_token_file",
+)
+
+
+def _aws_profile(options: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """The settings of the AWS profile botocore would use (shared credentials file, then
+    config file) and where they were read."""
+    import configparser
+
+    name = str(options.get("profile") or os.environ.get("AWS_PROFILE") or "default")
+    found: dict[str, str] = {}
+    where = ""
+    files = (
+        ("AWS_CONFIG_FILE", "~/.aws/config", name if name == "default" else f"profile {name}"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials", name),
+    )
+    for variable, default, section in files:
+        path = os.path.expanduser(os.environ.get(variable) or default)
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        if parser.has_section(section):
+            found.update(parser.items(section))
+            where = path
+    return found, where
+
+
+def _profile_credentials(
+    options: dict[str, Any], profile: dict[str, str], where: str
+) -> str | None:
+    """Why botocore would sign with credentials obstore cannot read, or None."""
+    if options.get("key") or options.get("anon") or options.get("token"):
+        return None
+    if os.environ.get("AWS_ACCESS_KEY_ID") and not options.get("profile"):
+        return None  # botocore takes the environment's key before any profile
+    if any(profile.get(setting) for setting in _PROFILE_CREDENTIALS):
+        return f"credentials come from an AWS profile ({where}), which obstore cannot read"
     return None
 
 
-def _s3_config(options: dict[str, Any]) -> dict[str, Any]:
-    """obstore ``S3Store`` keywords from s3fs-style storage options (unknown ones ignored)."""
+def _s3_config(options: dict[str, Any]) -> dict[str, Any] | str:
+    """obstore ``S3Store`` keywords from s3fs-style storage options and the environment, as
+    botocore reads them (unknown options ignored): the endpoint from ``endpoint_url`` /
+    ``client_kwargs`` / ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, the region from
+    ``client_kwargs`` / ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile, the key from the
+    options or ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` (obstore
+    reads those itself, and the instance metadata service). Credentials only a profile holds
+    (shared credentials file, SSO, a credential process, an assumed role) keep s3fs."""
+    from ..endpoint import configured_endpoint
+
+    if options.get("session") is not None or options.get("requester_pays"):
+        return "a botocore session or requester-pays bucket is given"
+    profile, where = _aws_profile(options)
+    reason = _profile_credentials(options, profile, where)
+    if reason is not None:
+        return reason
     client = options.get("client_kwargs") or {}
-    endpoint = options.get("endpoint_url") or client.get("endpoint_url")
     config: dict[str, Any] = {}
     if options.get("key"):
         config["access_key_id"] = options["key"]
@@ -79,12 +177,19 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any]:
         config["secret_access_key"] = options["secret"]
     if options.get("token"):
         config["session_token"] = options["token"]
-    if endpoint:
-        config["endpoint"] = endpoint
+    endpoint = configured_endpoint("s3", options)
+    if endpoint is not None:
+        config["endpoint"] = endpoint.url
         # obstore lets AWS_ENDPOINT_URL_S3 from the environment win over `endpoint`; botocore
         # (s3fs) lets the given endpoint win. Given as the service-specific key, it wins here too.
-        config["aws_endpoint_url_s3"] = endpoint
-    region = client.get("region_name") or options.get("region_name")
+        config["aws_endpoint_url_s3"] = endpoint.url
+    region = (
+        client.get("region_name")
+        or options.get("region_name")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or os.environ.get("AWS_REGION")
+        or profile.get("region")
+    )
     if region:
         config["region"] = region
     if options.get("anon"):
@@ -92,14 +197,14 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _gcs_config(options: dict[str, Any]) -> dict[str, Any] | None:
+def _gcs_config(options: dict[str, Any]) -> dict[str, Any] | str:
     """obstore ``GCSStore`` keywords from gcsfs options: an endpoint (``endpoint_url`` or
     ``STORAGE_EMULATOR_HOST``, as gcsfs reads them) and ``token="anon"`` or a credentials file
     (given as ``token``, or found where gcsfs's ``google_default`` finds one). With no token and
     no such file, gcsfs tries the metadata server and then anonymous access, which obstore does
     not: that store keeps gcsfs."""
     if options.get("requester_pays") or options.get("user_project"):
-        return None
+        return "a requester-pays bucket is given"
     config: dict[str, Any] = {}
     endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
     if endpoint and endpoint != "default":
@@ -113,7 +218,8 @@ def _gcs_config(options: dict[str, Any]) -> dict[str, Any] | None:
     if token in (None, "google_default"):
         token = _default_credentials_file()
     if not isinstance(token, str) or not os.path.isfile(token):
-        return None  # a credentials object, an interactive flow, or none to be found
+        # a credentials object, an interactive flow, or none to be found
+        return "no credentials file or token='anon' (gcsfs asks the metadata server)"
     config["application_credentials"] = token
     return config
 
@@ -133,13 +239,13 @@ def _connection_string(text: str) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value in pairs}
 
 
-def _azure_config(options: dict[str, Any]) -> dict[str, Any] | None:
+def _azure_config(options: dict[str, Any]) -> dict[str, Any] | str:
     """obstore ``AzureStore`` keywords from adlfs options: a connection string (given or in
     ``AZURE_STORAGE_CONNECTION_STRING``), an account with a key or SAS token, a service
     principal, or anonymous access. Other credentials (a credential object, the default
     credential chain) stay with adlfs."""
     if options.get("credential") is not None:
-        return None
+        return "a credential object is given"
     text = options.get("connection_string")
     if not text and not options.get("account_name"):
         text = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
@@ -162,7 +268,7 @@ def _azure_config(options: dict[str, Any]) -> dict[str, Any] | None:
     elif options.get("anon"):
         config["skip_signature"] = True
     elif not config.get("use_emulator"):
-        return None
+        return "no key, SAS token or service principal (adlfs uses the default credential chain)"
     endpoint = parts.get("BlobEndpoint")
     if not endpoint and options.get("account_host"):
         endpoint = f"https://{options['account_host']}"
@@ -172,7 +278,7 @@ def _azure_config(options: dict[str, Any]) -> dict[str, Any] | None:
     if endpoint:
         config["endpoint"] = endpoint.rstrip("/")
     if not name and not config.get("use_emulator"):
-        return None
+        return "no storage account named"
     return config
 
 
@@ -188,6 +294,26 @@ class ObstoreReads:
         self._attempt_timeout = attempt_timeout
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
+        self._served = 0  # reads obstore served in this process
+        self._fallbacks = 0  # reads in a row it failed and the fsspec client served
+
+    @property
+    def protocol(self) -> str:
+        return self._protocol
+
+    def served(self) -> None:
+        """A read went through obstore."""
+        self._served += 1
+        self._fallbacks = 0
+
+    def fell_back(self, exc: BaseException) -> None:
+        """obstore failed a read the fsspec client then served: warn (once per process) when
+        obstore has not served a read yet in this process or fails again and again (a
+        one-off failure of a working client is retried on the fsspec path, no more)."""
+        self._fallbacks += 1
+        if self._served == 0 or self._fallbacks >= _FALLBACKS_TO_WARN:
+            first_line = (str(exc).splitlines() or [""])[0]
+            warn_fallback(self._protocol, f"obstore failed: {type(exc).__name__}: {first_line}")
 
     @staticmethod
     def usable() -> bool:

@@ -13,6 +13,7 @@ from .gcs import GCSBackend
 from .http import HTTPBackend, HTTPSBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
+from .options import check_storage_options
 from .s3 import S3Backend
 
 _BACKENDS: dict[str, type[Backend]] = {
@@ -41,6 +42,9 @@ _EXTRAS = {
     "http": "http",
     "https": "http",
 }
+
+# The backends shipped here build their filesystem with the protocol's fsspec class.
+_BUILTIN: frozenset[type[Backend]] = frozenset({*_BACKENDS.values(), Backend})
 
 
 def register_backend(protocol: str, backend_class: type[Backend]) -> None:
@@ -84,10 +88,12 @@ def make_backend(
     check_endpoint(protocol, storage_options)
     from . import obstore
 
+    cls = _BACKENDS.get(protocol, Backend)
+    if cls in _BUILTIN:  # a registered backend's make_filesystem may take options of its own
+        check_storage_options(protocol, storage_options)
     storage_options = dict(storage_options)
     read_client = storage_options.pop(obstore.READ_CLIENT_OPTION, None)
     fast_config = _fast_read_config(protocol, read_client, storage_options)
-    cls = _BACKENDS.get(protocol, Backend)
     try:
         fs = cls.make_filesystem(protocol, storage_options, policy)
     except ImportError as exc:
@@ -134,10 +140,13 @@ def _fast_read_config(
                 f"{option}: the obstore package is not installed (pip install obstore)"
             )
         return None
-    config = obstore.obstore_config(protocol, storage_options)
-    if config is None and read_client == obstore.OBSTORE:
+    config = obstore.obstore_config_or_reason(protocol, storage_options)
+    if isinstance(config, dict):
+        return config
+    if read_client == obstore.OBSTORE:
         raise UsageError(
             f"{option}: obstore cannot sign for {protocol}:// with these storage options "
-            f"(keys: {', '.join(sorted(storage_options))}); use read_client='fsspec'"
+            f"(keys: {', '.join(sorted(storage_options))}): {config}; use read_client='fsspec'"
         )
-    return config
+    obstore.warn_fallback(protocol, config)
+    return None

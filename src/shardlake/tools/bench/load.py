@@ -241,7 +241,12 @@ def _request_fields(log_path: str, payload: float) -> dict[str, Any]:
 
     log = summarize_request_log(log_path)
     fetched = int(log["bytes_read"])
+    clients: dict[str, int] = log["by_client"]
     return {
+        # The client that served the payload reads (obstore, fsspec, local; "mixed": see
+        # read_clients, reads per client over every process).
+        "read_client": (next(iter(clients)) if len(clients) == 1 else "mixed") if clients else None,
+        "read_clients": clients,
         "bytes_fetched": fetched,
         "requests": log["requests"],
         "requests_by_op": log["by_op"],
