@@ -174,6 +174,15 @@ def test_bench_load_reports_throughput_bytes_and_mixing(
     assert len(goals["epoch_client_cpu_ms_per_sample"]) == len(goals["epoch_samples_per_s"]) == 1
     assert all(ms > 0 for ms in goals["epoch_client_cpu_ms_per_sample"])
     assert doc["epoch_client_cpu_ms_per_sample"] == goals["epoch_client_cpu_ms_per_sample"]
+    # Both engines side by side (issue #31), the default one's figures at the top level.
+    engines = doc["engines"]
+    assert doc["engine"] == "threads" and "threads / processes samples/s" in engines
+    for engine in ("threads", "processes"):
+        assert (
+            engines[engine]["samples_per_s"] > 0 and engines[engine]["client_cpu_ms_per_sample"] > 0
+        )
+        assert engines[engine]["peak_pss_b_per_sample"] > 0
+    assert engines["threads"]["samples_per_s"] == doc["samples_per_s"]
     mixing = doc["mixing"]
     assert mixing["partitions"] == 2 and mixing["batches"] == 4
     assert 0 <= mixing["js_mean"] <= mixing["js_max"] <= 1

@@ -78,7 +78,7 @@ def test_64_ranks_each_pay_the_same_constant_start_up(tmp_path: Path) -> None:
         store = open_store(url).with_layers(counter)
         ds = ShardDataset(store, "v1", batch_size=1, num_workers=0, rank=rank, world_size=64)
         per_rank.append(_take(counter))
-        plan = ds.plan(ds.layout(0))
+        plan = ds.plan(ds.layout(0))  # this rank's slots
         keys.update(ds.table.keys[int(r)] for batch in plan.rank_batches(rank) for r in batch)
     assert all(calls == per_rank[0] for calls in per_rank)
     assert sum(per_rank[0].values()) == STARTUP_REQUESTS

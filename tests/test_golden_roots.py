@@ -18,6 +18,9 @@ import pytest
 import torch
 
 import shardlake
+from shardlake.cli.main import main
+from shardlake.errors import CapabilityError
+from shardlake.testing.http_server import static_http_server
 from shardlake.torch import ShardDataset
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -84,6 +87,29 @@ def test_keyset_and_loader(golden: tuple[str, dict[str, Any]]) -> None:
         assert sorted(seen) == wanted
         for key, item in seen.items():
             assert _loader_view(ds.get(key)) == _loader_view(item), key
+
+
+def test_served_over_http_after_the_one_line_upgrade(golden: tuple[str, dict[str, Any]]) -> None:
+    # Older roots have no index.json: over HTTP they say how to get one, then read bit-exactly.
+    root, expected = golden
+    with static_http_server(Path(root).parent) as server:
+        url = f"{server.url}/root"
+        with pytest.raises(CapabilityError, match=r"Root\.write_index\(\)"):
+            shardlake.open(url).versions()
+        assert main(["index", root]) == 0
+        served = shardlake.open(url)
+        assert sorted(v.tag for v in served.versions()) == sorted(expected["versions"])
+        for tag, samples in expected["versions"].items():
+            ds = served.dataset(tag)
+            for key, digests in samples.items():
+                assert make_golden.sample_digests(ds.get(key)) == digests, (tag, key)
+        for name, info in expected["keysets"].items():
+            loader = ShardDataset(
+                url, info["version"], keyset=name, batch_size=1, num_workers=0, include_key=True
+            )
+            assert sorted(item["__key__"] for item in loader) == sorted(
+                shardlake.open(root).keyset(name).keys
+            )
 
 
 def _loader_view(arrays: dict[str, Any]) -> dict[str, str]:

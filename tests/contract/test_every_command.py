@@ -193,6 +193,13 @@ def test_scrub(world: World) -> None:
     assert report.ok and report.samples == 9
 
 
+def test_index(world: World) -> None:
+    doc = world.cli("index", world.url, "--json")
+    assert doc == world.open().write_index()
+    assert [tag for tag, _ in doc["versions"]] == [v.tag for v in world.open().versions()]
+    assert world.open().scrub(progress=False).index_problems == []
+
+
 # --- reading ----------------------------------------------------------------------------------
 
 

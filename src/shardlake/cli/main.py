@@ -21,10 +21,26 @@ from typing import Any
 
 from .. import __version__
 from ..errors import ShardlakeError, UsageError
-from . import catalog_cmds, dataset_cmds, lifecycle_cmds, pack_cmds, run_cmds, store_cmds
+from . import (
+    catalog_cmds,
+    dataset_cmds,
+    lifecycle_cmds,
+    pack_cmds,
+    run_cmds,
+    store_cmds,
+    write_cmds,
+)
 from .common import flag_advice, resolve_local_paths
 
-COMMAND_GROUPS = (pack_cmds, dataset_cmds, lifecycle_cmds, run_cmds, catalog_cmds, store_cmds)
+COMMAND_GROUPS = (
+    pack_cmds,
+    write_cmds,
+    dataset_cmds,
+    lifecycle_cmds,
+    run_cmds,
+    catalog_cmds,
+    store_cmds,
+)
 
 
 CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE, what a shell reports for `seq 1000000 | head -1`

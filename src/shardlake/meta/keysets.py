@@ -36,6 +36,7 @@ from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store
+from .rootindex import check_indexed, indexed_keyset
 from .versions import (
     StoredVersion,
     canonical_json,
@@ -294,7 +295,13 @@ def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:
     """Keyset ``name`` and its verified bytes (a mismatch is re-read, then refused)."""
     key = keyset_key(name)
     where = store.key_url(key)
-    return read_verified(store, key, lambda data: decode_keyset(data, name, where))
+    indexed = indexed_keyset(store, name)  # over HTTP: the digest the root index records
+
+    def check(data: bytes) -> Keyset:
+        check_indexed(indexed, data, where)
+        return decode_keyset(data, name, where)
+
+    return read_verified(store, key, check)
 
 
 def list_keyset_names(store: Store) -> list[str]:

@@ -21,7 +21,6 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.manifest import entry_mismatches
 from ..meta.catalog import catalog_rows
-from ..meta.keysets import read_key_list
 from ..meta.versions import StoredVersion, load_version, load_version_by_hash
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
@@ -53,6 +52,14 @@ class Dataset:
     version
         The published version to read.
     """
+
+    @classmethod
+    def open(
+        cls, store: Store, version: str | None = "latest", keyset: str | None = None
+    ) -> Dataset:
+        """``version`` (a tag or ``latest``; ``None`` with a ``keyset``: the version that keyset
+        is bound to) of the root in ``store``."""
+        return cls(store, resolve_version(store, version, keyset))
 
     def __init__(self, store: Store, version: StoredVersion) -> None:
         self.store = store
@@ -300,6 +307,8 @@ class Dataset:
         """The keys a local key list names in this version (``-``: stdin): text, or a JSON list
         of keys or ``.npz`` paths; absolute paths map to keys by ``strip_prefix``, without one
         by the version's source namespace. Entries naming no key are in ``unmapped``."""
+        from ..meta.keysets import read_key_list
+
         namespace = None if strip_prefix is not None else self.version.record.source_namespace
         return read_key_list(path, strip_prefix=strip_prefix, source=namespace)
 

@@ -39,14 +39,6 @@ class ParsedURL:
         return None
 
 
-def absolute_location(url: str) -> str:
-    """A URL as given; a local path made absolute against the working directory (``~`` too):
-    where a user hands in a location (``shardlake.open``, the loader), not deeper."""
-    if url.strip() and "://" not in url:
-        return os.path.abspath(os.path.expanduser(url))
-    return url
-
-
 def parse_url(url: str) -> ParsedURL:
     """Parse ``/abs/path``, ``file://``, ``memory://``, ``s3://bucket/prefix``, ``gs://...``."""
     if not isinstance(url, str) or not url.strip():
@@ -90,3 +82,11 @@ def parse_url(url: str) -> ParsedURL:
     if ".." in root.split("/"):
         raise InvalidURLError(f"store URL {redact(url)!r} contains a '..' segment")
     return ParsedURL(protocol, root, f"{protocol}://{root}")
+
+
+def location(url: str | os.PathLike[str]) -> str:
+    """``url`` as the store layer takes it: a local path made absolute, a URL unchanged."""
+    url = os.fspath(url)
+    if "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    return url

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import pickle
@@ -26,6 +27,7 @@ from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..store import Store
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
 from .ddp import dist_info
+from .heap import trim_heap
 from .options import LoaderOptions
 from .plan import (
     DEFAULT_INTERLEAVE,
@@ -47,11 +49,12 @@ from .sources import (
     combine,
     epoch_counts,
     epoch_rows,
+    load_keys,
     release_set_up_memory,
     select_rows,
     selection_key_digest,
-    trim_heap,
 )
+from .strings import LazyStrings
 from .threads import default_threads, ordered_map
 
 if TYPE_CHECKING:
@@ -287,6 +290,14 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             self.version_hash = hashlib.sha256(f"mix|{text}".encode()).hexdigest()[:32]
             self.selection_desc = {"mix": [d["name"] for d in self.source_records]}
             self.selection_digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+        if not self.out.include_key:
+            # Batches do not carry keys: drop them (read back from the catalog if asked for).
+            pinned = [
+                replace(r.source, version=r.version_tag, weight=None, repeat=None, choose=None)
+                for r in resolved
+            ]
+            keys = LazyStrings(len(self.table), functools.partial(load_keys, pinned))
+            self.table = replace(self.table, keys=keys)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -313,11 +324,17 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             return None
         return epoch_rows(self.source_counts, self.source_sizes, self.params.seed, epoch)
 
-    def plan(self, layout: Layout, cursor: Cursor | None = None) -> ReadPlan:
-        """The plan (in table rows) of the current leg of ``cursor``'s epoch (cached)."""
+    def plan(
+        self, layout: Layout, cursor: Cursor | None = None, *, all_ranks: bool = False
+    ) -> ReadPlan:
+        """The plan (in table rows) of the current leg of ``cursor``'s epoch (cached).
+
+        The cached plan keeps this rank's slots only (the others' are empty): a rank's memory
+        then grows with what it reads, not with the world size. ``all_ranks=True`` computes
+        the whole plan afresh (mixing reports over every rank)."""
         cursor = self.cursor if cursor is None else cursor
         cache_key = (cursor.epoch, layout, cursor.legs)
-        if self._plan_cache is None or self._plan_cache[0] != cache_key:
+        if all_ranks or self._plan_cache is None or self._plan_cache[0] != cache_key:
             mapping = self.epoch_map(cursor.epoch)
             t = self.table
             rows = (
@@ -326,7 +343,10 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 else Rows(t.shard[mapping], t.offset[mapping])
             )
             leg = plan_epoch(rows, self.params, cursor.epoch, layout, cursor.legs)
-            self._plan_cache = (cache_key, compact_plan(resolve(leg, mapping)))
+            if all_ranks:
+                return compact_plan(resolve(leg, mapping))
+            mine = range(layout.slots_per_rank * self.rank, layout.slots_per_rank * (self.rank + 1))
+            self._plan_cache = (cache_key, compact_plan(resolve(leg, mapping), keep=mine))
         return self._plan_cache[1]
 
     def set_epoch(self, epoch: int) -> None:
@@ -616,14 +636,15 @@ def train_valid(
         shuffle=False,
         **options,
     )
-    from ..query.dataset import Dataset, resolve_version
+    from ..query.dataset import Dataset
     from ..query.selection import require_disjoint
     from ..store import open_store
-    from ..store.url import absolute_location
+    from ..store.url import location
 
-    location = absolute_location(url) if isinstance(url, str) else url
-    store = open_store(location, options.get("storage_options"))
-    version_ds = Dataset(store, resolve_version(store, valid.version_tag))
+    store = open_store(
+        url if isinstance(url, Store) else location(url), options.get("storage_options")
+    )
+    version_ds = Dataset.open(store, valid.version_tag)
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:
@@ -642,27 +663,35 @@ def train_valid(
     return train, valid
 
 
-def compact_plan(plan: ReadPlan) -> ReadPlan:
+def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
     """``plan`` with int32 arrays where every value fits and chunks as :class:`ChunkList`: it
     is computed once before the workers fork and shared by them (~13 instead of ~32 bytes a
-    sample). Arrays that were one object stay one object."""
-    arrays = [*plan.slot_rows, *plan.slot_emit_chunk, *plan.slot_ids]
+    sample). Arrays that were one object stay one object. ``keep``: the slots to keep (the
+    others become empty; so do the plan ids, which only whole-plan reports use)."""
+    kept = range(len(plan.slot_rows)) if keep is None else keep
+    arrays = [a for field in (plan.slot_rows, plan.slot_emit_chunk, plan.slot_ids)
+              for i, a in enumerate(field) if i in kept]  # fmt: skip
     top = max((int(a.max()) for a in arrays if len(a)), default=0)
     low = min((int(a.min()) for a in arrays if len(a)), default=0)
     dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
     done: dict[int, np.ndarray[Any, Any]] = {}
+    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
 
-    def small(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def small(i: int, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        if i not in kept:
+            return none
         if id(a) not in done:
             done[id(a)] = a.astype(dtype, copy=False)
         return done[id(a)]
 
-    chunks = [ChunkList(c) for c in plan.slot_chunks]
+    chunks = [ChunkList(c if i in kept else []) for i, c in enumerate(plan.slot_chunks)]
     return replace(
         plan,
-        slot_rows=[small(a) for a in plan.slot_rows],
-        slot_emit_chunk=[small(a) for a in plan.slot_emit_chunk],
-        slot_ids=[small(a) for a in plan.slot_ids],
+        slot_rows=[small(i, a) for i, a in enumerate(plan.slot_rows)],
+        slot_emit_chunk=[small(i, a) for i, a in enumerate(plan.slot_emit_chunk)],
+        # Epoch positions of the emits: nothing reads them from a rank's cached plan.
+        slot_ids=[small(i, a) if keep is None else none for i, a in enumerate(plan.slot_ids)],
+        slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
         # A sequence of arrays, as the readers use it (ReadPlan's annotation says list).
         slot_chunks=cast(list[list[IntArrayT]], chunks),
     )

@@ -10,11 +10,8 @@ epoch by :func:`epoch_rows`, seeded, so a rerun is identical.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import gc
 import hashlib
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +22,11 @@ import pyarrow.compute as pc
 
 from ..errors import SelectionError, UsageError
 from ..meta.catalog import node_catalog_cache
+from ..query.dataset import Dataset
 from ..read.catalog_cache import catalog_cache
-from ..store import Store
+from ..store import Store, open_store
+from ..store.url import location
+from .heap import trim_heap
 from .reader import RowTable
 from .strings import StringColumn, key_digest
 
@@ -124,14 +124,8 @@ def select_rows(source: MixMember, meta_columns: Sequence[str] = ()) -> SourceRo
 
 
 def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
-    from ..query.dataset import Dataset, resolve_version
-    from ..store import open_store
-    from ..store.url import absolute_location
-
-    # The loader is where its storage options enter (it reopens its roots in workers).
-    url = absolute_location(source.url) if isinstance(source.url, str) else source.url
-    store = open_store(url, source.storage_options)
-    ds = Dataset(store, resolve_version(store, source.version, source.keyset))
+    store = source.url if isinstance(source.url, Store) else location(source.url)
+    ds = Dataset.open(open_store(store, source.storage_options), source.version, source.keyset)
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
     table: pa.Table | None = None
@@ -153,6 +147,14 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
     selection = selected.describe()
     return SourceRows(
         source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
+    )
+
+
+def load_keys(sources: Sequence[MixMember]) -> StringColumn:
+    """The sample keys of resolved ``sources`` (each pinned to its version), in table order:
+    what :class:`~shardlake.torch.strings.LazyStrings` reads back when asked for a key."""
+    return StringColumn.concat(
+        [StringColumn.from_arrow(select_rows(s).table.column("key")) for s in sources]
     )
 
 
@@ -235,7 +237,8 @@ def _shard_index(pids: pa.ChunkedArray, shards: IntArray) -> tuple[IntArray, lis
         run = np.zeros(len(pair), dtype=np.int64)
         run[changes] = 1
         names = codes.dictionary.to_pylist()
-        return np.cumsum(run), [(names[part[i]], int(shards[i])) for i in starts]
+        firsts = zip(part[starts].tolist(), shards[starts].tolist(), strict=True)
+        return np.cumsum(run), [(names[p], s) for p, s in firsts]
     _u, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
@@ -314,14 +317,6 @@ def release_set_up_memory() -> None:
     samples ~200 MB of PSS)."""
     gc.collect()
     trim_heap()
-
-
-def trim_heap() -> None:
-    """Return freed heap pages (Arrow's pool, glibc's arenas) to the OS."""
-    pa.default_memory_pool().release_unused()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def epoch_counts(

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .collate import LocalBufferPool
+from .heap import trim_heap
 from .plan import Cursor, Layout
 
 if TYPE_CHECKING:
@@ -136,7 +137,13 @@ class ThreadBatches:
                 work = self.ds.slot_work(self.layout, worker, self.cursor, pool=self.pool)
                 slots.append(work)
                 iters.append(iter(work))
+            rounds = 0
             while any(it is not None for it in iters) and not self._stop.is_set():
+                if rounds == 1:
+                    # Every slot has started reading: the readers' set-up temporaries (a few
+                    # arrays the size of the slot's plan) go back to the OS.
+                    trim_heap()
+                rounds += 1
                 for j, it in enumerate(iters):
                     if it is None:
                         continue

@@ -147,6 +147,10 @@ def bench_pack(
 
     if calibrate < 1 or workers < 1:
         raise UsageError("--calibrate and --workers must be >= 1")
+    if root is not None:  # it packs there: a read-only (HTTP) root is refused before any work
+        from ...store import open_store
+
+        open_store(root, storage_options).require_writable("bench pack")
     # Read the corpus table first: a bad file should fail before minutes of calibration.
     corpus_sizes = load_partition_sizes(corpus) if corpus is not None else None
     scratch = Path(tempfile.mkdtemp(prefix="shardlake-bench-pack-"))
