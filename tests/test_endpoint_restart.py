@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from shardlake.lifecycle import verify_source
-from shardlake.pack import pack
+import shardlake
 from shardlake.store import RequestCounter, Store, open_store
 from shardlake.store.layers import read_request_log
 from shardlake.testing.seaweedfs import SeaweedFSServer, seaweedfs_server
@@ -79,7 +78,7 @@ def test_a_loader_epoch_rides_through_a_server_restart(
     src = tmp_path / "src"
     synth_corpus(src, 3, 24, seed=5, neighbors=2, lanes=4)
     url = weed.fresh_url("restart-loader")
-    pack(str(src), _store(weed, url), tag="v1", executor="inline", shard_size=12_000)
+    shardlake.open(_store(weed, url)).pack(str(src), tag="v1", executor="inline", shard_size=12_000)
     want = list(_epoch(_store(weed, url), engine=engine))
 
     log = tmp_path / "requests.jsonl"
@@ -109,7 +108,9 @@ def test_a_pack_rides_through_a_server_restart(weed: SeaweedFSServer, tmp_path: 
     def run() -> None:
         try:
             outcome.append(
-                pack(str(src), _store(weed, url, log), tag="v1", workers=2, shard_size=8_000)
+                shardlake.open(_store(weed, url, log))
+                .pack(str(src), tag="v1", workers=2, shard_size=8_000)
+                .version
             )
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             outcome.append(exc)
@@ -127,6 +128,6 @@ def test_a_pack_rides_through_a_server_restart(weed: SeaweedFSServer, tmp_path: 
     assert outcome and not isinstance(outcome[0], BaseException), outcome
     failed = [r for r in read_request_log(str(log)) if not r["ok"]]
     assert failed, "the restart happened after the pack had finished"
-    report = verify_source(_store(weed, url), str(src), version="v1", workers=2)
+    report = shardlake.open(_store(weed, url)).verify(str(src), version="v1", workers=2)
     assert report.ok, report.failures()
     print(f"restart took {took[0]:.1f}s; {len(failed)} failed attempt(s) retried")
