@@ -152,7 +152,7 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
     )
 
 
-def load_keys(sources: Sequence[Source]) -> StringColumn:
+def load_keys(sources: Sequence[MixMember]) -> StringColumn:
     """The sample keys of resolved ``sources`` (each pinned to its version), in table order:
     what :class:`~shardlake.torch.strings.LazyStrings` reads back when asked for a key."""
     return StringColumn.concat(
