@@ -25,6 +25,7 @@ from .meta.versions import (
 )
 from .query.dataset import Dataset
 from .store import Store, open_store
+from .store.url import location
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
@@ -115,9 +116,7 @@ class Root:
     def dataset(self, version: str | None = "latest", *, keyset: str | None = None) -> Dataset:
         """Open ``version`` (a tag or ``latest``) for reading; ``None`` with a ``keyset``: the
         version that keyset is bound to."""
-        from .query.dataset import resolve_version
-
-        return Dataset(self.store, resolve_version(self.store, version, keyset))
+        return Dataset.open(self.store, version, keyset)
 
     def diff(self, a: str, b: str, *, samples: bool = False) -> VersionDiff:
         """What changed from version ``a`` to ``b``: partitions added, removed, with new data or
@@ -438,12 +437,7 @@ def _build(
 
 
 def _location(url: str | os.PathLike[str] | Store) -> str | Store:
-    """A URL or store; a local path made absolute (the store layer wants absolute paths)."""
-    if isinstance(url, os.PathLike):
-        url = os.fspath(url)
-    if isinstance(url, str) and "://" not in url:
-        url = os.path.abspath(os.path.expanduser(url))
-    return url
+    return url if isinstance(url, Store) else location(url)
 
 
 def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  # noqa: A001

@@ -162,9 +162,7 @@ def remove(store: Store, tag: str, options: RemoveOptions) -> RemoveReport:
 
 
 def _keys_of_file(ds: Dataset, key_file: str, strip_prefix: str | None) -> list[str]:
-    from ..query.keyset_build import keys_from_file
-
-    listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
+    listed = ds.keys_from_file(key_file, strip_prefix=strip_prefix)
     if listed.unmapped:
         prefix = strip_prefix or ds.version.record.source_namespace
         raise NotFoundError(

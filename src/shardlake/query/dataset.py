@@ -53,6 +53,14 @@ class Dataset:
         The published version to read.
     """
 
+    @classmethod
+    def open(
+        cls, store: Store, version: str | None = "latest", keyset: str | None = None
+    ) -> Dataset:
+        """``version`` (a tag or ``latest``; ``None`` with a ``keyset``: the version that keyset
+        is bound to) of the root in ``store``."""
+        return cls(store, resolve_version(store, version, keyset))
+
     def __init__(self, store: Store, version: StoredVersion) -> None:
         self.store = store
         self.version = version
@@ -299,9 +307,10 @@ class Dataset:
         """The keys a local key list names in this version (``-``: stdin): text, or a JSON list
         of keys or ``.npz`` paths; absolute paths map to keys by ``strip_prefix``, without one
         by the version's source namespace. Entries naming no key are in ``unmapped``."""
-        from .keyset_build import keys_from_file
+        from ..meta.keysets import read_key_list
 
-        return keys_from_file(self, path, strip_prefix=strip_prefix)
+        namespace = None if strip_prefix is not None else self.version.record.source_namespace
+        return read_key_list(path, strip_prefix=strip_prefix, source=namespace)
 
     def _all_rows(self) -> Iterator[dict[str, Any]]:
         for entry in self.entries:

@@ -19,24 +19,11 @@ from ..meta.keysets import (
     load_keyset,
     load_keyset_bytes,
     publish_keyset,
-    read_key_list,
 )
 from ..meta.versions import load_version, load_version_by_hash
 from ..source import pathlists
 from ..store import Store
 from .dataset import Dataset, resolve_version
-
-
-def keys_from_file(
-    ds: Dataset, path: str, *, strip_prefix: str | None = None
-) -> pathlists.KeyMapping:
-    """The keys a local key-list file names in version ``ds`` (``-``: stdin).
-
-    Absolute entries map to keys by ``strip_prefix`` or, without one, by the version's source
-    namespace (the packed source's path), so a training list of absolute paths needs nothing
-    more."""
-    namespace = None if strip_prefix is not None else ds.version.record.source_namespace
-    return read_key_list(path, strip_prefix=strip_prefix, source=namespace)
 
 
 def match_keys(
@@ -119,7 +106,7 @@ def create_keyset(
     """Select samples of ``version`` by ``where``, ``keys`` or ``key_file`` and publish keyset
     ``name``.
 
-    Exactly one of the three (``key_file``: see :func:`keys_from_file`). Refused with
+    Exactly one of the three (``key_file``: see :meth:`Dataset.keys_from_file`). Refused with
     :class:`ConflictError` if the name is taken (keysets are immutable); nothing is written on
     any error. ``local_paths`` (key -> listed local npz) lets an unmatched key be named as an
     ``is_skipped`` frame.
@@ -135,7 +122,7 @@ def create_keyset(
     existing = _existing(store, name)
     ds = Dataset(store, resolve_version(store, version))
     if key_file is not None:
-        listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
+        listed = ds.keys_from_file(key_file, strip_prefix=strip_prefix)
         keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
     if where is not None:
         rows = ds.select(where=where).rows(["key", "partition"])

@@ -82,3 +82,11 @@ def parse_url(url: str) -> ParsedURL:
     if ".." in root.split("/"):
         raise InvalidURLError(f"store URL {redact(url)!r} contains a '..' segment")
     return ParsedURL(protocol, root, f"{protocol}://{root}")
+
+
+def location(url: str | os.PathLike[str]) -> str:
+    """``url`` as the store layer takes it: a local path made absolute, a URL unchanged."""
+    url = os.fspath(url)
+    if "://" not in url:
+        url = os.path.abspath(os.path.expanduser(url))
+    return url

@@ -27,6 +27,7 @@ from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..store import Store
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
 from .ddp import dist_info
+from .heap import trim_heap
 from .options import LoaderOptions
 from .plan import (
     DEFAULT_INTERLEAVE,
@@ -53,7 +54,6 @@ from .sources import (
     release_set_up_memory,
     select_rows,
     selection_key_digest,
-    trim_heap,
 )
 from .strings import LazyStrings
 from .threads import default_threads, ordered_map
@@ -638,11 +638,15 @@ def train_valid(
         shuffle=False,
         **options,
     )
+    from ..query.dataset import Dataset
     from ..query.selection import require_disjoint
-    from ..root import open as open_root
+    from ..store import open_store
+    from ..store.url import location
 
-    storage_options = options.get("storage_options") or {}
-    version_ds = open_root(url, **storage_options).dataset(valid.version_tag)
+    store = open_store(
+        url if isinstance(url, Store) else location(url), options.get("storage_options")
+    )
+    version_ds = Dataset.open(store, valid.version_tag)
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:

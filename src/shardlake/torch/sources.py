@@ -11,10 +11,8 @@ epoch by :func:`epoch_rows`, seeded, so a rerun is identical.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gc
 import hashlib
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +23,11 @@ import pyarrow.compute as pc
 
 from ..errors import SelectionError, UsageError
 from ..meta.catalog import node_catalog_cache
+from ..query.dataset import Dataset
 from ..read.catalog_cache import catalog_cache
-from ..store import Store
+from ..store import Store, open_store
+from ..store.url import location
+from .heap import trim_heap
 from .reader import RowTable
 from .strings import StringColumn, key_digest
 
@@ -124,10 +125,8 @@ def select_rows(source: MixMember, meta_columns: Sequence[str] = ()) -> SourceRo
 
 
 def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
-    from ..root import open as open_root
-
-    root = open_root(source.url, **(source.storage_options or {}))
-    ds = root.dataset(source.version, keyset=source.keyset)
+    store = source.url if isinstance(source.url, Store) else location(source.url)
+    ds = Dataset.open(open_store(store, source.storage_options), source.version, source.keyset)
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
     table: pa.Table | None = None
@@ -334,14 +333,6 @@ def release_set_up_memory() -> None:
     samples ~200 MB of PSS)."""
     gc.collect()
     trim_heap()
-
-
-def trim_heap() -> None:
-    """Return freed heap pages (Arrow's pool, glibc's arenas) to the OS."""
-    pa.default_memory_pool().release_unused()
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def epoch_counts(

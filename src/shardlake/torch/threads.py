@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .collate import LocalBufferPool
+from .heap import trim_heap
 from .plan import Cursor, Layout
-from .sources import trim_heap
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset, SlotBatches
