@@ -193,3 +193,20 @@ def test_a_broken_connection_is_still_an_error(capsys, monkeypatch, tmp_path):
     code, out, err = _run(capsys, ["check-store", str(tmp_path), "--json"])
     assert code == 1 and "error: BrokenPipeError: [Errno 32] Broken pipe" in err
     assert json.loads(out)["error"]["type"] == "BrokenPipeError"
+
+
+def test_a_local_root_that_is_a_file_is_named(capsys, root, tmp_path):
+    """A root or export destination given as an existing file: the file is named, not 'a parent
+    of this key is an object' about an internal probe key."""
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    source = os.path.join(os.path.dirname(root), "src")
+    for argv in (
+        ["pack", source, str(afile), "--tag", "v1", "--executor", "thread", "--quiet"],
+        ["export", root, str(afile / "x"), "--quiet"],
+    ):
+        code, _, err = _run(capsys, argv)
+        assert code == 1, err
+        assert f"{afile} is a file, not a folder" in err, err
+        assert len(err.strip().splitlines()) == 1, err
+    assert afile.read_text() == "hi"

@@ -141,6 +141,25 @@ def test_a_server_ignoring_range_is_reported_once_naming_it(
         assert server.url in str(reports[0].message)
 
 
+def test_the_cli_reports_a_server_ignoring_range_in_one_line(
+    roots: dict[str, Path], capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """The warning is one ``shardlake CMD: warning:`` line, not Python's file:line form plus a
+    line of the library's source."""
+    key = shardlake.open(str(roots["root"])).dataset("v2").query("true", columns=["key"])
+    with static_http_server(roots["root"].parent, ranges=False) as server:
+        _warned_servers.clear()
+        argv = ["get", _url(server), key["key"][0].as_py(), "--out", str(tmp_path / "f.npz")]
+        code, _, err = _run(capsys, argv)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "Range" in line or "warn" in line.lower()]
+    assert lines == [
+        f"shardlake get: warning: {server.url} ignores HTTP Range requests (answered 200 with "
+        "the whole object instead of 206): reads stay correct but fetch every object from its "
+        "start; serve the root with a server that honours Range"
+    ], err
+
+
 @pytest.mark.parametrize("engine", ["threads", "processes"])
 @pytest.mark.parametrize("ranges", [True, False], ids=["range", "no-range"])
 def test_two_worker_loader_reads_the_export_bit_exactly(

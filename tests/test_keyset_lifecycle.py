@@ -11,7 +11,7 @@ from lifecycle_support import pack_small
 
 import shardlake
 from shardlake.cli.main import main
-from shardlake.errors import ConflictError, NotFoundError
+from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key, version_key
 from shardlake.meta.keysets import tombstone_key
 from shardlake.testing.fixtures import StoreLocation
@@ -42,6 +42,11 @@ def test_keyset_without_version_uses_its_own(
     ds = ShardDataset(location.url, keyset="train", batch_size=2, num_workers=0)
     assert ds.version_tag == "v1" and len(ds) == 4
     assert root.dataset(None, keyset="train").version.tag == "v1"
+    # the default version with a keyset is the keyset's, not latest (it was ignored)
+    assert root.dataset(keyset="train").version.tag == "v1"
+    assert root.dataset().version.tag == "v2"
+    with pytest.raises(SelectionError, match="bound to version 'v1'"):
+        root.dataset("v2", keyset="train")
     argv = ["mixing", location.url, "--keyset", "train", "--batch-size", "2", "--num-workers", "0"]
     assert main([*argv, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["version"] == "v1"

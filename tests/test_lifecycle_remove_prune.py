@@ -241,3 +241,18 @@ def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     state = shardlake.open(root).prune(["v3"], force=True)
     assert state.latest == "v2" and "v3" in state.retired
     assert shardlake.open(root).dataset().version.tag == "v2"
+
+
+def test_remove_takes_a_partition_by_path_as_pack_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`show` and `diff` name partitions by path; `remove --partition` takes that path too."""
+    location = StoreLocation("local", str(tmp_path / "root"))
+    _packed(location, tmp_path / "src")
+    entries = shardlake.open(location.url).dataset("v1").entries
+    path, pid = entries[0].path, entries[1].id
+    assert main(["remove", location.url, "--tag", "v2", "--partition", path, pid]) == 0
+    left = {e.path for e in shardlake.open(location.url).dataset("v2").entries}
+    assert left == {e.path for e in entries[2:]}
+    assert main(["remove", location.url, "--tag", "v3", "--partition", "no/such"]) == 1
+    assert "has no partition(s) 'no/such' (neither an id nor a path" in capsys.readouterr().err

@@ -186,6 +186,10 @@ def test_get_out_refuses_to_overwrite_unless_force(
     assert not (outdir / f"{keys[0]}.npz").exists() and mine.read_text() == "{}"
     assert main(["get", root, *keys, "--out-dir", str(outdir), "--force"]) == 0
     assert json.loads(mine.read_text()) == json.loads((src / f"{keys[1]}.json").read_text())
+    # --out-dir naming a file: said so in one line (was a raw NotADirectoryError)
+    capsys.readouterr()
+    assert main(["get", root, *keys, "--out-dir", str(out), "--force"]) == 2
+    assert f"error: {out} is a file, not a folder (see --out-dir)" in capsys.readouterr().err
 
 
 def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -189,6 +189,22 @@ def test_synth_refuses_a_folder_that_holds_files(
     assert main(_synth(tmp_path / "empty")) == 0
 
 
+def test_synth_refuses_a_file_as_target_or_parent(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file where the folder should be is named as such (not 'holds 1 file(s) - see --add',
+    not a raw NotADirectoryError)."""
+    afile = tmp_path / "afile"
+    afile.write_text("hi")
+    for target, extra in ((afile, []), (afile, ["--add"]), (afile / "sub", [])):
+        assert main(_synth(target, *extra)) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("shardlake synth: error: "), err
+        assert f"{afile}" in err and "exists and is not a folder" in err, err
+        assert "--add" not in err and "NotADirectoryError" not in err, err
+    assert afile.read_text() == "hi"
+
+
 def test_synth_add_writes_beside_and_never_overwrites(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -94,9 +94,9 @@ class Root:
         """One live version by tag (``latest`` follows the commit log)."""
         return version_of(self.store, tag)
 
-    def dataset(self, version: str | None = "latest", *, keyset: str | None = None) -> Dataset:
-        """Open ``version`` (a tag or ``latest``) for reading; ``None`` with a ``keyset``: the
-        version that keyset is bound to."""
+    def dataset(self, version: str | None = None, *, keyset: str | None = None) -> Dataset:
+        """Open ``version`` (a tag or ``latest``) for reading; not given: the version ``keyset``
+        is bound to, else ``latest``. A keyset bound to another version is refused."""
         return Dataset.open(self.store, version, keyset)
 
     def diff(self, a: str, b: str, *, samples: bool = False) -> VersionDiff:

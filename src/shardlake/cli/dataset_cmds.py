@@ -231,6 +231,8 @@ def cmd_get(args: argparse.Namespace) -> int:
     if args.out and len(keys) != 1:
         raise UsageError("one output file holds one sample", options=("out_dir",))
     ds.require_keys(keys)  # every key checked before anything is written
+    if args.out_dir and os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        raise UsageError(f"{args.out_dir} is a file, not a folder", options=("out_dir",))
     if not args.force:  # refuse before anything is fetched or written
         targets = [args.out] if args.out else []
         if args.out_dir:

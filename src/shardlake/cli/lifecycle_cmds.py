@@ -59,7 +59,9 @@ def _add_remove(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--tag", required=True, metavar="NEW")
     p.add_argument("--base", default="latest", metavar="TAG")
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--partition", nargs="+", metavar="PID", help="partition ids to drop")
+    what.add_argument(
+        "--partition", nargs="+", metavar="ID_OR_PATH", help="partitions to drop (id or path)"
+    )
     what.add_argument("--keys", dest="keys_file", metavar="FILE", help="file of keys to drop")
     what.add_argument("--where", metavar="SQL", help="drop the samples matching this expression")
     p.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")

@@ -9,6 +9,7 @@ SIGPIPE (128 + 13), nothing is printed. With ``--json`` an error is also printed
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
@@ -16,7 +17,8 @@ import re
 import select
 import shlex
 import sys
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import __version__
@@ -90,7 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
     try:
-        code = args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(args.command)
+            code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not in the interpreter's exit
     except BrokenPipeError as exc:
         if _output_closed():
@@ -115,6 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = f"{type(exc).__name__}: {exc} (set SHARDLAKE_DEBUG=1 for a traceback)"
         return fail(type(exc).__name__, text, 1, f"internal error: {text}")
     return int(code or 0)
+
+
+def _one_line_warning(command: str) -> Callable[..., None]:
+    """A warning as one line on stderr (``shardlake get: warning: ...``), not Python's
+    ``file.py:LINE: Category: ...`` followed by a line of the library's source."""
+
+    def show(message: Warning | str, *_args: Any, **_kwargs: Any) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            print(f"shardlake {command}: warning: {message}", file=sys.stderr)
+
+    return show
 
 
 def _print_error_json(kind: str, message: str) -> None:

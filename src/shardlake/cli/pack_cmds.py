@@ -217,7 +217,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 print(f"# {kind.replace('_', ' ')}: {item}")
         _print_not_frames(report)
         if report["suggestion"]:
-            print(f"# suggestion: {report['suggestion']}")
+            # the library says "partition depth N"; on the command line that is the flag
+            flags = re.sub(
+                r"\bpartition depth (\d+)", r"--partition-depth \1", report["suggestion"]
+            )
+            print(f"# suggestion: {flags}")
     problems = sum(len(report[k]) for k in ("collisions", "unreadable", "bad_sidecars"))
     if args.strict:
         problems += len(report["not_frames"])

@@ -99,7 +99,7 @@ class RemoveOptions:
     base
         The version the new one is made from (a tag or ``latest``).
     partitions
-        Partition ids to drop.
+        Partitions to drop, each by id or by path.
     keys
         Sample keys to drop.
     where
@@ -143,13 +143,16 @@ def remove(store: Store, tag: str, options: RemoveOptions) -> RemoveReport:
     if key_file is not None:
         keys = _keys_of_file(ds, key_file, strip_prefix)
     if partitions is not None:
-        unknown = [p for p in partitions if p not in entries]
+        # by id or by path, as pack's --partition and diff's listing name them
+        by_path = {e.path: e.id for e in base_version.entries}
+        unknown = [p for p in partitions if p not in entries and p not in by_path]
         if unknown:
             raise NotFoundError(
                 f"{store.url}: version {base_version.tag!r} has no partition(s) "
                 + ", ".join(repr(p) for p in unknown[:SHOW_MAX])
+                + " (neither an id nor a path of its partitions)"
             )
-        dropped_parts = set(partitions)
+        dropped_parts = {p if p in entries else by_path[p] for p in partitions}
     else:
         hit = _selected_rows(ds, keys, where)
         for key, pid in zip(

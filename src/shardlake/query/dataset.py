@@ -54,11 +54,9 @@ class Dataset:
     """
 
     @classmethod
-    def open(
-        cls, store: Store, version: str | None = "latest", keyset: str | None = None
-    ) -> Dataset:
-        """``version`` (a tag or ``latest``; ``None`` with a ``keyset``: the version that keyset
-        is bound to) of the root in ``store``."""
+    def open(cls, store: Store, version: str | None = None, keyset: str | None = None) -> Dataset:
+        """``version`` (a tag or ``latest``) of the root in ``store``; not given: the version
+        ``keyset`` is bound to, else ``latest``."""
         return cls(store, resolve_version(store, version, keyset))
 
     def __init__(self, store: Store, version: StoredVersion) -> None:
@@ -357,10 +355,15 @@ class SampleFile:
 
 def resolve_version(store: Store, version: str | None, keyset: str | None = None) -> StoredVersion:
     """``version``, or with ``None`` the version ``keyset`` is bound to (a keyset knows its
-    version, even once pruned), else ``latest``."""
-    if version is None and keyset is not None:
-        from ..meta.keysets import load_keyset
+    version, even once pruned), else ``latest``. A ``keyset`` bound to another version than the
+    one named is refused (it was silently ignored)."""
+    if keyset is None:
+        return load_version(store, version or "latest")
+    from ..meta.keysets import load_keyset
 
-        bound = load_keyset(store, keyset)
+    bound = load_keyset(store, keyset)
+    if version is None:
         return load_version_by_hash(store, bound.version_tag, bound.version_hash)
-    return load_version(store, version or "latest")
+    chosen = load_version(store, version)
+    bound.check_version(chosen)
+    return chosen

@@ -8,6 +8,7 @@ storage options are never part of a message.
 from __future__ import annotations
 
 import ssl
+from pathlib import Path
 
 from ..errors import (
     AlreadyExistsError,
@@ -107,6 +108,17 @@ def _all_causes(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def _local_file_above(url: str) -> str | None:
+    """The nearest existing ancestor of a local ``url`` when it is a file, else None."""
+    path = url.removeprefix("file://")
+    if "://" in path:
+        return None
+    for parent in Path(path).parents:
+        if parent.exists():
+            return str(parent) if parent.is_file() else None
+    return None
+
+
 def translate_error(
     exc: BaseException,
     op: str,
@@ -157,6 +169,9 @@ def translate_error(
             f"{where}: access denied to {redact(url)} - the credentials lack permission"
         )
     if isinstance(exc, NotADirectoryError):
+        blocker = _local_file_above(url) if protocol in (None, "file", "local") else None
+        if blocker is not None:  # e.g. a root or export destination given as an existing file
+            return StoreError(f"{where}: {blocker} is a file, not a folder")
         return StoreError(f"{where}: a parent of this key is an object, not a directory")
     if isinstance(exc, (ValueError, TypeError)):
         return exc

@@ -336,6 +336,12 @@ def _check_target(
 ) -> None:
     """Refuse, before writing anything, a target holding files (unless ``add``) and any path
     of this run that already exists."""
+    for folder in (root, *root.parents):  # the nearest existing one must be a folder
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                where = "" if folder == root else f" (a parent of {root})"
+                raise ConflictError(f"{folder}{where} exists and is not a folder")
+            break
     if not add:
         existing = _files_under(root)
         if existing:
@@ -346,8 +352,6 @@ def _check_target(
                 options=("add",),
             )
         return
-    if root.exists() and not root.is_dir():
-        raise ConflictError(f"{root} exists and is not a folder")
     planned: list[Path] = []
     for p, log_dir in enumerate(log_dirs):
         folder = root / log_dir
