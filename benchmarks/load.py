@@ -29,6 +29,13 @@ GET (>= 4), client CPU seconds per GB fetched, the local-disk rate against the d
 (>= 0.75), the second S3 epoch with the epoch cache against a local-disk epoch (>= 0.9), and one
 S3 epoch with obstore as the read client against s3fs.
 
+Issue #31's block (``--engine-rounds``, default 3; ``--engines-only`` prints only it): both
+loader engines side by side, per round the decode limit then one epoch of each engine from
+local disk and (``--s3``) from the S3 endpoint: each engine's local epoch against the decode
+limit, its S3 epoch against its local epoch with the client CPU per sample, threads against
+processes, time to first batch and peak PSS (medians over the rounds of ratios within a round).
+PSS per sample at 1M/5M samples and 1, 2, 4 ranks: ``benchmarks/scale.py --ranks 1 2 4``.
+
 Prints samples/s, MB/s (decoded bytes), time to first batch, peak RSS and PSS (main process plus
 workers) and the ratios. ``--ttfb-partitions N`` also times the first batch of an N-partition
 version (small frames)::
@@ -56,9 +63,8 @@ import psutil
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+import shardlake
 from shardlake.format.codec import Decoder, decode_safetensors, to_python_strings
-from shardlake.pack import pack
-from shardlake.query.dataset import open_dataset
 from shardlake.store import open_store
 from shardlake.tools.bench.measure import MemorySampler
 from shardlake.tools.synth import synth_corpus
@@ -495,6 +501,121 @@ def s3_path(
     return rows, ratios, stages
 
 
+ENGINES = ("threads", "processes")
+
+
+def engines_run(
+    root: Path,
+    b: int,
+    w: int,
+    rounds: int,
+    s3: tuple[str, dict[str, Any], int | None] | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Issue #31: both engines side by side in one run, interleaved round by round with the
+    decode limit so that other jobs' load weighs on all alike: per round the decode limit,
+    then one local epoch of each engine and (``s3``) one S3 epoch of each engine. Each epoch
+    row has its rate, client CPU per sample (main process + workers), time to first batch and
+    peak PSS of the process tree. The ratios are medians over the rounds of ratios taken
+    within a round. One warm-up epoch per engine and path comes first (not counted)."""
+    import s3path
+
+    cores = os.cpu_count() or 1
+    table = ShardDataset(str(root), batch_size=b, num_workers=w).table
+
+    def loader(engine: str, s3_path: bool) -> Callable[[], Iterable[Any]]:
+        url: Any = str(root)
+        opts = None
+        if s3_path and s3 is not None:
+            url, opts = s3[0], s3[1]
+        return lambda: ShardDataset(
+            url, batch_size=b, num_workers=w, engine=engine, storage_options=opts
+        ).loader()
+
+    paths = [False, True] if s3 is not None else [False]
+    server = s3[2] if s3 is not None else None
+
+    def epoch(name: str, engine: str, s3_path: bool) -> dict[str, Any]:
+        with MemorySampler() as mem:
+            row = s3path.timed_epoch(name, loader(engine, s3_path),
+                                     server_pid=server if s3_path else None, log=None,
+                                     count=batch_len, cores=cores)  # fmt: skip
+        row["peak_pss_mb"] = round(mem.peak_pss / 2**20)
+        row["engine"], row["path"] = engine, "s3" if s3_path else "local"
+        return row
+
+    rows: list[dict[str, Any]] = []
+    for engine in ENGINES:
+        for s3_path in paths:
+            epoch(f"{engine} {'s3' if s3_path else 'local'} warm-up", engine, s3_path)
+    per_round: list[dict[str, dict[str, Any]]] = []
+    for i in range(rounds):
+        got: dict[str, dict[str, Any]] = {}
+        limit = decode_limit(str(root), ShardDataset(str(root), batch_size=b), cores)
+        limit["name"] = f"round {i + 1}: {limit['name']}"
+        got["decode"] = limit
+        rows.append(limit)
+        for engine in ENGINES:
+            for s3_path in paths:
+                key = f"{engine} {'s3' if s3_path else 'local'}"
+                got[key] = epoch(f"round {i + 1}: {key}", engine, s3_path)
+                rows.append(got[key])
+        per_round.append(got)
+
+    def med(f: Callable[[dict[str, dict[str, Any]]], float]) -> float:
+        return float(np.median([f(g) for g in per_round]))
+
+    ratios: dict[str, Any] = {}
+    for engine in ENGINES:
+        loc = f"{engine} local"
+        ratios[f"{engine}: local epoch / decode limit (goal >= 0.9 for the default)"] = med(
+            lambda g, k=loc: g[k]["samples_per_s"] / g["decode"]["samples_per_s"]
+        )
+        ratios[f"{engine}: decode CPU / loader CPU per sample"] = med(
+            lambda g, k=loc: g["decode"]["cpu_ms_per_sample"] / g[k]["client_cpu_ms_per_sample"]
+        )
+    ratios["threads / processes: local epoch samples/s"] = med(
+        lambda g: g["threads local"]["samples_per_s"] / g["processes local"]["samples_per_s"]
+    )
+    if s3 is not None:
+        for engine in ENGINES:
+            loc, rem = f"{engine} local", f"{engine} s3"
+            ratios[f"{engine}: s3 / local epoch samples/s (goal >= 0.9)"] = med(
+                lambda g, a=rem, c=loc: g[a]["samples_per_s"] / g[c]["samples_per_s"]
+            )
+            ratios[f"{engine}: client CPU per sample s3 / local (goal <= 1.15)"] = med(
+                lambda g, a=rem, c=loc: (
+                    g[a]["client_cpu_ms_per_sample"] / g[c]["client_cpu_ms_per_sample"]
+                )
+            )
+        ratios["threads / processes: s3 epoch samples/s"] = med(
+            lambda g: g["threads s3"]["samples_per_s"] / g["processes s3"]["samples_per_s"]
+        )
+    for engine in ENGINES:
+        ratios[f"{engine}: first batch s (local, median)"] = med(
+            lambda g, k=f"{engine} local": g[k]["ttfb_s"]
+        )
+        ratios[f"{engine}: peak PSS MB (local, median; {len(table)} samples)"] = med(
+            lambda g, k=f"{engine} local": g[k]["peak_pss_mb"]
+        )
+    return rows, ratios
+
+
+def print_engines(rows: list[dict[str, Any]], ratios: dict[str, Any]) -> None:
+    env = (
+        f"PYTHONPATH={shlex.quote(os.environ['PYTHONPATH'])} " if "PYTHONPATH" in os.environ else ""
+    )
+    print(
+        "# issue 31 (engines): "
+        + env
+        + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv])
+    )
+    print(f"# load average now {os.getloadavg()}")
+    for r in rows:
+        print(json.dumps(r))
+    for name, value in ratios.items():
+        print(f"{name:<62}{value:>10.2f}")
+
+
 def print_s3_path(
     rows: list[dict[str, Any]], ratios: dict[str, Any], stages: dict[str, Any] | None
 ) -> None:
@@ -539,7 +660,7 @@ def prepare(work: Path, partitions: int, samples: int, neighbors: int) -> tuple[
     synth_corpus(source, partitions, per, seed=11, neighbors=neighbors)
     print(f"synth: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     t0 = time.perf_counter()
-    pack(source, str(root), tag="bench", workers=2)
+    shardlake.open(str(root)).pack(source, tag="bench", workers=2)
     print(f"pack: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     stamp.write_text(json.dumps(want))
     return source, root
@@ -549,7 +670,7 @@ def ttfb_many_partitions(work: Path, partitions: int, batch: int, workers: int) 
     source, root = work / f"src-{partitions}", work / f"root-{partitions}"
     if not (root / "shardlake.json").exists():
         synth_corpus(source, partitions, 2, seed=5, neighbors=4, lanes=4)
-        pack(source, str(root), tag="many", workers=2)
+        shardlake.open(str(root)).pack(source, tag="many", workers=2)
     t0 = time.perf_counter()
     ds = ShardDataset(str(root), batch_size=batch, num_workers=workers, max_pad_fraction=1.0)
     opened = time.perf_counter() - t0
@@ -639,6 +760,17 @@ def main(argv: list[str] | None = None) -> int:
         default=3,
         help="with --s3: local/S3 epoch pairs counted for issue #21's ratios (after one warm-up)",
     )
+    ap.add_argument(
+        "--engine-rounds",
+        type=int,
+        default=3,
+        help="issue #31's figures: rounds of decode limit + an epoch of each engine (0: skip)",
+    )
+    ap.add_argument(
+        "--engines-only",
+        action="store_true",
+        help="only issue #31's figures (both engines, local and with --s3 S3; no contenders)",
+    )
     ap.add_argument("--ttfb-partitions", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
@@ -651,6 +783,14 @@ def main(argv: list[str] | None = None) -> int:
     comp_kb = float(ds0.table.size.mean()) / 1e3
     b, w = args.batch, args.workers
     results: list[dict[str, Any]] = []
+    if args.engines_only:
+        if args.s3:
+            with s3_server(args.s3_server) as (url, opts, pid):
+                _copy_root(str(root), url, opts)
+                print_engines(*engines_run(root, b, w, args.engine_rounds, (url, opts, pid)))
+        else:
+            print_engines(*engines_run(root, b, w, args.engine_rounds, None))
+        return 0
     if args.s3 and args.s3_path_only:
         with s3_server(args.s3_server) as (url, opts, pid):
             _copy_root(str(root), url, opts)
@@ -704,14 +844,19 @@ def main(argv: list[str] | None = None) -> int:
     results.append(max(decode_runs, key=lambda r: float(r["samples_per_s"])))
 
     path_out: tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None] | None = None
+    engines_out: tuple[list[dict[str, Any]], dict[str, Any]] | None = None
     if args.s3:
         with s3_server(args.s3_server) as (url, opts, pid):
             _copy_root(str(root), url, opts)
             path_out = s3_path(url, opts, root, work, b, w, pid, args.s3_rounds)
+            if args.engine_rounds:
+                engines_out = engines_run(root, b, w, args.engine_rounds, (url, opts, pid))
             results.extend(s3_goals(url, opts, work, b, w, pid))
             results.append(
                 {"name": "shardlake local, one epoch", "samples_per_s": round(one_epoch(ds0, 1), 1)}
             )
+    elif args.engine_rounds:
+        engines_out = engines_run(root, b, w, args.engine_rounds, None)
     if args.ttfb_partitions:
         results.append(ttfb_many_partitions(work, args.ttfb_partitions, b, w))
 
@@ -741,10 +886,12 @@ def main(argv: list[str] | None = None) -> int:
         "batch": b,
         "workers": w,
         "cpus": os.cpu_count(),
-        "dataset": open_dataset(str(root)).version.tag,
+        "dataset": shardlake.open(str(root)).dataset().version.tag,
     }
     if args.json:
         doc = {"setup": header, "results": results, "ratios": ratios, "mixing": mixing}
+        if engines_out is not None:
+            doc["engines"] = {"results": engines_out[0], "ratios": engines_out[1]}
         if path_out is not None:
             doc["s3_path"] = {"results": path_out[0], "ratios": path_out[1],
                               "stages": path_out[2]}  # fmt: skip
@@ -752,6 +899,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if path_out is not None:
         print_s3_path(*path_out)
+    if engines_out is not None:
+        print_engines(*engines_out)
     print(json.dumps(header))
     cols = [
         "samples_per_s",

@@ -14,6 +14,19 @@ the same number of worker processes (one task per partition), timed as whole poo
 
 Goals (issue #14): shardlake >= 2x webdataset and >= 80% of the floor. Prints the per-stage
 breakdown (one thread), samples/s and MB/s, the ratios and the command that produced them.
+
+The same run also times the **writer** (issue #32): ``Root.writer`` from arrays already in
+memory (the frames loaded once, untimed), against pack from the npz files and against
+webdataset's ``ShardWriter`` fed the same in-memory arrays with the same encoding
+(safetensors + zstd); the writer and that baseline both run in this one process, the writer
+once with one thread and once with ``encode_threads=--workers`` (``writer-threads``).
+
+``--writer-memory-mb N`` instead measures the writer's memory: it writes about N MB of
+generated frames (made on the fly, never all in memory) round-robin into ``--mem-partitions``
+partitions and reports the peak RSS above the process's RSS before writing, against the bound
+of two shards per active partition (``2 * shard_size * partitions``)::
+
+    .venv/bin/python benchmarks/pack.py --writer-memory-mb 2048 --shard-size 67108864
 """
 
 from __future__ import annotations
@@ -31,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+import shardlake
 from shardlake.tools.bench.pack import (
     GOAL_VS_FLOOR,
     GOAL_VS_WEBDATASET,
@@ -75,6 +89,113 @@ def _floor_partition(args: tuple[str, list[str], int]) -> tuple[int, float]:
     return len(keys), time.perf_counter() - start
 
 
+def _load_arrays(src: Path) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+    """Every frame as ``(key, arrays, sidecar)`` in memory: the writer's input (untimed)."""
+    import json
+
+    from shardlake.source.npz import load_npz
+
+    out = []
+    for keys in _partitions(src).values():
+        for key in keys:
+            arrays = load_npz(Path(src, key + ".npz").read_bytes(), key)
+            side = Path(src, key + ".json")
+            out.append((key, arrays, json.loads(side.read_text()) if side.exists() else None))
+    return out
+
+
+def run_writer(
+    frames: list[tuple[str, dict[str, Any], dict[str, Any] | None]],
+    root: Path,
+    level: int,
+    shard_size: int,
+    threads: int = 1,
+) -> tuple[float, Any]:
+    """``Root.writer`` over in-memory frames (skipped frames left out, as pack does)."""
+    import shardlake
+
+    options = shardlake.WriteOptions(level=level, shard_size=shard_size, encode_threads=threads)
+    start = time.perf_counter()
+    with shardlake.open(root).writer("bench", options=options) as w:
+        for key, arrays, meta in frames:
+            w.write(key, arrays, meta)
+    return time.perf_counter() - start, w.report
+
+
+def run_webdataset_memory(
+    frames: list[tuple[str, dict[str, Any], dict[str, Any] | None]],
+    out: Path,
+    level: int,
+    shard_size: int,
+) -> tuple[float, int, int]:
+    """webdataset's ShardWriter over the same in-memory frames, encoded like shardlake."""
+    import webdataset as wds
+
+    from shardlake.format.codec import Encoder
+    from shardlake.format.layout import escape_member_key
+
+    encoder = Encoder(level)
+    samples = payload = 0
+    out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with wds.ShardWriter(str(out / "shard-%06d.tar"), maxsize=shard_size, verbose=0) as sink:
+        for key, arrays, meta in frames:
+            if meta and meta.get("is_skipped") is True:
+                continue
+            _, blob = encoder.encode(arrays, key)
+            sink.write({"__key__": escape_member_key(key), "safetensors.zst": blob})
+            samples += 1
+            payload += len(blob)
+    return time.perf_counter() - start, samples, payload
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def writer_memory(megabytes: int, partitions: int, shard_size: int, level: int, work: Path) -> int:
+    """Peak RSS of the writer writing about ``megabytes`` MB; see the module docs."""
+    import resource
+
+    import shardlake
+
+    frame_bytes = 4 << 20  # 4 MiB of arrays per frame
+    frames = max(1, (megabytes << 20) // frame_bytes)
+    rng = np.random.default_rng(0)
+    # Values 0..15: compressible about 2:1, like sensor data (random bytes would not compress).
+    pool = rng.integers(0, 16, size=(8, frame_bytes), dtype=np.uint8)
+    root = work / "memroot"
+    options = shardlake.WriteOptions(level=level, shard_size=shard_size, spill_dir=work)
+    writer = shardlake.open(root).writer("mem", options=options)
+    before = _rss_bytes()
+    start = time.perf_counter()
+    with writer as w:
+        for i in range(frames):
+            data = np.roll(pool[i % 8], i)  # a new frame each time, made on the fly
+            arrays = {"cams": data[: frame_bytes // 2], "lidar": data[frame_bytes // 2 :]}
+            w.write(f"p{i % partitions}/{i:08d}", arrays, {"i": i})
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    over = peak - before
+    bound = 2 * shard_size * partitions
+    written = frames * frame_bytes
+    report = w.report
+    print(
+        f"writer memory: {frames} frames, {written / 1e9:.2f} GB of arrays "
+        f"({sum(e.payload_bytes for e in report.version.entries) / 1e9:.2f} GB payload) into "
+        f"{partitions} partitions, shard_size {shard_size >> 20} MiB, {seconds:.1f}s "
+        f"({written / seconds / 1e6:.0f} MB/s)"
+    )
+    print(
+        f"writer memory: RSS before {before / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB, "
+        f"peak above before {over / 2**20:.0f} MiB; bound 2 shards x {partitions} partitions "
+        f"= {bound / 2**20:.0f} MiB: {'met' if over < bound else 'MISSED'}"
+    )
+    print("command: " + " ".join([os.path.basename(sys.executable), *sys.argv]))
+    return 0 if over < bound else 1
+
+
 def _partitions(src: Path) -> dict[str, list[str]]:
     parts: dict[str, list[str]] = {}
     for path in sorted(src.rglob("*.npz")):
@@ -115,11 +236,10 @@ def run_webdataset(
 def run_shardlake(
     src: Path, root: Path, workers: int, level: int, shard_size: int
 ) -> tuple[float, Any]:
-    from shardlake.pack import pack_with_report
 
     start = time.perf_counter()
-    report = pack_with_report(
-        src, str(root), tag="bench", workers=workers, level=level, shard_size=shard_size
+    report = shardlake.open(str(root)).pack(
+        src, tag="bench", workers=workers, level=level, shard_size=shard_size
     )
     return time.perf_counter() - start, report
 
@@ -141,7 +261,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-size", type=int, default=1 << 30)
     parser.add_argument("--repeat", type=int, default=1, help="alternate the two runs this often")
     parser.add_argument("--workdir", help="where to put corpus and outputs (default: a temp dir)")
+    parser.add_argument(
+        "--writer-memory-mb",
+        type=int,
+        help="only measure the writer's peak memory writing this many MB (see the docs above)",
+    )
+    parser.add_argument("--mem-partitions", type=int, default=2, help="active partitions")
     args = parser.parse_args(argv)
+
+    if args.writer_memory_mb:
+        work = Path(args.workdir or tempfile.mkdtemp(prefix="shardlake-bench-"))
+        try:
+            return writer_memory(
+                args.writer_memory_mb, args.mem_partitions, args.shard_size, args.level, work
+            )
+        finally:
+            if not args.workdir:
+                shutil.rmtree(work, ignore_errors=True)
 
     from shardlake.tools.synth import synth_corpus
 
@@ -166,9 +302,27 @@ def main(argv: list[str] | None = None) -> int:
         f"{ceil['ceiling_vs_floor']:.2f}, vs webdataset {ceil['ceiling_vs_webdataset']:.2f}x"
     )
 
+    frames = _load_arrays(src)
     best: dict[str, float] = {}
     payload = 0
+    kept = total - sum(1 for _, _, m in frames if m and m.get("is_skipped") is True)
     for rep in range(args.repeat):
+        for name in ("writer", "writer-threads", "webdataset-mem"):
+            out = work / f"out-{name}-{rep}"
+            shutil.rmtree(out, ignore_errors=True)
+            if name.startswith("writer"):
+                threads = args.workers if name == "writer-threads" else 1
+                seconds, report = run_writer(frames, out, args.level, args.shard_size, threads)
+                samples = report.version.samples
+            else:
+                seconds, samples, _ = run_webdataset_memory(
+                    frames, out, args.level, args.shard_size
+                )
+            if samples != kept:
+                print(f"{name}: wrote {samples} of {kept} samples", file=sys.stderr)
+                return 1
+            best[name] = min(best.get(name, float("inf")), seconds)
+            shutil.rmtree(out, ignore_errors=True)
         for name in ("webdataset", "shardlake", "floor"):
             out = work / f"out-{name}-{rep}"
             shutil.rmtree(out, ignore_errors=True)
@@ -181,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 seconds, report = run_shardlake(src, out, args.workers, args.level, args.shard_size)
                 samples = report.version.samples
-                payload = sum(e.payload_bytes for e in report.version.entries)
+                payload = sum(e.payload_bytes for e in report.record.entries)
             if samples != total:
                 print(f"{name}: wrote {samples} of {total} samples", file=sys.stderr)
                 return 1
@@ -192,6 +346,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{name:>10}: {seconds:6.2f}s  {total / seconds:8.1f} samples/s  "
             f"{npz_bytes / seconds / 1e6:7.1f} MB/s npz in  {payload / seconds / 1e6:7.1f} MB/s payload out"
         )
+    print(
+        f"writer (in-memory arrays, 1 process) vs webdataset ShardWriter (same arrays, same "
+        f"encoding, 1 process): {best['webdataset-mem'] / best['writer']:.2f}x; vs pack from npz "
+        f"({args.workers} workers): {best['shardlake'] / best['writer']:.2f}x; writer with "
+        f"encode_threads={args.workers} vs webdataset ShardWriter: "
+        f"{best['webdataset-mem'] / best['writer-threads']:.2f}x"
+    )
     vs_wds = best["webdataset"] / best["shardlake"]
     vs_floor = best["floor"] / best["shardlake"]
     _goal("shardlake / webdataset (np.load + ShardWriter)", vs_wds, GOAL_VS_WEBDATASET, "x")

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+import shardlake
 from shardlake.format.codec import Encoder, payload_checksum
 from shardlake.format.layout import manifest_key, member_name, partition_id, shard_key, short_hash
 from shardlake.format.manifest import CORE_SCHEMA, ManifestMeta, write_manifest
@@ -178,42 +179,128 @@ def _pss_tree() -> int:
     return sum(p.memory_full_info().pss for p in [me, *me.children(recursive=True)])
 
 
-def child_startup(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """``ShardDataset`` -> first batch of a 2-worker loader; requests before the first shard
-    read; PSS of the process tree after the first batch."""
+def _wait_for(barrier: Path, name: str, count: int) -> None:
+    (barrier / f"{name}-{os.getpid()}").touch()
+    while len(list(barrier.glob(f"{name}-*"))) < count:
+        time.sleep(0.05)
+
+
+def child_startup(url: str, options: dict[str, Any] | None, rank_doc: str = "") -> dict[str, Any]:
+    """``ShardDataset`` -> first batch of a 2-slot loader; requests before the first shard
+    read; PSS of the process tree after the first batch. ``rank_doc`` (JSON: engine, rank,
+    world_size, barrier) runs one rank of several started together: PSS is read once every
+    rank holds its first batch, so the pages they share are split among them."""
     from shardlake.torch import ShardDataset
 
+    rank = json.loads(rank_doc) if rank_doc else {}
     store, counter = counted_store(url, options)
     started = time.perf_counter()  # imports (torch: ~3 s here) are not start-up
-    ds = ShardDataset(store, "v1", batch_size=8, num_workers=2)
+    ds = ShardDataset(
+        store,
+        "v1",
+        batch_size=8,
+        num_workers=2,
+        engine=rank.get("engine"),
+        rank=rank.get("rank", 0),
+        world_size=rank.get("world_size", 1),
+    )
     requests = counter.total_requests
     loader = ds.loader()
     batches = iter(loader)
     next(batches)
     out = {"startup_s": time.perf_counter() - started, "startup_requests": requests}
-    out["pss_bytes"] = _pss_tree()
+    if rank:
+        barrier, world = Path(rank["barrier"]), int(rank["world_size"])
+        _wait_for(barrier, "first", world)
+        out["pss_bytes"] = _pss_tree()
+        _wait_for(barrier, "measured", world)
+    else:
+        out["pss_bytes"] = _pss_tree()
     del batches
     return out
 
 
-def run_child(url: str, options: dict[str, Any] | None) -> dict[str, Any]:
+def run_child(url: str, options: dict[str, Any] | None, rank_doc: str = "") -> dict[str, Any]:
     """One rank's start-up in a fresh interpreter (the catalog cache as ``CACHE_ENV`` says)."""
-    cmd = [sys.executable, __file__, "--child", url, json.dumps(options or {})]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, check=False)
+    done = subprocess.run(
+        _child_cmd(url, options, rank_doc), capture_output=True, text=True, timeout=1800
+    )
     if done.returncode != 0:
         raise RuntimeError(f"start-up child failed: {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
+def _child_cmd(url: str, options: dict[str, Any] | None, rank_doc: str) -> list[str]:
+    cmd = [sys.executable, __file__, "--child", url, json.dumps(options or {})]
+    return [*cmd, "--rank-doc", rank_doc] if rank_doc else cmd
+
+
+def run_ranks(
+    url: str, options: dict[str, Any] | None, world: int, engine: str | None
+) -> list[dict[str, Any]]:
+    """``world`` ranks of one node started together, each in a fresh interpreter."""
+    with tempfile.TemporaryDirectory(prefix="scale-ranks-") as barrier:
+        docs = [
+            json.dumps({"engine": engine, "rank": r, "world_size": world, "barrier": barrier})
+            for r in range(world)
+        ]
+        procs = [
+            subprocess.Popen(_child_cmd(url, options, d), stdout=subprocess.PIPE, text=True)
+            for d in docs
+        ]
+        outs = [p.communicate(timeout=1800)[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a rank's start-up child failed (its stderr is above)")
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def ranks_rows(
+    url: str,
+    options: dict[str, Any] | None,
+    samples: int,
+    empty_url: str,
+    worlds: list[int],
+    engines: list[str],
+) -> list[dict[str, Any]]:
+    """Issue #31: PSS per sample with 1, 2, 4 ranks on one node (the catalog cache warm), per
+    engine: the node's PSS above ``world`` loaders over a 1-partition root, per sample; and
+    the slowest rank's first batch."""
+    rows = []
+    for engine in engines:
+        for world in worlds:
+            # The baseline: as many ranks over a 1-partition root (the ranks share library
+            # pages, so one rank's baseline times ``world`` would be too high).
+            empty = sum(r["pss_bytes"] for r in run_ranks(empty_url, options, world, engine))
+            got = run_ranks(url, options, world, engine)
+            total = sum(r["pss_bytes"] for r in got)
+            rows.append(
+                {
+                    "engine": engine,
+                    "ranks": world,
+                    "samples": samples,
+                    "node_pss_mb": round(total / 2**20, 1),
+                    "pss_b_per_sample": round((total - empty) / samples, 1),
+                    "pss_b_per_sample_per_rank": round((total - empty) / samples / world, 1),
+                    "slowest_first_batch_s": round(max(r["startup_s"] for r in got), 2),
+                }
+            )
+            print(json.dumps({"ranks": rows[-1]}), flush=True)
+    return rows
+
+
 # --- one row -----------------------------------------------------------------------------------
 
 
 def measure(
-    url: str, n: int, per_partition: int, options: dict[str, Any] | None, empty_pss: int
+    url: str,
+    n: int,
+    per_partition: int,
+    options: dict[str, Any] | None,
+    empty_pss: int,
+    ranks: tuple[list[int], list[str]] = ([], []),
 ) -> dict[str, Any]:
     from shardlake.meta.versions import load_version, publish_version, read_state
-    from shardlake.query.keyset_build import create_keyset
 
     started = time.perf_counter()
     store = build_root(url, n, per_partition, options)
@@ -228,9 +315,14 @@ def measure(
     row["warm_requests"] = warm["startup_requests"]
     row["pss_mb"] = row["pss_bytes"] / 2**20
     row["pss_b_per_sample"] = (row.pop("pss_bytes") - empty_pss) / row["samples"]
+    if ranks[0]:
+        empty_url = url.rsplit("/", 1)[0] + "/empty"
+        ranks_rows(url, options, row["samples"], empty_url, *ranks)
+    if os.environ.get("SCALE_STARTUP_ONLY"):
+        return {**row, **{c: 0 for c in COLUMNS if c not in row and c != "store"}}
     store, counter = counted_store(url, options)
     started = time.perf_counter()
-    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
+    shardlake.open(store).create_keyset("turns", version="v1", where="scenario = 'turn'")
     row["keyset_where_s"] = time.perf_counter() - started
     row["keyset_requests"] = counter.total_requests
     store, counter = counted_store(url, options)
@@ -278,7 +370,12 @@ def _serve_s3(queue: Any, stop: Any) -> None:
         stop.wait()
 
 
-def run_store(kind: str, sizes: list[tuple[int, int]], work: Path) -> None:
+def run_store(
+    kind: str,
+    sizes: list[tuple[int, int]],
+    work: Path,
+    ranks: tuple[list[int], list[str]] = ([], []),
+) -> None:
     stop: Any = None
     server: Any = None
     if kind == "s3":
@@ -293,11 +390,11 @@ def run_store(kind: str, sizes: list[tuple[int, int]], work: Path) -> None:
         base_url, options = str(work), None
     try:
         empty_url = f"{base_url}/empty"
-        build_root(empty_url, 1, 16, options)
+        build_root(empty_url, 1, 64, options)  # 4 ranks x batch 8 without replays
         os.environ[CACHE_ENV] = "off"
         empty = run_child(empty_url, options)["pss_bytes"]
         for n, per in sizes:
-            row = measure(f"{base_url}/n{n}x{per}", n, per, options, empty)
+            row = measure(f"{base_url}/n{n}x{per}", n, per, options, empty, ranks)
             _print_row({"store": kind, **row})
     finally:
         if stop is not None:
@@ -317,11 +414,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--s3", action="store_true", help="also measure a loopback moto S3")
     parser.add_argument("--no-local", action="store_true", help="skip the local store")
+    parser.add_argument(
+        "--ranks",
+        type=int,
+        nargs="*",
+        default=[],
+        help="issue #31: also PSS per sample with this many ranks of one node (e.g. 1 2 4)",
+    )
+    parser.add_argument(
+        "--engines", nargs="+", default=["threads"], choices=["threads", "processes"]
+    )
     parser.add_argument("--child", nargs=2, metavar=("URL", "OPTIONS"), help=argparse.SUPPRESS)
+    parser.add_argument("--rank-doc", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         url, opts = args.child
-        print(json.dumps(child_startup(url, json.loads(opts) or None)))
+        print(json.dumps(child_startup(url, json.loads(opts) or None, args.rank_doc)))
         return 0
     print("command: python benchmarks/scale.py " + " ".join(argv or sys.argv[1:]))
     print(f"goals at 10k partitions / 1M samples: {GOALS}, PSS growth <= 100 B/sample")
@@ -330,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ([] if args.no_local else ["local"]) + (["s3"] if args.s3 else [])
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
-            run_store(kind, sizes, Path(tmp) / kind)
+            run_store(kind, sizes, Path(tmp) / kind, (args.ranks, args.engines))
     return 0
 
 

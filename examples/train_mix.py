@@ -33,7 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from shardlake.tools.localhost import use_loopback_for_ddp
-from shardlake.torch import ShardDataset, Source, masked_sum
+from shardlake.torch import MixMember, ShardDataset, masked_sum
 
 INPUTS = ("ego_agent_past", "ego_current_state")
 TARGET = "ego_agent_future"
@@ -86,7 +86,7 @@ def datasets(args: argparse.Namespace) -> tuple[ShardDataset, ShardDataset]:
     for item in args.mix:
         version, _, weight = item.partition("=")
         sources.append(
-            Source(args.root, version=version, where=args.train_where, weight=float(weight))
+            MixMember(args.root, version=version, where=args.train_where, weight=float(weight))
         )
     train = ShardDataset.mix(
         sources, batch_size=args.batch_size, seed=args.seed, num_workers=args.num_workers

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The demo: synthetic driving frames -> pack -> version -> load (pass --store s3 for loopback S3).
-# Installs only what the demo needs, the `demo` extra (shardlake, s3fs, CPU torch, a loopback S3
+# Installs only what the demo needs, the `demo` extra (shardlake, s3fs, CPU torch, moto's S3
 # server), pinned by constraints.txt; scripts/setup.sh (run by scripts/test.sh) installs the test
 # tooling on top. What this script does goes to stderr, so `--json` output stays clean.
 set -euo pipefail
@@ -23,12 +23,14 @@ EOF
 then
   say ".venv already has shardlake[demo]"
 else
-  say "installing shardlake[demo] into .venv: shardlake, s3fs, CPU torch, moto (pinned by constraints.txt)"
+  say "installing shardlake[demo] into .venv: shardlake, s3fs, CPU torch, moto's S3 server (pinned by constraints.txt)"
   log=.venv/demo-install.log
   PIP_LINES='^(Collecting|Installing collected|Successfully)'
   # pip's own lines, cut to one per package fetched and the final summary.
-  if ! .venv/bin/python -m pip install --disable-pip-version-check -c constraints.txt -e ".[demo]" \
-      >"$log" 2>&1 < /dev/null; then
+  # --no-compile: byte-compiling every module of torch was ~40% of the install's CPU time;
+  # Python compiles what the demo imports on first use.
+  if ! .venv/bin/python -m pip install --disable-pip-version-check --no-compile \
+      -c constraints.txt -e ".[demo]" >"$log" 2>&1 < /dev/null; then
     say "pip failed; the end of $log:"
     tail -n 30 "$log" >&2
     exit 1

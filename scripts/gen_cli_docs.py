@@ -26,14 +26,20 @@ HEADER = """\
 Every command exits 0 on success; 1 when an operation fails or is refused (a missing version, a
 check that finds a problem, a refusal that a flag such as `--force` overrides; one line on
 stderr naming what to fix, never a traceback; `SHARDLAKE_DEBUG=1` shows one); 2 on a usage error
-(an unknown flag or command, a bad or conflicting argument) and 130 when interrupted. Store
+(an unknown flag or command, a bad or conflicting argument), 130 when interrupted, and 141 when
+its output is closed early (`shardlake inspect SRC | head`): like coreutils, which die of
+SIGPIPE (128 + 13), it ends without a message. Store
 URLs are local paths, `file://`, `s3://bucket/prefix` or `gs://bucket/prefix`; a relative local
 path (of a store root, a source, a list or an output) is resolved against the working directory
 and shown resolved; credentials and endpoints come from the environment (see
 [storage](storage.md)), from fsspec's config files and `FSSPEC_<PROTOCOL>_<OPTION>` variables, or
-from `--storage-option KEY=VALUE` (repeatable; JSON values). Every report command takes `--json`.
-An error that a setting would fix ends with the flags to look at, e.g. `(see --shard-size)`; the
-Python API behind every command is in [the API reference](api/index.md). Concepts are explained
+from `--storage-option KEY=VALUE` (repeatable; JSON values). Every report command takes `--json`;
+with it a failure also prints `{"error": {"type": ..., "message": ...}}` on stdout (the error
+class, e.g. `VersionNotFoundError`, and the stderr line's message). An error that a setting would
+fix ends with the flags to look at, e.g. `(see --shard-size)`, and one that a command would
+help with names it, e.g. `(all of them: shardlake versions ROOT)`; the Python API's errors name
+no CLI command (the hint is their `hint` attribute). The Python API behind every command is in
+[the API reference](api/index.md). Concepts are explained
 in [concepts](concepts.md), the on-disk format in [format](format.md).
 """
 

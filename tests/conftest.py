@@ -1,6 +1,8 @@
 """Shared fixtures: run any test on every store backend (see shardlake.testing.pytest_plugin)."""
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -18,3 +20,25 @@ def loader_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     engine: str = request.param
     monkeypatch.setenv("SHARDLAKE_LOADER_ENGINE", engine)
     return engine
+
+
+@pytest.fixture(scope="module")
+def dask_cluster() -> Iterator[Any]:
+    """A real distributed cluster on loopback: 2 worker processes, 1 thread each (one per
+    test module: it goes away with the module's tests)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(
+        n_workers=2,
+        processes=True,
+        threads_per_worker=1,
+        protocol="tcp://",
+        host="127.0.0.1",
+        dashboard_address=None,
+    ) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def dask_address(dask_cluster: Any) -> str:
+    """The cluster's scheduler as shardlake's executor spec (``dask://127.0.0.1:PORT``)."""
+    return str(dask_cluster.scheduler_address).replace("tcp://", "dask://")

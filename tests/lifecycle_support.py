@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from shardlake.pack import pack
+import shardlake
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 
@@ -14,14 +14,7 @@ SMALL_SHARD = 40_000  # several shards per partition even for tiny frames
 
 def pack_small(location: StoreLocation, src: Path, tag: str = "v1", **options: Any) -> Store:
     """Pack ``src`` into ``location`` in-process with small shards; return the opened store."""
-    pack(
-        str(src),
-        location.url,
-        tag=tag,
-        workers=1,
-        executor="inline",
-        shard_size=SMALL_SHARD,
-        storage_options=location.storage_options,
-        **options,
+    shardlake.open(location.url, **location.storage_options).pack(
+        str(src), tag=tag, workers=1, executor="inline", shard_size=SMALL_SHARD, **options
     )
     return location.open()

@@ -43,15 +43,16 @@ def _open(location: StoreLocation) -> shardlake.Root:
 def test_root_versions_dataset_selection(store_location: StoreLocation, tmp_path: Path) -> None:
     src = _corpus(tmp_path)
     root = _open(store_location)
-    with pytest.raises(VersionNotFoundError, match="no shardlake root at"):
+    with pytest.raises(NotFoundError, match="no shardlake root at") as info:
         root.versions()
-    with pytest.raises(VersionNotFoundError):
-        root.latest  # noqa: B018 - an empty root has no latest
+    assert not isinstance(info.value, VersionNotFoundError)  # no root, not an unknown version
+    with pytest.raises(NotFoundError, match="no shardlake root at"):
+        root.latest  # noqa: B018 - nothing there: no root, so no latest
     report = root.pack(src, tag="v1", options=SMALL)
     assert isinstance(report, shardlake.PackReport) and report.to_json()["samples"] == 12
 
     [info] = root.versions()
-    assert isinstance(info, shardlake.VersionInfo)
+    assert isinstance(info, shardlake.Version)
     assert (info.tag, info.samples, info.partitions, info.is_latest) == ("v1", 12, 3, True)
     assert isinstance(info.created, datetime) and info.hash == report.version.hash
     assert root.latest == info
@@ -220,3 +221,14 @@ def test_errors_pickle_with_their_options_even_under_tblib() -> None:
             back = pickle.loads(pickle.dumps(outer))
         assert type(back.__cause__) is cls
         assert str(back.__cause__) == "s3://b/k: gone" and back.__cause__.options == ("version",)
+
+
+def test_one_public_version_from_versions_version_and_pack(tmp_path: Path) -> None:
+    src = _corpus(tmp_path)
+    root = shardlake.open(tmp_path / "root")
+    report = root.pack(src, tag="v1", options=SMALL)
+    assert isinstance(report.version, shardlake.Version)
+    assert report.version == root.version("v1") == root.versions()[0]
+    assert (report.version.samples, report.version.partitions) == (12, 3)
+    with pytest.warns(DeprecationWarning, match="use shardlake.Version"):
+        assert shardlake.VersionInfo is shardlake.Version

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import shardlake
 from shardlake.errors import UsageError
 from shardlake.tools.bench.costmodel import (
     Calibration,
@@ -141,12 +142,10 @@ def test_bench_pack_refuses_a_bad_corpus_table_before_calibrating(tmp_path: Path
 def test_bench_load_reports_throughput_bytes_and_mixing(
     store_location, store_kind: str, tmp_path: Path
 ):
-    from shardlake.pack import pack
     from shardlake.tools.synth import synth_corpus
 
     src = synth_corpus(tmp_path / "src", 3, 12, seed=5, neighbors=4, lanes=4)
-    pack(src.root, store_location.url, tag="v1", workers=1,
-         storage_options=store_location.storage_options)  # fmt: skip
+    shardlake.open(store_location.url, **store_location.storage_options).pack(src.root, tag="v1", workers=1)  # fmt: skip
     doc = run_cli(
         "bench", "load", store_location.url, "--version", "v1", "--batch-size", "6",
         "--num-workers", "2", "--where", f"log_file_id <> '{src.partitions[0]}'",
@@ -175,6 +174,15 @@ def test_bench_load_reports_throughput_bytes_and_mixing(
     assert len(goals["epoch_client_cpu_ms_per_sample"]) == len(goals["epoch_samples_per_s"]) == 1
     assert all(ms > 0 for ms in goals["epoch_client_cpu_ms_per_sample"])
     assert doc["epoch_client_cpu_ms_per_sample"] == goals["epoch_client_cpu_ms_per_sample"]
+    # Both engines side by side (issue #31), the default one's figures at the top level.
+    engines = doc["engines"]
+    assert doc["engine"] == "threads" and "threads / processes samples/s" in engines
+    for engine in ("threads", "processes"):
+        assert (
+            engines[engine]["samples_per_s"] > 0 and engines[engine]["client_cpu_ms_per_sample"] > 0
+        )
+        assert engines[engine]["peak_pss_b_per_sample"] > 0
+    assert engines["threads"]["samples_per_s"] == doc["samples_per_s"]
     mixing = doc["mixing"]
     assert mixing["partitions"] == 2 and mixing["batches"] == 4
     assert 0 <= mixing["js_mean"] <= mixing["js_max"] <= 1
@@ -184,11 +192,10 @@ def test_bench_load_reports_throughput_bytes_and_mixing(
 
 
 def test_mixing_command_shuffled_beats_unshuffled(tmp_path: Path):
-    from shardlake.pack import pack
     from shardlake.tools.synth import synth_corpus
 
     src = synth_corpus(tmp_path / "src", 4, 16, seed=2, neighbors=4, lanes=4)
-    pack(src.root, str(tmp_path / "root"), tag="v1", workers=1)
+    shardlake.open(str(tmp_path / "root")).pack(src.root, tag="v1", workers=1)
     common = ["mixing", str(tmp_path / "root"), "--batch-size", "8", "--world-size", "2", "--json"]
     shuffled = run_cli(*common)
     ordered = run_cli(*common, "--no-shuffle")

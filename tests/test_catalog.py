@@ -25,8 +25,6 @@ from shardlake.format.catalog import (
 )
 from shardlake.meta.catalog import catalog_rows, load_catalog
 from shardlake.meta.versions import load_version, publish_version, read_state
-from shardlake.pack import pack
-from shardlake.query.dataset import open_dataset
 from shardlake.query.sql import select
 from shardlake.read.manifests import read_entry_manifest
 from shardlake.store import Store, open_store
@@ -59,7 +57,7 @@ def _manifest_rows(store: Store, tag: str) -> pa.Table:
 
 def _pack_logs(src: Path, store: Store, tag: str, logs: list[str], base: str | None) -> None:
     make_source(src, {f"{log}/f{i}": small_frame(i) for log in logs for i in range(2)})
-    pack(src, store, tag=tag, base=base, workers=0)
+    shardlake.open(store).pack(src, tag=tag, base=base, workers=0)
 
 
 def test_partitions_table_round_trip_and_digest_check() -> None:
@@ -188,7 +186,7 @@ def test_format_1_versions_load_and_get_an_attached_catalog(
     v3 = publish_version(store, "v3", body, read_state(store))
     assert v3.header.catalog is not None and attached.ref is not None
     assert v3.header.catalog.segments == attached.ref.segments
-    assert open_dataset(str(root), "v3").version.samples == built.num_rows
+    assert shardlake.open(str(root)).dataset("v3").version.samples == built.num_rows
 
 
 def test_version_record_is_a_small_header(tmp_path: Path) -> None:
@@ -206,11 +204,10 @@ def test_version_record_is_a_small_header(tmp_path: Path) -> None:
 def test_verify_offsets_reports_a_catalog_that_disagrees_with_a_manifest(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from shardlake.lifecycle.verify import verify_offsets
 
     src, store = tmp_path / "src", open_store(str(tmp_path / "root"))
     _pack_logs(src, store, "v1", ["a", "b"], None)
-    assert verify_offsets(store, "v1").ok
+    assert shardlake.open(store).verify_offsets("v1").ok
     real = catalog_mod._fresh_rows
 
     def shifted(*args: Any) -> list[pa.Table]:
@@ -220,7 +217,7 @@ def test_verify_offsets_reports_a_catalog_that_disagrees_with_a_manifest(
 
     monkeypatch.setattr(catalog_mod, "_fresh_rows", shifted)
     _pack_logs(src, store, "v2", ["c"], "v1")
-    report = verify_offsets(store, "v2")
+    report = shardlake.open(store).verify_offsets("v2")
     assert not report.ok
     assert [p.message for p in report.problems] == [
         "the version's catalog rows (2) differ from the manifest's"

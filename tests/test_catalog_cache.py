@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+import shardlake
 import shardlake.meta.catalog as catalog_mod
 from shardlake.errors import UsageError
-from shardlake.query.keyset_build import create_keyset
 from shardlake.read.catalog_cache import LAYOUT, CatalogCache, catalog_cache
 from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter, read_request_log
@@ -104,7 +104,7 @@ def test_tools_read_the_stores_own_copy(root: str, cache_dir: Path, tmp_path: Pa
     ShardDataset(root, "v1", batch_size=1)
     log = tmp_path / "requests.jsonl"
     store = open_store(root).with_layers(RequestCounter(str(log)))
-    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
+    shardlake.open(store).create_keyset("turns", version="v1", where="scenario = 'turn'")
     assert len(_catalog_reads(log)) == 2
 
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import shardlake
 from shardlake.meta.versions import load_version, publish_version, read_state
-from shardlake.query.keyset_build import create_keyset
 from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset
@@ -45,7 +44,7 @@ def _requests(url: str) -> dict[str, Any]:
     record = shardlake.open(store).dataset("v1").version.record  # what `show` prints
     assert record.partitions
     show = _take(counter)
-    create_keyset(store, "turns", version="v1", where="scenario = 'turn'")
+    shardlake.open(store).create_keyset("turns", version="v1", where="scenario = 'turn'")
     keyset = _take(counter)
     version = load_version(store, "v1")
     entry = scale.partition(store, "added", 3, scale.encoded_sample())
@@ -79,7 +78,7 @@ def test_64_ranks_each_pay_the_same_constant_start_up(tmp_path: Path) -> None:
         store = open_store(url).with_layers(counter)
         ds = ShardDataset(store, "v1", batch_size=1, num_workers=0, rank=rank, world_size=64)
         per_rank.append(_take(counter))
-        plan = ds.plan(ds.layout(0))
+        plan = ds.plan(ds.layout(0))  # this rank's slots
         keys.update(ds.table.keys[int(r)] for batch in plan.rank_batches(rank) for r in batch)
     assert all(calls == per_rank[0] for calls in per_rank)
     assert sum(per_rank[0].values()) == STARTUP_REQUESTS

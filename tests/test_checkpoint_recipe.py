@@ -12,7 +12,7 @@ import torch
 from test_torch_support import make_root
 
 import shardlake
-from shardlake.torch import ShardDataset, Source
+from shardlake.torch import MixMember, ShardDataset
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,7 +75,10 @@ def test_getting_started_checkpoint_loads_with_plain_torch_load(root: Path, tmp_
 
 def test_loader_md_checkpoint_and_dataset_state_load_back(root: Path, tmp_path: Path) -> None:
     ds = ShardDataset.mix(
-        [Source(str(root), where="key LIKE '%0%'", weight=0.7), Source(str(root), weight=0.3)],
+        [
+            MixMember(str(root), where="key LIKE '%0%'", weight=0.7),
+            MixMember(str(root), weight=0.3),
+        ],
         batch_size=4,
         seed=0,
         num_workers=0,

@@ -1,12 +1,15 @@
 """Messages that say what to do: flag typos, unknown tags, missing columns, no root, exit codes."""
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 import shardlake
 from shardlake.cli.main import main
-from shardlake.errors import SelectionError, VersionNotFoundError
+from shardlake.errors import NotFoundError, SelectionError, VersionNotFoundError
 from shardlake.tools.synth import synth_corpus
 
 
@@ -47,7 +50,58 @@ def test_flag_prefixes_are_not_accepted(capsys, root):
 def test_unknown_tag_lists_tags_and_the_command(capsys, root):
     code, _, err = _run(capsys, ["show", root, "--version", "v9"])
     assert code == 1
-    assert "unknown version 'v9'" in err and "v2, v1" in err and "shardlake versions" in err
+    assert "unknown version 'v9'" in err and "v2, v1" in err
+    assert f"(all of them: shardlake versions {root})" in err  # the CLI's hint, its ROOT
+    # The API's error speaks API: no CLI command in it; the hint rides along for a CLI.
+    with pytest.raises(VersionNotFoundError, match="tags there are: v2, v1$") as info:
+        shardlake.open(root).dataset("v9")
+    assert "shardlake versions" not in str(info.value)
+    assert info.value.hint == "all of them: shardlake versions ROOT"
+
+
+def test_json_failure_is_also_json_on_stdout(capsys, root):
+    code, out, err = _run(capsys, ["show", root, "--version", "v9", "--json"])
+    assert code == 1 and "unknown version 'v9'" in err
+    doc = json.loads(out)
+    assert doc["error"]["type"] == "VersionNotFoundError"
+    assert doc["error"]["message"].startswith(f"{root}: unknown version 'v9'")
+    code, out, _ = _run(capsys, ["query", root, "--where", "key LIKE", "--json"])
+    assert code == 1 and json.loads(out)["error"]["type"] == "SelectionError"
+    # A usage error that argparse finds (exit 2), and one found by the command.
+    code, out, err = _run(capsys, ["versions", root, "--json", "--bogus"])
+    assert code == 2 and "unrecognized arguments: --bogus" in err
+    assert json.loads(out)["error"]["type"] == "UsageError"
+    code, out, _ = _run(capsys, ["query", root, "--limit", "-1", "--json"])
+    assert code == 2 and json.loads(out) == {
+        "error": {"type": "UsageError", "message": "the row limit must be >= 0 (see --limit)"}
+    }
+    # Without --json, stdout stays empty.
+    code, out, _ = _run(capsys, ["show", root, "--version", "v9"])
+    assert code == 1 and out == ""
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+@pytest.mark.parametrize("command", ["query", "inspect", "versions"])
+def test_closed_pipe_ends_quietly(root, command, unbuffered):
+    # `shardlake ... | head`: the reader is gone before (or while) output is written.
+    target = {"inspect": os.path.join(os.path.dirname(root), "src")}.get(command, root)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    env.update({"PYTHONUNBUFFERED": unbuffered} if unbuffered else {})
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "shardlake.cli.main", command, target],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr.decode() == ""  # no BrokenPipeError, no "Exception ignored"
+    assert proc.returncode == 141  # 128 + SIGPIPE, as a shell shows for coreutils
 
 
 def test_missing_column_names_it_and_the_columns(capsys, root):
@@ -74,21 +128,35 @@ def test_sql_syntax_errors_quote_the_users_clause(capsys, root):
 def test_no_root_at_the_resolved_path(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     want = f"no shardlake root at {os.path.join(str(tmp_path), 'driving')}"
-    for argv in (["versions", "driving"], ["show", "driving"], ["query", "driving"]):
+    for argv in (
+        ["versions", "driving"],
+        ["show", "driving"],
+        ["query", "driving"],
+        ["gc", "driving"],
+        ["gc", "driving", "--dry-run"],
+        ["keyset", "driving", "list"],
+        ["keyset", "driving", "show", "train"],
+        ["catalog", "driving"],
+        ["index", "driving"],
+    ):
         code, _, err = _run(capsys, argv)
         assert code == 1 and want in err, (argv, err)
+    assert not (tmp_path / "driving").exists()  # nothing written into the mistyped path
     root = shardlake.open("driving")
     assert root.url == os.path.join(str(tmp_path), "driving")
-    with pytest.raises(VersionNotFoundError, match=want):
-        root.versions()
-    with pytest.raises(VersionNotFoundError, match=want):
-        root.dataset()
+    # A missing root is NotFoundError, not a version that is not found.
+    for call in (root.versions, root.dataset, lambda: root.dataset("v1"), lambda: root.latest):
+        with pytest.raises(NotFoundError, match=want) as info:
+            call()
+        assert not isinstance(info.value, VersionNotFoundError)
+    code, _, err = _run(capsys, ["show", "driving", "--version", "v1"])
+    assert code == 1 and want in err
 
 
 def test_relative_root_reads_like_the_cli(root, monkeypatch):
     monkeypatch.chdir(os.path.dirname(root))
     assert [v.tag for v in shardlake.open("root").versions()] == ["v1", "v2"]
-    assert shardlake.query.dataset.open_dataset("root").version.tag == "v2"
+    assert shardlake.open("root").dataset().version.tag == "v2"
 
 
 def test_prune_latest_without_force_is_a_failed_op(capsys, root):
@@ -112,3 +180,16 @@ def test_cli_output_names_no_python_parameter(capsys, tmp_path):
     )
     assert code == 2 and "partition regex '(x'" in err and "(see --partition-regex)" in err
     assert "partition_regex" not in err
+
+
+def test_a_broken_connection_is_still_an_error(capsys, monkeypatch, tmp_path):
+    # EPIPE from a socket (not from our output) must not pass for `| head`: exit 1, named.
+    from shardlake.cli import store_cmds
+
+    def broken(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(store_cmds, "check_store", broken)
+    code, out, err = _run(capsys, ["check-store", str(tmp_path), "--json"])
+    assert code == 1 and "error: BrokenPipeError: [Errno 32] Broken pipe" in err
+    assert json.loads(out)["error"]["type"] == "BrokenPipeError"

@@ -89,3 +89,20 @@ def test_a_worker_hands_over_one_tensor_per_batch_and_the_views_come_back() -> N
             assert back[name] == value
     storages = {back[k].untyped_storage().data_ptr() for k in ("pos", "ids", "flag", "empty")}
     assert len(storages) == 1
+
+
+def test_local_pool_reuses_a_buffer_only_once_no_view_of_it_is_alive() -> None:
+    from shardlake.torch.collate import LocalBufferPool, new_batch_tensors
+
+    pool = LocalBufferPool(2, torch.UntypedStorage)
+    specs = [((4, 3), torch.float32), ((4,), torch.int64)]
+    (a, _), _ = new_batch_tensors(specs, False, pool)
+    kept = a[1]  # a view the user keeps
+    del a
+    (b, _), _ = new_batch_tensors(specs, False, pool)
+    assert b.untyped_storage().data_ptr() != kept.untyped_storage().data_ptr()
+    first = kept.untyped_storage().data_ptr()
+    del kept
+    (c, _), _ = new_batch_tensors(specs, False, pool)
+    assert c.untyped_storage().data_ptr() == first  # free again: reused, not allocated
+    assert len(pool.buffers) == 2

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import shardlake
 from shardlake.cli.main import main
-from shardlake.meta.keysets import load_keyset
 from shardlake.tools.synth import SynthResult, synth_corpus
 
 PARTITIONS = 12  # 3 locations x (train, valid) x dates/times: frames sit 4 directories deep
@@ -86,13 +86,13 @@ def test_inspect_pack_verify_keysets_with_no_workaround(
     assert "verify OK" in capsys.readouterr().out
     for split in ("train", "valid"):
         assert main(["keyset", "root", "create", split, "--keys", f"{split}.json"]) == 0
-        keyset = load_keyset(str(work / "root"), split)
+        keyset = shardlake.open(str(work / "root")).keyset(split)
         wanted = sorted(_key(corpus, Path(p)) for p in _training_list(corpus, split))
         assert sorted(keyset.keys) == wanted
     assert main(["keyset", "root", "check", "train", "valid"]) == 0
     where = "key LIKE 'odaiba/valid/%'"
     assert main(["keyset", "root", "create", "odaiba-valid", "--where", where]) == 0
-    odaiba = load_keyset(str(work / "root"), "odaiba-valid")
+    odaiba = shardlake.open(str(work / "root")).keyset("odaiba-valid")
     assert odaiba.keys and all(k.startswith("odaiba/valid/") for k in odaiba.keys)
     capsys.readouterr()
 

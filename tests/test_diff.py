@@ -117,7 +117,11 @@ def test_diff_then_rebase_reports_exactly(
     # --strict: a drop fails and writes nothing.
     argv = ["keyset", root, "rebase", "all", "--version", "v2", "--as", "strict2", "--strict"]
     assert main(argv) == 1
-    assert "3 key(s) dropped, 1 changed" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "3 key(s) dropped, 1 changed" in err and "(see --strict)" not in err
+    # It says what to do instead: rebase without --strict to carry the 6 keys v2 still has.
+    assert "rebase without strict to carry the 6 key(s) it still has" in err
+    assert f"(shardlake keyset {root} rebase all --version v2 --as strict2 without --strict)" in err
     assert {k.name for k in opened.keysets()} == {"all", "all2"}
     # The version's lineage: v2's base is v1, in `versions` and `show`.
     assert opened.version("v2").base == "v1"

@@ -7,6 +7,7 @@ network, a GPU-sized training run or a fresh virtualenv are skipped explicitly (
 what they run is covered by their own tests (test_train_example.py, test_demo.py, test_bench_cli.py).
 """
 
+import contextlib
 import json
 import re
 import shlex
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from shardlake.cli.main import main
+from shardlake.testing.http_server import static_http_server
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ("README.md", "docs/getting-started.md")
@@ -69,6 +71,11 @@ def place(tmp_path_factory):
 
 @pytest.mark.parametrize("doc", DOCS)
 def test_documented_commands_run(doc, place, capsys, monkeypatch, tmp_path):
+    with contextlib.ExitStack() as stack:
+        _run_documented(doc, place, capsys, monkeypatch, tmp_path, stack)
+
+
+def _run_documented(doc, place, capsys, monkeypatch, tmp_path, stack):
     monkeypatch.chdir(tmp_path)
     root = str(tmp_path / "driving")
     subst = {
@@ -81,6 +88,9 @@ def test_documented_commands_run(doc, place, capsys, monkeypatch, tmp_path):
         # The cluster's scheduler of the docs: test_lifecycle_dask.py runs a real one.
         "dask://sched:8786": "thread",
     }
+    # The documented web server: the root itself, served on loopback.
+    server = stack.enter_context(static_http_server(tmp_path))
+    subst["https://data.example.com/driving"] = f"{server.url}/driving"
     ran = 0
     for line in shell_lines((REPO / doc).read_text()):
         if any(line.startswith(prefix) for prefix in SKIP):

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+import shardlake
 from shardlake.errors import FormatError
 from shardlake.format.documents import CommitRecord, PartitionEntry, VersionRecord
 from shardlake.meta.versions import hash_bytes, load_version, read_state
@@ -120,14 +121,12 @@ def _copy_golden(dest: Path) -> Any:
 
 
 def test_publish_records_manifest_digests_and_readers_refuse_a_flip(tmp_path: Path) -> None:
-    from shardlake.lifecycle.remove import remove
-    from shardlake.query.dataset import open_dataset
 
     store = _copy_golden(tmp_path / "r")
     old = load_version(store, "v2")
     assert all(p.manifest_sha256 is None for p in old.record.partitions)  # format-1 golden root
-    key = open_dataset(store, "v2").manifests(columns=["key"]).column("key")[0].as_py()
-    v3, _ = remove(store, "v3", base="v2", keys=[key])
+    key = shardlake.open(store).dataset("v2").manifests(columns=["key"]).column("key")[0].as_py()
+    v3, _ = shardlake.open(store).remove("v3", base="v2", keys=[key])
     for part in v3.record.partitions:
         data = store.read(part.manifest)
         assert part.manifest_sha256 == hashlib.sha256(data).hexdigest()
@@ -139,4 +138,4 @@ def test_publish_records_manifest_digests_and_readers_refuse_a_flip(tmp_path: Pa
     with pytest.raises(
         FormatError, match=f"{target}: manifest does not match the version entry .its sha256"
     ):
-        open_dataset(store, "v3").manifest(v3.record.partitions[0].id)
+        shardlake.open(store).dataset("v3").manifest(v3.record.partitions[0].id)

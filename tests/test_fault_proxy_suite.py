@@ -26,17 +26,9 @@ from typing import Any, TypeVar
 
 import pytest
 
+import shardlake
 from shardlake.errors import ShardlakeError
-from shardlake.lifecycle import (
-    collect_garbage,
-    export_version,
-    scrub,
-    verify_offsets,
-    verify_source,
-)
 from shardlake.meta.versions import read_state
-from shardlake.pack import pack
-from shardlake.query.dataset import open_dataset
 from shardlake.store import Store, open_store
 from shardlake.store.classify import Verdict, classify
 from shardlake.testing.proxy import FaultProxy
@@ -140,8 +132,10 @@ def with_reruns(name: str, fn: Callable[[], T], done: Callable[[], bool]) -> Out
 def pack_through(
     src: Path, store: Store, tag: str, base: str | None = None
 ) -> Callable[[], object]:
-    return lambda: pack(
-        str(src), store, tag=tag, base=base, workers=1, executor="inline", shard_size=30_000
+    return lambda: (
+        shardlake.open(store)
+        .pack(str(src), tag=tag, base=base, workers=1, executor="inline", shard_size=30_000)
+        .record
     )
 
 
@@ -161,10 +155,10 @@ def check_publish_outcome(outcome: Outcome, clean: Store, tag: str) -> None:
 
 def assert_verifies(clean: Store, src: Path, tag: str) -> None:
     """Fault-free: the version equals its source and every payload and header is intact."""
-    report = verify_source(clean, str(src), version=tag, workers=2)
+    report = shardlake.open(clean).verify(str(src), version=tag, workers=2)
     assert report.ok, report.failures()
-    assert scrub(clean, tag, workers=2).ok
-    assert verify_offsets(clean, tag).ok
+    assert shardlake.open(clean).scrub(tag, workers=2).ok
+    assert shardlake.open(clean).verify_offsets(tag).ok
 
 
 def epoch_digests(store: Store, tag: str) -> list[tuple[str, ...]]:
@@ -186,7 +180,7 @@ def epoch_digests(store: Store, tag: str) -> list[tuple[str, ...]]:
 
 
 def clean_keys(clean: Store, tag: str) -> list[str]:
-    return open_dataset(clean, tag).manifests(columns=["key"]).column("key").to_pylist()
+    return shardlake.open(clean).dataset(tag).manifests(columns=["key"]).column("key").to_pylist()
 
 
 def through(proxy: FaultProxy, s3: S3Server, *, checksums: bool = True) -> dict[str, Any]:
@@ -221,10 +215,10 @@ def test_commands_through_a_faulty_network(
         check_publish_outcome(packed, clean, "v1")
         assert_verifies(clean, source, "v1")
 
-        scrubbed = run("scrub", lambda: scrub(store, workers=2))
+        scrubbed = run("scrub", lambda: shardlake.open(store).scrub(workers=2))
         if scrubbed.ok:  # no false corruption verdicts (#11 finding 5)
             assert scrubbed.result.to_json()["corrupt_at_rest"] == 0, scrubbed.result.problems
-        checked = run("verify", lambda: verify_source(store, str(source), workers=2))
+        checked = run("verify", lambda: shardlake.open(store).verify(str(source), workers=2))
         if checked.ok:
             assert checked.result.to_json()["corrupt_at_rest"] == 0, checked.result.failures()
             assert not checked.result.missing and not checked.result.extra
@@ -236,12 +230,14 @@ def test_commands_through_a_faulty_network(
         assert got.ok and got.result == want  # bit-identical to the fault-free epoch
 
         store.write("data/0rphan/rev/shard-000000.tar", b"garbage")  # something for gc to delete
-        gc = with_reruns("gc", lambda: collect_garbage(store, grace_s=0), lambda: False)
+        gc = with_reruns("gc", lambda: shardlake.open(store).gc(grace_s=0), lambda: False)
         assert not clean.exists("data/0rphan/rev/shard-000000.tar")
         assert read_state(clean).gc_lock is None and gc.ok
 
         dest = tmp_path / "export"
-        exported = with_reruns("export", lambda: export_version(store, str(dest)), lambda: False)
+        exported = with_reruns(
+            "export", lambda: shardlake.open(store).export(str(dest)), lambda: False
+        )
         assert exported.ok
         assert proxy.injected, "the proxy injected nothing"
     copy = open_store(str(dest))
@@ -292,7 +288,7 @@ def test_gc_whose_lock_reply_is_lost_still_collects(s3: S3Server, source: Path) 
         # The lock's commit lands, its reply is lost (#11 finding 2): gc must not refuse itself.
         lose_commit_reply(proxy, failed_readbacks=1)
         store = open_store(url, proxy.storage_options(s3.storage_options))
-        report = run("gc", lambda: collect_garbage(store, grace_s=0))
+        report = run("gc", lambda: shardlake.open(store).gc(grace_s=0))
         assert proxy.injected["lost_reply"] == 1
     assert report.ok, report.error
     assert not clean.exists("data/0rphan/rev/shard-000000.tar")
@@ -321,14 +317,16 @@ def test_pack_whose_commit_reply_is_lost_reports_its_success(s3: S3Server, sourc
 @pytest.fixture(scope="module")
 def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
     """A root with one version and a keyset, and what a fault-free reader sees in it."""
-    from shardlake.meta.keysets import load_keyset
-    from shardlake.query.keyset_build import create_keyset
 
     url = s3.fresh_url("flip")
     clean = open_store(url, s3.storage_options)
     pack_through(source, clean, "v1")()
-    create_keyset(clean, "all", where="true")
-    return url, (read_state(clean), open_dataset(clean).version.doc, load_keyset(clean, "all"))
+    shardlake.open(clean).create_keyset("all", where="true")
+    return url, (
+        read_state(clean),
+        shardlake.open(clean).dataset().version.doc,
+        shardlake.open(clean).keyset("all"),
+    )
 
 
 @pytest.mark.parametrize("checksums", [True, False], ids=["crc", "nocrc"])
@@ -343,14 +341,13 @@ def test_a_body_damaged_in_transit_costs_a_reread(
     botocore raises FlexibleChecksumError, which the store must retry; without them the
     damaged bytes reach shardlake, whose digest check must re-read them. Either way the
     reader gets the right document, never an error or the damaged one."""
-    from shardlake.meta.keysets import load_keyset
 
     url, want = published_root
     with FaultProxy(s3.endpoint_url, rate=0.0) as proxy:
         store = open_store(url, through(proxy, s3, checksums=checksums))
         proxy.inject("flip", method="GET", path_contains=target)
-        ds = open_dataset(store)
-        got = (read_state(store), ds.version.doc, load_keyset(store, "all"))
+        ds = shardlake.open(store).dataset()
+        got = (read_state(store), ds.version.doc, shardlake.open(store).keyset("all"))
         assert ds.manifests().num_rows == want[1]["samples"]
         assert proxy.injected == {"flip": 1}
     assert got == want
@@ -358,9 +355,8 @@ def test_a_body_damaged_in_transit_costs_a_reread(
 
 _EXPORT = """
 import json, sys
-from shardlake.lifecycle import export_version
-from shardlake.store import open_store
-export_version(open_store(sys.argv[1], json.loads(sys.argv[2])), sys.argv[3])
+import shardlake
+shardlake.open(sys.argv[1], **json.loads(sys.argv[2])).export(sys.argv[3])
 """
 
 
@@ -384,7 +380,9 @@ def test_export_killed_through_a_faulty_network_then_rerun(
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         store = open_store(url, options)
-        rerun = with_reruns("export", lambda: export_version(store, str(dest)), lambda: False)
+        rerun = with_reruns(
+            "export", lambda: shardlake.open(store).export(str(dest)), lambda: False
+        )
         assert rerun.ok
     copy = open_store(str(dest))
     assert_verifies(copy, source, "v1")
@@ -392,12 +390,10 @@ def test_export_killed_through_a_faulty_network_then_rerun(
 
 _VERSIONS = """
 import json, sys
-from shardlake.query.dataset import open_dataset
+import shardlake
 from shardlake.errors import ShardlakeError
-from shardlake.store import open_store
-from shardlake.meta.versions import list_versions
 try:
-    list_versions(open_store(sys.argv[1], json.loads(sys.argv[2])))
+    shardlake.open(sys.argv[1], **json.loads(sys.argv[2])).versions()
 except ShardlakeError as exc:
     print(type(exc).__name__, exc)
     sys.exit(1)

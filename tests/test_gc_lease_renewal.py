@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+import shardlake
 import shardlake.lifecycle.gc as gc
 from shardlake.cli.main import main
-from shardlake.lifecycle import collect_garbage
 from shardlake.meta.versions import read_state
 from shardlake.store import open_store
 from shardlake.store.layers import Request
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.timeout(180)
 
 SLOW_GC = """
 import sys, time
-from shardlake.lifecycle import collect_garbage
+import shardlake
 from shardlake.store import open_store
 
 def slow(request, send):
@@ -32,7 +32,7 @@ def slow(request, send):
         time.sleep(0.5)
     return send()
 
-collect_garbage(open_store(sys.argv[1]).with_layers(slow), grace_s=0)
+shardlake.open(open_store(sys.argv[1]).with_layers(slow)).gc(grace_s=0)
 """
 
 
@@ -97,7 +97,7 @@ def test_the_lease_is_renewed_while_gc_works(
             renewals.append(request.key)
         return send()
 
-    report = collect_garbage(open_store(root).with_layers(slow), grace_s=0)
+    report = shardlake.open(open_store(root).with_layers(slow)).gc(grace_s=0)
     assert not report.incomplete and report.to_json()["count"] == 8
     assert len(renewals) >= 3
     assert read_state(open_store(root)).gc_lock is None

@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from shardlake.meta.keysets import load_keyset
-from shardlake.meta.versions import list_versions
-from shardlake.query.dataset import open_dataset
+import shardlake
+from shardlake.cli.main import main
+from shardlake.errors import CapabilityError
+from shardlake.testing.http_server import static_http_server
 from shardlake.torch import ShardDataset
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
@@ -46,15 +47,15 @@ def test_golden_formats_present() -> None:
 
 def test_versions_listed(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
-    ds = open_dataset(root, "latest")
-    tags = [tag for tag, _, _ in list_versions(ds.store)]
+    ds = shardlake.open(root).dataset("latest")
+    tags = [v.tag for v in shardlake.open(ds.store).versions()]
     assert tags == sorted(expected["versions"])
 
 
 def test_get_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for tag, samples in expected["versions"].items():
-        ds = open_dataset(root, tag)
+        ds = shardlake.open(root).dataset(tag)
         assert ds.version.samples == len(samples)
         for key, digests in samples.items():
             assert make_golden.sample_digests(ds.get(key)) == digests, (tag, key)
@@ -63,7 +64,7 @@ def test_get_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
 def test_iter_samples_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for tag, samples in expected["versions"].items():
-        ds = open_dataset(root, tag)
+        ds = shardlake.open(root).dataset(tag)
         got = {
             key: make_golden.sample_digests(arrays)
             for key, arrays in ds.iter_samples(list(samples))
@@ -74,8 +75,8 @@ def test_iter_samples_is_bit_exact(golden: tuple[str, dict[str, Any]]) -> None:
 def test_keyset_and_loader(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for name, info in expected["keysets"].items():
-        ds = open_dataset(root, info["version"])
-        keyset = load_keyset(ds.store, name)
+        ds = shardlake.open(root).dataset(info["version"])
+        keyset = shardlake.open(ds.store).keyset(name)
         keyset.check_version(ds.version)
         wanted = sorted(ds.query(info["where"]).column("key").to_pylist())
         assert sorted(keyset.keys) == wanted and wanted
@@ -86,6 +87,29 @@ def test_keyset_and_loader(golden: tuple[str, dict[str, Any]]) -> None:
         assert sorted(seen) == wanted
         for key, item in seen.items():
             assert _loader_view(ds.get(key)) == _loader_view(item), key
+
+
+def test_served_over_http_after_the_one_line_upgrade(golden: tuple[str, dict[str, Any]]) -> None:
+    # Older roots have no index.json: over HTTP they say how to get one, then read bit-exactly.
+    root, expected = golden
+    with static_http_server(Path(root).parent) as server:
+        url = f"{server.url}/root"
+        with pytest.raises(CapabilityError, match=r"Root\.write_index\(\)"):
+            shardlake.open(url).versions()
+        assert main(["index", root]) == 0
+        served = shardlake.open(url)
+        assert sorted(v.tag for v in served.versions()) == sorted(expected["versions"])
+        for tag, samples in expected["versions"].items():
+            ds = served.dataset(tag)
+            for key, digests in samples.items():
+                assert make_golden.sample_digests(ds.get(key)) == digests, (tag, key)
+        for name, info in expected["keysets"].items():
+            loader = ShardDataset(
+                url, info["version"], keyset=name, batch_size=1, num_workers=0, include_key=True
+            )
+            assert sorted(item["__key__"] for item in loader) == sorted(
+                shardlake.open(root).keyset(name).keys
+            )
 
 
 def _loader_view(arrays: dict[str, Any]) -> dict[str, str]:

@@ -60,8 +60,10 @@ def test_recreate_identical_is_a_noop_different_fails(
     assert main(argv) == 0
     assert "keyset train: 4 samples" in capsys.readouterr().out
     assert root.store.read(keyset_key("train")) == before
-    with pytest.raises(ConflictError, match="keyset ROOT delete train"):
+    with pytest.raises(ConflictError, match=r"retire it first \(Root.delete_keyset\)") as info:
         root.create_keyset("train", version="v2", where="true")
+    assert "shardlake" not in str(info.value).replace(str(tmp_path), "")  # API words only
+    assert info.value.hint == "to retire it: shardlake keyset ROOT delete train"
     assert main(["keyset", location.url, "create", "train", "--where", "true"]) == 1
     err = capsys.readouterr().err
     assert "a new name" in err and "delete train" in err and len(err.strip().splitlines()) == 1

@@ -8,12 +8,11 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
-from shardlake.lifecycle import remove
-from shardlake.meta.keysets import load_keyset, parse_key_list
-from shardlake.query.dataset import open_dataset
+from shardlake.meta.keysets import parse_key_list
 from shardlake.query.keyset_build import create_keyset
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
@@ -23,7 +22,7 @@ from shardlake.tools.synth import synth_corpus
 def _packed(location: StoreLocation, src: Path) -> list[str]:
     synth_corpus(src, 3, 3, seed=11, neighbors=2, lanes=4)
     pack_small(location, src)
-    ds = open_dataset(location.url, storage_options=location.storage_options)
+    ds = shardlake.open(location.url, **location.storage_options).dataset()
     return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
 
 
@@ -88,30 +87,39 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
     with pytest.raises(SelectionError, match="3 entries match no key") as info:
         mapped, unmapped = parse_key_list(listing.read_bytes(), "l", strip_prefix=old_root)
         assert unmapped == ["/elsewhere/c.npz"]
-        create_keyset(location.url, "t", keys=mapped, unmapped=unmapped)
+        create_keyset(location.open(), "t", keys=mapped, unmapped=unmapped)
     assert "gone/a" in str(info.value) or "gone/b" in str(info.value)
     assert main(argv) == 1
     assert main([*argv, "--allow-unmatched", "2"]) == 1
     assert main([*argv, "--allow-unmatched", "4"]) == 1
     assert not open_store(location.url).exists(keyset_key("t"))
     assert main([*argv, "--allow-unmatched", "3"]) == 0
-    keyset = load_keyset(location.url, "t")
+    keyset = shardlake.open(location.url).keyset("t")
     assert keyset.keys == keys[:4]
     assert keyset.recipe["unmatched"] == 3
 
 
-def test_keyset_is_bound_to_its_version(tmp_path: Path) -> None:
+def test_keyset_is_bound_to_its_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
-    ks = create_keyset(location.url, "val", keys=keys[:2])
-    v1 = open_dataset(location.url, "v1").version
+    ks = shardlake.open(location.url).create_keyset("val", keys=keys[:2])
+    v1 = shardlake.open(location.url).dataset("v1").version
     ks.check_version(v1)
-    remove(location.url, "v2", keys=[keys[-1]])
-    v2 = open_dataset(location.url, "v2").version
-    with pytest.raises(SelectionError, match="bound to version 'v1'"):
-        load_keyset(location.url, "val").check_version(v2)
+    shardlake.open(location.url).remove("v2", keys=[keys[-1]])
+    v2 = shardlake.open(location.url).dataset("v2").version
+    with pytest.raises(SelectionError, match="bound to version 'v1'") as info:
+        shardlake.open(location.url).keyset("val").check_version(v2)
+    # The API names the API call that carries it over; the CLI names `keyset rebase`.
+    assert "Root.rebase_keyset('val', 'v2', new_name=...)" in str(info.value)
+    assert "shardlake" not in str(info.value)
+    out = tmp_path / "out"
+    argv = ["export", location.url, str(out), "--format", "npz", "--keyset", "val"]
+    assert main([*argv, "--version", "v2"]) == 1
+    err = capsys.readouterr().err
+    assert f"(shardlake keyset {location.url} rebase val --version v2 --as NEW_NAME)" in err
+    assert "bound to version 'v1'" in err and err.count("\n") == 1
     # --version picks the version a new keyset binds to.
-    ks2 = create_keyset(location.url, "val2", version="v1", where="true")
+    ks2 = shardlake.open(location.url).create_keyset("val2", version="v1", where="true")
     assert ks2.version_hash == v1.hash and len(ks2) == len(keys)
 
 
@@ -120,12 +128,12 @@ def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     _packed(location, tmp_path / "src")
     root = location.url
     with pytest.raises(NotFoundError, match="no keyset 'nope'"):
-        load_keyset(root, "nope")
+        shardlake.open(root).keyset("nope")
     # An identical re-create is a no-op (issue 18); a different selection is refused.
-    first = create_keyset(root, "a", where="true")
-    assert create_keyset(root, "a", where="true") == first
+    first = shardlake.open(root).create_keyset("a", where="true")
+    assert shardlake.open(root).create_keyset("a", where="true") == first
     with pytest.raises(ConflictError):
-        create_keyset(root, "a", keys=first.keys[:1])
+        shardlake.open(root).create_keyset("a", keys=first.keys[:1])
     cases = [
         (["keyset", root, "show", "nope"], 1, "no keyset"),
         (["keyset", root, "create", "x", "--where", "true; SELECT 1"], 1, "';' is not allowed"),
@@ -161,9 +169,10 @@ def test_keyset_list_sorts_names_naturally(
     _packed(location, tmp_path / "src")
     root = location.url
     for name in ("train-list", "train10", "train", "train2", "val"):
-        create_keyset(root, name, where="true")
+        shardlake.open(root).create_keyset(name, where="true")
     want = ["train", "train2", "train10", "train-list", "val"]
     assert main(["keyset", root, "list"]) == 0
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == want
     assert main(["keyset", root, "list", "--json"]) == 0
     assert [k["name"] for k in json.loads(capsys.readouterr().out)] == want
+    assert shardlake.open(root).write_index()["keysets"] == want  # as the HTTP root index does

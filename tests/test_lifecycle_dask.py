@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import shutil
-from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -23,19 +22,6 @@ from shardlake.store import open_store
 from shardlake.tools.synth import synth_corpus
 
 distributed = pytest.importorskip("distributed")
-
-
-@pytest.fixture(scope="module")
-def dask_address() -> Iterator[str]:
-    with distributed.LocalCluster(
-        n_workers=2,
-        processes=True,
-        threads_per_worker=1,
-        protocol="tcp://",
-        host="127.0.0.1",
-        dashboard_address=None,
-    ) as cluster:
-        yield cluster.scheduler_address.replace("tcp://", "dask://")
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,11 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError
-from shardlake.format.layout import ROOT_MARKER
-from shardlake.lifecycle import export_npz, export_version, remove, scrub
-from shardlake.meta.keysets import load_keyset
+from shardlake.format.layout import ROOT_INDEX, ROOT_MARKER
 from shardlake.meta.versions import read_root_marker, read_state
-from shardlake.query.dataset import open_dataset
-from shardlake.query.keyset_build import create_keyset
 from shardlake.source.npz import load_npz
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
@@ -29,8 +26,10 @@ def _packed(location: StoreLocation, src: Path) -> Store:
 
 
 def _data_objects(store: Store) -> dict[str, bytes]:
-    """Everything but the commit log (export writes a fresh one)."""
-    return {k: store.read(k) for k in store.list("") if not k.startswith("commits/")}
+    """Everything but the commit log and the root index (export writes fresh ones)."""
+    return {
+        k: store.read(k) for k in store.list("") if not k.startswith("commits/") and k != ROOT_INDEX
+    }
 
 
 @pytest.mark.parametrize("store_kind", ["seaweedfs", "azure"])
@@ -39,17 +38,23 @@ def test_round_trip_local_remote_local_is_byte_identical(
 ) -> None:
     src_loc = store_factory("local", "src")
     src = _packed(src_loc, tmp_path / "src")
-    keys = sorted(open_dataset(src).manifests(columns=["key"]).column("key").to_pylist())
-    remove(src, "v2", keys=[keys[0]])  # the exported version has its own manifest revision
-    create_keyset(src, "val", where="true")  # bound to v2 -> exported
-    create_keyset(src, "old", where="true", version="v1")  # bound to v1 -> not exported
+    keys = sorted(
+        shardlake.open(src).dataset().manifests(columns=["key"]).column("key").to_pylist()
+    )
+    shardlake.open(src).remove(
+        "v2", keys=[keys[0]]
+    )  # the exported version has its own manifest revision
+    shardlake.open(src).create_keyset("val", where="true")  # bound to v2 -> exported
+    shardlake.open(src).create_keyset(
+        "old", where="true", version="v1"
+    )  # bound to v1 -> not exported
     s3 = store_factory(label="mid")
     back = store_factory("local", "back")
     assert main(["export", src_loc.url, s3.url, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["committed"] and report["version"] == "v2" and report["keysets"] == ["val"]
     s3_store = s3.open()
-    assert export_version(s3_store, back.url).committed
+    assert shardlake.open(s3_store).export(back.url).committed
     back_store = back.open()
     # Byte-identical: the v2 closure (shards, manifests, version document), the keyset and the
     # root marker (same dataset_id) -- everything the source holds for v2.
@@ -60,14 +65,14 @@ def test_round_trip_local_remote_local_is_byte_identical(
     assert read_root_marker(back_store) == read_root_marker(src)
     state = read_state(back_store)
     assert state.latest == "v2" and list(state.versions) == ["v2"] and state.seq == 1
-    ds = open_dataset(back.url)
-    assert ds.version.hash == open_dataset(src, "v2").version.hash
-    src_v2 = open_dataset(src, "v2")
+    ds = shardlake.open(back.url).dataset()
+    assert ds.version.hash == shardlake.open(src).dataset("v2").version.hash
+    src_v2 = shardlake.open(src).dataset("v2")
     for key in keys[1:3]:
         a, b = ds.get(key), src_v2.get(key)
         assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
-    assert load_keyset(back_store, "val").keys == keys[1:]
-    assert scrub(back_store).ok
+    assert shardlake.open(back_store).keyset("val").keys == keys[1:]
+    assert shardlake.open(back_store).scrub().ok
 
 
 @pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs", "azure"])
@@ -76,9 +81,9 @@ def test_export_resumes_and_repairs(
 ) -> None:
     src = _packed(store_location, tmp_path / "src")
     dest_loc = store_factory(label="dest")
-    first = export_version(src, dest_loc.url, dest_options=dest_loc.storage_options)
+    first = shardlake.open(src).export(dest_loc.url, dest_storage_options=dest_loc.storage_options)
     dest = dest_loc.open()
-    ds = open_dataset(dest)
+    ds = shardlake.open(dest).dataset()
     shards = [s.key for p in ds.entries for s in p.shards]
     catalog = len(ds.version.catalog_objects())  # partitions table + segments
     assert len(first.copied) == len(shards) + len(ds.entries) + catalog + 1
@@ -87,11 +92,11 @@ def test_export_resumes_and_repairs(
     data = bytearray(dest.read(shards[1]))
     data[len(data) // 3] ^= 0xFF
     dest.write(shards[1], bytes(data))
-    again = export_version(src, dest_loc.url, dest_options=dest_loc.storage_options)
+    again = shardlake.open(src).export(dest_loc.url, dest_storage_options=dest_loc.storage_options)
     assert sorted(again.copied) == sorted(shards[:2])
     assert len(again.skipped) == len(first.copied) - 2
     assert not again.committed  # already committed by the first run
-    assert scrub(dest).ok and dest.read(shards[1]) == src.read(shards[1])
+    assert shardlake.open(dest).scrub().ok and dest.read(shards[1]) == src.read(shards[1])
 
 
 def test_export_refuses_another_dataset_and_non_roots(
@@ -102,7 +107,7 @@ def test_export_refuses_another_dataset_and_non_roots(
     _packed(b_loc, tmp_path / "src")  # same source, but a different dataset (own dataset_id)
     before = {k: b_loc.open().read(k) for k in b_loc.open().list("")}
     with pytest.raises(ConflictError, match="different dataset"):
-        export_version(a, b_loc.url)
+        shardlake.open(a).export(b_loc.url)
     assert main(["export", str(tmp_path / "a"), b_loc.url]) == 1
     assert "different dataset" in capsys.readouterr().err
     assert {k: b_loc.open().read(k) for k in b_loc.open().list("")} == before  # untouched
@@ -110,7 +115,7 @@ def test_export_refuses_another_dataset_and_non_roots(
     junk.mkdir()
     (junk / "notes.txt").write_text("hello")
     with pytest.raises(ConflictError, match="not empty"):
-        export_version(a, str(junk))
+        shardlake.open(a).export(str(junk))
     assert not (junk / ROOT_MARKER).exists()
     assert main(["export", str(tmp_path / "a"), str(tmp_path / "c"), "--version", "v9"]) == 1
     assert "unknown version" in capsys.readouterr().err
@@ -128,7 +133,9 @@ def test_export_npz_is_bit_exact(
     out = tmp_path / "out"
     assert main(["export", store_location.url, str(out), "--format", "npz", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    keys = sorted(open_dataset(store).manifests(columns=["key"]).column("key").to_pylist())
+    keys = sorted(
+        shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
+    )
     assert report["samples"] == len(keys) == report["sidecars"]
     for key in keys:
         want = load_npz((src_dir / f"{key}.npz").read_bytes(), key)
@@ -140,8 +147,8 @@ def test_export_npz_is_bit_exact(
         assert json.loads((out / f"{key}.json").read_text()) == json.loads(
             (src_dir / f"{key}.json").read_text()
         )
-    create_keyset(store, "two", keys=keys[:2])
-    sub = export_npz(store, str(tmp_path / "sub"), keyset="two")
+    shardlake.open(store).create_keyset("two", keys=keys[:2])
+    sub = shardlake.open(store).export(str(tmp_path / "sub"), format="npz", keysets=["two"])
     assert sub.samples == 2 and sorted(p.name for p in (tmp_path / "sub").rglob("*.npz")) == sorted(
         k.split("/")[-1] + ".npz" for k in keys[:2]
     )
@@ -151,7 +158,7 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
     from shardlake.errors import IntegrityError, VersionNotFoundError
 
     src = _packed(StoreLocation("local", str(tmp_path / "a")), tmp_path / "src")
-    ds = open_dataset(src)
+    ds = shardlake.open(src).dataset()
     entry = ds.entries[-1]
     row = ds.manifest(entry.id).to_pylist()[0]
     shard = entry.shards[row["shard"]].key
@@ -161,17 +168,17 @@ def test_failed_export_leaves_nothing_referenced_and_resumes(tmp_path: Path) -> 
     src.write(shard, bytes(bad))
     dest = str(tmp_path / "dest")
     with pytest.raises(IntegrityError, match="source") as info:
-        export_version(src, dest)
+        shardlake.open(src).export(dest)
     assert shard in str(info.value)
     dest_store = open_store(dest)
     assert not dest_store.exists(shard)  # the bad copy is not left for a resume to trust
     assert read_state(dest_store).seq == 0  # nothing committed, so nothing references a part
     with pytest.raises(VersionNotFoundError):
-        open_dataset(dest)
+        shardlake.open(dest).dataset()
     src.write(shard, good)
-    again = export_version(src, dest)
+    again = shardlake.open(src).export(dest)
     assert again.committed and shard in again.copied and again.skipped
-    assert scrub(dest).ok
+    assert shardlake.open(dest).scrub().ok
 
 
 @pytest.mark.parametrize("store_kind", ["s3"])
@@ -184,8 +191,8 @@ def test_export_s3_to_gcs_loads(
     # Both URLs are reachable through the loopback servers' environment, as for a user's CLI.
     assert main(["export", s3.url, gcs.url]) == 0
     assert "exported v1" in capsys.readouterr().out
-    ds = open_dataset(gcs.url, storage_options=gcs.storage_options)
+    ds = shardlake.open(gcs.url, **gcs.storage_options).dataset()
     key = ds.manifests(columns=["key"]).column("key")[0].as_py()
-    a, b = ds.get(key), open_dataset(src).get(key)
+    a, b = ds.get(key), shardlake.open(src).dataset().get(key)
     assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
-    assert scrub(gcs.open()).ok
+    assert shardlake.open(gcs.open()).scrub().ok

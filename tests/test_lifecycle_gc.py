@@ -12,15 +12,13 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
 from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
-from shardlake.lifecycle import collect_garbage, prune_versions, remove, scrub
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
-from shardlake.query.dataset import open_dataset
-from shardlake.query.keyset_build import create_keyset
 from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -63,10 +61,10 @@ def test_gc_dry_run_grace_and_delete(
     _pack(store_location, src, "v1")
     root, opts = store_location.url, store_location.storage_options
     store = open_store(root, opts)
-    v1 = open_dataset(root, storage_options=opts)
+    v1 = shardlake.open(root, **opts).dataset()
     pid = v1.entries[0].id
-    remove(store, "v2", partitions=[pid])
-    prune_versions(store, ["v1"])
+    shardlake.open(store).remove("v2", partitions=[pid])
+    shardlake.open(store).prune(["v1"])
     # Leftovers of a crashed writer: an uncommitted version document and a stray revision.
     store.write("versions/ghost/0123456789abcdef0123456789abcdef.json", b"{}")
     store.write("data/deadbeef0000/rev/shard-000000.tar", b"x" * 1000)
@@ -98,8 +96,8 @@ def test_gc_dry_run_grace_and_delete(
     assert set(store.list("")) == (before - expected) | {commit_key(seq + 1), commit_key(seq + 2)}
     assert read_commit(store, seq + 1).gc_lock and read_commit(store, seq + 1).latest == "v2"
     assert read_state(store).gc_lock is None and read_state(store).latest == "v2"
-    assert scrub(store, "v2").ok
-    assert collect_garbage(store, grace_s=0).garbage == []  # idempotent
+    assert shardlake.open(store).scrub("v2").ok
+    assert shardlake.open(store).gc(grace_s=0).garbage == []  # idempotent
 
 
 def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
@@ -109,10 +107,10 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     _pack(location, src, "v1")
     store = open_store(location.url)
     v1 = load_version(store, "v1")
-    create_keyset(store, "frozen", where="true")
-    remove(store, "v2", partitions=[v1.entries[0].id])
-    prune_versions(store, ["v1"])
-    report = collect_garbage(store, grace_s=0)
+    shardlake.open(store).create_keyset("frozen", where="true")
+    shardlake.open(store).remove("v2", partitions=[v1.entries[0].id])
+    shardlake.open(store).prune(["v1"])
+    report = shardlake.open(store).gc(grace_s=0)
     assert report.garbage == []
     assert any("(keyset)" in label for label in report.live_versions)
     assert set(version_closure(store, v1)) <= set(store.list(""))
@@ -132,7 +130,7 @@ def test_staging_leftovers_are_collected_after_grace(
     young.write_bytes(b"partial")
     past = time.time() - 7 * 3600
     os.utime(old, (past, past))
-    report = collect_garbage(location.url, dry_run=True)
+    report = shardlake.open(location.url).gc(dry_run=True)
     assert [x.path for x in report.leftovers] == [str(old)] and old.exists()
     assert [x.path for x in report.young_leftovers] == [str(young)]
     # The totals count the leftovers, those that go and those the grace keeps.
@@ -144,7 +142,7 @@ def test_staging_leftovers_are_collected_after_grace(
     assert main(["gc", location.url, "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["leftovers"] == [str(old)] and doc["kept_young_leftovers"] == 1
-    report = collect_garbage(location.url)
+    report = shardlake.open(location.url).gc()
     assert [x.path for x in report.leftovers] == [str(old)]
     assert [x.path for x in report.young_leftovers] == [str(young)]
     assert not old.exists() and young.exists()
@@ -178,9 +176,9 @@ def test_unfinished_multipart_upload_of_a_killed_writer_is_aborted(
 
     # (moto reports a fixed 2010 start time for every upload, so grace is exercised by the
     # local temp-file test above; here the upload is always "old".)
-    report = collect_garbage(store, grace_s=0, dry_run=True)
+    report = shardlake.open(store).gc(grace_s=0, dry_run=True)
     assert [x.upload_id for x in report.leftovers] == [upload["UploadId"]]
-    report = collect_garbage(store, grace_s=0)
+    report = shardlake.open(store).gc(grace_s=0)
     assert [x.path for x in report.leftovers] == [f"{bucket}/{key}"]
     assert pending() == {other["UploadId"], foreign["UploadId"]}  # not ours to abort
 
@@ -212,8 +210,8 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
         latest = load_version(store)
         pid = latest.entries[trial % 3].id
         dropped = f"drop{trial}"
-        remove(store, dropped, partitions=[pid])
-        prune_versions(store, [t for t in read_state(store).versions if t != dropped])
+        shardlake.open(store).remove(dropped, partitions=[pid])
+        shardlake.open(store).prune([t for t in read_state(store).versions if t != dropped])
         _age(root_dir, 7 * 3600)  # everything is now older than the 6 h grace
         outcomes: list[str] = []
 
@@ -236,7 +234,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
         ) -> None:
             for _ in range(3):
                 try:
-                    gc_deleted.append(len(collect_garbage(location.url).garbage))
+                    gc_deleted.append(len(shardlake.open(location.url).gc().garbage))
                 except ConflictError:
                     pass  # the pack committed meanwhile: a clear conflict, gc re-runs
                 except BaseException as exc:  # noqa: BLE001 - surfaced by the assert below
@@ -254,7 +252,7 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
             version = load_version(store, tag)
             missing = set(version_closure(store, version)) - set(store.list(""))
             assert not missing, (trial, tag, outcomes, sorted(missing)[:3])
-            assert scrub(store, tag).ok
+            assert shardlake.open(store).scrub(tag).ok
         # The race was real: gc deleted the old revision in this trial.
         assert sum(gc_deleted) > 0, gc_deleted
 
@@ -268,18 +266,18 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     synth_corpus(src, 2, 2, seed=25, neighbors=2, lanes=4)
     _pack(location, src, "v1")
     store = open_store(location.url)
-    keys = open_dataset(store).manifests(columns=["key"]).column("key").to_pylist()
+    keys = shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
     state = read_state(store)
     lock = GcLock(id="test", expires_at=time.time() + 600)
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
     commit_state(store, state, locked, "gc-lock", {})
     with pytest.raises(ConflictError, match="gc is deleting"):
-        remove(store, "v2", keys=[keys[0]])
+        shardlake.open(store).remove("v2", keys=[keys[0]])
     with pytest.raises(ConflictError, match="gc holds the root until"):
         store.write("data/junk/x/shard-000000.tar", b"x")
-        collect_garbage(store, grace_s=0)
+        shardlake.open(store).gc(grace_s=0)
     # Retiring keeps the lock (it references nothing new); readers are unaffected.
-    assert open_dataset(store).version.tag == "v1"
+    assert shardlake.open(store).dataset().version.tag == "v1"
     # A crashed gc's lock expires.
     expired = RootState(
         locked.seq + 1,
@@ -289,6 +287,6 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
         GcLock(id="test", expires_at=time.time() - 1),
     )
     commit_state(store, read_state(store), expired, "gc-lock", {})
-    assert remove(store, "v2", keys=[keys[0]])[0].tag == "v2"
-    report = collect_garbage(store, grace_s=0)
+    assert shardlake.open(store).remove("v2", keys=[keys[0]])[0].tag == "v2"
+    report = shardlake.open(store).gc(grace_s=0)
     assert [o.key for o in report.garbage] == ["data/junk/x/shard-000000.tar"]

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import AlreadyExistsError, ConflictError
 from shardlake.format.layout import COMMITS_DIR
-from shardlake.lifecycle import collect_garbage
 from shardlake.lifecycle.gc import new_lock
 from shardlake.meta.versions import RootState, commit_state, read_commit, read_state
 from shardlake.store import Store
@@ -55,7 +55,7 @@ def test_lost_reply_on_gcs_own_lock_is_settled_by_reading_back(tmp_path: Path) -
     location = _root(tmp_path)
     store = LostLockReply(location.url)
     store.write(JUNK, b"x")
-    report = collect_garbage(store, grace_s=0)
+    report = shardlake.open(store).gc(grace_s=0)
     assert store.lost == 1 and [o.key for o in report.garbage] == [JUNK]
     assert read_state(store).gc_lock is None  # and it released its own lock
     lock = read_commit(store, read_state(store).seq - 1).gc_lock
@@ -72,10 +72,10 @@ def test_dead_holders_lock_expires_and_a_live_one_refuses_publishes(tmp_path: Pa
     assert "v2" not in read_state(store).versions
     with pytest.raises(ConflictError, match="gc holds the root until"):
         store.write(JUNK, b"x")
-        collect_garbage(store, grace_s=0)
+        shardlake.open(store).gc(grace_s=0)
     # The holder died: once its lease has expired the next gc takes the root over.
     _hold(store, -1)
-    assert [o.key for o in collect_garbage(store, grace_s=0).garbage] == [JUNK]
+    assert [o.key for o in shardlake.open(store).gc(grace_s=0).garbage] == [JUNK]
     pack_small(location, src, tag="v2")
     assert read_state(store).latest == "v2"
 
@@ -97,7 +97,7 @@ def test_publish_racing_a_live_gc_is_refused(tmp_path: Path) -> None:
 
     store = PackDuringDelete(location.url)
     store.write(JUNK, b"x")
-    assert [o.key for o in collect_garbage(store, grace_s=0).garbage] == [JUNK]
+    assert [o.key for o in shardlake.open(store).gc(grace_s=0).garbage] == [JUNK]
     assert len(outcome) == 1 and "gc holds the root until" in outcome[0]
     assert "v2" not in read_state(store).versions
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import FormatError
-from shardlake.lifecycle import scrub, verify_offsets, verify_source
-from shardlake.query.dataset import open_dataset
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -24,7 +23,7 @@ def _packed(location: StoreLocation, src: Path, **synth: object) -> Store:
 
 
 def _first_row(store: Store) -> tuple[dict, dict, str]:  # type: ignore[type-arg]
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     entry = ds.entries[0]
     rows = sorted(ds.manifest(entry.id).to_pylist(), key=lambda r: (r["shard"], r["offset"]))
     row = rows[-1]  # the last member of a shard: truncation hits it
@@ -62,7 +61,7 @@ def test_flipped_byte_is_caught_and_named(
     data = bytearray(store.read(shard))
     data[row["offset"] + row["size"] // 2] ^= 0x40
     store.write(shard, bytes(data))
-    report = scrub(store)
+    report = shardlake.open(store).scrub()
     assert not report.ok and len(report.problems) == 1
     problem = report.problems[0]
     assert (problem.key, problem.offset) == (row["key"], row["offset"]) and shard in problem.shard
@@ -70,12 +69,12 @@ def test_flipped_byte_is_caught_and_named(
     assert main(["scrub", store_location.url]) == 1
     err = capsys.readouterr().err
     assert shard in err and row["key"] in err and f"offset {row['offset']}" in err
-    ver = verify_source(store, str(src))
+    ver = shardlake.open(store).verify(str(src))
     assert not ver.ok and [p.key for p in ver.problems] == [row["key"]]
     assert main(["verify", store_location.url, "--source", str(src)]) == 1
     captured = capsys.readouterr()
     assert row["key"] in captured.err and "FAILED" in captured.out
-    assert verify_offsets(store).ok  # headers are intact: only the payload changed
+    assert shardlake.open(store).verify_offsets().ok  # headers are intact: only the payload changed
 
 
 def test_truncated_shard(tmp_path: Path) -> None:
@@ -84,10 +83,10 @@ def test_truncated_shard(tmp_path: Path) -> None:
     entry, row, shard = _first_row(store)
     data = store.read(shard)
     store.write(shard, data[: row["offset"] + 10])
-    report = scrub(store)
+    report = shardlake.open(store).scrub()
     assert [p.key for p in report.problems] == [row["key"]]
     assert "truncated" in report.problems[0].message
-    offsets = verify_offsets(store)
+    offsets = shardlake.open(store).verify_offsets()
     assert not offsets.ok
     messages = " ".join(str(p) for p in offsets.problems)
     assert shard in messages and "version says" in messages  # size vs the version entry
@@ -97,12 +96,12 @@ def test_truncated_shard(tmp_path: Path) -> None:
 def test_swapped_manifests_are_caught(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     a, b = ds.entries[0], ds.entries[1]
     data_a, data_b = store.read(a.manifest), store.read(b.manifest)
     store.write(a.manifest, data_b)
     store.write(b.manifest, data_a)
-    report = verify_offsets(store)
+    report = shardlake.open(store).verify_offsets()
     assert not report.ok
     named = {p.partition for p in report.problems}
     assert named == {a.id, b.id}
@@ -112,7 +111,7 @@ def test_swapped_manifests_are_caught(tmp_path: Path, capsys: pytest.CaptureFixt
     assert a.manifest in err and b.manifest in err
     # The read path refuses the swapped manifest too, naming it and the mismatch.
     with pytest.raises(FormatError, match="does not match the version entry") as info:
-        open_dataset(store).manifest(a.id)
+        shardlake.open(store).dataset().manifest(a.id)
     assert a.manifest in str(info.value)
 
 
@@ -125,13 +124,13 @@ def test_offsets_that_disagree_with_tar_headers(tmp_path: Path) -> None:
 
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    entry = open_dataset(store).entries[0]
+    entry = shardlake.open(store).dataset().entries[0]
     table, meta = read_manifest(store, entry.manifest)
     shifted = table.set_column(
         table.column_names.index("offset"), "offset", pc.add(table.column("offset"), 512)
     )
     store.write(entry.manifest, write_manifest(shifted, meta))
-    report = verify_offsets(store)
+    report = shardlake.open(store).verify_offsets()
     # The version records each manifest's sha256 (format.md section 7), so the edited manifest
     # is refused as a whole before its offsets could be used or compared with the headers.
     assert [p.partition for p in report.problems] == [entry.id]
@@ -146,19 +145,19 @@ def test_deleted_shard_is_caught_by_all_three(
     store = _packed(store_location, src)
     entry, row, shard = _first_row(store)
     store.delete(shard)
-    report = scrub(store)
+    report = shardlake.open(store).scrub()
     assert report.problems and all(shard in p.shard for p in report.problems)
     assert "shard is missing" in report.problems[0].message
-    offsets = verify_offsets(store)
+    offsets = shardlake.open(store).verify_offsets()
     assert [p.message for p in offsets.problems] == ["shard is missing"]
-    ver = verify_source(store, str(src))
+    ver = shardlake.open(store).verify(str(src))
     assert not ver.ok and row["key"] in {p.key for p in ver.problems}
 
 
 def test_corrupted_manifest_is_reported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    entry = open_dataset(store).entries[0]
+    entry = shardlake.open(store).dataset().entries[0]
     store.write(entry.manifest, b"PAR1 garbage")
     for argv in (["scrub", location.url], ["verify-offsets", location.url]):
         assert main(argv) == 1
@@ -171,21 +170,23 @@ def test_verify_membership_and_exact_allow_missing(
     location = StoreLocation("local", str(tmp_path / "root"))
     src = tmp_path / "src"
     store = _packed(location, src)
-    keys = sorted(open_dataset(store).manifests(columns=["key"]).column("key").to_pylist())
+    keys = sorted(
+        shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
+    )
     # A frame added to the source after packing is missing from the version.
     part_dir = src / keys[0].split("/")[0]
     shutil.copy(src / f"{keys[0]}.npz", part_dir / "late_frame.npz")
     late = f"{keys[0].split('/')[0]}/late_frame"
-    report = verify_source(store, str(src))
+    report = shardlake.open(store).verify(str(src))
     assert report.missing == [late] and not report.ok
-    assert verify_source(store, str(src), allow_missing=1).ok
-    assert not verify_source(store, str(src), allow_missing=2).ok  # exactly, not at most
+    assert shardlake.open(store).verify(str(src), allow_missing=1).ok
+    assert not shardlake.open(store).verify(str(src), allow_missing=2).ok  # exactly, not at most
     assert main(["verify", location.url, "--source", str(src), "--allow-missing", "1"]) == 0
     assert f"missing: {late}" in capsys.readouterr().out  # offending keys printed on pass too
     # A source frame withdrawn after packing makes the version hold an extra sample.
     (src / f"{keys[1]}.npz").unlink()
     (src / f"{keys[1]}.json").unlink()
-    report = verify_source(store, str(src), allow_missing=1)
+    report = shardlake.open(store).verify(str(src), allow_missing=1)
     assert report.extra == [keys[1]] and not report.ok
     assert main(["verify", location.url, "--source", str(src), "--allow-missing", "1"]) == 1
     captured = capsys.readouterr()
@@ -199,7 +200,7 @@ def test_verify_membership_and_exact_allow_missing(
     arrays = load_npz((src / f"{keys[2]}.npz").read_bytes(), "x")
     arrays["ego_current_state"] = arrays["ego_current_state"] + np.float32(1)
     (src / f"{keys[2]}.npz").write_bytes(npz_bytes(arrays))
-    report = verify_source(store, str(src), allow_missing=1)
+    report = shardlake.open(store).verify(str(src), allow_missing=1)
     assert [p.key for p in report.problems] == [keys[2]]
     assert "ego_current_state" in report.problems[0].message
 
@@ -207,7 +208,9 @@ def test_verify_membership_and_exact_allow_missing(
 def test_scrub_memory_is_bounded_by_batches(tmp_path: Path) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")
-    largest = max(open_dataset(store).manifests(columns=["size"]).column("size").to_pylist())
+    largest = max(
+        shardlake.open(store).dataset().manifests(columns=["size"]).column("size").to_pylist()
+    )
     bound = largest + 1
     fetched: list[int] = []
     real = store.read_ranges
@@ -217,7 +220,7 @@ def test_scrub_memory_is_bounded_by_batches(tmp_path: Path) -> None:
         return real(ranges)
 
     store.read_ranges = spy  # type: ignore[method-assign]
-    report = scrub(store, batch_bytes=bound, workers=1)
+    report = shardlake.open(store).scrub(batch_bytes=bound, workers=1)
     assert report.ok and report.samples == 12
     assert max(fetched) <= bound and len(fetched) > len({p.partition for p in report.partitions})
 
@@ -249,7 +252,7 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     src = tmp_path / "src"
     store = _packed(location, src)
     entry, row, shard = _first_row(store)
-    keys = open_dataset(store).manifests(columns=["key"]).column("key").to_pylist()
+    keys = shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
     changed = sorted(k for k in keys if k != row["key"])[0]
     path = src / f"{changed}.npz"
     old_sha = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -257,8 +260,8 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     arrays["ego_agent_past"] = arrays["ego_agent_past"] + np.float32(0.5)
     path.write_bytes(npz_bytes(arrays))
     new_sha = hashlib.sha256(path.read_bytes()).hexdigest()
-    assert scrub(store).ok  # nothing is wrong with the dataset
-    report = verify_source(store, str(src))
+    assert shardlake.open(store).scrub().ok  # nothing is wrong with the dataset
+    report = shardlake.open(store).verify(str(src))
     assert not report.ok and [p.key for p in report.problems] == [changed]
     problem = report.problems[0]
     assert problem.kind == "source changed" and str(path) in problem.message
@@ -273,9 +276,9 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     data = bytearray(store.read(shard))
     data[row["offset"] + row["size"] // 2] ^= 0x40
     store.write(shard, bytes(data))
-    scrubbed = scrub(store)
+    scrubbed = shardlake.open(store).scrub()
     assert [p.key for p in scrubbed.problems] == [row["key"]]
-    report = verify_source(store, str(src))
+    report = shardlake.open(store).verify(str(src))
     kinds = {p.key: p.kind for p in report.problems}
     assert kinds == {changed: "source changed", row["key"]: "corrupt at rest"}
     assert (report.to_json()["source_changed"], report.to_json()["corrupt_at_rest"]) == (1, 1)

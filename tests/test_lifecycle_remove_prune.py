@@ -9,12 +9,10 @@ from pathlib import Path
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
-from shardlake.lifecycle import prune_versions, remove, scrub, verify_offsets
-from shardlake.meta.versions import list_versions, read_state
-from shardlake.pack import pack
-from shardlake.query.dataset import open_dataset
+from shardlake.meta.versions import read_state
 from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
@@ -24,7 +22,7 @@ def _packed(location: StoreLocation, src: Path, tag: str = "v1") -> list[str]:
     if not src.exists():
         synth_corpus(src, 3, 4, seed=3, neighbors=2, lanes=4)
     pack_small(location, src, tag=tag)
-    ds = open_dataset(location.url, tag, storage_options=location.storage_options)
+    ds = shardlake.open(location.url, **location.storage_options).dataset(tag)
     return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
 
 
@@ -38,7 +36,7 @@ def test_remove_samples_partitions_and_where_via_cli(
 ) -> None:
     keys = _packed(store_location, tmp_path / "src")
     root, opts = store_location.url, store_location.storage_options
-    v1 = open_dataset(root, storage_options=opts)
+    v1 = shardlake.open(root, **opts).dataset()
     before = _objects(store_location)
     keyfile = tmp_path / "drop.txt"
     keyfile.write_text(keys[0] + "\n" + keys[5] + "\n")
@@ -49,34 +47,39 @@ def test_remove_samples_partitions_and_where_via_cli(
     # Only new manifest revisions, a version document and a commit record: never new shards.
     assert not [k for k in new if k.endswith(".tar")]
     assert len([k for k in new if "/manifest-" in k]) == 2
-    v2 = open_dataset(root, "v2", storage_options=opts)
+    v2 = shardlake.open(root, **opts).dataset("v2")
     remaining = set(v2.manifests(columns=["key"]).column("key").to_pylist())
     assert remaining == set(keys) - {keys[0], keys[5]}
     assert v2.get(keys[1]).keys() == v1.get(keys[1]).keys()
-    assert verify_offsets(root, "v2", storage_options=opts).ok
-    assert scrub(root, "v2", storage_options=opts).ok
+    assert shardlake.open(root, **opts).verify_offsets("v2").ok
+    assert shardlake.open(root, **opts).scrub("v2").ok
     # Other versions untouched.
-    assert open_dataset(root, "v1", storage_options=opts).version.hash == v1.version.hash
-    assert len(open_dataset(root, "v1", storage_options=opts).manifests()) == 12
+    assert shardlake.open(root, **opts).dataset("v1").version.hash == v1.version.hash
+    assert len(shardlake.open(root, **opts).dataset("v1").manifests()) == 12
 
     pid = v2.entries[0].id
     assert main(["remove", root, "--tag", "v3", "--partition", pid]) == 0
     capsys.readouterr()
-    v3 = open_dataset(root, "v3", storage_options=opts)
+    v3 = shardlake.open(root, **opts).dataset("v3")
     assert pid not in [p.id for p in v3.entries] and len(v3.entries) == 2
     assert v3.version.doc["base"] == "v2"
 
     where = f"key = '{keys[2]}' OR key = '{keys[3]}'"
     assert main(["remove", root, "--tag", "v4", "--base", "v1", "--where", where]) == 0
     capsys.readouterr()
-    v4 = open_dataset(root, "v4", storage_options=opts)
+    v4 = shardlake.open(root, **opts).dataset("v4")
     assert v4.version.samples == 10 and len(v4.entries) == 3
-    assert [t for t, _h, _l in list_versions(open_store(root, opts))] == ["v1", "v2", "v3", "v4"]
+    assert [v.tag for v in shardlake.open(open_store(root, opts)).versions()] == [
+        "v1",
+        "v2",
+        "v3",
+        "v4",
+    ]
     assert main(["prune-version", root, "v4"]) == 1  # latest needs --force
     capsys.readouterr()
     assert main(["prune-version", root, "v1", "v2", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["live"] == ["v3", "v4"]
-    assert open_dataset(root, storage_options=opts).version.tag == "v4"
+    assert shardlake.open(root, **opts).dataset().version.tag == "v4"
 
 
 def test_remove_by_json_training_list(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,7 +92,7 @@ def test_remove_by_json_training_list(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "do not start with /other" in capsys.readouterr().err
     assert main([*argv, "--strip-prefix", "/old/root"]) == 0
     capsys.readouterr()
-    remaining = open_dataset(location.url, "v2").manifests(columns=["key"]).column("key")
+    remaining = shardlake.open(location.url).dataset("v2").manifests(columns=["key"]).column("key")
     assert sorted(remaining.to_pylist()) == keys[2:]
 
 
@@ -99,19 +102,19 @@ def test_remove_bad_input_and_empty(tmp_path: Path, capsys: pytest.CaptureFixtur
     root = location.url
     seq = read_state(open_store(root)).seq
     with pytest.raises(NotFoundError, match="no partition"):
-        remove(root, "x", partitions=["000000000000"])
+        shardlake.open(root).remove("x", partitions=["000000000000"])
     with pytest.raises(NotFoundError, match="no sample"):
-        remove(root, "x", keys=[keys[0], "nope/missing"])
+        shardlake.open(root).remove("x", keys=[keys[0], "nope/missing"])
     with pytest.raises(SelectionError, match="empty"):
-        remove(root, "x", where="true")
+        shardlake.open(root).remove("x", where="true")
     with pytest.raises(SelectionError, match="matches no sample"):
-        remove(root, "x", where="false")
+        shardlake.open(root).remove("x", where="false")
     with pytest.raises(SelectionError):
-        remove(root, "x", where="size > 1; SELECT 1")
+        shardlake.open(root).remove("x", where="size > 1; SELECT 1")
     with pytest.raises(ConflictError, match="already exists"):
-        remove(root, "v1", keys=[keys[0]])
+        shardlake.open(root).remove("v1", keys=[keys[0]])
     with pytest.raises(UsageError):
-        remove(root, "x")
+        shardlake.open(root).remove("x")
     assert main(["remove", root, "--tag", "x", "--base", "v9", "--where", "true"]) == 1
     assert "unknown version" in capsys.readouterr().err
     assert read_state(open_store(root)).seq == seq  # nothing published by any of these
@@ -134,7 +137,7 @@ def test_two_removes_race_one_wins(tmp_path: Path) -> None:
 
     def run(tag: str, key: str) -> None:
         try:
-            results[tag] = remove(store, tag, keys=[key])[0].tag
+            results[tag] = shardlake.open(store).remove(tag, keys=[key])[0].tag
         except ConflictError as exc:
             results[tag] = exc
 
@@ -147,7 +150,7 @@ def test_two_removes_race_one_wins(tmp_path: Path) -> None:
     losers = [v for v in results.values() if isinstance(v, ConflictError)]
     assert len(winners) == 1 and len(losers) == 1, results
     assert "re-run" in str(losers[0])
-    tags = [t for t, _h, _l in list_versions(open_store(location.url))]
+    tags = [v.tag for v in shardlake.open(open_store(location.url)).versions()]
     assert tags == ["v1", winners[0]]
 
 
@@ -189,18 +192,14 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
             results[name] = exc
 
     def do_pack():  # type: ignore[no-untyped-def]
-        return pack(
-            str(src),
-            location.url,
-            tag="p2",
-            base="v1",
-            workers=1,
-            executor="inline",
-            shard_size=40_000,
+        return (
+            shardlake.open(location.url)
+            .pack(str(src), tag="p2", base="v1", workers=1, executor="inline", shard_size=40_000)
+            .record
         )
 
     def do_remove():  # type: ignore[no-untyped-def]
-        return remove(location.url, "r2", keys=[keys[1]])[0]
+        return shardlake.open(location.url).remove("r2", keys=[keys[1]])[0]
 
     versions_mod.commit_state = gated  # type: ignore[assignment]
     try:
@@ -219,18 +218,18 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
     failed = [v for v in results.values() if isinstance(v, ConflictError)]
     assert len(published) + len(failed) == 2 and published, results
     assert all("re-run" in str(e) for e in failed)
-    tags = [t for t, _h, _l in list_versions(open_store(location.url))]
+    tags = [v.tag for v in shardlake.open(open_store(location.url)).versions()]
     assert tags[0] == "v1" and sorted(tags[1:]) == sorted(published)  # nothing lost
     for tag in tags:
-        assert verify_offsets(location.url, tag).ok
+        assert shardlake.open(location.url).verify_offsets(tag).ok
 
 
 def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
     root = location.url
-    remove(root, "v2", keys=[keys[0]])
-    remove(root, "v3", keys=[keys[1]])
+    shardlake.open(root).remove("v2", keys=[keys[0]])
+    shardlake.open(root).remove("v3", keys=[keys[1]])
     assert main(["prune-version", root, "v3"]) == 1
     err = capsys.readouterr().err
     assert "'latest'" in err and "--force" in err
@@ -239,6 +238,6 @@ def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["prune-version", root, "v1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["live"] == ["v2", "v3"] and out["latest"] == "v3"
-    state = prune_versions(root, ["v3"], force=True)
+    state = shardlake.open(root).prune(["v3"], force=True)
     assert state.latest == "v2" and "v3" in state.retired
-    assert open_dataset(root).version.tag == "v2"
+    assert shardlake.open(root).dataset().version.tag == "v2"

@@ -11,10 +11,9 @@ from typing import Any
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import IntegrityError
-from shardlake.lifecycle import scrub, verify_source
-from shardlake.query.dataset import open_dataset
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
 from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
@@ -56,7 +55,7 @@ def _root(tmp_path: Path) -> tuple[FlakyReads, Path]:
 
 
 def _ref(store: Store) -> PayloadRef:
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     row = ds.manifest(ds.entries[0].id).to_pylist()[0]
     shard = ds.shard_key(row["partition"], row["shard"])
     return PayloadRef(shard, row["offset"], row["size"], row["crc32"], row["key"])
@@ -69,15 +68,15 @@ def test_one_bad_read_is_reread_away(tmp_path: Path, truncate: bool) -> None:
     store.bad_reads, store.truncate = 1, truncate
     (result,) = read_payloads(store, [ref])
     assert result.ok and result.reads == 2 and result.kind is None
-    ds = open_dataset(store)
+    ds = shardlake.open(store).dataset()
     clean = ds.get(ref.key)
     store.bad_reads = 1
     again = ds.get(ref.key)  # get re-reads too
     assert clean.keys() == again.keys() and all((clean[k] == again[k]).all() for k in clean)
     store.bad_reads = 2
-    assert scrub(store, workers=1).ok  # two bad reads, then a good one: intact
+    assert shardlake.open(store).scrub(workers=1).ok  # two bad reads, then a good one: intact
     store.bad_reads = 2
-    assert verify_source(store, str(src), workers=1).ok
+    assert shardlake.open(store).verify(str(src), workers=1).ok
 
 
 def test_reads_that_disagree_are_a_transport_error(tmp_path: Path) -> None:
@@ -104,15 +103,15 @@ def test_corrupt_at_rest_is_reported_as_such(
     (result,) = read_payloads(store, [ref])
     assert result.kind == CORRUPT_AT_REST and result.reads == 3
     with pytest.raises(IntegrityError, match="corrupt at rest") as info:
-        open_dataset(store).get(ref.key)
+        shardlake.open(store).dataset().get(ref.key)
     assert ref.key in str(info.value) and f"offset {ref.offset}" in str(info.value)
-    report = scrub(store, workers=1)
+    report = shardlake.open(store).scrub(workers=1)
     assert [(p.key, p.kind) for p in report.problems] == [(ref.key, CORRUPT_AT_REST)]
     assert report.to_json()["corrupt_at_rest"] == 1 and report.to_json()["transport_errors"] == 0
     assert main(["scrub", store.url, "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["problems"][0]["kind"] == CORRUPT_AT_REST
-    ver = verify_source(store, str(src), workers=1)
+    ver = shardlake.open(store).verify(str(src), workers=1)
     assert ver.to_json()["corrupt_at_rest"] == 1
     assert "1 corrupt at rest" in ver.failures()[0]
 
@@ -132,13 +131,12 @@ class FlakyHeaders(Store):
 
 
 def test_verify_offsets_rereads_a_header_damaged_in_transit(tmp_path: Path) -> None:
-    from shardlake.lifecycle import verify_offsets
 
     _store, _src = _root(tmp_path)
     store = FlakyHeaders(_store.url)
     # One partition at a time: the damaged reads are counted across the whole run.
     store.bad_reads = 2  # two bad reads of the first header, then a good one
-    assert verify_offsets(store, workers=1).ok
+    assert shardlake.open(store).verify_offsets(workers=1).ok
     store.bad_reads = 3  # every read damaged, each differently: not the shard's fault
-    problems = verify_offsets(store, workers=1).problems
+    problems = shardlake.open(store).verify_offsets(workers=1).problems
     assert problems and {p.kind for p in problems} == {TRANSPORT}

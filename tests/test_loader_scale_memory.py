@@ -140,3 +140,26 @@ def test_slot_reader_emits_its_rows_with_their_bytes(
     for row, payload in out:
         assert bytes(payload) == bytes(i % 251 for i in range(10 * row, 10 * row + 10))
     assert reader.bytes_fetched >= 10 * len(set(emit_rows))
+
+
+def test_keys_are_dropped_unless_batches_carry_them_and_read_back_on_demand(
+    tmp_path: Path,
+) -> None:
+    import shardlake
+    from shardlake.tools.synth import synth_corpus
+    from shardlake.torch.strings import LazyStrings
+
+    src = tmp_path / "src"
+    synth_corpus(src, 2, 5, seed=1, neighbors=2, lanes=4)
+    root = str(tmp_path / "root")
+    shardlake.open(root).pack(src, tag="v1")
+    ds = ShardDataset(root, batch_size=2, include_index=True, num_workers=0, engine="threads")
+    keys = ds.table.keys
+    assert isinstance(keys, LazyStrings) and keys._column is None and len(keys) == 10
+    batch = next(iter(ds.loader()))
+    assert keys._column is None  # reading and batching need no keys
+    carried = ShardDataset(root, batch_size=2, include_key=True, num_workers=0)
+    assert isinstance(carried.table.keys, StringColumn)
+    assert list(keys) == list(carried.table.keys)  # read back from the catalog, same order
+    rows = batch["__index__"].tolist()
+    assert ds.keys_of(batch["__index__"]) == [carried.table.keys[r] for r in rows]

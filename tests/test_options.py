@@ -43,6 +43,4 @@ def test_unknown_keywords_fail_at_the_call_naming_the_nearest(packed: tuple[Path
     ):
         lake.verify(src, allow_mising=1)
     with pytest.raises(UsageError, match="did you mean 'partition_depth'"):
-        from shardlake.pack import pack_with_report
-
-        pack_with_report(src, root, tag="v2", partiton_depth=1)
+        shardlake.open(root).pack(src, tag="v2", partiton_depth=1)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from test_pack_support import make_source, small_frame
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import (
     ConflictError,
@@ -21,7 +22,6 @@ from shardlake.errors import (
     VersionNotFoundError,
 )
 from shardlake.meta.versions import read_state
-from shardlake.pack import pack
 from shardlake.store import open_store
 
 
@@ -137,12 +137,14 @@ def test_bad_input_names_file_and_publishes_nothing(tmp_path: Path, case: str) -
     setup, error, text = BAD_INPUTS[case]
     src = _good(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    pack(src, store, tag="v0", executor="inline")  # an existing version that must stay latest
+    shardlake.open(store).pack(
+        src, tag="v0", executor="inline"
+    )  # an existing version that must stay latest
     before = read_state(store)
     versions_before = store.list("versions/")
     name = setup(src)
     with pytest.raises(error) as info:
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     assert text in str(info.value)
     assert name in str(info.value)
     after = read_state(store)
@@ -154,9 +156,9 @@ def test_empty_source(tmp_path: Path) -> None:
     (tmp_path / "src" / "log").mkdir(parents=True)
     store = open_store(str(tmp_path / "root"))
     with pytest.raises(SourceError, match="empty source"):
-        pack(tmp_path / "src", store, tag="v1", executor="inline")
+        shardlake.open(store).pack(tmp_path / "src", tag="v1", executor="inline")
     with pytest.raises(SourceError, match="not a directory"):
-        pack(tmp_path / "missing", store, tag="v1", executor="inline")
+        shardlake.open(store).pack(tmp_path / "missing", tag="v1", executor="inline")
     assert read_state(store).seq == 0
 
 
@@ -166,25 +168,25 @@ def test_duplicate_keys_in_path_list(tmp_path: Path) -> None:
     listing.write_text("log/a.npz\nlog/b.npz\n./log/a.npz\n")
     store = open_store(str(tmp_path / "root"))
     with pytest.raises(SourceError, match=r"list\.txt:3: duplicate key 'log/a'"):
-        pack(src, store, tag="v1", executor="inline", path_list=listing)
+        shardlake.open(store).pack(src, tag="v1", executor="inline", path_list=listing)
     listing.write_text("../escape.npz\n")
     with pytest.raises(SourceError, match="not a relative path"):
-        pack(src, store, tag="v1", executor="inline", path_list=listing)
+        shardlake.open(store).pack(src, tag="v1", executor="inline", path_list=listing)
     listing.write_text("log/missing.npz\n")
     with pytest.raises(SourceError, match="missing.npz"):
-        pack(src, store, tag="v1", executor="inline", path_list=listing)
+        shardlake.open(store).pack(src, tag="v1", executor="inline", path_list=listing)
     assert read_state(store).seq == 0
 
 
 def test_existing_tag_and_unknown_base(tmp_path: Path) -> None:
     src = _good(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
-    pack(src, store, tag="v1", executor="inline")
+    shardlake.open(store).pack(src, tag="v1", executor="inline")
     state = read_state(store)
     with pytest.raises(ConflictError, match="'v1' already exists"):
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     with pytest.raises(VersionNotFoundError, match="unknown base version 'nope'"):
-        pack(src, store, tag="v2", base="nope", executor="inline")
+        shardlake.open(store).pack(src, tag="v2", base="nope", executor="inline")
     assert read_state(store) == state
 
 
@@ -194,7 +196,7 @@ def test_failures_name_every_partition(tmp_path: Path) -> None:
     (src / "other/bad.npz").write_bytes(b"nope")
     store = open_store(str(tmp_path / "root"))
     with pytest.raises(PackWorkerError) as info:
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     message = str(info.value)
     assert "2 of 2 partition build(s) failed" in message and "nothing was published" in message
     assert "log/bad.npz" in message and "other/bad.npz" in message
@@ -246,7 +248,7 @@ def test_partition_id_collision_is_a_hard_error(
     with pytest.raises(
         SourceError, match="partitions 'log' and 'other' have the same id 000000000000"
     ):
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     assert read_state(store).seq == 0
     report = inspect_source(src)
     assert len(report["collisions"]) == 1 and "'other'" in report["collisions"][0]
@@ -262,7 +264,7 @@ def test_failed_build_leaves_no_partial_shard(tmp_path: Path) -> None:
     (src / f"{bad}.npz").write_bytes(b"PK\x03\x04" + b"\0" * 100)
     store = open_store(str(tmp_path / "root"))
     with pytest.raises(PackWorkerError, match=f"{bad}.npz"):
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     assert store.list(f"data/{partition_id('log')}/") == []
     assert [
         k

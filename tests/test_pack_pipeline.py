@@ -10,10 +10,10 @@ from typing import Any, BinaryIO
 import pytest
 from test_pack_support import make_source, read_all, small_frame
 
+import shardlake
 import shardlake.pack.build as build
 from shardlake.errors import PackWorkerError
 from shardlake.meta.versions import read_state
-from shardlake.pack import pack
 from shardlake.store import Store, open_store
 
 FRAMES = {f"log/f{i:02d}": small_frame(i) for i in range(12)}
@@ -52,7 +52,7 @@ def test_read_ahead_roundtrip_is_exact(tmp_path: Path, monkeypatch: pytest.Monke
     _no_cache(monkeypatch)
     src = make_source(tmp_path / "src", FRAMES)
     store = open_store(str(tmp_path / "root"))
-    version = pack(src, store, tag="v1", executor="inline", shard_size=4096)
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline", shard_size=4096).record
     assert sum(len(p.shards) for p in version.entries) > 1
     got = read_all(store, version)
     assert sorted(got) == sorted(FRAMES)
@@ -76,7 +76,7 @@ def test_file_changed_between_passes_is_refused(
     monkeypatch.setattr(build, "_hash_sources", hash_then_change)
     store = open_store(str(tmp_path / "root"))
     with pytest.raises(PackWorkerError, match=r"f07\.npz: changed while it was being packed"):
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     assert read_state(store).latest is None
     assert store.list("versions/") == []
 
@@ -85,7 +85,7 @@ def test_background_write_failure_fails_the_build(tmp_path: Path) -> None:
     src = make_source(tmp_path / "src", FRAMES)
     store = _FailingShardWrites(str(tmp_path / "root"))
     with pytest.raises(PackWorkerError, match="upload connection reset"):
-        pack(src, store, tag="v1", executor="inline", shard_size=1 << 20)
+        shardlake.open(store).pack(src, tag="v1", executor="inline", shard_size=1 << 20)
     assert read_state(store).latest is None
     # The failed shard was discarded: no shard or manifest object is visible.
     assert [k for k in store.list("") if k.endswith((".tar", ".parquet"))] == []

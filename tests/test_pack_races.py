@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 from test_pack_support import assert_consistent, make_source, read_all, small_frame
 
+import shardlake
 from shardlake.errors import ConflictError
 from shardlake.meta.versions import load_version, publish_version, read_state
-from shardlake.pack import pack
 from shardlake.testing.fixtures import LOOPBACK_KINDS, StoreLocation
 
 
@@ -78,7 +78,7 @@ def test_racing_latest_updates_exactly_one_wins(
 ) -> None:
     src = corpus(tmp_path / "src")
     store = store_location.open()
-    v0 = pack(src, store, tag="v0", executor="inline")
+    v0 = shardlake.open(store).pack(src, tag="v0", executor="inline").record
     base = read_state(store)
     body = {
         k: v for k, v in v0.doc.items() if k not in ("format", "format_version", "tag", "samples")
@@ -154,7 +154,7 @@ def test_sigkill_at_random_moments_leaves_a_consistent_root(tmp_path: Path) -> N
     src = corpus(tmp_path / "src")
     root = tmp_path / "root"
     store = open_store(str(root))
-    pack(src, store, tag="v0", executor="inline")
+    shardlake.open(store).pack(src, tag="v0", executor="inline")
     make_source(
         src, {"log0/s0": {"x": np.zeros(3, np.int64)}, "log1/s0": {"x": np.ones(3, np.int64)}}
     )
@@ -227,7 +227,7 @@ def test_sigkill_at_random_moments_leaves_a_consistent_root(tmp_path: Path) -> N
 def test_sigkill_on_s3(tmp_path: Path, store_location: StoreLocation) -> None:
     src = corpus(tmp_path / "src")
     store = store_location.open()
-    pack(src, store, tag="v0", executor="inline")
+    shardlake.open(store).pack(src, tag="v0", executor="inline")
     started = time.monotonic()
     proc = _cli(
         [

@@ -13,9 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 from test_pack_support import assert_consistent, make_source, read_all, small_frame
 
+import shardlake
 from shardlake.format.codec import arrays_equal_exact
 from shardlake.format.layout import unescape_member_key
-from shardlake.pack import pack, pack_with_report, verify_sample
+from shardlake.pack import verify_sample
 from shardlake.pack.build import load_npz, shuffle_order
 from shardlake.read.manifests import read_manifest
 from shardlake.store import open_store
@@ -56,7 +57,7 @@ def test_every_dtype_round_trips_bit_exactly(tmp_path: Path) -> None:
         tmp_path / "src", {"log/a": arrays, "log/b": {"only": np.ones(2, np.float16)}}
     )
     store = open_store(str(tmp_path / "root"))
-    version = pack(src, store, tag="v1", executor="inline")
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     got = read_all(store, version)
     with np.load(src / "log/a.npz", allow_pickle=False) as npz:
         expected = {name: npz[name] for name in npz.files}
@@ -92,7 +93,12 @@ def test_shards_are_byte_identical_on_rebuild(tmp_path: Path) -> None:
     for name in ("r1", "r2"):
         store = open_store(str(tmp_path / name))
         versions.append(
-            (store, pack(tmp_path / "src", store, tag="v1", executor="inline", shard_size=30_000))
+            (
+                store,
+                shardlake.open(store)
+                .pack(tmp_path / "src", tag="v1", executor="inline", shard_size=30_000)
+                .record,
+            )
         )
     (s1, v1), (s2, v2) = versions
     assert [p.data_rev for p in v1.entries] == [p.data_rev for p in v2.entries]
@@ -103,7 +109,11 @@ def test_shards_are_byte_identical_on_rebuild(tmp_path: Path) -> None:
             assert s1.read(a.key) == s2.read(b.key)
     # A different seed shuffles differently: same content, other bytes and revision.
     s3 = open_store(str(tmp_path / "r3"))
-    v3 = pack(tmp_path / "src", s3, tag="v1", executor="inline", shard_size=30_000, seed=1)
+    v3 = (
+        shardlake.open(s3)
+        .pack(tmp_path / "src", tag="v1", executor="inline", shard_size=30_000, seed=1)
+        .record
+    )
     assert v3.entries[0].data_rev != v1.entries[0].data_rev
     assert read_all(s3, v3).keys() == read_all(s1, v1).keys()
 
@@ -111,7 +121,7 @@ def test_shards_are_byte_identical_on_rebuild(tmp_path: Path) -> None:
 def test_shard_rolling_respects_target_size(tmp_path: Path) -> None:
     src = make_source(tmp_path / "src", {f"p/s{i:02d}": small_frame(i) for i in range(12)})
     store = open_store(str(tmp_path / "root"))
-    version = pack(src, store, tag="v1", executor="inline", shard_size=2048)
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline", shard_size=2048).record
     part = version.entries[0]
     assert sum(s.members for s in part.shards) == 12
     assert len(part.shards) >= 3
@@ -134,7 +144,7 @@ def test_shards_read_by_tarfile_and_webdataset(tmp_path: Path) -> None:
     keys = ["log.v1/frame.001", "log.v1/frame%2E", "log.v1/plain"]
     src = make_source(tmp_path / "src", {k: small_frame(i) for i, k in enumerate(keys)})
     store = open_store(str(tmp_path / "root"))
-    version = pack(src, store, tag="v1", executor="inline")
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     part = version.entries[0]
     assert part.path == "log.v1"
     shard_path = tmp_path / "root" / part.shards[0].key
@@ -158,7 +168,7 @@ def test_shards_read_by_tarfile_and_webdataset(tmp_path: Path) -> None:
 def test_manifest_queryable_by_duckdb_and_pyarrow(tmp_path: Path) -> None:
     synth_corpus(tmp_path / "src", 1, 5, seed=2, neighbors=4, lanes=4, skip_fraction=0.0)
     store = open_store(str(tmp_path / "root"))
-    version = pack(tmp_path / "src", store, tag="v1", executor="inline")
+    version = shardlake.open(store).pack(tmp_path / "src", tag="v1", executor="inline").record
     path = tmp_path / "root" / version.entries[0].manifest
     table = pq.read_table(path)
     for column in (
@@ -188,10 +198,14 @@ def test_skipped_frames_dropped_unless_kept(tmp_path: Path) -> None:
     result = synth_corpus(tmp_path / "src", 2, 10, seed=8, neighbors=2, lanes=2, skip_fraction=0.3)
     assert result.skipped > 0
     store = open_store(str(tmp_path / "root"))
-    report = pack_with_report(tmp_path / "src", store, tag="v1", executor="inline")
+    report = shardlake.open(store).pack(tmp_path / "src", tag="v1", executor="inline")
     assert report.version.samples == 20 - result.skipped
     assert report.skipped_samples == result.skipped
-    kept = pack(tmp_path / "src", store, tag="v2", executor="inline", keep_skipped=True)
+    kept = (
+        shardlake.open(store)
+        .pack(tmp_path / "src", tag="v2", executor="inline", keep_skipped=True)
+        .record
+    )
     assert kept.samples == 20
     assert_consistent(store)
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
+import shardlake
 from shardlake.format.codec import Decoder, check_payload
 from shardlake.format.tar import iter_members
-from shardlake.meta.versions import Version, load_version, load_version_by_hash, read_state
+from shardlake.meta.versions import StoredVersion, load_version, load_version_by_hash, read_state
 from shardlake.read.manifests import read_manifest
 from shardlake.store import Store
 from shardlake.tools.synth import write_npz
@@ -40,7 +41,7 @@ def small_frame(i: int) -> dict[str, Any]:
     }
 
 
-def read_all(store: Store, version: Version) -> dict[str, dict[str, Any]]:
+def read_all(store: Store, version: StoredVersion) -> dict[str, dict[str, Any]]:
     """Every sample of ``version`` decoded from its shard bytes (checksums checked)."""
     decoder = Decoder()
     out: dict[str, dict[str, Any]] = {}
@@ -79,12 +80,11 @@ def assert_consistent(store: Store) -> None:
 
 
 def test_make_source_and_read_back(tmp_path: Path) -> None:
-    from shardlake.pack import pack
     from shardlake.store import open_store
 
     src = make_source(tmp_path / "src", {f"p/s{i}": small_frame(i) for i in range(3)})
     store = open_store(str(tmp_path / "root"))
-    version = pack(src, store, tag="v1", executor="inline")
+    version = shardlake.open(store).pack(src, tag="v1", executor="inline").record
     got = read_all(store, version)
     assert sorted(got) == ["p/s0", "p/s1", "p/s2"]
     assert np.array_equal(got["p/s2"]["b"], np.arange(2, 7))

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from test_pack_support import assert_consistent, make_source, read_all, small_frame
 
+import shardlake
 from shardlake.errors import PackWorkerError
 from shardlake.meta.versions import read_state
-from shardlake.pack import pack, pack_with_report
 from shardlake.progress.bar import Progress
 from shardlake.store import open_store
 
@@ -34,8 +34,8 @@ def test_process_pool_matches_inline(tmp_path: Path) -> None:
     src = corpus(tmp_path / "src")
     inline = open_store(str(tmp_path / "a"))
     procs = open_store(str(tmp_path / "b"))
-    v_inline = pack(src, inline, tag="v1", executor="inline")
-    v_procs = pack(src, procs, tag="v1", executor="process", workers=2)
+    v_inline = shardlake.open(inline).pack(src, tag="v1", executor="inline").record
+    v_procs = shardlake.open(procs).pack(src, tag="v1", executor="process", workers=2).record
     assert [p.data_rev for p in v_procs.entries] == [p.data_rev for p in v_inline.entries]
     for part in v_procs.entries:
         for shard in part.shards:
@@ -65,7 +65,7 @@ def test_dead_worker_fails_the_pack_naming_partitions(tmp_path: Path) -> None:
     )
     try:
         with pytest.raises(PackWorkerError) as info:
-            pack(src, store, tag="v1", executor=pool)
+            shardlake.open(store).pack(src, tag="v1", executor=pool)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     message = str(info.value)
@@ -88,11 +88,15 @@ def test_dask_local_cluster(tmp_path: Path) -> None:
         dashboard_address=None,
     ) as cluster:
         address = cluster.scheduler_address.replace("tcp://", "dask://")
-        report = pack_with_report(src, store, tag="v1", executor=address)
+        report = shardlake.open(store).pack(src, tag="v1", executor=address)
     assert sorted(report.built) == ["log0", "log1", "log2"]
-    assert len(read_all(store, report.version)) == 9
-    reference = pack(src, open_store(str(tmp_path / "ref")), tag="v1", executor="inline")
-    assert [p.data_rev for p in report.version.entries] == [p.data_rev for p in reference.entries]
+    assert len(read_all(store, report.record)) == 9
+    reference = (
+        shardlake.open(open_store(str(tmp_path / "ref")))
+        .pack(src, tag="v1", executor="inline")
+        .record
+    )
+    assert [p.data_rev for p in report.record.entries] == [p.data_rev for p in reference.entries]
 
 
 def test_progress_weighted_with_eta_and_heartbeat() -> None:
@@ -139,9 +143,8 @@ def test_heartbeat_names_slow_partition(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(packer, "build_partition", slow)
     src = corpus(tmp_path / "src")
     out = io.StringIO()
-    pack(
+    shardlake.open(open_store(str(tmp_path / "root"))).pack(
         src,
-        open_store(str(tmp_path / "root")),
         tag="v1",
         executor="thread",
         workers=3,
@@ -211,14 +214,14 @@ def test_pack_on_every_backend(tmp_path: Path, store_location: Any) -> None:
     """Default executor (processes; threads for memory://) writing straight to each store."""
     src = corpus(tmp_path / "src")
     store = store_location.open()
-    version = pack(src, store, tag="v1", workers=2, shard_size=1500)
+    version = shardlake.open(store).pack(src, tag="v1", workers=2, shard_size=1500).record
     assert version.samples == 9
     got = read_all(store, version)
     assert got["log2/s1"]["b"].tolist() == small_frame(21)["b"].tolist()
     assert_consistent(store)
     # The same content packed locally gives the same revisions and shard bytes.
     local = open_store(str(tmp_path / "ref"))
-    reference = pack(src, local, tag="v1", executor="inline", shard_size=1500)
+    reference = shardlake.open(local).pack(src, tag="v1", executor="inline", shard_size=1500).record
     assert [p.data_rev for p in version.entries] == [p.data_rev for p in reference.entries]
     shard = reference.entries[0].shards[0].key
     assert store.read(shard) == local.read(shard)

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from test_pack_support import make_source, small_frame
 
+import shardlake
 from shardlake.errors import ConflictError
 from shardlake.meta.versions import RootState, publish_version, read_state
-from shardlake.pack import pack
 from shardlake.store import Request, open_store
 
 
@@ -36,10 +36,12 @@ def test_incremental_publish_lists_only_new_revisions(tmp_path: Path) -> None:
     src = tmp_path / "src"
     _partitions(src, [f"log{i}" for i in range(6)])
     store = open_store(str(tmp_path / "root"))
-    pack(src, store, tag="v1", workers=0)
+    shardlake.open(store).pack(src, tag="v1", workers=0)
     _partitions(src, ["log_new"])
     log = KeyLog()
-    version = pack(src, store.with_layers(log), tag="v2", base="v1", workers=0)
+    version = (
+        shardlake.open(store.with_layers(log)).pack(src, tag="v2", base="v1", workers=0).record
+    )
     calls = log.calls
     assert version.partition_count == 7
     listed = sorted(key for op, key in calls if op == "list")
@@ -52,7 +54,7 @@ def test_publish_refuses_a_missing_new_object(tmp_path: Path) -> None:
     src = tmp_path / "src"
     _partitions(src, ["a", "b"])
     store = open_store(str(tmp_path / "root"))
-    v1 = pack(src, store, tag="v1", workers=0)
+    v1 = shardlake.open(store).pack(src, tag="v1", workers=0).record
     entry = v1.entries[0]
     gone = replace(entry, manifest=entry.manifest.replace("manifest-", "manifest-gone"))
     body = {"base": "v1", "partitions": [gone.to_json()]}

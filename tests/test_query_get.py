@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from lifecycle_support import pack_small
 
+import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
-from shardlake.query.dataset import open_dataset
 from shardlake.source.npz import load_npz
 from shardlake.source.source_form import npz_bytes, sidecar_of
 from shardlake.testing.fixtures import StoreLocation
@@ -40,7 +40,7 @@ def _assert_same(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> None:
 def test_query_get_iterate_on_every_backend(store_location: StoreLocation, tmp_path: Path) -> None:
     src = tmp_path / "src"
     _packed(store_location, src)
-    ds = open_dataset(store_location.url, storage_options=store_location.storage_options)
+    ds = shardlake.open(store_location.url, **store_location.storage_options).dataset()
     table = ds.query('"skipping_info.label" >= 0 AND NOT is_skipped', columns=["key", "size"])
     assert table.column_names == ["key", "size"]
     assert 0 < table.num_rows <= 6
@@ -58,7 +58,7 @@ def test_get_reads_one_range_and_rebuilds_sidecar(tmp_path: Path) -> None:
     src = tmp_path / "src"
     location = StoreLocation("local", str(tmp_path / "root"))
     _packed(location, src)
-    ds = open_dataset(location.url)
+    ds = shardlake.open(location.url).dataset()
     key = ds.manifests(columns=["key"]).column("key")[0].as_py()
     calls: list[tuple[str, int, int]] = []
     original = ds.store.read_range
@@ -127,7 +127,9 @@ def test_query_csv_holds_nested_columns_and_columns_repeat(
     location = StoreLocation("local", str(tmp_path / "root"))
     _packed(location, tmp_path / "src")
     root = location.url
-    want = open_dataset(root).query(None, ["key", "neighbor_ids", "timestamp"]).to_pylist()
+    want = (
+        shardlake.open(root).dataset().query(None, ["key", "neighbor_ids", "timestamp"]).to_pylist()
+    )
     assert isinstance(want[0]["neighbor_ids"], list) and want[0]["neighbor_ids"]
     # List (and struct) columns become JSON text in their cell; every other column as pyarrow
     # writes it.
@@ -164,23 +166,23 @@ def test_get_out_refuses_to_overwrite_unless_force(
     src = tmp_path / "src"
     _packed(location, src)
     root = location.url
-    key = open_dataset(root).keys()[0]
+    key = shardlake.open(root).dataset().keys()[0]
     out = tmp_path / "mine.npz"
     out.write_bytes(b"the user's own file")
     assert main(["get", root, key, "--out", str(out)]) == 1
     err = capsys.readouterr().err
-    assert f"{out} already exist(s); not overwritten (see --force)" in err
+    assert f"{out} already exists; not overwritten (see --force)" in err
     assert out.read_bytes() == b"the user's own file"
     assert main(["get", root, key, "--out", str(out), "--force"]) == 0
     _assert_same(load_npz(out.read_bytes(), "out"), _source_arrays(src, key))
     # --out-dir: one file already there refuses the whole fetch; nothing is written.
     outdir = tmp_path / "many"
-    keys = open_dataset(root).keys()[:2]
+    keys = shardlake.open(root).dataset().keys()[:2]
     mine = outdir / f"{keys[1]}.json"
     mine.parent.mkdir(parents=True)
     mine.write_text("{}")
     assert main(["get", root, *keys, "--out-dir", str(outdir)]) == 1
-    assert "already exist(s); not overwritten (see --force)" in capsys.readouterr().err
+    assert f"{mine} already exists; not overwritten (see --force)" in capsys.readouterr().err
     assert not (outdir / f"{keys[0]}.npz").exists() and mine.read_text() == "{}"
     assert main(["get", root, *keys, "--out-dir", str(outdir), "--force"]) == 0
     assert json.loads(mine.read_text()) == json.loads((src / f"{keys[1]}.json").read_text())
@@ -190,11 +192,11 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     location = StoreLocation("local", str(tmp_path / "root"))
     _packed(location, tmp_path / "src")
     root = location.url
-    ds = open_dataset(root)
+    ds = shardlake.open(root).dataset()
     with pytest.raises(NotFoundError, match="no sample"):
         ds.get("nope/nothing")
     with pytest.raises(VersionNotFoundError):
-        open_dataset(root, "v9")
+        shardlake.open(root).dataset("v9")
     with pytest.raises(SelectionError):
         ds.query("(SELECT 1 FROM read_csv('/etc/passwd')) = 1")
     cases = [
@@ -214,7 +216,7 @@ def test_bad_input_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtur
     # A corrupted manifest: a clear FormatError naming it, exit 1.
     entry = ds.entries[0]
     ds.store.write(entry.manifest, b"not parquet at all")
-    fresh = open_dataset(root)
+    fresh = shardlake.open(root).dataset()
     with pytest.raises(FormatError, match="manifest"):
         fresh.manifest(entry.id)
     # Queries read the catalog, not manifests: a corrupted segment is refused by its digest.

@@ -9,6 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+import shardlake
 from shardlake.errors import (
     AlreadyExistsError,
     BucketNotFoundError,
@@ -331,14 +332,13 @@ def test_access_denied_names_what_was_denied(plain_server) -> None:
 def test_export_to_a_missing_bucket_names_the_bucket(store_servers, tmp_path) -> None:
     from test_pack_support import make_source, small_frame
 
-    from shardlake.lifecycle.export import export_version
-    from shardlake.pack import pack
-
     src = make_source(tmp_path / "src", {"log0/s0": small_frame(0)})
-    pack(src, str(tmp_path / "root"), tag="v1", executor="inline")
+    shardlake.open(str(tmp_path / "root")).pack(src, tag="v1", executor="inline")
     server = store_servers.get("s3")
     dest = f"s3://no-such-bucket-456/{tmp_path.name}"
     with pytest.raises(BucketNotFoundError) as caught:
-        export_version(str(tmp_path / "root"), dest, dest_options=server.storage_options)
+        shardlake.open(str(tmp_path / "root")).export(
+            dest, dest_storage_options=server.storage_options
+        )
     assert "bucket 'no-such-bucket-456' does not exist" in str(caught.value)
     assert "not a shardlake root" not in str(caught.value)

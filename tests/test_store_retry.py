@@ -21,6 +21,7 @@ from botocore.exceptions import (
 from gcsfs.retry import ChecksumError, HttpError
 from s3fs.errors import translate_boto_error
 
+import shardlake
 from shardlake.errors import (
     AlreadyExistsError,
     OutcomeUnknownError,
@@ -304,7 +305,6 @@ def test_unsettled_publish_says_outcome_unknown(tmp_path) -> None:
     from test_pack_support import make_source, small_frame
 
     from shardlake.meta.versions import read_state
-    from shardlake.pack import pack
 
     src = make_source(tmp_path / "src", {f"log{i}/s0": small_frame(i) for i in range(2)})
     plain = open_store(str(tmp_path / "root"))
@@ -312,7 +312,7 @@ def test_unsettled_publish_says_outcome_unknown(tmp_path) -> None:
         LoseCommitReply()
     )
     with pytest.raises(OutcomeUnknownError) as caught:
-        pack(src, store, tag="v1", executor="inline")
+        shardlake.open(store).pack(src, tag="v1", executor="inline")
     message = str(caught.value)
     assert "outcome unknown; run `shardlake versions` to see whether v1 exists" in message
     assert "nothing was published" not in message

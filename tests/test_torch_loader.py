@@ -231,10 +231,9 @@ def test_where_keyset_and_errors(corpus: tuple[Path, Path]) -> None:
     pid = everything.partition_names[0]
     ds = ShardDataset(str(root), batch_size=4, num_workers=0, where=f"partition = '{pid}'")
     assert len(ds.table) == COUNTS_BY_PID(everything)[pid]
-    from shardlake.query.keyset_build import create_keyset
 
     chosen = everything.table.keys[1::4]
-    create_keyset(str(root), "held-out", keys=chosen)
+    shardlake.open(str(root)).create_keyset("held-out", keys=chosen)
     by_name = ShardDataset(str(root), batch_size=4, num_workers=0, keyset="held-out")
     assert sorted(by_name.table.keys) == sorted(chosen)
     assert by_name.run_record()["selection"] == {"keyset": "held-out"}
@@ -378,3 +377,20 @@ def test_thread_engine_stops_its_threads_and_checks_its_options(corpus: tuple[Pa
         ShardDataset(str(root), batch_size=4, engine="fibers")
     with pytest.raises(UsageError, match="threads=0"):
         ds.loader(threads=0)
+
+
+def test_thread_engine_pin_memory_without_cuda_warns_and_yields_the_same_batches(
+    corpus: tuple[Path, Path],
+) -> None:
+    _, root = corpus
+    ds = ShardDataset(str(root), batch_size=4, engine="threads", include_key=True)
+    want = list(ds.loader())
+    if torch.cuda.is_available():
+        got = list(ds.loader(pin_memory=True))
+        assert all(b["lanes"].is_pinned() for b in got)
+    else:
+        with pytest.warns(UserWarning, match="CUDA is not available"):
+            got = list(ds.loader(pin_memory=True))
+    assert [b["__key__"] for b in got] == [b["__key__"] for b in want]
+    for a, b in zip(got, want, strict=True):
+        assert_batch_equal(a, {k: v for k, v in b.items() if k != "__key__"})

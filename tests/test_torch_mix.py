@@ -10,7 +10,7 @@ import torch
 from test_torch_support import make_root
 
 from shardlake.errors import UsageError
-from shardlake.torch import ShardDataset, Source
+from shardlake.torch import MixMember, ShardDataset
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("loader_engine")]
 
@@ -38,9 +38,9 @@ def mix3(roots: tuple[str, str, str], **options: object) -> ShardDataset:
     a, b, c = roots
     return ShardDataset.mix(
         [
-            Source(a, weight=0.7, name="a"),
-            Source(b, weight=0.3, name="b"),
-            Source(c, repeat=2, name="c"),
+            MixMember(a, weight=0.7, name="a"),
+            MixMember(b, weight=0.3, name="b"),
+            MixMember(c, repeat=2, name="c"),
         ],
         batch_size=BATCH,
         include_index=True,
@@ -68,11 +68,11 @@ def test_counts_follow_weights_repeat_and_choose(roots: tuple[str, str, str]) ->
     assert [s["samples_per_epoch"] for s in record["sources"]] == ds.source_counts
     assert [s["name"] for s in record["sources"]] == ["a", "b", "c"]
     choose = ShardDataset.mix(
-        [Source(roots[0], choose=10), Source(roots[1], choose=50)], batch_size=BATCH
+        [MixMember(roots[0], choose=10), MixMember(roots[1], choose=50)], batch_size=BATCH
     )
     assert choose.source_counts == [10, 50]
     with pytest.raises(UsageError, match="at most one of weight"):
-        Source(roots[0], weight=1, repeat=2)
+        MixMember(roots[0], weight=1, repeat=2)
 
 
 def test_samples_interleave_and_shares_stay_within_tolerance(roots: tuple[str, str, str]) -> None:
@@ -147,3 +147,10 @@ def test_mixing_report_counts_samples_per_source(roots: tuple[str, str, str]) ->
     batches = keyed(ds, list(ds.loader()))
     assert report["sources"] == dict(Counter(s for b in batches for s, _ in b))
     assert sum(report["sources"].values()) - sum(ds.source_counts) < BATCH  # padding only
+
+
+def test_source_is_a_deprecated_alias_of_mix_member() -> None:
+    import shardlake.torch
+
+    with pytest.warns(DeprecationWarning, match="use shardlake.torch.MixMember"):
+        assert shardlake.torch.Source is shardlake.torch.MixMember

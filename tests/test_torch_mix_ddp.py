@@ -15,7 +15,7 @@ from test_torch_support import make_root, mix_rank_main, per_sample_loss, run_ra
 
 from shardlake.store import open_store
 from shardlake.testing.fixtures import new_location, shared_servers
-from shardlake.torch import ShardDataset, Source
+from shardlake.torch import MixMember, ShardDataset
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("loader_engine")]
 
@@ -55,7 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def mixed(run: dict[str, Any], **options: Any) -> ShardDataset:
     return ShardDataset.mix(
-        [Source(**s) for s in run["sources"]],
+        [MixMember(**s) for s in run["sources"]],
         batch_size=BATCH,
         include_index=True,
         max_pad_fraction=0.5,

@@ -54,6 +54,7 @@ def test_remote_batches_equal_local_and_bytes_fetched_match_selection(
     member_bytes = sum(size_of[k] * n for k, n in seen.items())
     records = [json.loads(line) for line in log.read_text().splitlines()]
     reads = [r for r in records if r["ok"] and r["op"].startswith("read_range")]
-    assert {r["pid"] for r in reads} and len({r["pid"] for r in reads}) == 2
+    # Each worker process reads its own slots; the thread engine reads in this process.
+    assert len({r["pid"] for r in reads}) == (2 if ds.engine == "processes" else 1)
     fetched = sum(r["bytes"] for r in reads)
     assert member_bytes <= fetched <= 1.10 * member_bytes, (fetched, member_bytes)

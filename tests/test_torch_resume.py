@@ -136,3 +136,17 @@ def test_state_without_plan_shape_resumes_the_shape_1_plan(root: str) -> None:
     again = dataset(root).loader(num_workers=0)
     again.load_state_dict({**state, "plan_shape": 2})
     assert again.ds.params.shape == 2
+
+
+def test_a_state_saved_on_one_engine_resumes_on_the_other(root: str, loader_engine: str) -> None:
+    other = "processes" if loader_engine == "threads" else "threads"
+    full = keys(list(dataset(root).loader(num_workers=2)))
+    loader = dataset(root).loader(num_workers=2)
+    first = keys(take(iter(loader), 3))
+    state = loader.state_dict()
+    resumed = ShardDataset(
+        root, batch_size=BATCH, include_key=True, max_pad_fraction=0.5, engine=other
+    ).loader(num_workers=2)
+    resumed.load_state_dict(state)
+    assert resumed.engine == other
+    assert first + keys(list(resumed)) == full

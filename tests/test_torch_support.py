@@ -13,8 +13,8 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
+import shardlake
 from shardlake.format.codec import to_python_strings
-from shardlake.pack import pack
 from shardlake.tools.synth import synth_corpus
 
 
@@ -30,7 +30,7 @@ def make_root(
     """Synthesize a tiny corpus and pack it; ``(source, root)``."""
     source, root = base / "src", base / "root"
     synth_corpus(source, len(counts), counts, seed=seed, format=fmt, neighbors=4, lanes=lanes)
-    pack(source, str(root), tag="v1", executor="inline", shard_size=shard_size)
+    shardlake.open(str(root)).pack(source, tag="v1", executor="inline", shard_size=shard_size)
     return source, root
 
 
@@ -151,7 +151,7 @@ def mix_rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     """One rank of a mix: train steps (optionally preempted and resumed) and an exact pass."""
     import torch.distributed as dist
 
-    from shardlake.torch import ShardDataset, Source, masked_sum
+    from shardlake.torch import MixMember, ShardDataset, masked_sum
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
@@ -160,7 +160,7 @@ def mix_rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
     )
     out: dict[str, Any] = {"rank": rank, "error": None}
     try:
-        sources = [Source(**s) for s in cfg["sources"]]
+        sources = [MixMember(**s) for s in cfg["sources"]]
 
         def new_loader() -> Any:
             ds = ShardDataset.mix(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import shardlake
 from shardlake.tools.synth import synth_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -33,16 +34,14 @@ def read_log(run: Path) -> list[dict[str, float]]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """A tiny corpus, packed; the last log is validation, the others training, on both paths."""
-    from shardlake.pack import pack
-    from shardlake.query.keyset_build import create_keyset
 
     tmp = tmp_path_factory.mktemp("train")
     src = synth_corpus(tmp / "src", PARTITIONS, SAMPLES, seed=3, neighbors=4, lanes=4)
     root = tmp / "root"
-    pack(src.root, str(root), tag="v1", workers=1)
+    shardlake.open(str(root)).pack(src.root, tag="v1", workers=1)
     valid_log = src.partitions[-1]
-    create_keyset(str(root), "train", where=f"log_file_id <> '{valid_log}'")
-    create_keyset(str(root), "valid", where=f"log_file_id = '{valid_log}'")
+    shardlake.open(str(root)).create_keyset("train", where=f"log_file_id <> '{valid_log}'")
+    shardlake.open(str(root)).create_keyset("valid", where=f"log_file_id = '{valid_log}'")
     files = sorted(str(f) for f in src.files)
     valid = [f for f in files if f"/{valid_log}/" in f]
     train = [f for f in files if f not in valid]

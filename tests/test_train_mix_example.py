@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shardlake.pack import pack
+import shardlake
 from shardlake.tools.synth import synth_corpus
 
 pytestmark = pytest.mark.timeout(600)
@@ -25,8 +25,8 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     root = tmp / "root"
     v1 = synth_corpus(tmp / "v1", 2, 24, seed=5, neighbors=4, lanes=4)
     v2 = synth_corpus(tmp / "v2", 2, [16, 21], seed=6, neighbors=4, lanes=4)
-    pack(v1.root, str(root), tag="v1", executor="inline")
-    pack(v2.root, str(root), tag="v2", executor="inline")
+    shardlake.open(str(root)).pack(v1.root, tag="v1", executor="inline")
+    shardlake.open(str(root)).pack(v2.root, tag="v2", executor="inline")
     return root, f"log_file_id = '{v2.partitions[-1]}'"  # the 21-frame log of v2
 
 

@@ -2,9 +2,9 @@ import threading
 
 import pytest
 
-from shardlake.errors import ConflictError, FormatError, VersionNotFoundError
+import shardlake
+from shardlake.errors import ConflictError, FormatError, NotFoundError, VersionNotFoundError
 from shardlake.meta.versions import (
-    list_versions,
     load_version,
     publish_version,
     read_state,
@@ -41,7 +41,7 @@ def test_publish_and_latest(store):
     v2 = publish_version(store, "v2", _body(2), read_state(store))
     assert resolve_tag(store) == ("v2", v2.hash)
     assert load_version(store, "v1").record.partitions[0].skipped == 1
-    assert [t for t, _, _ in list_versions(store)] == ["v1", "v2"]
+    assert [v.tag for v in shardlake.open(store).versions()] == ["v1", "v2"]
 
 
 def test_publish_refuses_a_malformed_partition_entry(store):
@@ -97,6 +97,8 @@ def test_retire_requires_force_for_latest(store):
         publish_version(store, "v2", _body(3), read_state(store))
 
 
-def test_empty_root_has_no_latest(store):
-    with pytest.raises(VersionNotFoundError):
+def test_empty_location_is_no_root(store):
+    # Nothing there at all: not "no version", but no root (NotFoundError, not a version error).
+    with pytest.raises(NotFoundError, match="no shardlake root at") as info:
         load_version(store)
+    assert not isinstance(info.value, VersionNotFoundError)

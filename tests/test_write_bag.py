@@ -31,18 +31,8 @@ SHARD = 1500
 
 
 @pytest.fixture(scope="module")
-def client() -> Iterator[Any]:
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            processes=True,
-            threads_per_worker=1,
-            protocol="tcp://",
-            host="127.0.0.1",
-            dashboard_address=None,
-        ) as cluster,
-        distributed.Client(cluster) as dask_client,
-    ):
+def client(dask_cluster: Any) -> Iterator[Any]:
+    with distributed.Client(dask_cluster) as dask_client:
         yield dask_client
 
 
@@ -72,6 +62,9 @@ def test_write_bag_on_a_cluster_equals_pack(
     again = root.write_bag(_bag(changed, 2), "v2", base="v1")
     assert again.built == ["log2"] and sorted(again.carried) == ["log0", "log1"]
     assert root.diff("v1", "v2").data_changed == ["log2"]
+    root.create_keyset("odd", version="v1", where='"index" % 2 = 1')
+    rebased = root.rebase_keyset("odd", "v2", new_name="odd-v2")
+    assert (rebased.kept, rebased.dropped, rebased.changed) == (12, 0, 4)
 
 
 def test_failing_record_publishes_nothing(client: Any, tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -83,7 +84,7 @@ def test_base_carries_reuses_replaces_and_deletes(tmp_path: Path) -> None:
     report = w.report
     assert report.reused == ["log0"] and report.built == ["log1"]
     assert report.carried == ["log2"] and report.dropped == ["log3"]
-    assert report.version.record.base == "v1"
+    assert report.version.base == "v1"
     before, after = revisions(root, "v1"), revisions(root, "v2")
     assert after["log0"] == before["log0"] and after["log2"] == before["log2"]
     assert after["log1"][0] != before["log1"][0] and "log3" not in after
@@ -200,3 +201,87 @@ def test_options_and_base_are_checked_up_front(tmp_path: Path) -> None:
         w.delete_partition("b")
     assert [v.tag for v in root.versions()] == ["v1"]
     assert tempfile.gettempdir()  # the default spill directory exists
+
+
+def test_encode_threads_give_the_same_version_and_abort_cleanly(tmp_path: Path) -> None:
+    samples = make_samples(partitions=3, per_partition=10)
+    roots = {}
+    for threads in (1, 3):
+        root = shardlake.open(tmp_path / f"root{threads}")
+        options = WriteOptions(shard_size=SHARD, encode_threads=threads)
+        with root.writer("v1", options=options) as w:
+            for key, arrays, meta in samples:
+                w.write(key, arrays, meta)
+        roots[threads] = root
+    assert revisions(roots[1], "v1") == revisions(roots[3], "v1")
+    assert roots[3].scrub().ok
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    options = WriteOptions(encode_threads=3, spill_dir=spill)
+    with pytest.raises(KeyboardInterrupt), roots[3].writer("v2", options=options) as w:
+        for key, arrays, meta in samples[:12]:
+            w.write(key, arrays, meta)
+        raise KeyboardInterrupt
+    assert [v.tag for v in roots[3].versions()] == ["v1"] and _spill_files(spill) == []
+
+
+def test_canonical_npz_form_is_deterministic_and_hashed() -> None:
+    import hashlib
+    import io
+    import zipfile
+
+    from shardlake.source.npz import load_npz
+    from shardlake.source.source_form import npz_bytes, source_sha256
+
+    arrays = {"b": np.arange(5, dtype=">u2"), "a": np.array(["x", "yz"])}
+    data = npz_bytes(arrays, compress=False)
+    infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    assert [i.filename for i in infos] == ["b.npy", "a.npy"]
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
+    assert {i.create_system for i in infos} == {3}  # Unix, also on Windows
+    assert source_sha256(arrays) == hashlib.sha256(data).hexdigest()
+    assert_same_arrays(load_npz(data, "x"), arrays)
+
+
+def test_finished_partitions_build_early_and_free_their_spill(tmp_path: Path) -> None:
+    samples = make_samples(partitions=3, per_partition=5)
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    root = shardlake.open(tmp_path / "root")
+    options = WriteOptions(shard_size=SHARD, spill_dir=spill)
+    with root.writer("v1", options=options) as w:
+        for p in range(3):
+            for key, arrays, meta in samples[p * 5 : (p + 1) * 5]:
+                w.write(key, arrays, meta)
+            w.finish_partition(f"log{p}")
+        with pytest.raises(UsageError, match="finished already"):
+            w.write("log0/new", {"x": np.ones(1)})
+        (tmpdir,) = os.listdir(spill)
+        w.finish_partition("log2")  # again: nothing to do
+        deadline = time.monotonic() + 30
+        while os.listdir(spill / tmpdir) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the builds run in the background
+        assert os.listdir(spill / tmpdir) == []  # built and freed before the writer closed
+        assert root.versions() == []
+    assert _spill_files(spill) == []
+    other = shardlake.open(tmp_path / "other")
+    with other.writer("v1", options=WriteOptions(shard_size=SHARD)) as w:
+        for key, arrays, meta in samples:
+            w.write(key, arrays, meta)
+    assert revisions(root, "v1") == revisions(other, "v1")
+    assert root.scrub().ok
+
+
+def test_a_writer_that_only_deletes_publishes_the_base_without_it(tmp_path: Path) -> None:
+    root = shardlake.open(tmp_path / "root")
+    with root.writer("v1") as w:
+        for key, arrays, meta in make_samples(partitions=2, per_partition=2):
+            w.write(key, arrays, meta)
+    with root.writer("v2", base="v1") as w:
+        w.delete_partition("log0")
+    assert w.report.dropped == ["log0"] and w.report.carried == ["log1"]
+    assert sorted(revisions(root, "v2")) == ["log1"]
+    with pytest.raises(SourceError, match="no partitions"), root.writer("v3", base="v2") as w:
+        w.delete_partition("log1")
+    assert [v.tag for v in root.versions()] == ["v1", "v2"]

@@ -26,22 +26,37 @@ from .errors import (
 from .store import Store, open_store
 
 if TYPE_CHECKING:
-    from .lifecycle.export import ExportReport, NpzExportReport
-    from .lifecycle.verify import VerifyOptions, VerifyReport
+    from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
+    from .lifecycle.gc import GcOptions, GcReport
+    from .lifecycle.prune import PruneReport
+    from .lifecycle.remove import RemoveOptions, RemoveReport
+    from .lifecycle.scrub import ScrubOptions, ScrubReport
+    from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.keysets import Keyset
+    from .meta.versions import Version
     from .pack import PackOptions, PackReport, inspect_source
     from .pack.writer import WriteOptions, Writer
     from .query.dataset import Dataset
     from .query.selection import Selection
-    from .root import Root, VersionInfo, open
+    from .root import Root, open
     from .store.check import StoreReport, check_store
 
 # Imported on first use: ``import shardlake`` stays cheap (no pyarrow compute, DuckDB or pack
 # machinery until a root is opened), which every CLI call and worker process pays.
 _LAZY = {
     "Dataset": "query.dataset",
+    "ExportOptions": "lifecycle.export",
     "ExportReport": "lifecycle.export",
+    "GcOptions": "lifecycle.gc",
+    "GcReport": "lifecycle.gc",
     "NpzExportReport": "lifecycle.export",
+    "OffsetsOptions": "lifecycle.verify",
+    "OffsetsReport": "lifecycle.verify",
+    "PruneReport": "lifecycle.prune",
+    "RemoveOptions": "lifecycle.remove",
+    "RemoveReport": "lifecycle.remove",
+    "ScrubOptions": "lifecycle.scrub",
+    "ScrubReport": "lifecycle.scrub",
     "VerifyOptions": "lifecycle.verify",
     "VerifyReport": "lifecycle.verify",
     "inspect_source": "pack",
@@ -51,7 +66,7 @@ _LAZY = {
     "Root": "root",
     "Selection": "query.selection",
     "StoreReport": "store.check",
-    "VersionInfo": "root",
+    "Version": "meta.versions",
     "WriteOptions": "pack.writer",
     "Writer": "pack.writer",
     "check_store": "store.check",
@@ -60,6 +75,15 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    if name == "VersionInfo":  # the old name of Version, kept for one release
+        import warnings
+
+        warnings.warn(
+            "shardlake.VersionInfo is deprecated: use shardlake.Version",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        name = "Version"
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'shardlake' has no attribute {name!r}")
@@ -75,15 +99,25 @@ __version__ = "0.1.0"
 __all__ = [
     "ConflictError",
     "Dataset",
+    "ExportOptions",
     "ExportReport",
     "FormatError",
+    "GcOptions",
+    "GcReport",
     "IntegrityError",
     "Keyset",
     "NotFoundError",
     "NpzExportReport",
+    "OffsetsOptions",
+    "OffsetsReport",
     "PackOptions",
     "PackReport",
     "Root",
+    "PruneReport",
+    "RemoveOptions",
+    "RemoveReport",
+    "ScrubOptions",
+    "ScrubReport",
     "Selection",
     "SelectionError",
     "ShardlakeError",
@@ -94,7 +128,7 @@ __all__ = [
     "UsageError",
     "VerifyOptions",
     "VerifyReport",
-    "VersionInfo",
+    "Version",
     "VersionNotFoundError",
     "WriteOptions",
     "Writer",

@@ -7,9 +7,12 @@ exception means the same thing, the shardlake error also inherits it, so callers
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
-from collections.abc import Collection, Iterable, Sequence
-from typing import Any
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 # How many offending items (files, keys) one message or report names before "... and N more".
 SHOW_MAX = 20
@@ -25,11 +28,16 @@ class ShardlakeError(Exception):
     options
         Names of the settings that would fix the problem, in library terms (keyword arguments
         such as ``"shard_size"`` or ``"force"``); the CLI shows them as flags.
+    hint
+        The ``shardlake`` command that helps, in CLI words (``"all of them: shardlake versions
+        ROOT"``). It is not part of the message, which speaks API terms: the CLI shows it, with
+        ``ROOT`` replaced by the root it was given.
     """
 
-    def __init__(self, *args: object, options: Sequence[str] = ()) -> None:
+    def __init__(self, *args: object, options: Sequence[str] = (), hint: str = "") -> None:
         super().__init__(*args)
         self.options: tuple[str, ...] = tuple(options)
+        self.hint = hint
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Our own reduce: errors cross process and Dask boundaries, and the built-in one (or
@@ -175,3 +183,33 @@ def check_keywords(given: Iterable[str], valid: Collection[str], where: str) -> 
         near = difflib.get_close_matches(name, sorted(valid), n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else f"; valid: {', '.join(sorted(valid))}"
         raise UsageError(f"{where}: unknown keyword {name!r}{hint}")
+
+
+# Every operation with more than a few settings has an options object (PackOptions,
+# VerifyOptions, ScrubOptions, ExportOptions, GcOptions, LoaderOptions, ...), each default defined
+# once in its field; Root's methods take the object and/or its fields as keywords.
+def build_options(
+    cls: type[_T], options: _T | None, overrides: Mapping[str, Any], where: str
+) -> _T:
+    """``options`` (default: ``cls()``) with the keyword ``overrides`` replacing single fields.
+
+    An unknown keyword fails here, when the call is made, naming the nearest field ("did you
+    mean"). ``None`` for a field whose default is not ``None`` means "the default": callers
+    pass their optional arguments through without repeating the default.
+    """
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is no options dataclass")
+    if options is not None and not isinstance(options, cls):
+        raise UsageError(
+            f"{where}: options must be a {cls.__name__}, not {type(options).__name__}",
+            options=("options",),
+        )
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    check_keywords(overrides, fields, where)
+    chosen = {
+        name: value
+        for name, value in overrides.items()
+        if value is not None or fields[name].default is None
+    }
+    base: Any = options if options is not None else cls()
+    return dataclasses.replace(base, **chosen)  # type: ignore[no-any-return]

@@ -11,11 +11,11 @@ import functools
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
+from .errors import build_options
 from .format.documents import GcLock
+from .format.layout import natural_key
 from .meta.versions import (
     Version,
     load_version,
@@ -27,21 +27,21 @@ from .query.dataset import Dataset
 from .store import Store, open_store
 
 if TYPE_CHECKING:
-    from .lifecycle.export import ExportReport, NpzExportReport
-    from .lifecycle.gc import GcReport
+    from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
+    from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
-    from .lifecycle.remove import RemoveReport
-    from .lifecycle.scrub import ScrubReport
-    from .lifecycle.verify import OffsetsReport, VerifyOptions, VerifyReport
+    from .lifecycle.remove import RemoveOptions, RemoveReport
+    from .lifecycle.scrub import ScrubOptions, ScrubReport
+    from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
     from .meta.catalog import CatalogInfo
     from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
     from .pack.writer import WriteOptions, Writer
     from .query.keyset_build import DisjointReport, KeysetReport
-    from .read.tasks import ExecutorSpec
 
 _DOCUMENT_READERS = 16
+_O = TypeVar("_O")
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -58,69 +58,6 @@ def _writes(
         return method(self, *args, **kwargs)
 
     return checked
-
-
-@dataclass(frozen=True)
-class VersionInfo:
-    """One live version of a root, as :meth:`Root.versions` lists it.
-
-    Attributes
-    ----------
-    tag
-        The version's tag (never reused in a root).
-    hash
-        The hash of its version document.
-    created
-        When it was published (UTC), None if the document does not say.
-    samples
-        Samples in the version.
-    partitions
-        Partitions in the version.
-    is_latest
-        Whether ``latest`` names it.
-    base
-        The tag of the version it was made from, if any.
-    """
-
-    tag: str
-    hash: str
-    created: datetime | None
-    samples: int
-    partitions: int
-    is_latest: bool
-    base: str | None = None
-
-    @classmethod
-    def of(cls, version: Version, is_latest: bool) -> VersionInfo:
-        header = version.header  # the small record header: no partition list is read
-        return cls(
-            tag=version.tag,
-            hash=version.hash,
-            created=_parse_time(header.created_at),
-            samples=header.samples,
-            partitions=header.partition_count,
-            is_latest=is_latest,
-            base=header.base,
-        )
-
-    def to_json(self) -> dict[str, Any]:
-        created = None if self.created is None else self.created.isoformat()
-        return {
-            "tag": self.tag,
-            "hash": self.hash,
-            "latest": self.is_latest,
-            "created_at": None if created is None else created.replace("+00:00", "Z"),
-            "base": self.base,
-            "partitions": self.partitions,
-            "samples": self.samples,
-        }
-
-
-def _parse_time(text: str) -> datetime | None:
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
 
 
 class Root:
@@ -149,31 +86,31 @@ class Root:
 
     # --- versions ------------------------------------------------------------------------------
 
-    def versions(self) -> list[VersionInfo]:
+    def versions(self) -> list[Version]:
         """Every live version, in publish order (their documents read concurrently).
 
         A location with no root (no marker, no commits) is refused: ``no shardlake root at``."""
         state = read_state(self.store)
         require_root(self.store, state)
 
-        def info(item: tuple[str, str]) -> VersionInfo:
+        def info(item: tuple[str, str]) -> Version:
             tag, version_hash = item
             version = load_version_by_hash(self.store, tag, version_hash)
-            return VersionInfo.of(version, tag == state.latest)
+            return Version.of(version, tag == state.latest)
 
         with ThreadPoolExecutor(max_workers=_DOCUMENT_READERS) as pool:
             return list(pool.map(info, state.versions.items()))
 
     @property
-    def latest(self) -> VersionInfo:
+    def latest(self) -> Version:
         """The version ``latest`` names (:class:`VersionNotFoundError` in an empty root)."""
         return self.version("latest")
 
-    def version(self, tag: str = "latest") -> VersionInfo:
+    def version(self, tag: str = "latest") -> Version:
         """One live version by tag (``latest`` follows the commit log)."""
         state = read_state(self.store)
         version = load_version(self.store, tag, state)
-        return VersionInfo.of(version, version.tag == state.latest)
+        return Version.of(version, version.tag == state.latest)
 
     def dataset(self, version: str | None = "latest", *, keyset: str | None = None) -> Dataset:
         """Open ``version`` (a tag or ``latest``) for reading; ``None`` with a ``keyset``: the
@@ -269,29 +206,25 @@ class Root:
     def pack(
         self,
         source: str | os.PathLike[str],
+        /,
         *,
         tag: str,
         base: str | None = None,
         options: PackOptions | None = None,
-        heartbeat_s: float | None = None,
         progress_stream: TextIO | None = None,
+        **overrides: Any,
     ) -> PackReport:
         """Pack the source tree ``source`` and publish it as version ``tag``.
 
-        ``base`` reuses the unchanged partitions of that version; ``options`` holds every
-        other setting (:class:`~shardlake.PackOptions`).
+        ``base`` reuses the unchanged partitions of that version. Settings are
+        :class:`~shardlake.PackOptions` (``workers``, ``executor``, ``shard_size``,
+        ``partition_depth``, ``path_list``, ``partitions``, ...), as an object or as keywords.
         """
-        from .pack import pack_with_report
+        from .pack import PackOptions, pack
 
-        extra: dict[str, Any] = {} if heartbeat_s is None else {"heartbeat_s": heartbeat_s}
-        return pack_with_report(
-            source,
-            self.store,
-            tag=tag,
-            base=base,
-            options=options,
-            progress_stream=progress_stream,
-            **extra,
+        opts = build_options(PackOptions, options, overrides, "pack")
+        return pack(
+            self.store, source, tag=tag, base=base, options=opts, progress_stream=progress_stream
         )
 
     @_writes
@@ -350,53 +283,34 @@ class Root:
 
     @_writes
     def remove(
-        self,
-        tag: str,
-        *,
-        base: str = "latest",
-        partitions: Sequence[str] | None = None,
-        keys: Sequence[str] | None = None,
-        where: str | None = None,
-        key_file: str | None = None,
-        strip_prefix: str | None = None,
+        self, tag: str, /, options: RemoveOptions | None = None, **overrides: Any
     ) -> RemoveReport:
-        """Publish ``tag``: ``base`` without some partitions or samples (no new shards).
+        """Publish ``tag``: a version without some partitions or samples (no new shards).
 
-        Exactly one of ``partitions``, ``keys``, ``where`` and ``key_file`` (a local key list,
-        mapped like :meth:`create_keyset`'s).
-        """
-        from .lifecycle.remove import remove
+        Settings are :class:`~shardlake.RemoveOptions` (``base``; exactly one of
+        ``partitions``, ``keys``, ``where`` and ``key_file``; ``strip_prefix``), as an object
+        or as keywords."""
+        from .lifecycle.remove import RemoveOptions, remove
 
-        return remove(
-            self.store,
-            tag,
-            base=base,
-            partitions=partitions,
-            keys=keys,
-            where=where,
-            key_file=key_file,
-            strip_prefix=strip_prefix,
-        )
+        return remove(self.store, tag, build_options(RemoveOptions, options, overrides, "remove"))
 
     @_writes
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
         """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
-        from .lifecycle.prune import PruneReport, pinning_keysets, prune_versions
+        from .lifecycle.prune import prune
 
-        state = prune_versions(self.store, tags, force=force)
-        return PruneReport.of(list(tags), state, pinning_keysets(self.store, list(tags)))
+        return prune(self.store, tags, force=force)
 
     @_writes
-    def gc(
-        self, *, grace_s: float | str = "6h", dry_run: bool = False, progress: bool | None = None
-    ) -> GcReport:
-        """Delete objects no live version or keyset references, older than ``grace_s``
-        (seconds, or a duration such as ``"6h"``)."""
-        from .lifecycle.gc import collect_garbage, parse_duration
+    def gc(self, /, options: GcOptions | None = None, **overrides: Any) -> GcReport:
+        """Delete objects no live version or keyset references, older than the grace period.
 
-        grace = parse_duration(grace_s) if isinstance(grace_s, str) else float(grace_s)
-        return collect_garbage(self.store, grace_s=grace, dry_run=dry_run, progress=progress)
+        Settings are :class:`~shardlake.GcOptions` (``grace_s``: seconds or a duration such
+        as ``"6h"``; ``dry_run``; ``progress``), as an object or as keywords."""
+        from .lifecycle.gc import GcOptions, collect_garbage
+
+        return collect_garbage(self.store, build_options(GcOptions, options, overrides, "gc"))
 
     def gc_lock(self) -> GcLock | None:
         """The lease of a gc holding the root, or None."""
@@ -412,86 +326,43 @@ class Root:
     # --- checks and copies ---------------------------------------------------------------------
 
     def scrub(
-        self,
-        version: str | None = "latest",
-        *,
-        all_versions: bool = False,
-        workers: int | None = None,
-        batch_bytes: int | None = None,
-        progress: bool | None = None,
-        executor: ExecutorSpec = None,
+        self, version: str | None = None, *, options: ScrubOptions | None = None, **overrides: Any
     ) -> ScrubReport:
-        """Re-read every payload of ``version`` (or every live version) and check it;
-        ``workers`` partitions at once, about ``batch_bytes`` read per request. ``executor``:
-        ``"thread"`` (default), ``"process"``, ``"inline"``, ``"dask://HOST:PORT"`` or an
-        Executor (the same spec pack takes)."""
-        from .lifecycle.scrub import scrub
+        """Re-read every payload of ``version`` (default ``latest``; ``all_versions=True``:
+        every live version) and check it. Settings are :class:`~shardlake.ScrubOptions`
+        (``workers``, ``batch_bytes``, ``executor``, ``progress``, ...), as an object or as
+        keywords."""
+        from .lifecycle.scrub import ScrubOptions, scrub
 
-        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        return scrub(
-            self.store,
-            version,
-            all_versions=all_versions,
-            progress=progress,
-            batch_bytes=batch_bytes,
-            executor=executor,
-            **extra,
-        )
+        return scrub(self.store, _build(ScrubOptions, options, overrides, "scrub", version))
 
     def export(
         self,
-        dest: str | os.PathLike[str] | Store,
+        dest: str | os.PathLike[str] | Store | Root,
         *,
-        version: str | None = None,
-        keysets: Sequence[str] | None = None,
-        format: str = "root",
-        dest_options: dict[str, Any] | None = None,
-        progress: bool | None = None,
-        allow_foreign: bool = False,
-        workers: int | None = None,
-        executor: ExecutorSpec = None,
+        dest_storage_options: dict[str, Any] | None = None,
+        options: ExportOptions | None = None,
+        **overrides: Any,
     ) -> ExportReport | NpzExportReport:
-        """Copy ``version`` to ``dest``: a self-contained root (``format="root"``, with the
-        given ``keysets``) or ``<key>.npz`` + ``<key>.json`` files (``format="npz"``, at most
-        one keyset selecting the samples). ``allow_foreign``: a root export may go into a
-        location that already holds other objects (refused by default). A root export copies
-        one partition per task on ``executor`` (the spec pack takes), ``workers`` at once.
-        ``version`` ``None``: the version of the one keyset given, else ``latest``."""
+        """Copy a version to ``dest``: a URL (opened with ``dest_storage_options``) or an
+        opened :class:`Root`. Settings are :class:`~shardlake.ExportOptions` (``version``,
+        ``keysets``, ``format`` ``"root"`` or ``"npz"``, ``allow_foreign``, ``workers``,
+        ``executor``, ``progress``), as an object or as keywords. Re-running resumes."""
         from .errors import UsageError
-        from .lifecycle.export import export_npz, export_version
+        from .lifecycle.export import ExportOptions, export
 
-        if version is None:
-            version = (
-                self.keyset(keysets[0]).version_tag if keysets and len(keysets) == 1 else "latest"
+        if isinstance(dest, (Root, Store)) and dest_storage_options:
+            raise UsageError(
+                "dest_storage_options go with a URL; an opened destination has its own",
+                options=("dest_storage_options",),
             )
-        dest = _location(dest)
-        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        if format == "npz":
-            if executor is not None:
-                raise UsageError("an npz export runs here: executor is for root exports")
-            if keysets and len(keysets) > 1:
-                raise UsageError("an npz export takes at most one keyset", options=("keysets",))
-            return export_npz(
-                self.store,
-                dest,
-                version=version,
-                keyset=keysets[0] if keysets else None,
-                dest_options=dest_options,
-                progress=progress,
-            )
-        if format != "root":
-            raise UsageError(f"export format {format!r}: use 'root' or 'npz'", options=("format",))
-        return export_version(
-            self.store,
-            dest,
-            version=version,
-            keysets=keysets,
-            dest_options=dest_options,
-            progress=progress,
-            allow_foreign=allow_foreign,
-            executor=executor,
-            **extra,
+        target = (
+            dest.store
+            if isinstance(dest, Root)
+            else open_store(_location(dest), dest_storage_options or None)
         )
+        opts = build_options(ExportOptions, options, overrides, "export")
+        return export(self.store, target, opts)
 
     def verify(
         self,
@@ -508,7 +379,7 @@ class Root:
         """
         from .lifecycle.verify import VerifyOptions, verify_version
 
-        opts = VerifyOptions.build(options, overrides)
+        opts = build_options(VerifyOptions, options, overrides, "verify")
         return verify_version(self.store, _location(source), opts)
 
     @_writes
@@ -521,6 +392,7 @@ class Root:
             versions = [load_version(self.store, version)]
         else:
             state = read_state(self.store)
+            require_root(self.store, state)
             versions = [load_version_by_hash(self.store, t, h) for t, h in state.versions.items()]
         return attach_catalogs(self.store, versions)
 
@@ -537,23 +409,32 @@ class Root:
             "commit": index.commit,
             "versions": [list(pair) for pair in index.versions],
             "latest": index.latest,
-            "keysets": sorted(index.keysets),
+            "keysets": sorted(index.keysets, key=natural_key),
         }
 
     def verify_offsets(
         self,
-        version: str = "latest",
+        version: str | None = None,
         *,
-        progress: bool | None = None,
-        workers: int | None = None,
-        executor: ExecutorSpec = None,
+        options: OffsetsOptions | None = None,
+        **overrides: Any,
     ) -> OffsetsReport:
-        """Check manifest offsets against the tar headers and manifests against the version;
-        one task per partition on ``executor`` (the spec pack takes; default threads)."""
-        from .lifecycle.verify import verify_offsets
+        """Check manifest offsets against the tar headers and manifests against the version
+        (default ``latest``). Settings are :class:`~shardlake.OffsetsOptions` (``workers``,
+        ``executor``, ``progress``), as an object or as keywords."""
+        from .lifecycle.verify import OffsetsOptions, verify_offsets
 
-        extra: dict[str, Any] = {} if workers is None else {"workers": workers}
-        return verify_offsets(self.store, version, progress=progress, executor=executor, **extra)
+        opts = _build(OffsetsOptions, options, overrides, "verify_offsets", version)
+        return verify_offsets(self.store, opts)
+
+
+def _build(
+    cls: type[_O], options: _O | None, overrides: dict[str, Any], where: str, version: str | None
+) -> _O:
+    """The options object of an operation whose first argument is the version it works on."""
+    if version is not None:
+        overrides = {**overrides, "version": version}
+    return build_options(cls, options, overrides, where)
 
 
 def _location(url: str | os.PathLike[str] | Store) -> str | Store:

@@ -193,6 +193,13 @@ def test_scrub(world: World) -> None:
     assert report.ok and report.samples == 9
 
 
+def test_index(world: World) -> None:
+    doc = world.cli("index", world.url, "--json")
+    assert doc == world.open().write_index()
+    assert [tag for tag, _ in doc["versions"]] == [v.tag for v in world.open().versions()]
+    assert world.open().scrub(progress=False).index_problems == []
+
+
 # --- reading ----------------------------------------------------------------------------------
 
 
@@ -270,7 +277,7 @@ def test_export(world: World) -> None:
     assert [v.tag for v in shardlake.open(dest, **world.options).versions()] == ["v2"]
 
     api_dest = world.fresh("api-export")
-    report = world.open().export(api_dest, version="v3", dest_options=world.options or None)
+    report = world.open().export(api_dest, version="v3", dest_storage_options=world.options)
     assert report.to_json()["version"] == "v3"
     assert shardlake.open(api_dest, **world.options).latest.tag == "v3"
 

@@ -71,7 +71,16 @@ def _register_load(bsub: argparse._SubParsersAction[Any]) -> None:
     sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
     sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--num-workers", type=int, default=2, help="DataLoader workers")
+    p.add_argument(
+        "--num-workers", type=int, default=2, help="loader slots (worker processes or streams)"
+    )
+    p.add_argument(
+        "--engine",
+        choices=("threads", "processes", "both"),
+        default="both",
+        help="loader engine; both (default): the default engine's figures, then both side by "
+        "side under 'engines'",
+    )
     p.add_argument("--max-batches", type=int, metavar="N", help="stop after N batches")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
@@ -139,6 +148,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         where=args.where,
         batch_size=args.batch_size,
         num_workers=args.num_workers,
+        engine=args.engine,
         max_batches=args.max_batches,
         epochs=args.epochs,
         seed=args.seed,

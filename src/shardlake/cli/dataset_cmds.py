@@ -9,9 +9,8 @@ import os
 import sys
 from typing import Any
 
+from ..errors import SHOW_MAX
 from .common import add_storage_flags, finish_command, open_root, print_json
-
-SHOW_MAX = 20
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -177,6 +176,7 @@ def cmd_query(args: argparse.Namespace) -> int:
         print("\t".join(names))
         for row in _nested_as_json(table).to_pylist():
             print("\t".join("" if row[n] is None else str(row[n]) for n in names))
+        sys.stdout.flush()  # a closed pipe ends the command here, before the count
         print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})", file=sys.stderr)
     return 0
 
@@ -265,10 +265,12 @@ def _refuse_existing(paths: list[str]) -> None:
 
     there = [p for p in paths if os.path.lexists(p)]
     if there:
-        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
-        raise ConflictError(
-            f"{there[0]}{more} already exist(s); not overwritten", options=("force",)
+        what = (
+            f"{there[0]} and {len(there) - 1} more already exist"
+            if there[1:]
+            else (f"{there[0]} already exists")
         )
+        raise ConflictError(f"{what}; not overwritten", options=("force",))
 
 
 def _write_file(path: str, data: bytes, force: bool) -> None:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..errors import SHOW_MAX
 from .common import (
     add_storage_flags,
     finish_command,
@@ -14,8 +15,6 @@ from .common import (
     print_json,
     progress_wanted,
 )
-
-SHOW_MAX = 20
 
 
 def _progress_flag(p: argparse.ArgumentParser) -> None:
@@ -334,7 +333,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         version=args.tag,
         keysets=args.keyset,
         format=args.format,
-        dest_options=parse_storage_options(args.dest_storage_options) or None,
+        dest_storage_options=parse_storage_options(args.dest_storage_options) or None,
         progress=progress_wanted(args),
         allow_foreign=args.allow_foreign,
         workers=args.workers,
@@ -357,6 +356,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    import shardlake
     from shardlake import VerifyOptions
 
     options = VerifyOptions(
@@ -367,12 +367,14 @@ def cmd_verify(args: argparse.Namespace) -> int:
         strip_prefix=args.strip_prefix,
         include=args.include,
         exclude=args.exclude,
-        source_options=parse_storage_options(args.source_storage_options) or None,
         progress=progress_wanted(args),
         executor=args.executor,
         workers=args.workers,
     )
-    report = open_root(args).verify(args.source, options=options)
+    source_options = parse_storage_options(args.source_storage_options)
+    # A source in another store is opened with its own options (storage options enter at open).
+    source = shardlake.open_store(args.source, source_options) if source_options else args.source
+    report = open_root(args).verify(source, options=options)
     if args.json:
         print_json(report.to_json())
         return 0 if report.ok else 1

@@ -8,7 +8,7 @@ import re
 import sys
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import SHOW_MAX, UsageError
 from .common import (
     finish_command,
     open_root,
@@ -17,7 +17,6 @@ from .common import (
 )
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-SHOW_MAX = 20
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 
 
@@ -300,10 +299,9 @@ def cmd_pack(args: argparse.Namespace) -> int:
         source_namespace=args.source_namespace,
         progress=progress_wanted(args),
         allow_foreign=args.allow_foreign,
+        heartbeat_s=args.heartbeat,
     )
-    report = open_root(args).pack(
-        args.source, tag=args.tag, base=args.base, options=options, heartbeat_s=args.heartbeat
-    )
+    report = open_root(args).pack(args.source, tag=args.tag, base=args.base, options=options)
     if args.json:
         print_json(report.to_json())
     else:

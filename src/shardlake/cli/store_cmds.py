@@ -21,15 +21,28 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         "_shardlake/check/<uuid>/ and deleted afterwards. Exit 0 when safe, 1 when not.",
     )
     p.add_argument("root", metavar="URL")
+    p.add_argument(
+        "--create-bucket",
+        action="store_true",
+        help="create the bucket (Azure: container) URL names first, where it does not exist "
+        "(S3, GCS, Azure; the filesystem's defaults, e.g. region, come from the environment "
+        "or --storage-option)",
+    )
     finish_command(p, cmd_check_store)
 
 
 def cmd_check_store(args: argparse.Namespace) -> int:
-    report = check_store(args.root, **parse_storage_options(args.storage_options))
+    report = check_store(
+        args.root,
+        create_bucket=args.create_bucket,
+        **parse_storage_options(args.storage_options),
+    )
     if args.json:
         print_json(report.to_json())
     else:
         width = max(len(c.name) for c in report.checks)
+        if report.bucket_created:
+            print(f"{report.url}: created its bucket")
         print(f"{report.url}: {'safe' if report.safe else 'NOT safe'}")
         for c in report.checks:
             print(f"  {c.name:<{width}}  {'ok  ' if c.ok else 'FAIL'}  {c.detail}")

@@ -5,24 +5,26 @@ root state before working and commits with create-if-absent, so two lifecycle wr
 one root end with one winner and a :class:`~shardlake.errors.ConflictError` for the other.
 """
 
-from .export import ExportReport, export_npz, export_version
-from .gc import GcReport, collect_garbage
-from .prune import prune_versions
+from .export import ExportOptions, ExportReport, export
+from .gc import GcOptions, GcReport, collect_garbage
+from .prune import PruneReport, prune
 from .remove import remove
 from .scrub import ScrubReport, scrub
-from .verify import VerifyReport, verify_offsets, verify_source
+from .verify import VerifyReport, verify_offsets, verify_version
 
 __all__ = [
+    "ExportOptions",
     "ExportReport",
+    "GcOptions",
     "GcReport",
+    "PruneReport",
     "ScrubReport",
     "VerifyReport",
     "collect_garbage",
-    "export_npz",
-    "export_version",
-    "prune_versions",
+    "export",
+    "prune",
     "remove",
     "scrub",
     "verify_offsets",
-    "verify_source",
+    "verify_version",
 ]

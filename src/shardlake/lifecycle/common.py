@@ -14,7 +14,7 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.layout import version_key
 from ..format.manifest import ManifestMeta
-from ..meta.versions import Version, load_version, load_version_by_hash, read_state
+from ..meta.versions import StoredVersion, load_version, load_version_by_hash, read_state
 from ..progress.bar import Progress
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
@@ -91,7 +91,7 @@ def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
     }
 
 
-def versions_for(store: Store, version: str | None, all_versions: bool) -> list[Version]:
+def versions_for(store: Store, version: str | None, all_versions: bool) -> list[StoredVersion]:
     """The versions an operation works on: every live version, else one tag (``latest``)."""
     if all_versions:
         state = read_state(store)
@@ -99,7 +99,7 @@ def versions_for(store: Store, version: str | None, all_versions: bool) -> list[
     return [load_version(store, version or "latest")]
 
 
-def version_closure(store: Store, version: Version) -> dict[str, int | None]:
+def version_closure(store: Store, version: StoredVersion) -> dict[str, int | None]:
     """Every object ``version`` needs: key -> expected size (None where unknown)."""
     out: dict[str, int | None] = {version_key(version.tag, version.hash): None}
     out.update({ref.key: ref.size for ref in version.catalog_objects()})
@@ -109,7 +109,7 @@ def version_closure(store: Store, version: Version) -> dict[str, int | None]:
     return out
 
 
-def unique_revisions(versions: Iterable[Version]) -> list[PartitionEntry]:
+def unique_revisions(versions: Iterable[StoredVersion]) -> list[PartitionEntry]:
     """Partition entries of ``versions``, each (partition, manifest) once."""
     seen: dict[tuple[str, str], PartitionEntry] = {}
     for version in versions:

@@ -34,6 +34,7 @@ from ..errors import (
     KeyNotFoundError,
     NotFoundError,
     ShardlakeError,
+    UsageError,
 )
 from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
@@ -43,7 +44,7 @@ from ..format.manifest import entry_mismatches, parse_manifest
 from ..meta.keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
 from ..meta.versions import (
     RootState,
-    Version,
+    StoredVersion,
     check_foreign,
     commit_state,
     ensure_root,
@@ -60,7 +61,7 @@ from ..read.manifests import read_entry_manifest
 from ..read.tasks import ExecutorSpec, Task, error_text, executor_for
 from ..read.verified import read_verified
 from ..source.source_form import npz_bytes, sidecar_json
-from ..store import Store, open_store
+from ..store import Store
 from .common import (
     DEFAULT_WORKERS,
     ShardRow,
@@ -257,26 +258,70 @@ def _export_shard(
     raise IntegrityError(f"export of {src.key_url(key)} failed verification ({where}): {detail}")
 
 
-def export_version(
-    src_url: str | Store,
-    dest_url: str | Store,
-    *,
-    version: str = "latest",
-    keysets: Sequence[str] | None = None,
-    src_options: dict[str, Any] | None = None,
-    dest_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
-    allow_foreign: bool = False,
-    executor: ExecutorSpec = None,
-    workers: int = DEFAULT_WORKERS,
-) -> ExportReport:
-    """Copy ``version``'s closure from ``src_url`` to ``dest_url``; see the module docs.
+@dataclass(frozen=True)
+class ExportOptions:
+    """What ``export`` copies and how.
 
-    ``allow_foreign`` exports into a location that holds objects but no shardlake root (refused
-    by default; gc leaves those objects alone). Partitions are copied by one task each on
-    ``executor`` (default: ``workers`` threads)."""
-    src = open_store(src_url, src_options)
-    dest = open_store(dest_url, dest_options)
+    Parameters
+    ----------
+    version
+        The version to copy; ``None``: the version of the one keyset given, else ``latest``.
+    keysets
+        A root export carries these keysets; an npz export selects the samples of (at most)
+        one.
+    format
+        ``"root"``: a self-contained root whose latest is the version; ``"npz"``:
+        ``<key>.npz`` + ``<key>.json`` files.
+    allow_foreign
+        A root export may go into a location that already holds other objects (refused by
+        default; gc leaves them alone).
+    workers
+        Partitions copied at once (root export).
+    executor
+        Where the per-partition copies run: the spec pack takes (default threads; root
+        export only).
+    progress
+        Show progress on standard error (``None``: only on a terminal).
+    """
+
+    version: str | None = None
+    keysets: Sequence[str] | None = None
+    format: str = "root"
+    allow_foreign: bool = False
+    workers: int = DEFAULT_WORKERS
+    executor: ExecutorSpec = None
+    progress: bool | None = None
+
+
+def export(src: Store, dest: Store, options: ExportOptions) -> ExportReport | NpzExportReport:
+    """Copy a version of the root ``src`` to ``dest`` as :class:`ExportOptions` says."""
+    keysets = list(options.keysets or [])
+    version = options.version
+    if version is None:
+        version = load_keyset(src, keysets[0]).version_tag if len(keysets) == 1 else "latest"
+    if options.format == "npz":
+        if options.executor is not None:
+            raise UsageError(
+                "an npz export runs here: executor is for root exports", options=("executor",)
+            )
+        if len(keysets) > 1:
+            raise UsageError("an npz export takes at most one keyset", options=("keysets",))
+        keyset = keysets[0] if keysets else None
+        return export_npz(src, dest, version, keyset, options.progress)
+    if options.format != "root":
+        raise UsageError(
+            f"export format {options.format!r}: use 'root' or 'npz'", options=("format",)
+        )
+    return export_version(src, dest, version, options)
+
+
+def export_version(src: Store, dest: Store, version: str, options: ExportOptions) -> ExportReport:
+    """Copy ``version``'s closure from ``src`` to ``dest``; see the module docs.
+
+    Partitions are copied by one task each on ``options.executor`` (default: ``workers``
+    threads)."""
+    keysets, progress, allow_foreign = options.keysets, options.progress, options.allow_foreign
+    executor, workers = options.executor, options.workers
     dest.require_writable("export into it")
     spec = executor_for(dest, executor_for(src, executor, "exported"), "exported")
     src_marker, marker_bytes = _read_marker(src)
@@ -346,7 +391,7 @@ def _raise_failures(tasks: Sequence[Task], failures: dict[int, BaseException]) -
     )
 
 
-def _commit_export(src: Store, dest: Store, ver: Version) -> bool:
+def _commit_export(src: Store, dest: Store, ver: StoredVersion) -> bool:
     """Publish the copied version at ``dest`` (False: an earlier run already did)."""
     state = read_state(dest)
     if state.versions.get(ver.tag) == ver.hash and state.latest == ver.tag:
@@ -381,22 +426,13 @@ class NpzExportReport:
 
 
 def export_npz(
-    src_url: str | Store,
-    dest_url: str | Store,
-    *,
-    version: str = "latest",
-    keyset: str | None = None,
-    src_options: dict[str, Any] | None = None,
-    dest_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
+    src: Store, dest: Store, version: str, keyset: str | None, progress: bool | None
 ) -> NpzExportReport:
     """Write ``<key>.npz`` (+ ``<key>.json`` sidecar) for every sample of ``version``.
 
     Arrays come back bit-exact (names, order, dtype, shape, bytes); sidecars are rebuilt from
     the manifest columns (see :func:`shardlake.source.source_form.sidecar_of`).
     """
-    src = open_store(src_url, src_options)
-    dest = open_store(dest_url, dest_options)
     dest.require_writable("export into it")
     ver = load_version(src, version)
     wanted: set[str] | None = None

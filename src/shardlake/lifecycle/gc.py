@@ -67,10 +67,11 @@ from ..meta.versions import (
     lock_holder_gone,
     read_commit,
     read_state,
+    require_root,
     takeover_note,
 )
 from ..progress.bar import Progress
-from ..store import Leftover, ObjectInfo, Store, open_store
+from ..store import Leftover, ObjectInfo, Store
 from .common import version_closure
 
 DEFAULT_GRACE_S = 6 * 3600.0
@@ -91,6 +92,33 @@ def parse_duration(text: str) -> float:
     if not match:
         raise UsageError(f"invalid duration {text!r}: use e.g. 90s, 30m, 6h or 2d")
     return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass(frozen=True)
+class GcOptions:
+    """How ``gc`` runs.
+
+    Parameters
+    ----------
+    grace_s
+        Keep unreferenced objects younger than this: seconds, or a duration such as ``"6h"``,
+        ``"30m"``, ``"2d"``.
+    dry_run
+        Only list what would be deleted.
+    progress
+        Show deletions on standard error (``None``: only on a terminal).
+    """
+
+    grace_s: float | str = DEFAULT_GRACE_S
+    dry_run: bool = False
+    progress: bool | None = None
+
+    @property
+    def grace_seconds(self) -> float:
+        grace = parse_duration(self.grace_s) if isinstance(self.grace_s, str) else self.grace_s
+        if grace < 0:
+            raise UsageError("the grace period cannot be negative", options=("grace_s",))
+        return float(grace)
 
 
 @dataclass
@@ -183,20 +211,10 @@ class _Fenced:
     locked: RootState
 
 
-def collect_garbage(
-    url: str | Store,
-    *,
-    grace_s: float = DEFAULT_GRACE_S,
-    dry_run: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
-) -> GcReport:
-    """Delete (or with ``dry_run`` only list) unreferenced objects older than ``grace_s``.
-
-    ``progress``: show deletions on standard error (None: only on a terminal)."""
-    if grace_s < 0:
-        raise UsageError("the grace period cannot be negative")
-    store = open_store(url, storage_options)
+def collect_garbage(store: Store, options: GcOptions) -> GcReport:
+    """Delete (or with ``dry_run`` only list) unreferenced objects older than the grace period
+    (:class:`GcOptions`)."""
+    grace_s, dry_run, progress = options.grace_seconds, options.dry_run, options.progress
     store.require_writable("gc")
     fenced = _survey_under_lock(store, grace_s, dry_run)
     if isinstance(fenced, GcReport):
@@ -245,6 +263,7 @@ def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced |
     meanwhile); the bare report when there is nothing to delete or this is a dry run."""
     for _attempt in range(FENCE_ATTEMPTS):
         state = read_state(store)
+        require_root(store, state)  # a mistyped root is not an empty one
         report, leftovers, cutoff = _survey(store, state, grace_s, dry_run)
         if dry_run:
             report.leftovers = leftovers
@@ -376,13 +395,12 @@ def _take_lock_settled(store: Store, locked: RootState) -> bool:
     return there.gc_lock is not None and there.gc_lock == mine
 
 
-def break_lock(url: str | Store, *, storage_options: dict[str, Any] | None = None) -> RootState:
+def break_lock(store: Store) -> RootState:
     """Release whatever gc lock the root holds (the operator's last resort).
 
     Only for a gc that is known to be dead: a live gc keeps deleting until its own lease runs
     out. Returns the state that held the lock; :class:`UsageError` if none is held.
     """
-    store = open_store(url, storage_options)
     for _attempt in range(FENCE_ATTEMPTS):
         state = read_state(store)
         if state.gc_lock is None:

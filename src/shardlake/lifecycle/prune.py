@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..meta.versions import RootState, retire_versions
-from ..store import Store, open_store
+from ..store import Store
 
 
 @dataclass(frozen=True)
@@ -36,28 +36,24 @@ class PruneReport:
         }
 
 
-def pinning_keysets(url: str | Store, tags: Sequence[str]) -> dict[str, list[str]]:
+def prune(store: Store, tags: Sequence[str], *, force: bool = False) -> PruneReport:
+    """Retire ``tags`` in one commit; their bytes go at the next ``gc``. Pruning the version
+    ``latest`` points to needs ``force`` (``latest`` then moves to the newest remaining
+    version). Unknown tags are refused."""
+    if not tags:
+        raise UsageError("name at least one version tag to retire", options=("tags",))
+    tags = list(dict.fromkeys(tags))
+    store.ensure_create_enforced()
+    state = retire_versions(store, tags, force=force)
+    return PruneReport.of(tags, state, _pinning_keysets(store, tags))
+
+
+def _pinning_keysets(store: Store, tags: Sequence[str]) -> dict[str, list[str]]:
     """For each of ``tags`` some live keyset is bound to, those keysets' names."""
     from ..meta.keysets import list_keysets
 
     out: dict[str, list[str]] = {}
-    for keyset in list_keysets(open_store(url)):
+    for keyset in list_keysets(store):
         if keyset.version_tag in tags:
             out.setdefault(keyset.version_tag, []).append(keyset.name)
     return {tag: sorted(names) for tag, names in out.items()}
-
-
-def prune_versions(
-    url: str | Store,
-    tags: Sequence[str],
-    *,
-    force: bool = False,
-    storage_options: dict[str, Any] | None = None,
-) -> RootState:
-    """Retire ``tags`` in one commit. Retiring the version ``latest`` points to needs ``force``
-    (``latest`` then moves to the newest remaining version). Unknown tags are refused."""
-    if not tags:
-        raise UsageError("name at least one version tag to retire", options=("tags",))
-    store = open_store(url, storage_options)
-    store.ensure_create_enforced()
-    return retire_versions(store, list(dict.fromkeys(tags)), force=force)

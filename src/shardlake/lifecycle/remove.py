@@ -9,19 +9,19 @@ no version references them and ``gc`` runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import AlreadyExistsError, NotFoundError, SelectionError, UsageError
+from ..errors import SHOW_MAX, AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.documents import PartitionEntry
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
 from ..meta.versions import (
     RootState,
-    Version,
+    StoredVersion,
     check_new_tag,
     load_version,
     publish_version,
@@ -30,10 +30,9 @@ from ..meta.versions import (
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest, read_manifest
 from ..source.sidecar import skipped_note
-from ..store import Store, open_store
+from ..store import Store
 
 _DOC_FIELDS_SET_BY_PUBLISH = ("format", "format_version", "tag", "samples", "created_at")
-SHOW_MAX = 20
 
 
 def _new_manifest(
@@ -74,7 +73,7 @@ def _new_manifest(
 class RemoveReport(NamedTuple):
     """What :func:`remove` published: the new version and what it left out."""
 
-    version: Version
+    version: StoredVersion
     counts: dict[str, int]  # partitions_removed, samples_removed, manifests_written
 
     def to_json(self) -> dict[str, Any]:
@@ -90,33 +89,50 @@ class RemoveReport(NamedTuple):
         )
 
 
-def remove(
-    url: str | Store,
-    tag: str,
-    *,
-    base: str = "latest",
-    partitions: Sequence[str] | None = None,
-    keys: Sequence[str] | None = None,
-    where: str | None = None,
-    key_file: str | None = None,
-    strip_prefix: str | None = None,
-    storage_options: dict[str, Any] | None = None,
-) -> RemoveReport:
-    """Publish ``tag``: ``base`` without ``partitions``, ``keys`` or the rows matching ``where``.
+@dataclass(frozen=True)
+class RemoveOptions:
+    """What ``remove`` leaves out of the new version: exactly one of ``partitions``, ``keys``,
+    ``where`` and ``key_file``.
 
-    ``key_file`` names a local key list instead of ``keys`` (see
-    :func:`shardlake.query.keyset_build.keys_from_file`). Returns the new version and counts
-    (``partitions_removed``, ``samples_removed``, ``manifests_written``). Unknown partitions or
-    keys are refused before anything is written; a version that would be empty is refused; a
-    racing writer yields :class:`ConflictError`.
+    Parameters
+    ----------
+    base
+        The version the new one is made from (a tag or ``latest``).
+    partitions
+        Partition ids to drop.
+    keys
+        Sample keys to drop.
+    where
+        Drop the samples matching this SQL expression over the manifest columns.
+    key_file
+        A local key list naming the samples to drop (text, or a JSON list of keys or ``.npz``
+        paths; ``-`` is stdin).
+    strip_prefix
+        Maps absolute paths of ``key_file`` to keys (default: the base's source namespace).
     """
+
+    base: str = "latest"
+    partitions: Sequence[str] | None = None
+    keys: Sequence[str] | None = None
+    where: str | None = None
+    key_file: str | None = None
+    strip_prefix: str | None = None
+
+
+def remove(store: Store, tag: str, options: RemoveOptions) -> RemoveReport:
+    """Publish ``tag``: the base version without some partitions or samples
+    (:class:`RemoveOptions`). Returns the new version and counts (``partitions_removed``,
+    ``samples_removed``, ``manifests_written``). Unknown partitions or keys are refused before
+    anything is written; a version that would be empty is refused; a racing writer yields
+    :class:`ConflictError`."""
+    base, partitions, keys = options.base, options.partitions, options.keys
+    where, key_file, strip_prefix = options.where, options.key_file, options.strip_prefix
     chosen = [x is not None for x in (partitions, keys, where, key_file)]
     if sum(chosen) != 1:
         raise UsageError(
             "remove takes exactly one of partitions, keys, key_file and where",
             options=("partitions", "keys", "key_file", "where"),
         )
-    store = open_store(url, storage_options)
     state = read_state(store)  # the base of the commit; a racing commit makes the publish fail
     check_new_tag(state, tag, store)
     base_version = load_version(store, base, state)
@@ -179,7 +195,7 @@ def _publish_without(
     store: Store,
     state: RootState,
     tag: str,
-    base_version: Version,
+    base_version: StoredVersion,
     entries: dict[str, PartitionEntry],
     dropped_parts: set[str],
     removed_by_part: dict[str, list[str]],

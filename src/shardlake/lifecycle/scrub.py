@@ -17,7 +17,7 @@ from ..meta.rootindex import index_problems
 from ..meta.versions import read_state
 from ..progress.bar import Progress
 from ..read.tasks import ExecutorSpec, Task, executor_for
-from ..store import Store, open_store
+from ..store import Store
 from .common import (
     DEFAULT_WORKERS,
     Problem,
@@ -111,26 +111,42 @@ def _scrub_partition(
     return part, problems
 
 
-def scrub(
-    url: str | Store,
-    version: str | None = "latest",
-    *,
-    all_versions: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
-    batch_bytes: int | None = None,
-    workers: int = DEFAULT_WORKERS,
-    executor: ExecutorSpec = None,
-) -> ScrubReport:
-    """Check every payload of ``version`` (or every live version); see :class:`ScrubReport`.
+@dataclass(frozen=True)
+class ScrubOptions:
+    """What ``scrub`` re-reads and how.
 
-    One task per partition revision on ``executor`` (default: ``workers`` threads; zstd and
-    CRC-32 release the GIL); memory per task stays below ``batch_bytes``. The report does not
-    depend on the executor.
+    Parameters
+    ----------
+    version
+        The version to check (a tag or ``latest``).
+    all_versions
+        Check every live version instead.
+    workers
+        Partition revisions checked at once.
+    batch_bytes
+        About this many payload bytes read per request (default: the reader's).
+    progress
+        Show progress on standard error (``None``: only on a terminal).
+    executor
+        Where the per-partition tasks run: the spec pack takes (default threads; zstd and
+        CRC-32 release the GIL).
     """
-    store = open_store(url, storage_options)
-    spec = executor_for(store, executor, "scrubbed")
-    versions = versions_for(store, version, all_versions)
+
+    version: str = "latest"
+    all_versions: bool = False
+    workers: int = DEFAULT_WORKERS
+    batch_bytes: int | None = None
+    progress: bool | None = None
+    executor: ExecutorSpec = None
+
+
+def scrub(store: Store, options: ScrubOptions) -> ScrubReport:
+    """Check every payload of ``options.version`` (or every live version); see
+    :class:`ScrubReport`. One task per partition revision; memory per task stays below
+    ``batch_bytes``. The report does not depend on the executor."""
+    progress, batch_bytes, workers = options.progress, options.batch_bytes, options.workers
+    spec = executor_for(store, options.executor, "scrubbed")
+    versions = versions_for(store, options.version, options.all_versions)
     report = ScrubReport([v.tag for v in versions])
     entries = unique_revisions(versions)
     bar = Progress(sum(e.samples for e in entries), "scrub", groups=len(entries), enabled=progress)

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import (
+    SHOW_MAX,
     FormatError,
     IntegrityError,
     KeyNotFoundError,
     ShardlakeError,
     SourceError,
     UsageError,
-    check_keywords,
 )
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.documents import PartitionEntry, ShardEntry
@@ -50,7 +50,6 @@ from ..source.npz import load_npz
 from ..store import Store, open_store
 from .common import (
     DEFAULT_WORKERS,
-    SHOW_MAX,
     Problem,
     ShardRow,
     check_shard_payloads,
@@ -173,8 +172,6 @@ class VerifyOptions:
         Scope the source as pack did (a path-list file; its prefix; glob patterns).
     only_keys
         Compare only these sample keys (``path_list`` computes them).
-    source_options
-        Storage options of the source location.
     workers
         Partitions checked at once.
     progress
@@ -191,39 +188,19 @@ class VerifyOptions:
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
     only_keys: Collection[str] | None = None
-    source_options: dict[str, Any] | None = None
     workers: int = DEFAULT_WORKERS
     progress: bool | None = None
     executor: ExecutorSpec = None
 
-    @classmethod
-    def build(cls, options: VerifyOptions | None, overrides: dict[str, Any]) -> VerifyOptions:
-        """``options`` (default: all defaults) with keyword ``overrides`` of single fields."""
-        check_keywords(overrides, [f.name for f in dataclasses.fields(cls)], "verify")
-        chosen = {k: v for k, v in overrides.items() if not (k == "workers" and v is None)}
-        return dataclasses.replace(options or cls(), **chosen)
-
-
-def verify_source(
-    url: str | Store,
-    source_url: str | Store,
-    *,
-    storage_options: dict[str, Any] | None = None,
-    options: VerifyOptions | None = None,
-    **overrides: Any,
-) -> VerifyReport:
-    """:func:`verify_version` on the root at ``url``; keywords are :class:`VerifyOptions` fields."""
-    store = open_store(url, storage_options)
-    return verify_version(store, source_url, VerifyOptions.build(options, overrides))
-
 
 def verify_version(store: Store, source_url: str | Store, options: VerifyOptions) -> VerifyReport:
-    """Compare ``options.version`` with the source tree at ``source_url``; see
-    :class:`VerifyReport`. One task per partition runs on ``options.executor``."""
+    """Compare ``options.version`` with the source tree ``source_url`` (a local path, or an
+    opened store); see :class:`VerifyReport`. One task per partition runs on
+    ``options.executor``."""
     opts = options
     if opts.allow_missing is not None and opts.allow_missing < 0:
         raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
-    source = open_store(source_url, opts.source_options)
+    source = open_store(source_url)
     only_keys = opts.only_keys
     if only_keys is None and isinstance(source_url, str):
         from ..source.tree import scoped_frame_keys
@@ -427,21 +404,35 @@ class OffsetsReport:
         }
 
 
-def verify_offsets(
-    url: str | Store,
-    version: str = "latest",
-    *,
-    storage_options: dict[str, Any] | None = None,
-    progress: bool | None = None,
-    executor: ExecutorSpec = None,
-    workers: int = DEFAULT_WORKERS,
-) -> OffsetsReport:
+@dataclass(frozen=True)
+class OffsetsOptions:
+    """What ``verify-offsets`` checks and how.
+
+    Parameters
+    ----------
+    version
+        The version to check (a tag or ``latest``).
+    workers
+        Partitions checked at once.
+    progress
+        Show progress on standard error (``None``: only on a terminal).
+    executor
+        Where the per-partition tasks run: the spec pack takes (default threads).
+    """
+
+    version: str = "latest"
+    workers: int = DEFAULT_WORKERS
+    progress: bool | None = None
+    executor: ExecutorSpec = None
+
+
+def verify_offsets(store: Store, options: OffsetsOptions) -> OffsetsReport:
     """Check manifests against tar headers and version entries; see the module docs.
 
     One task per partition runs on ``executor`` (default: ``workers`` threads)."""
-    store = open_store(url, storage_options)
-    spec = executor_for(store, executor, "verified")
-    ver = load_version(store, version)
+    progress, workers = options.progress, options.workers
+    spec = executor_for(store, options.executor, "verified")
+    ver = load_version(store, options.version)
     report = OffsetsReport(ver.tag)
     entries = ver.entries
     bar = Progress(

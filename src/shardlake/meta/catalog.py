@@ -52,7 +52,7 @@ from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
 
 if TYPE_CHECKING:
-    from .versions import Version
+    from .versions import StoredVersion
 
 # Segments up to this size are read whole (one GET); larger ones by the column chunks wanted
 # when those are less than half the object.
@@ -242,7 +242,7 @@ def _manifest_rows(store: Store, entries: Sequence[PartitionEntry], label: str) 
     return _ordered(tables, None) if len(tables) != 1 else tables[0]
 
 
-def _attached(store: Store, version: Version) -> CatalogRef | None:
+def _attached(store: Store, version: StoredVersion) -> CatalogRef | None:
     """The catalog ``shardlake catalog`` attached to a format-1 version, if any and matching."""
     key = attached_catalog_key(version.tag, version.hash)
     try:
@@ -256,7 +256,7 @@ def _attached(store: Store, version: Version) -> CatalogRef | None:
     return CatalogRef.from_json(doc.get("catalog"), store.key_url(key))
 
 
-def _matching(store: Store, ref: CatalogRef, version: Version) -> tuple[PartitionEntry, ...]:
+def _matching(store: Store, ref: CatalogRef, version: StoredVersion) -> tuple[PartitionEntry, ...]:
     """The attached catalog's entries, refused unless they name the version's manifests."""
     where = store.key_url(ref.partitions.key)
     entries = tuple(
@@ -276,7 +276,7 @@ def _matching(store: Store, ref: CatalogRef, version: Version) -> tuple[Partitio
     return entries
 
 
-def load_catalog(store: Store, version: Version, *, build: bool = True) -> Catalog:
+def load_catalog(store: Store, version: StoredVersion, *, build: bool = True) -> Catalog:
     """The catalog of ``version``: its own, an attached one, or one built from its manifests
     (``build=False``: an empty-handed one, naming only the partitions, instead)."""
     label = f"version {version.tag!r}"
@@ -302,7 +302,7 @@ def load_catalog(store: Store, version: Version, *, build: bool = True) -> Catal
 
 def catalog_rows(
     store: Store,
-    version: Version,
+    version: StoredVersion,
     columns: Sequence[str] | None = None,
     pids: Sequence[str] | None = None,
 ) -> pa.Table:
@@ -397,7 +397,7 @@ class CatalogInfo:
         }
 
 
-def attach_catalogs(store: Store, versions: Sequence[Version]) -> list[CatalogInfo]:
+def attach_catalogs(store: Store, versions: Sequence[StoredVersion]) -> list[CatalogInfo]:
     """:func:`attach_catalog` for each version; what each one's catalog now is."""
     out = []
     for version in versions:
@@ -409,7 +409,7 @@ def attach_catalogs(store: Store, versions: Sequence[Version]) -> list[CatalogIn
     return out
 
 
-def attach_catalog(store: Store, version: Version) -> CatalogRef:
+def attach_catalog(store: Store, version: StoredVersion) -> CatalogRef:
     """Write a catalog for a format-1 ``version`` (``shardlake catalog``); later readers of the
     version find it instead of reading every manifest. Idempotent."""
     if version.header.catalog is not None:

@@ -19,7 +19,7 @@ from ..format.documents import PartitionEntry
 from ..format.layout import natural_key
 from ..store import Store
 from .catalog import load_catalog
-from .versions import Version
+from .versions import StoredVersion
 
 # The per-sample columns that identify its payload bytes (source_sha256 when recorded).
 _PAYLOAD_COLUMNS = ["key", "partition", "source_sha256", "crc32", "raw_size"]
@@ -115,7 +115,9 @@ def _payloads(table: pa.Table) -> dict[str, tuple[str, Any]]:
     return {keys[i]: (parts[i], sha[i] if sha[i] else (crc[i], raw[i])) for i in range(n)}
 
 
-def compare_versions(store: Store, a: Version, b: Version, *, meta: bool = False) -> Comparison:
+def compare_versions(
+    store: Store, a: StoredVersion, b: StoredVersion, *, meta: bool = False
+) -> Comparison:
     """Compare ``a`` (older) with ``b``: partition entries, then rows of the differing ones
     (with ``meta``, every column of the partitions whose data or sidecars changed, for
     ``meta_changed_keys``)."""
@@ -162,7 +164,9 @@ def compare_versions(store: Store, a: Version, b: Version, *, meta: bool = False
     return out
 
 
-def _sidecars(store: Store, version: Version, pids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def _sidecars(
+    store: Store, version: StoredVersion, pids: Sequence[str]
+) -> dict[str, dict[str, Any]]:
     """key -> its sidecar columns, for the rows of ``pids``."""
     if not pids:
         return {}
@@ -182,13 +186,15 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
-def _rows(store: Store, version: Version, pids: Sequence[str]) -> dict[str, tuple[str, Any]]:
+def _rows(store: Store, version: StoredVersion, pids: Sequence[str]) -> dict[str, tuple[str, Any]]:
     if not pids:
         return {}
     return _payloads(load_catalog(store, version).rows(_PAYLOAD_COLUMNS, pids))
 
 
-def diff_versions(store: Store, a: Version, b: Version, *, samples: bool = False) -> VersionDiff:
+def diff_versions(
+    store: Store, a: StoredVersion, b: StoredVersion, *, samples: bool = False
+) -> VersionDiff:
     """:class:`VersionDiff` of ``a`` -> ``b`` (key lists, sorted, with ``samples``)."""
     c = compare_versions(store, a, b, meta=True)
 

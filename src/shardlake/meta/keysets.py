@@ -35,12 +35,20 @@ from ..errors import (
 from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
-from ..store import Store, open_store
-from .versions import Version, canonical_json, ensure_root, refresh_index, utc_now
+from ..store import Store
+from .rootindex import check_indexed, indexed_keyset
+from .versions import (
+    StoredVersion,
+    canonical_json,
+    ensure_root,
+    read_state,
+    refresh_index,
+    require_root,
+    utc_now,
+)
 
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
-SHOW_MAX = 20
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,16 @@ class Keyset:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def check_version(self, version: Version) -> None:
+    def check_version(self, version: StoredVersion) -> None:
         """Refuse to use this keyset with any version but the one it was made from."""
         if version.hash != self.version_hash:
             raise SelectionError(
                 f"keyset {self.name!r} is bound to version {self.version_tag!r} "
-                f"({self.version_hash}), not {version.tag!r} ({version.hash}); "
-                "create a new keyset for that version"
+                f"({self.version_hash}), not {version.tag!r} ({version.hash}); carry it to that "
+                f"version as a new keyset with Root.rebase_keyset({self.name!r}, "
+                f"{version.tag!r}, new_name=...)",
+                hint=f"shardlake keyset ROOT rebase {self.name} --version {version.tag} "
+                "--as NEW_NAME",
             )
 
     def info(self) -> dict[str, Any]:
@@ -140,7 +151,7 @@ def read_key_list(
 def _encode(
     name: str,
     rows: pa.Table,
-    version: Version,
+    version: StoredVersion,
     dataset_id: str,
     recipe: dict[str, Any],
     rebased_from: str = "",
@@ -173,7 +184,7 @@ def publish_keyset(
     store: Store,
     name: str,
     rows: pa.Table,
-    version: Version,
+    version: StoredVersion,
     recipe: dict[str, Any],
     *,
     rebased_from: str = "",
@@ -266,12 +277,9 @@ def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
     return keyset
 
 
-def load_keyset(
-    url: str | Store, name: str, storage_options: dict[str, Any] | None = None
-) -> Keyset:
+def load_keyset(store: Store, name: str) -> Keyset:
     """Read keyset ``name``; :class:`NotFoundError` if there is none."""
     check_name("keyset", name)
-    store = open_store(url, storage_options)
     try:
         keyset = load_keyset_bytes(store, name)[0]
         if not is_retired(store, keyset):
@@ -287,7 +295,13 @@ def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:
     """Keyset ``name`` and its verified bytes (a mismatch is re-read, then refused)."""
     key = keyset_key(name)
     where = store.key_url(key)
-    return read_verified(store, key, lambda data: decode_keyset(data, name, where))
+    indexed = indexed_keyset(store, name)  # over HTTP: the digest the root index records
+
+    def check(data: bytes) -> Keyset:
+        check_indexed(indexed, data, where)
+        return decode_keyset(data, name, where)
+
+    return read_verified(store, key, check)
 
 
 def list_keyset_names(store: Store) -> list[str]:
@@ -300,9 +314,8 @@ def list_keyset_names(store: Store) -> list[str]:
     return sorted(names, key=natural_key)  # by name, not by object key (".parquet" < "-")
 
 
-def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None) -> list[Keyset]:
+def list_keysets(store: Store) -> list[Keyset]:
     """Every live keyset (retired ones, and one deleted while listing, are left out)."""
-    store = open_store(url, storage_options)
     out = []
     for name in list_keyset_names(store):
         try:
@@ -311,6 +324,8 @@ def list_keysets(url: str | Store, storage_options: dict[str, Any] | None = None
             continue  # deleted after its tombstone was written
         if not is_retired(store, keyset):
             out.append(keyset)
+    if not out:  # none, or no root at all (a mistyped URL)
+        require_root(store, read_state(store))
     return out
 
 

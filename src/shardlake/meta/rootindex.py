@@ -18,7 +18,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import FormatError, KeyNotFoundError, ShardlakeError
+from ..errors import FormatError, KeyNotFoundError
 from ..format.layout import KEYSETS_DIR, ROOT_INDEX, keyset_key
 from ..format.rootindex import KeysetRef, RootIndex
 from ..store import Store
@@ -35,6 +35,27 @@ def read_index(store: Store) -> RootIndex | None:
     except KeyNotFoundError:
         return None
     return RootIndex.from_bytes(data, store.key_url(ROOT_INDEX))
+
+
+def indexed_keyset(store: Store, name: str) -> KeysetRef | None:
+    """What the root index records for keyset ``name``, on a store read through its index
+    (``http(s)://``: a reader there checks the keyset's bytes against it); None elsewhere, or
+    where the index does not name it."""
+    if store.backend.read_only is None:
+        return None
+    index = read_index(store)
+    return None if index is None else index.keysets.get(name)
+
+
+def check_indexed(ref: KeysetRef | None, data: bytes, where: str) -> None:
+    """Refuse keyset bytes that differ from what the root index records for them."""
+    if ref is None:
+        return
+    if len(data) != ref.size or hashlib.sha256(data).hexdigest() != ref.sha256:
+        raise FormatError(
+            f"{where}: does not match the size and sha256 {ROOT_INDEX} records for it (damaged, "
+            f"or {ROOT_INDEX} is stale: run `shardlake index ROOT` where the root is stored)"
+        )
 
 
 def _retired(store: Store, name: str, data: bytes) -> bool:
@@ -133,7 +154,7 @@ def write_index(
             return previous
         store.write(ROOT_INDEX, index.to_bytes())
         return index
-    except ShardlakeError as exc:
+    except Exception as exc:  # noqa: BLE001 - the commit stands whatever happens here
         if strict:
             raise
         log.warning(

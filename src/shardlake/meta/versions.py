@@ -31,6 +31,7 @@ from ..errors import (
     ConflictError,
     FormatError,
     KeyNotFoundError,
+    NotFoundError,
     VersionNotFoundError,
 )
 from ..format.catalog import CatalogRef, ObjectRef
@@ -161,7 +162,7 @@ def takeover_note(lock: GcLock) -> str:
 
 
 @dataclass(frozen=True)
-class Version:
+class StoredVersion:
     """A published version: its tag, hash and record header; the partition list is read from
     the catalog's partitions table on first use (format 2) or is inline (format 1)."""
 
@@ -174,7 +175,7 @@ class Version:
     @classmethod
     def parse(
         cls, tag: str, version_hash: str, data: bytes, where: str, store: Store | None = None
-    ) -> Version:
+    ) -> StoredVersion:
         """A version from its record bytes, checked against its hash, tag and schema."""
         if hash_bytes(data) != version_hash:
             raise FormatError(f"{where}: version document does not match its hash")
@@ -193,7 +194,7 @@ class Version:
         ref = self.header.catalog
         if ref is None:
             return list(self.header_doc["partitions"])
-        if self.store is None:  # parse refuses this; a hand-built Version may not
+        if self.store is None:  # parse refuses this; a hand-built StoredVersion may not
             raise FormatError(f"version {self.tag!r}: no store to read its catalog from")
         return read_partitions(self.store, ref.partitions, f"version {self.tag!r}")
 
@@ -401,6 +402,8 @@ def refresh_index(store: Store, *, strict: bool = False) -> RootIndex | None:
     ``shardlake index ROOT`` for a root published before the index existed); ``strict``: a
     failure raises instead of being logged."""
     state = read_state(store)
+    if strict:  # asked for: a wrong folder gets no index.json written into it
+        require_root(store, state)
     index = write_index(
         store, state.seq, state.versions, state.retired, state.latest, strict=strict
     )
@@ -515,7 +518,9 @@ def _with_manifest_digests(
     return out, fresh
 
 
-def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootState) -> Version:
+def publish_version(
+    store: Store, tag: str, body: Mapping[str, Any], base: RootState
+) -> StoredVersion:
     """Publish a version made from ``base`` (the state read before the work began).
 
     Order: version document (create-if-absent), then the commit record (create-if-absent). If any
@@ -566,7 +571,7 @@ def publish_version(store: Store, tag: str, body: Mapping[str, Any], base: RootS
     versions[tag] = version_hash
     new = RootState(base.seq + 1, versions, base.retired, tag)
     commit_state(store, base, new, "publish", {"tag": tag, "version": version_hash})
-    return Version.parse(tag, version_hash, data, store.key_url(key), store)
+    return StoredVersion.parse(tag, version_hash, data, store.key_url(key), store)
 
 
 def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> RootState:
@@ -595,18 +600,19 @@ TAGS_SHOWN = 10
 
 
 def require_root(store: Store, state: RootState) -> None:
-    """Refuse to read a location that has no commits and no root marker: a wrong URL or folder."""
+    """Refuse to read a location that has no commits and no root marker: a wrong URL or folder
+    (:class:`NotFoundError`: no root, so no version either)."""
     if state.seq == 0 and not state.versions and read_root_marker(store) is None:
-        raise VersionNotFoundError(f"no shardlake root at {store.url}")
+        raise NotFoundError(f"no shardlake root at {store.url}")
 
 
 def _known_tags(state: RootState) -> str:
-    """The newest live tags (up to :data:`TAGS_SHOWN`) and where to see them all."""
+    """The newest live tags (up to :data:`TAGS_SHOWN`); ``Root.versions()`` lists them all."""
     tags = list(state.versions)
     if not tags:
         return "the root has no published version"
     shown = ", ".join(reversed(tags[-TAGS_SHOWN:])) + (", ..." if len(tags) > TAGS_SHOWN else "")
-    return f"tags there are: {shown} (all of them: shardlake versions ROOT)"
+    return f"tags there are: {shown}"
 
 
 def resolve_tag(
@@ -620,38 +626,101 @@ def resolve_tag(
             raise VersionNotFoundError(f"{store.url}: no published version yet")
         tag = state.latest
     if tag not in state.versions:
+        if not state.versions:
+            require_root(store, state)
         retired = " (it was retired)" if tag in state.retired else ""
         raise VersionNotFoundError(
-            f"{store.url}: unknown version {tag!r}{retired}; {_known_tags(state)}"
+            f"{store.url}: unknown version {tag!r}{retired}; {_known_tags(state)}",
+            hint="all of them: shardlake versions ROOT",
         )
     return tag, state.versions[tag]
 
 
-def load_version(store: Store, tag: str = "latest", state: RootState | None = None) -> Version:
+def load_version(
+    store: Store, tag: str = "latest", state: RootState | None = None
+) -> StoredVersion:
     """Read and check the version document for ``tag``."""
     tag, version_hash = resolve_tag(store, tag, state)
     return load_version_by_hash(store, tag, version_hash)
 
 
-def load_version_by_hash(store: Store, tag: str, version_hash: str) -> Version:
+def load_version_by_hash(store: Store, tag: str, version_hash: str) -> StoredVersion:
     """The version document ``tag``/``version_hash``, checked against its hash before use
     (a mismatch is re-read, then refused naming the document)."""
     return load_version_bytes(store, tag, version_hash)[0]
 
 
-def load_version_bytes(store: Store, tag: str, version_hash: str) -> tuple[Version, bytes]:
+def load_version_bytes(store: Store, tag: str, version_hash: str) -> tuple[StoredVersion, bytes]:
     """:func:`load_version_by_hash` and the verified bytes (export copies exactly these)."""
     key = version_key(tag, version_hash)
     where = store.key_url(key)
     try:
         return read_verified(
-            store, key, lambda data: Version.parse(tag, version_hash, data, where, store)
+            store, key, lambda data: StoredVersion.parse(tag, version_hash, data, where, store)
         )
     except KeyNotFoundError as exc:
         raise FormatError(f"{where}: version document missing") from exc
 
 
-def list_versions(store: Store) -> list[tuple[str, str, bool]]:
-    """``(tag, hash, is_latest)`` for every live version, in publish order."""
-    state = read_state(store)
-    return [(t, h, t == state.latest) for t, h in state.versions.items()]
+@dataclass(frozen=True)
+class Version:
+    """A published version of a root, as :meth:`Root.versions` and :meth:`Root.version`
+    return it (the on-disk records behind it are the format layer's).
+
+    Attributes
+    ----------
+    tag
+        The version's tag (never reused in a root).
+    hash
+        The hash of its version document.
+    created
+        When it was published (UTC), None if the document does not say.
+    samples
+        Samples in the version.
+    partitions
+        Partitions in the version.
+    is_latest
+        Whether ``latest`` names it.
+    base
+        The tag of the version it was made from, if any.
+    """
+
+    tag: str
+    hash: str
+    created: datetime | None
+    samples: int
+    partitions: int
+    is_latest: bool
+    base: str | None = None
+
+    @classmethod
+    def of(cls, version: StoredVersion, is_latest: bool) -> Version:
+        header = version.header  # the small record header: no partition list is read
+        return cls(
+            tag=version.tag,
+            hash=version.hash,
+            created=_parse_time(header.created_at),
+            samples=header.samples,
+            partitions=header.partition_count,
+            is_latest=is_latest,
+            base=header.base,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        created = None if self.created is None else self.created.isoformat()
+        return {
+            "tag": self.tag,
+            "hash": self.hash,
+            "latest": self.is_latest,
+            "created_at": None if created is None else created.replace("+00:00", "Z"),
+            "base": self.base,
+            "partitions": self.partitions,
+            "samples": self.samples,
+        }
+
+
+def _parse_time(text: str) -> datetime | None:
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None

@@ -4,7 +4,7 @@ from ..source.npz import load_npz
 from ..source.tree import PartitionRule, discover, inspect_source, read_path_list
 from .build import Recipe, build_partition, verify_sample
 from .options import PackOptions
-from .packer import InlineExecutor, PackReport, pack, pack_with_report
+from .packer import InlineExecutor, PackReport, pack
 
 __all__ = [
     "InlineExecutor",
@@ -17,7 +17,6 @@ __all__ = [
     "inspect_source",
     "load_npz",
     "pack",
-    "pack_with_report",
     "read_path_list",
     "verify_sample",
 ]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from ..progress.bar import DEFAULT_HEARTBEAT_S
 from ..read.tasks import ExecutorSpec as ExecutorSpec
 
 
@@ -52,6 +52,10 @@ class PackOptions:
     allow_foreign
         Publish the first version into a location that already holds objects shardlake did not
         write (refused by default; gc leaves such objects alone either way).
+    heartbeat_s
+        With ``progress``: seconds without progress before a heartbeat line.
+    poll_s
+        How often the pack checks on its partition builds (seconds).
     """
 
     workers: int | None = None
@@ -74,7 +78,5 @@ class PackOptions:
     source_namespace: str | None = None
     progress: bool = False
     allow_foreign: bool = False
-
-    def as_kwargs(self) -> dict[str, Any]:
-        """The options as keyword arguments (shallow: an executor object is passed as is)."""
-        return dict(vars(self))
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    poll_s: float = 1.0

@@ -16,23 +16,23 @@ The stages, in order (what makes a crash at any point harmless); this module dri
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..errors import SHOW_MAX, PackWorkerError, SourceError, SourceFilesError, check_keywords
+from ..errors import SHOW_MAX, PackWorkerError, SourceError, SourceFilesError
 from ..meta.versions import (
+    StoredVersion,
     Version,
 )
-from ..progress.bar import DEFAULT_HEARTBEAT_S, Progress
+from ..progress.bar import Progress
 from ..read.tasks import InlineExecutor, Task, error_text, executor_for, make_executor, run_tasks
 
-__all__ = ["InlineExecutor", "PackReport", "make_executor", "pack", "pack_with_report"]
+__all__ = ["InlineExecutor", "PackReport", "make_executor", "pack"]
 from ..source.tree import SourcePartition
-from ..store import Store, open_store
+from ..store import Store
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
@@ -43,7 +43,7 @@ from .publish import publish
 class PackReport:
     """The published version plus what the pack did."""
 
-    version: Version
+    record: StoredVersion  # the published version's stored record (its partition entries)
     built: list[str] = field(default_factory=list)  # partition paths whose shards were written
     manifest_only: list[str] = field(default_factory=list)  # new manifest over existing shards
     resumed: list[str] = field(default_factory=list)  # revision already complete in the root
@@ -53,9 +53,14 @@ class PackReport:
     skipped_samples: int = 0
     seconds: float = 0.0
 
+    @property
+    def version(self) -> Version:
+        """The version the pack published (``latest`` names it)."""
+        return Version.of(self.record, is_latest=True)
+
     def to_json(self) -> dict[str, Any]:
         """The report as the ``pack --json`` document."""
-        v = self.version
+        v = self.record
         return {
             "tag": v.tag,
             "hash": v.hash,
@@ -72,7 +77,7 @@ class PackReport:
         }
 
     def summary(self) -> str:
-        v = self.version
+        v = self.record
         return (
             f"published {v.tag} ({v.hash}): {v.partition_count} partitions, {v.samples} samples; "
             f"built {len(self.built)}, manifest-only {len(self.manifest_only)}, "
@@ -86,28 +91,23 @@ def _describe(part: SourcePartition) -> str:
     return f"{part.path} ({part.id})"
 
 
-def pack_with_report(
+def pack(
+    store: Store,
     source: str | os.PathLike[str],
-    root_url: str | Store,
     *,
     tag: str,
-    base: str | None = None,
-    options: PackOptions | None = None,
-    storage_options: dict[str, Any] | None = None,
+    base: str | None,
+    options: PackOptions,
     progress_stream: TextIO | None = None,
-    heartbeat_s: float = DEFAULT_HEARTBEAT_S,
-    poll_s: float = 1.0,
-    **overrides: Any,
 ) -> PackReport:
-    """Pack ``source`` into the root at ``root_url`` and publish it as ``tag``; see module docs.
+    """Pack ``source`` into the root ``store`` and publish it as ``tag``; see module docs.
 
-    ``options`` holds every other setting; keyword ``overrides`` replace single fields of it.
-    """
+    ``base`` reuses the unchanged partitions of that version; ``options`` holds every other
+    setting."""
     started = time.monotonic()
-    check_keywords(overrides, [f.name for f in dataclasses.fields(PackOptions)], "pack")
-    opts = dataclasses.replace(options or PackOptions(), **overrides)
+    opts = options
+    heartbeat_s, poll_s = opts.heartbeat_s, opts.poll_s
     check_options(source, tag, opts)
-    store = open_store(root_url, storage_options)
     executor = _executor_for(store, opts.executor)
     settings = resolve_settings(store, source, tag, base, opts)
     if opts.progress:
@@ -223,19 +223,3 @@ def _run_builds(
             "published: " + "; ".join(lines[:SHOW_MAX]) + more
         )
     return {t.partition.id: r for t, r in zip(tasks, done, strict=True)}
-
-
-def pack(
-    source: str | os.PathLike[str],
-    root_url: str | Store,
-    *,
-    tag: str,
-    base: str | None = None,
-    **options: Any,
-) -> Version:
-    """Pack ``source`` into ``root_url`` and publish ``tag``; returns the published version.
-
-    Options are those of :func:`pack_with_report` (``workers``, ``executor``, ``shard_size``,
-    ``partition_depth``/``partition_regex``, ``path_list``, ``partitions``, ...).
-    """
-    return pack_with_report(source, root_url, tag=tag, base=base, **options).version

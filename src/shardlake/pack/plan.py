@@ -15,7 +15,7 @@ from ..format.documents import PartitionEntry, VersionRecord
 from ..format.layout import check_name
 from ..meta.versions import (
     RootState,
-    Version,
+    StoredVersion,
     check_new_tag,
     ensure_root,
     load_version,
@@ -33,7 +33,7 @@ class PackSettings:
     """What a pack resolved before touching the source: root state, base, recipe and rule."""
 
     state: RootState
-    base_version: Version | None
+    base_version: StoredVersion | None
     recipe: Recipe
     base_recipe: Recipe
     rule: PartitionRule
@@ -105,13 +105,13 @@ def resolve_settings(
     ensure_root(store, allow_foreign=opts.allow_foreign)
     state = read_state(store)
     check_new_tag(state, tag, store)
-    base_version: Version | None = None
+    base_version: StoredVersion | None = None
     if base is not None:
         try:
             base_version = load_version(store, base, state)
         except VersionNotFoundError as exc:
             raise VersionNotFoundError(
-                f"unknown base version {base!r}: {exc}", options=("base",)
+                f"unknown base version {base!r}: {exc}", options=("base",), hint=exc.hint
             ) from exc
     base_record = base_version.record if base_version is not None else None
     base_recipe = Recipe.from_json(base_record.recipe) if base_record else Recipe()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConflictError, OutcomeUnknownError
-from ..meta.versions import RootState, Version, describe_lock, publish_version, read_state
+from ..meta.versions import RootState, StoredVersion, describe_lock, publish_version, read_state
 from ..store import Store
 
 PUBLISH_ATTEMPTS = 10
@@ -13,7 +13,7 @@ PUBLISH_ATTEMPTS = 10
 
 def publish(
     store: Store, tag: str, body: dict[str, Any], state: RootState, base: str | None
-) -> Version:
+) -> StoredVersion:
     """Publish, tolerating unrelated commits that landed while the (possibly hours-long) pack ran.
 
     Another commit since ``state`` is retried against the new state as long as the tag is still

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import io
 import os
-import posixpath
 import re
 import tarfile
 from collections.abc import Iterator, Sequence
@@ -80,7 +79,9 @@ def _is_tar(name: str) -> bool:
 
 
 def _stem(name: str) -> str:
-    base = posixpath.basename(name)
+    """A tar's partition name: its path under the directory given (or its file name), less
+    the suffix, so that ``a/x.tar`` and ``b/x.tar`` stay apart."""
+    base = name.strip("/")
     for suffix in TAR_SUFFIXES:
         if base.endswith(suffix):
             return base[: -len(suffix)]
@@ -220,14 +221,20 @@ def import_wds(
     problems: list[str] = []
     with Writer(root, tag, base=base, options=options) as writer:
         for url, store, key in tars:
-            prefix = key_prefix + _stem(key) + "/" if partition_by == "shard" else key_prefix
+            # shard: the tar is the partition, whatever directories its keys hold
+            part = key_prefix + _stem(key) if partition_by == "shard" else None
+            prefix = part + "/" if part is not None else key_prefix
+            written = 0
             for sample in _samples(url, store, key, problems):
                 if problems:
                     continue  # keep reading to name every unconvertible member
                 try:
-                    writer.write(prefix + sample.key, sample.arrays, sample.meta)
+                    writer.write(prefix + sample.key, sample.arrays, sample.meta, partition=part)
                 except SourceError as exc:
                     raise SourceError(f"{url}: {exc}") from exc
+                written += 1
+            if part is not None and written and not problems:
+                writer.finish_partition(part)  # built while the next tar is read
         if problems:
             more = len(problems) - SHOW_PROBLEMS
             raise SourceError(

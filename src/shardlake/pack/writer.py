@@ -1,9 +1,10 @@
 """``Root.writer``: write a version from Python, sample by sample, through pack's publish.
 
 Each :meth:`Writer.write` checks the sample (key, arrays, sidecar), encodes it, **verifies**
-the payload against the arrays (as pack does) and appends it to a local spill file, keeping only
-a small index entry in memory (key, offset, sizes, CRC, source hash, sidecar). On a clean exit
-every partition written is built with pack's own :func:`~shardlake.pack.build.build_revision`
+the payload against the arrays (as pack does) and appends it to its partition's local spill
+file, keeping only a small index entry in memory (key, offset, sizes, CRC, source hash,
+sidecar). :meth:`Writer.finish_partition` builds a partition at once, in the background, and
+removes its spill file; on a clean exit every partition not finished yet is built with pack's own :func:`~shardlake.pack.build.build_revision`
 (same content addressing, seeded shuffle, shard rolling, manifest, revision reuse) from the
 spill, one payload at a time, and the version is published by :func:`~shardlake.pack.publish.
 publish` (one commit, create-if-absent). An exception (or Ctrl-C) inside the ``with`` block
@@ -21,6 +22,7 @@ A sample's ``source_sha256`` is the SHA-256 of its canonical npz form
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures as cf
 import json
 import os
@@ -31,7 +33,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -41,7 +43,7 @@ from ..format.documents import PartitionEntry
 from ..format.layout import partition_id
 from ..meta.versions import (
     RootState,
-    Version,
+    StoredVersion,
     check_new_tag,
     ensure_root,
     load_version,
@@ -67,6 +69,7 @@ __all__ = ["WriteOptions", "Writer", "check_key", "partition_of_key"]
 # The partition rule a writer version records: a key's parent path (``partition=`` overrides).
 PARENT_RULE = PartitionRule(depth=None, regex=r"^(?P<partition>.+)/[^/]+$")
 DEFAULT_BUILD_WORKERS = 4
+MAX_OPEN_SPILLS = 64
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,11 @@ class WriteOptions:
         Keep samples whose ``meta`` says ``is_skipped: true`` (left out by default, as pack does).
     workers
         Partitions built in parallel (threads) when the writer closes.
+    encode_threads
+        Threads encoding and verifying samples (default 1: in :meth:`Writer.write` itself).
+        Above 1, ``write`` checks the sample and returns while it is encoded: do not modify its
+        arrays afterwards; an encoding error is raised by a later ``write`` or at the end, naming
+        the key. Memory: at most ``2 * encode_threads`` samples in flight.
     spill_dir
         Local directory for the spill file of encoded payloads (default: the system temp dir).
         It holds the compressed samples until the writer closes.
@@ -95,6 +103,7 @@ class WriteOptions:
     seed: int | None = None
     keep_skipped: bool = False
     workers: int | None = None
+    encode_threads: int = 1
     spill_dir: str | os.PathLike[str] | None = None
     allow_foreign: bool = False
 
@@ -104,7 +113,7 @@ class WriteSettings:
     """Root state, base and recipe, resolved before the first sample."""
 
     state: RootState
-    base_version: Version | None
+    base_version: StoredVersion | None
     recipe: Recipe
 
 
@@ -245,15 +254,21 @@ def encode_record(
     return EncodedRecord(skey, path, source_sha256(checked), sidecar, payload, len(st))
 
 
+_Encoded = tuple[str, bytes, int]  # source sha256, payload, safetensors size
+
+
 @dataclass
 class _SpillPartition:
-    """A partition being written: its samples' index entries into the spill file."""
+    """A partition being written: its spill file and its samples' index entries into it."""
 
     path: str
+    file: str
+    size: int = 0
     index: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # off,size,raw,crc
     included: list[tuple[str, str]] = field(default_factory=list)
     sidecars: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     skipped: int = 0
+    build: cf.Future[BuildResult] | None = None  # set once the partition is finished
 
 
 class Writer:
@@ -288,12 +303,28 @@ class Writer:
         self._parts: dict[str, _SpillPartition] = {}
         self._partition_of: dict[str, str] = {}  # every key written -> its partition
         self._deleted: set[str] = set()
-        self._coders = (Encoder(self._settings.recipe.level), Decoder())
+        self._local = threading.local()  # zstd contexts are per thread
         self._lock = threading.Lock()
-        self._spill = tempfile.TemporaryFile(  # noqa: SIM115 - lives as long as the writer
+        threads = max(1, self._opts.encode_threads)
+        self._pool = (
+            cf.ThreadPoolExecutor(threads, thread_name_prefix="shardlake-encode")
+            if threads > 1
+            else None
+        )
+        self._hasher = cf.ThreadPoolExecutor(1, thread_name_prefix="shardlake-hash")
+        self._inflight: collections.deque[
+            tuple[_SpillPartition, str, dict[str, Any] | None, cf.Future[_Encoded]]
+        ] = collections.deque()
+        self._max_inflight = 2 * threads
+        self._spill = tempfile.TemporaryDirectory(  # lives as long as the writer
             prefix="shardlake-writer-", dir=os.fspath(self._opts.spill_dir or tempfile.gettempdir())
         )
-        self._spill_size = 0
+        # Open spill handles, least recently used first (many partitions: few descriptors).
+        self._handles: collections.OrderedDict[str, BinaryIO] = collections.OrderedDict()
+        self._builder = cf.ThreadPoolExecutor(
+            max(1, self._opts.workers or DEFAULT_BUILD_WORKERS),
+            thread_name_prefix="shardlake-build",
+        )
         self._state = "open"  # open -> published | aborted
         self._report: PackReport | None = None
 
@@ -350,39 +381,71 @@ class Writer:
         """
         self._check_open()
         skey = check_key(key)
-        if skey in self._partition_of:
-            raise SourceError(f"sample {skey!r}: duplicate key (already written to this version)")
         path = partition_of_key(skey, partition)
-        if path in self._deleted:
-            raise UsageError(f"sample {skey!r}: partition {path!r} was deleted in this writer")
-        record = encode_record(
-            skey,
-            arrays,
-            meta,
-            partition,
-            self._settings.recipe.level,
-            self._opts.keep_skipped,
-            self._coders,
-        )
+        sidecar = sample_sidecar(skey, meta)
+        checked = sample_arrays(skey, arrays)
         with self._lock:
-            if skey in self._partition_of:  # a racing write of the same key
+            if skey in self._partition_of:
                 raise SourceError(
                     f"sample {skey!r}: duplicate key (already written to this version)"
                 )
+            if path in self._deleted:
+                raise UsageError(f"sample {skey!r}: partition {path!r} was deleted in this writer")
             part = self._parts.get(path)
             if part is None:
-                part = self._parts[path] = _SpillPartition(path)
+                spill = os.path.join(self._spill.name, f"{len(self._parts):08d}.spill")
+                part = self._parts[path] = _SpillPartition(path, spill)
+            elif part.build is not None:
+                raise UsageError(f"sample {skey!r}: partition {path!r} was finished already")
             self._partition_of[skey] = path
-            if record.payload is None:
+            if is_skipped(sidecar) and not self._opts.keep_skipped:
                 part.skipped += 1
                 return
-            offset = self._spill_size
-            self._spill.write(record.payload)
-            self._spill_size += len(record.payload)
-            size = len(record.payload)
-            part.index[skey] = (offset, size, record.raw_size, zlib.crc32(record.payload))
-            part.included.append((skey, record.sha256))
-            part.sidecars[skey] = record.sidecar
+        if self._pool is None:
+            # The source hash runs beside the encoding (both release the GIL on big buffers);
+            # both are done before write() returns, so the caller may reuse its arrays.
+            sha = self._hasher.submit(source_sha256, checked)
+            try:
+                _, payload, raw_size = self._encode(skey, checked, hashed=False)
+            finally:
+                digest = sha.result()
+            self._stage(part, skey, sidecar, (digest, payload, raw_size))
+            return
+        self._inflight.append((part, skey, sidecar, self._pool.submit(self._encode, skey, checked)))
+        while len(self._inflight) > self._max_inflight:
+            self._stage_next()
+
+    def _encode(
+        self, key: str, arrays: dict[str, np.ndarray[Any, Any]], hashed: bool = True
+    ) -> _Encoded:
+        coders = getattr(self._local, "coders", None)
+        if coders is None:
+            coders = self._local.coders = (Encoder(self._settings.recipe.level), Decoder())
+        st, payload = encode_verified(coders[0], coders[1], arrays, f"sample {key!r}")
+        return source_sha256(arrays) if hashed else "", payload, len(st)
+
+    def _stage_next(self) -> None:
+        part, key, sidecar, future = self._inflight.popleft()
+        self._stage(part, key, sidecar, future.result())
+
+    def _stage(
+        self, part: _SpillPartition, key: str, sidecar: dict[str, Any] | None, encoded: _Encoded
+    ) -> None:
+        """Append a verified payload to the spill; only its index entry stays in memory."""
+        sha, payload, raw_size = encoded
+        with self._lock:
+            handle = self._handles.pop(part.path, None)
+            if handle is None:
+                handle = open(part.file, "ab")  # noqa: SIM115 - kept open across writes
+                if len(self._handles) >= MAX_OPEN_SPILLS:
+                    self._handles.popitem(last=False)[1].close()
+            self._handles[part.path] = handle
+            offset = part.size
+            handle.write(payload)
+            part.size += len(payload)
+            part.index[key] = (offset, len(payload), raw_size, zlib.crc32(payload))
+            part.included.append((key, sha))
+            part.sidecars[key] = sidecar
 
     def delete_partition(self, name: str) -> None:
         """Leave the base's partition ``name`` (a partition path) out of the new version."""
@@ -397,13 +460,52 @@ class Writer:
             )
         self._deleted.add(path)
 
+    def finish_partition(self, name: str) -> None:
+        """Declare partition ``name`` complete: it is built now, in the background, and its
+        spill file removed; writing to it again is refused. Optional: at the end every
+        partition not finished is built. Writing partition after partition and finishing each
+        keeps the spill to the partitions still open."""
+        self._check_open()
+        path = check_key(name, "partition")
+        part = self._parts.get(path)
+        if part is None:
+            raise UsageError(f"partition {path!r} has no samples in this writer")
+        if part.build is None:
+            while self._inflight:  # its samples may still be encoding
+                self._stage_next()
+            self._start_build(part)
+
+    def _start_build(self, part: _SpillPartition) -> None:
+        with self._lock:
+            handle = self._handles.pop(part.path, None)
+            if handle is not None:
+                handle.close()
+            part.build = self._builder.submit(self._build, part)
+
     # --- ending --------------------------------------------------------------------------
 
     def abort(self) -> None:
         """Publish nothing; drop the spill (revisions already in the store are gc's)."""
         if self._state == "open":
             self._state = "aborted"
-            self._spill.close()
+            self._stop_encoding()
+            self._stop_building()
+
+    def _stop_building(self) -> None:
+        """Wait for running builds (their revisions stay for gc), drop the spill."""
+        self._builder.shutdown(wait=True, cancel_futures=True)
+        for handle in self._handles.values():
+            handle.close()
+        self._handles.clear()
+        self._spill.cleanup()
+
+    def _stop_encoding(self) -> None:
+        for *_, future in self._inflight:
+            future.cancel()
+        self._inflight.clear()
+        self._hasher.shutdown(wait=True, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> PackReport:
         """Build every written partition from the spill and publish the version (once)."""
@@ -411,13 +513,18 @@ class Writer:
             return self._report
         self._check_open()
         try:
+            while self._inflight:
+                self._stage_next()
+            self._stop_encoding()
             if not self._parts and not self._deleted:
                 raise SourceError(
                     f"writer for {self._tag!r}: nothing was written (an empty write); "
                     "nothing was published"
                 )
-            self._spill.flush()
-            results = self._build_all()
+            for part in self._parts.values():
+                if part.build is None:
+                    self._start_build(part)
+            results = [p.build.result() for p in self._parts.values() if p.build is not None]
             self._report = publish_written(
                 self._store,
                 self._tag,
@@ -432,45 +539,39 @@ class Writer:
             self.abort()
             raise
         self._state = "published"
-        self._spill.close()
+        self._stop_building()
         return self._report
 
     def _check_open(self) -> None:
         if self._state != "open":
             raise UsageError(f"writer for {self._tag!r} is closed ({self._state})")
 
-    def _build_all(self) -> list[BuildResult]:
-        parts = [p for p in self._parts.values() if p.included or p.skipped]
-        workers = max(1, self._opts.workers or DEFAULT_BUILD_WORKERS)
-        if workers == 1 or len(parts) == 1:
-            return [self._build(p) for p in parts]
-        with cf.ThreadPoolExecutor(workers, thread_name_prefix="shardlake-writer") as pool:
-            futures = [pool.submit(self._build, p) for p in parts]
-            try:
-                return [f.result() for f in futures]
-            except BaseException:
-                for f in futures:
-                    f.cancel()
-                raise
-
     def _build(self, part: _SpillPartition) -> BuildResult:
-        fd = self._spill.fileno()
-
-        def encoded(order: list[str]) -> Iterator[EncodedSample]:
-            for key in order:
-                offset, size, raw_size, crc = part.index[key]
-                payload = os.pread(fd, size, offset)
-                # The spill is local disk: check what comes back is what was verified.
-                if len(payload) != size or zlib.crc32(payload) != crc:
-                    raise IntegrityError(f"sample {key!r}: the writer's spill file changed")
-                yield EncodedSample(key, payload, raw_size)
-
+        """Build one partition from its spill file (one payload at a time), then remove it."""
         source = RevisionSource(
             partition_id(part.path), part.path, part.included, part.sidecars, part.skipped
         )
-        return build_revision(
-            self._store, self._settings.recipe, source, encoded, where=f"partition {part.path}"
-        )
+        if not part.size:
+            return build_revision(
+                self._store, self._settings.recipe, source, lambda order: iter(()), where=part.path
+            )
+        with open(part.file, "rb") as fh:
+            fd = fh.fileno()
+
+            def encoded(order: list[str]) -> Iterator[EncodedSample]:
+                for key in order:
+                    offset, size, raw_size, crc = part.index[key]
+                    payload = os.pread(fd, size, offset)
+                    # The spill is local disk: check what comes back is what was verified.
+                    if len(payload) != size or zlib.crc32(payload) != crc:
+                        raise IntegrityError(f"sample {key!r}: the writer's spill file changed")
+                    yield EncodedSample(key, payload, raw_size)
+
+            result = build_revision(
+                self._store, self._settings.recipe, source, encoded, where=f"partition {part.path}"
+            )
+        os.remove(part.file)
+        return result
 
 
 def publish_written(

@@ -7,7 +7,6 @@ sample access (single ranged reads for :meth:`Dataset.get`, batched multi-range 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,12 +21,12 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.manifest import entry_mismatches
 from ..meta.catalog import catalog_rows
-from ..meta.versions import Version, load_version, load_version_by_hash
+from ..meta.versions import StoredVersion, load_version, load_version_by_hash
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import PayloadRef, describe, fetch_payload, read_payloads
 from ..source.pathlists import KeyMapping
 from ..source.source_form import npz_bytes, sidecar_json
-from ..store import Store, open_store
+from ..store import Store
 from . import sql
 
 if TYPE_CHECKING:
@@ -43,7 +42,7 @@ BATCH_BYTES = 64 * 2**20
 class Dataset:
     """One version of a dataset root, opened for reading.
 
-    Get one from :meth:`shardlake.Root.dataset` (or :func:`open_dataset`). Thread-safe for
+    Get one from :meth:`shardlake.Root.dataset` . Thread-safe for
     reading; manifests are read once and cached.
 
     Parameters
@@ -54,7 +53,7 @@ class Dataset:
         The published version to read.
     """
 
-    def __init__(self, store: Store, version: Version) -> None:
+    def __init__(self, store: Store, version: StoredVersion) -> None:
         self.store = store
         self.version = version
         self.entries: tuple[PartitionEntry, ...] = version.entries
@@ -347,23 +346,7 @@ class SampleFile:
         return sidecar_json(self._row)
 
 
-def open_dataset(
-    url: str | Store,
-    version: str | None = "latest",
-    storage_options: dict[str, Any] | None = None,
-    *,
-    keyset: str | None = None,
-) -> Dataset:
-    """Open ``version`` (a tag or ``latest``) of the dataset root at ``url``; ``None``: the
-    version keyset ``keyset`` is bound to (``latest`` without one). A relative local path
-    resolves against the working directory, as in :func:`shardlake.open`."""
-    if isinstance(url, str) and url.strip() and "://" not in url:
-        url = os.path.abspath(os.path.expanduser(url))
-    store = open_store(url, storage_options)
-    return Dataset(store, resolve_version(store, version, keyset))
-
-
-def resolve_version(store: Store, version: str | None, keyset: str | None = None) -> Version:
+def resolve_version(store: Store, version: str | None, keyset: str | None = None) -> StoredVersion:
     """``version``, or with ``None`` the version ``keyset`` is bound to (a keyset knows its
     version, even once pruned), else ``latest``."""
     if version is None and keyset is not None:

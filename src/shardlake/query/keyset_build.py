@@ -10,11 +10,10 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import ConflictError, SelectionError, SourceError
+from ..errors import SHOW_MAX, ConflictError, SelectionError, SourceError
 from ..format.layout import check_name, keyset_key
 from ..meta.diff import compare_versions
 from ..meta.keysets import (
-    SHOW_MAX,
     Keyset,
     is_retired,
     load_keyset,
@@ -24,8 +23,8 @@ from ..meta.keysets import (
 )
 from ..meta.versions import load_version, load_version_by_hash
 from ..source import pathlists
-from ..store import Store, open_store
-from .dataset import Dataset, open_dataset
+from ..store import Store
+from .dataset import Dataset, resolve_version
 
 
 def keys_from_file(
@@ -105,7 +104,7 @@ def _is_skipped_frame(npz_path: str) -> bool:
 
 
 def create_keyset(
-    url: str | Store,
+    store: Store,
     name: str,
     *,
     version: str = "latest",
@@ -115,7 +114,6 @@ def create_keyset(
     strip_prefix: str | None = None,
     unmapped: Sequence[str] = (),
     allow_unmatched: int | None = None,
-    storage_options: dict[str, Any] | None = None,
     local_paths: Mapping[str, str] | None = None,
 ) -> Keyset:
     """Select samples of ``version`` by ``where``, ``keys`` or ``key_file`` and publish keyset
@@ -133,10 +131,9 @@ def create_keyset(
         )
     if allow_unmatched is not None and allow_unmatched < 0:
         raise SelectionError("allow_unmatched must be >= 0", options=("allow_unmatched",))
-    store = open_store(url, storage_options)
     key = keyset_key(name)
     existing = _existing(store, name)
-    ds = open_dataset(store, version)
+    ds = Dataset(store, resolve_version(store, version))
     if key_file is not None:
         listed = keys_from_file(ds, key_file, strip_prefix=strip_prefix)
         keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
@@ -155,8 +152,8 @@ def create_keyset(
         raise ConflictError(
             f"{store.key_url(key)}: keyset {name!r} already exists with a different selection "
             f"(bound to {existing.version_tag!r}, {len(existing)} samples); keysets are "
-            f"immutable: choose a new name, or retire it first with "
-            f"'shardlake keyset ROOT delete {name}'"
+            f"immutable: choose a new name, or retire it first (Root.delete_keyset)",
+            hint=f"to retire it: shardlake keyset ROOT delete {name}",
         )
     return publish_keyset(store, name, rows, ds.version, recipe)
 
@@ -217,13 +214,12 @@ class KeysetReport:
 
 
 def rebase_keyset(
-    url: str | Store,
+    store: Store,
     name: str,
     version: str,
     *,
     new_name: str,
     strict: bool = False,
-    storage_options: dict[str, Any] | None = None,
 ) -> KeysetReport:
     """Publish keyset ``new_name`` bound to ``version``: the keys of keyset ``name`` that
     version still has. Keyset ``name`` is never modified. ``strict``: a dropped or changed key
@@ -232,7 +228,6 @@ def rebase_keyset(
     Reads the two versions' partitions tables and the catalog rows of the partitions that
     differ between them (:func:`shardlake.meta.diff.compare_versions`)."""
     check_name("keyset", new_name)
-    store = open_store(url, storage_options)
     source = load_keyset(store, name)
     old = load_version_by_hash(store, source.version_tag, source.version_hash)
     new = load_version(store, version)
@@ -243,8 +238,11 @@ def rebase_keyset(
         shown = ", ".join(repr(k) for k in (dropped + changed)[:SHOW_MAX])
         raise SelectionError(
             f"keyset {name!r} in version {new.tag!r}: {len(dropped)} key(s) dropped, "
-            f"{len(changed)} changed (strict): {shown}",
-            options=("strict",),
+            f"{len(changed)} changed, refused as strict: {shown}; rebase without strict to "
+            f"carry the {len(source.keys) - len(dropped)} key(s) it still has (dropped ones are "
+            "left out, changed ones kept), or pick a version that has them all",
+            hint=f"shardlake keyset ROOT rebase {name} --version {new.tag} --as {new_name} "
+            "without --strict",
         )
     gone = set(dropped)
     keys = [k for k in source.keys if k not in gone]
@@ -260,8 +258,8 @@ def rebase_keyset(
         if not (_same(existing, rows, new.hash) and existing.rebased_from == origin):
             raise ConflictError(
                 f"{store.key_url(keyset_key(new_name))}: keyset {new_name!r} already exists; "
-                f"choose a new name, or retire it first with "
-                f"'shardlake keyset ROOT delete {new_name}'"
+                f"choose a new name, or retire it first (Root.delete_keyset)",
+                hint=f"to retire it: shardlake keyset ROOT delete {new_name}",
             )
         made = existing
     else:
@@ -304,11 +302,8 @@ class DisjointReport:
         }
 
 
-def keyset_overlap(
-    url: str | Store, a: str, b: str, storage_options: dict[str, Any] | None = None
-) -> DisjointReport:
+def keyset_overlap(store: Store, a: str, b: str) -> DisjointReport:
     """Compare two keysets' keys; ``overlap`` counts keys in both (first 20 as examples)."""
-    store = open_store(url, storage_options)
     ka, kb = load_keyset(store, a), load_keyset(store, b)
     both = sorted(set(ka.keys).intersection(kb.keys))
     return DisjointReport(a, b, len(both), both[:SHOW_MAX], ka.version_hash == kb.version_hash)

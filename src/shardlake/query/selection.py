@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SelectionError
+from ..errors import SHOW_MAX, SelectionError
 from . import sql
 
 if TYPE_CHECKING:
     from ..torch import ShardDataset
     from .dataset import Dataset
-
-SHOW_MAX = 20
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,9 @@ from dataclasses import dataclass
 from ..errors import IntegrityError, KeyNotFoundError, StoreError
 from ..format.codec import payload_checksum
 from ..store import Store
-from ..store.retry import DEFAULT_INTEGRITY_REREADS
 
 CORRUPT_AT_REST = "corrupt at rest"
 TRANSPORT = "transport error"
-# Extra reads of a mismatching payload before it is reported (3 reads in all); a read without
-# an explicit ``rereads`` uses its store's ``retry.integrity_rereads`` (one policy for all reads).
-DEFAULT_REREADS = DEFAULT_INTEGRITY_REREADS
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ class StoreReport:
 
     url: str
     checks: list[ProbeCheck] = field(default_factory=list)
+    bucket_created: bool = False  # check_store(create_bucket=True) made the bucket
 
     @property
     def safe(self) -> bool:
@@ -46,20 +47,26 @@ class StoreReport:
         return {
             "url": self.url,
             "safe": self.safe,
+            "bucket_created": self.bucket_created,
             "checks": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in self.checks],
         }
 
 
-def check_store(url: str | Store, **storage_options: Any) -> StoreReport:
+def check_store(
+    url: str | Store, *, create_bucket: bool = False, **storage_options: Any
+) -> StoreReport:
     """Run the named checks against the store at ``url``; never raises for a failed check.
 
     Checks: create-if-absent, create-if-absent-race, read-after-write, ranged-read,
-    list-after-write, delete, small-object-latency, large-object-throughput.
+    list-after-write, delete, small-object-latency, large-object-throughput. With
+    ``create_bucket`` the bucket (Azure: container) the URL names is created first where it
+    does not exist (:meth:`Store.create_bucket`; ``report.bucket_created`` says whether).
     """
     store = open_store(url, storage_options or None)
     store.require_writable("check-store")  # its checks write: an HTTP root is refused at once
+    created = store.create_bucket() if create_bucket else False
     prefix = f"{CHECK_PREFIX}/{uuid.uuid4().hex}"
-    report = StoreReport(store.url)
+    report = StoreReport(store.url, bucket_created=created)
     steps: list[tuple[str, Callable[[], ProbeCheck]]] = [
         ("create-if-absent", lambda: check_create_sequential(store, f"{prefix}/create")),
         ("create-if-absent-race", lambda: check_create_race(store, f"{prefix}/race")),

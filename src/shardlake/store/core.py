@@ -472,6 +472,38 @@ class Store:
         path = self.path(key)
         self._send("delete", key, path, lambda b: b.delete(path))
 
+    def create_bucket(self) -> bool:
+        """Create the bucket (Azure: container) this store's URL names unless it exists, through
+        fsspec ``mkdir`` (s3fs, gcsfs and adlfs create one); True when it was created. The
+        filesystem's defaults apply (region, location, access); set them as storage options."""
+        bucket = self._parsed.bucket
+        if bucket is None:
+            raise UsageError(
+                f"{self.url}: not an object store URL, so there is no bucket to create"
+            )
+
+        def make(backend: Backend) -> bool:
+            fs = backend.fs
+            fs.invalidate_cache()
+            if fs.exists(bucket):
+                return False
+            if self.protocol in ("s3", "s3a"):
+                # Not s3fs's mkdir: it sends LocationConstraint us-east-1, which S3 refuses, and
+                # none for a region set only in the AWS config, which a regional endpoint refuses.
+                region = (getattr(fs, "client_kwargs", None) or {}).get("region_name") or getattr(
+                    getattr(getattr(fs, "s3", None), "meta", None), "region_name", None
+                )
+                params: dict[str, Any] = {"Bucket": bucket}
+                if region and region != "us-east-1":
+                    params["CreateBucketConfiguration"] = {"LocationConstraint": region}
+                fs.call_s3("create_bucket", **params)
+            else:
+                fs.mkdir(bucket)
+            fs.invalidate_cache()
+            return True
+
+        return self._send("create_bucket", ".", bucket, make)
+
     def leftovers(self, older_than: float) -> builtins.list[Leftover]:
         """Staging of killed streaming writers under this root, started before ``older_than``
         (epoch seconds): local temp files, unfinished S3 multipart uploads. Never visible as keys.
@@ -728,11 +760,6 @@ def run_create_checks(store: Store, prefix: str = PROBE_PREFIX) -> list[ProbeChe
     finally:
         for key in keys:
             store.delete(key)
-
-
-def probe_create_if_absent(store: Store) -> bool:
-    """True if the store passes every create-if-absent check (sequential and racing)."""
-    return all(check.ok for check in run_create_checks(store))
 
 
 def _store_identity(store: Store) -> dict[str, Any]:

@@ -144,8 +144,11 @@ def translate_error(
         return AlreadyExistsError(f"{where}: already exists")
     if bucket is not None and (code == "NoSuchBucket" or _is_missing_bucket(exc, text)):
         noun = "container" if protocol in _AZURE_PROTOCOLS else "bucket"
+        scheme = url.split("://", 1)[0]
         return BucketNotFoundError(
-            f"{where}: {noun} {bucket!r} does not exist - create it or fix the store URL"
+            f"{where}: {noun} {bucket!r} does not exist - create it (shardlake.check_store("
+            "url, create_bucket=True), or the cloud's console or CLI) or fix the store URL",
+            hint=f"to create it: shardlake check-store {scheme}://{bucket} --create-bucket",
         )
     if isinstance(exc, FileNotFoundError) or status == 404 or "nosuchkey" in lowered:
         return KeyNotFoundError(f"{where}: no such key")

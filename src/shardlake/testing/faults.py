@@ -47,8 +47,6 @@ from ..store.layers import Request
 
 T = TypeVar("T")
 
-WRITE_OPS = frozenset({"write", "create", "delete"})
-
 __all__ = [
     "CheckThenWriteStore",
     "FaultInjector",

@@ -15,6 +15,7 @@ import contextlib
 import email.utils
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,13 +43,17 @@ class Served:
 class StaticServer:
     """A running server: its base :attr:`url` (``http://127.0.0.1:PORT``), the directory it
     serves and the requests it answered. Setting :attr:`fail_next` makes the next that many
-    requests fail with 503 (a restarting server or overloaded CDN)."""
+    requests fail with 503 (a restarting server or overloaded CDN); :attr:`missing_status` 403
+    answers a missing name as a bucket does to readers who may not list."""
 
     url: str
     directory: str
     ranges: bool
     requests: list[Served] = field(default_factory=list)
     fail_next: int = 0
+    # The status of a request for a name that is not there: 404, or 403 as S3 and GCS answer
+    # readers who may not list.
+    missing_status: int = 404
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def clear(self) -> None:
@@ -58,6 +63,11 @@ class StaticServer:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     state: StaticServer
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client closing a kept-alive connection is not an error worth a traceback.
+        if not isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            super().handle_error(request, client_address)
 
 
 class _Handler(SimpleHTTPRequestHandler):
@@ -97,7 +107,7 @@ class _Handler(SimpleHTTPRequestHandler):
             return
         path = self.translate_path(self.path)
         if not os.path.isfile(path):  # directories too: a static server that does not list
-            self._fail(404)
+            self._fail(state.missing_status)
             return
         size = os.path.getsize(path)
         start, end, status = 0, size, 200
@@ -141,17 +151,76 @@ class _Handler(SimpleHTTPRequestHandler):
                 remaining -= len(chunk)
 
 
+def self_signed_certificate(directory: str | os.PathLike[str]) -> tuple[str, str]:
+    """``(cert.pem, key.pem)`` in ``directory``: a self-signed certificate for ``127.0.0.1``
+    and ``localhost`` (its own CA: trust it with ``SSL_CERT_FILE=cert.pem``). Needs the
+    ``cryptography`` package."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path = os.path.join(os.fspath(directory), "cert.pem")
+    key_path = os.path.join(os.fspath(directory), "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.PKCS8,
+                serialization.NoEncryption(),
+            )
+        )
+    return cert_path, key_path
+
+
 @contextlib.contextmanager
 def static_http_server(
-    directory: str | os.PathLike[str], *, ranges: bool = True
+    directory: str | os.PathLike[str],
+    *,
+    ranges: bool = True,
+    tls: tuple[str, str] | None = None,
 ) -> Iterator[StaticServer]:
     """Serve ``directory`` on ``127.0.0.1`` (a free port) until the block ends.
 
-    ``ranges=False``: ignore ``Range`` headers and always answer 200 with the whole file."""
+    ``ranges=False``: ignore ``Range`` headers and always answer 200 with the whole file.
+    ``tls``: ``(certfile, keyfile)`` to serve ``https://`` (see :func:`self_signed_certificate`)."""
     directory = os.fspath(directory)
     server = _Server(("127.0.0.1", 0), partial(_Handler, directory=directory))
     port = server.server_address[1]
-    server.state = StaticServer(f"http://127.0.0.1:{port}", directory, ranges)
+    scheme = "http"
+    if tls is not None:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        scheme = "https"
+    server.state = StaticServer(f"{scheme}://127.0.0.1:{port}", directory, ranges)
     thread = threading.Thread(target=server.serve_forever, name="static-http", daemon=True)
     thread.start()
     try:

@@ -211,11 +211,15 @@ class CheckThenWriteGateway(FaultProxy):
         The pause between the existence check and the write: the window in which concurrent
         creates all see "absent".  Real gateways have one too (a filer lookup, a metadata RPC);
         this one makes it wide enough to hit on a loaded machine.
-    rate, seed, kinds, delay_s, stall_s:
+    rate:
         As for :class:`FaultProxy` (no faults by default).
+    **kw:
+        ``seed``, ``kinds``, ``delay_s``, ``stall_s``: as for :class:`FaultProxy`.
 
-    ``creates`` counts what it did with conditional creates: ``checked``, ``refused`` (412),
-    ``written``.
+    Attributes
+    ----------
+    creates:
+        What it did with conditional creates: ``checked``, ``refused`` (412), ``written``.
     """
 
     def __init__(self, upstream: str, *, window_s: float = 0.25, rate: float = 0.0, **kw: Any):

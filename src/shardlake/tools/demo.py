@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+import shardlake
+
 from ..errors import UsageError
 from .localhost import use_loopback_for_ddp
 
@@ -126,16 +128,11 @@ def _keysets(
     say: _Say,
     step: str,
 ) -> dict[str, Any]:
-    from ..query.keyset_build import create_keyset, keyset_overlap
-
+    lake = shardlake.open(root, **(so or {}))
     where_valid = f"log_file_id IN {_in_list(valid_logs)}"
-    train = create_keyset(
-        root, f"train-{version}", version=version, where=f"NOT ({where_valid})", storage_options=so
-    )
-    valid = create_keyset(
-        root, f"valid-{version}", version=version, where=where_valid, storage_options=so
-    )
-    report = keyset_overlap(root, train.name, valid.name, storage_options=so)
+    train = lake.create_keyset(f"train-{version}", version=version, where=f"NOT ({where_valid})")
+    valid = lake.create_keyset(f"valid-{version}", version=version, where=where_valid)
+    report = lake.check_disjoint(train.name, valid.name)
     if not report.disjoint:
         raise RuntimeError(f"keysets overlap: {report.to_json()}")
     say(
@@ -181,8 +178,6 @@ def _run(
     say: _Say,
     summary: dict[str, Any],
 ) -> None:
-    from ..pack import pack_with_report
-
     t = time.perf_counter()
     first = _synth(src, cfg, cfg.partitions, cfg.seed)
     mb = sum(f.stat().st_size for f in first.files) / 1e6
@@ -192,7 +187,7 @@ def _run(
     )
     workers = max(1, min(2, os.cpu_count() or 1))
     packed: dict[str, PackReport] = {}
-    rep = pack_with_report(src, root, tag="v1", workers=workers, storage_options=so)
+    rep = shardlake.open(root, **(so or {})).pack(src, tag="v1", workers=workers)
     packed["v1"] = rep
     say(f"2. pack: {rep.summary()}")
     say(
@@ -204,7 +199,7 @@ def _run(
 
     new_logs = _second_batch(src, cfg)
     say(f"4. recorded {len(new_logs)} more logs ({len(new_logs) * cfg.samples} frames)")
-    rep = pack_with_report(src, root, tag="v2", base="v1", workers=workers, storage_options=so)
+    rep = shardlake.open(root, **(so or {})).pack(src, tag="v2", base="v1", workers=workers)
     packed["v2"] = rep
     say(f"   pack --base v1: {rep.summary()}")
     if len(rep.reused) != cfg.partitions:
@@ -222,11 +217,9 @@ def _version_rows(
     root: str, so: dict[str, Any] | None, packed: dict[str, PackReport], say: _Say
 ) -> list[dict[str, Any]]:
     """One summary row per published version, from the pack report that made it."""
-    from ..meta.versions import list_versions
-    from ..store import open_store
-
     rows = []
-    for tag, vhash, latest in list_versions(open_store(root, so)):
+    for info in shardlake.open(root, **(so or {})).versions():
+        tag, vhash, latest = info.tag, info.hash, info.is_latest
         rep_v = packed[tag]
         rows.append(
             {
@@ -234,7 +227,7 @@ def _version_rows(
                 "hash": vhash,
                 "latest": latest,
                 "samples": rep_v.version.samples,
-                "partitions": rep_v.version.partition_count,
+                "partitions": rep_v.version.partitions,
                 "built": len(rep_v.built),
                 "reused": len(rep_v.reused),
                 "pack_seconds": round(rep_v.seconds, 2),
@@ -242,7 +235,7 @@ def _version_rows(
         )
         say(
             f"   version {tag}{' (latest)' if latest else ''}: {vhash}, "
-            f"{rep_v.version.samples} samples in {rep_v.version.partition_count} partitions"
+            f"{rep_v.version.samples} samples in {rep_v.version.partitions} partitions"
         )
     return rows
 

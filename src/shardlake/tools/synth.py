@@ -164,7 +164,7 @@ def _create(path: Path, data: bytes) -> None:
         with path.open("xb") as f:
             f.write(data)
     except FileExistsError as exc:  # appeared after the collision check
-        raise ConflictError(f"synth: {path} appeared while writing; it was left as it is") from exc
+        raise ConflictError(f"{path} appeared while writing; it was left as it is") from exc
 
 
 def _files_under(root: Path) -> list[Path]:
@@ -319,7 +319,8 @@ def synth_corpus(
                 bar,
                 layout,
             )
-            bar.update(0, groups=1)
+            if not counts[p]:
+                bar.update(0, groups=1)
     return dataclasses.replace(result, skipped=len(result.skipped_files))
 
 
@@ -339,14 +340,14 @@ def _check_target(
         existing = _files_under(root)
         if existing:
             raise ConflictError(
-                f"synth: {root} already holds {len(existing)} file(s) "
+                f"{root} already holds {len(existing)} file(s) "
                 f"({_named(root, existing)}); synth writes only into a new or empty folder "
                 "unless told to add to it (it never overwrites a file)",
                 options=("add",),
             )
         return
     if root.exists() and not root.is_dir():
-        raise ConflictError(f"synth: {root} exists and is not a folder")
+        raise ConflictError(f"{root} exists and is not a folder")
     planned: list[Path] = []
     for p, log_dir in enumerate(log_dirs):
         folder = root / log_dir
@@ -361,7 +362,7 @@ def _check_target(
     taken = [path for path in planned if os.path.lexists(path)]
     if taken:
         raise ConflictError(
-            f"synth: {len(taken)} of the {len(planned)} file(s) this run would write already "
+            f"{len(taken)} of the {len(planned)} file(s) this run would write already "
             f"exist under {root} ({_named(root, taken)}); nothing was written - choose "
             "another seed (synth never overwrites a file)",
             options=("seed",),
@@ -412,7 +413,7 @@ def _write_log(
             if is_skipped:
                 result.skipped_files.append(path)
                 skipped_here += 1
-        bar.update()
+        bar.update(1, groups=int(i == count - 1))
     if layout == "converter":
         routes = folder / "routes"
         routes.mkdir(exist_ok=True)

@@ -1,4 +1,4 @@
-"""PyTorch loading: ``ShardDataset`` (one source or a weighted mix of ``Source``s), its
+"""PyTorch loading: ``ShardDataset`` (one root or a weighted mix of ``MixMember``s), its
 resumable DDP loader, exact evaluation helpers and the mixing report.
 
 Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
@@ -11,7 +11,7 @@ from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
 from .options import LoaderOptions
 from .plan import Cursor, Layout, Leg, LegPlan, PlanParams, Rows, plan_epoch, plan_leg
-from .sources import Source
+from .sources import MixMember
 
 __all__ = [
     "INDEX_KEY",
@@ -21,13 +21,13 @@ __all__ = [
     "Leg",
     "LegPlan",
     "LoaderOptions",
+    "MixMember",
     "MixingReport",
     "PlanParams",
     "ReadOptions",
     "Rows",
     "ShardDataset",
     "ShardLoader",
-    "Source",
     "batch_mixing",
     "js_distance",
     "masked_mean",
@@ -37,3 +37,16 @@ __all__ = [
     "plan_mixing",
     "train_valid",
 ]
+
+
+def __getattr__(name: str) -> object:
+    if name == "Source":  # the old name of MixMember (not pack's source tree), for one release
+        import warnings
+
+        warnings.warn(
+            "shardlake.torch.Source is deprecated: use shardlake.torch.MixMember",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return MixMember
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

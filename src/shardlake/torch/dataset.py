@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import pickle
@@ -43,15 +44,17 @@ from .plan import (
 )
 from .reader import ChunkList, Payload, SlotReader, iter_ints, request_chunk_size, selection_members
 from .sources import (
-    Source,
+    MixMember,
     combine,
     epoch_counts,
     epoch_rows,
+    load_keys,
     release_set_up_memory,
     select_rows,
     selection_key_digest,
     trim_heap,
 )
+from .strings import LazyStrings
 from .threads import default_threads, ordered_map
 
 if TYPE_CHECKING:
@@ -127,7 +130,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         **overrides: Any,
     ) -> None:
         opts = LoaderOptions.build(options, overrides, where="ShardDataset")
-        source = Source(
+        source = MixMember(
             url, version, keyset=keyset, where=where, keys=keys, storage_options=storage_options
         )
         self._configure([source], batch_size=batch_size, opts=opts)
@@ -135,7 +138,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     @classmethod
     def mix(
         cls,
-        sources: Sequence[Source],
+        sources: Sequence[MixMember],
         *,
         batch_size: int,
         epoch_size: int | None = None,
@@ -150,7 +153,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         dataset. Other options as for ``ShardDataset``.
         """
         if not sources:
-            raise UsageError("ShardDataset.mix needs at least one Source")
+            raise UsageError("ShardDataset.mix needs at least one MixMember")
         opts = LoaderOptions.build(options, overrides, where="ShardDataset.mix")
         if epoch_size is not None:
             opts = replace(opts, epoch_size=epoch_size)
@@ -158,7 +161,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self._configure(list(sources), batch_size=batch_size, opts=opts)
         return self
 
-    def _configure(self, sources: list[Source], *, batch_size: int, opts: LoaderOptions) -> None:
+    def _configure(self, sources: list[MixMember], *, batch_size: int, opts: LoaderOptions) -> None:
         self.options = opts
         self.engine = opts.resolved_engine  # fixed here: workers and threads see the same
         (epoch_size, seed, shuffle, exact, rank, world_size, num_workers) = (
@@ -287,6 +290,14 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             self.version_hash = hashlib.sha256(f"mix|{text}".encode()).hexdigest()[:32]
             self.selection_desc = {"mix": [d["name"] for d in self.source_records]}
             self.selection_digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+        if not self.out.include_key:
+            # Batches do not carry keys: drop them (read back from the catalog if asked for).
+            pinned = [
+                replace(r.source, version=r.version_tag, weight=None, repeat=None, choose=None)
+                for r in resolved
+            ]
+            keys = LazyStrings(len(self.table), functools.partial(load_keys, pinned))
+            self.table = replace(self.table, keys=keys)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -313,11 +324,17 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             return None
         return epoch_rows(self.source_counts, self.source_sizes, self.params.seed, epoch)
 
-    def plan(self, layout: Layout, cursor: Cursor | None = None) -> ReadPlan:
-        """The plan (in table rows) of the current leg of ``cursor``'s epoch (cached)."""
+    def plan(
+        self, layout: Layout, cursor: Cursor | None = None, *, all_ranks: bool = False
+    ) -> ReadPlan:
+        """The plan (in table rows) of the current leg of ``cursor``'s epoch (cached).
+
+        The cached plan keeps this rank's slots only (the others' are empty): a rank's memory
+        then grows with what it reads, not with the world size. ``all_ranks=True`` computes
+        the whole plan afresh (mixing reports over every rank)."""
         cursor = self.cursor if cursor is None else cursor
         cache_key = (cursor.epoch, layout, cursor.legs)
-        if self._plan_cache is None or self._plan_cache[0] != cache_key:
+        if all_ranks or self._plan_cache is None or self._plan_cache[0] != cache_key:
             mapping = self.epoch_map(cursor.epoch)
             t = self.table
             rows = (
@@ -326,7 +343,10 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 else Rows(t.shard[mapping], t.offset[mapping])
             )
             leg = plan_epoch(rows, self.params, cursor.epoch, layout, cursor.legs)
-            self._plan_cache = (cache_key, compact_plan(resolve(leg, mapping)))
+            if all_ranks:
+                return compact_plan(resolve(leg, mapping))
+            mine = range(layout.slots_per_rank * self.rank, layout.slots_per_rank * (self.rank + 1))
+            self._plan_cache = (cache_key, compact_plan(resolve(leg, mapping), keep=mine))
         return self._plan_cache[1]
 
     def set_epoch(self, epoch: int) -> None:
@@ -339,7 +359,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         return [self.table.keys[int(r)] for r in rows]
 
     def sources_of(self, index: torch.Tensor | Sequence[int]) -> list[str]:
-        """Source names of a batch's ``"__index__"``."""
+        """MixMember names of a batch's ``"__index__"``."""
         rows = index.tolist() if isinstance(index, torch.Tensor) else list(index)
         return [self.source_records[int(self.source_of[int(r)])]["name"] for r in rows]
 
@@ -616,10 +636,11 @@ def train_valid(
         shuffle=False,
         **options,
     )
-    from ..query.dataset import open_dataset
     from ..query.selection import require_disjoint
+    from ..root import open as open_root
 
-    version_ds = open_dataset(url, valid.version_tag, options.get("storage_options"))
+    storage_options = options.get("storage_options") or {}
+    version_ds = open_root(url, **storage_options).dataset(valid.version_tag)
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
     if train_keyset is None and train_where is None:
@@ -638,27 +659,35 @@ def train_valid(
     return train, valid
 
 
-def compact_plan(plan: ReadPlan) -> ReadPlan:
+def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
     """``plan`` with int32 arrays where every value fits and chunks as :class:`ChunkList`: it
     is computed once before the workers fork and shared by them (~13 instead of ~32 bytes a
-    sample). Arrays that were one object stay one object."""
-    arrays = [*plan.slot_rows, *plan.slot_emit_chunk, *plan.slot_ids]
+    sample). Arrays that were one object stay one object. ``keep``: the slots to keep (the
+    others become empty; so do the plan ids, which only whole-plan reports use)."""
+    kept = range(len(plan.slot_rows)) if keep is None else keep
+    arrays = [a for field in (plan.slot_rows, plan.slot_emit_chunk, plan.slot_ids)
+              for i, a in enumerate(field) if i in kept]  # fmt: skip
     top = max((int(a.max()) for a in arrays if len(a)), default=0)
     low = min((int(a.min()) for a in arrays if len(a)), default=0)
     dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
     done: dict[int, np.ndarray[Any, Any]] = {}
+    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
 
-    def small(a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def small(i: int, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        if i not in kept:
+            return none
         if id(a) not in done:
             done[id(a)] = a.astype(dtype, copy=False)
         return done[id(a)]
 
-    chunks = [ChunkList(c) for c in plan.slot_chunks]
+    chunks = [ChunkList(c if i in kept else []) for i, c in enumerate(plan.slot_chunks)]
     return replace(
         plan,
-        slot_rows=[small(a) for a in plan.slot_rows],
-        slot_emit_chunk=[small(a) for a in plan.slot_emit_chunk],
-        slot_ids=[small(a) for a in plan.slot_ids],
+        slot_rows=[small(i, a) for i, a in enumerate(plan.slot_rows)],
+        slot_emit_chunk=[small(i, a) for i, a in enumerate(plan.slot_emit_chunk)],
+        # Epoch positions of the emits: nothing reads them from a rank's cached plan.
+        slot_ids=[small(i, a) if keep is None else none for i, a in enumerate(plan.slot_ids)],
+        slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
         # A sequence of arrays, as the readers use it (ReadPlan's annotation says list).
         slot_chunks=cast(list[list[IntArrayT]], chunks),
     )

@@ -91,8 +91,8 @@ def plan_mixing(ds: Any, num_workers: int | None = None, rank: int | None = None
     Computed from the plan alone (no reads): every batch of ``rank`` (all ranks if ``None``).
     """
     layout = ds.layout(ds.num_workers if num_workers is None else num_workers)
-    plan = ds.plan(layout)
     ranks = range(layout.world_size) if rank is None else [rank]
+    plan = ds.plan(layout, all_ranks=list(ranks) != [ds.rank])
     part = ds.partition_of
     batches = [part[b] for r in ranks for b in plan.rank_batches(r)]
     report = batch_mixing(batches, part)

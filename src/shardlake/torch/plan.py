@@ -188,10 +188,6 @@ class LegPlan:
     def slot(self, rank: int, worker: int) -> int:
         return rank * self.layout.slots_per_rank + worker
 
-    def slot_steps(self, worker: int) -> list[int]:
-        """The rank-level steps served by ``worker`` (every rank alike)."""
-        return list(range(worker, self.steps, self.layout.slots_per_rank))
-
     def batches(self, rank: int, worker: int) -> list[IntArray]:
         rows = self.slot_rows[self.slot(rank, worker)]
         b = self.layout.batch_size

@@ -1,6 +1,6 @@
 """What a loader reads: its sources (root, version, selection, weight) and their row table.
 
-One :class:`Source` is a selection of one version of one root. A loader over several sources
+One :class:`MixMember` is a selection of one version of one root. A loader over several sources
 (:meth:`ShardDataset.mix <shardlake.torch.ShardDataset.mix>`) concatenates their selected manifest
 rows into one :class:`~shardlake.torch.reader.RowTable`; shards of different stores are read
 through :class:`SourceStores`, which routes each shard key to its own store. How many samples of
@@ -25,7 +25,6 @@ import pyarrow.compute as pc
 
 from ..errors import SelectionError, UsageError
 from ..meta.catalog import node_catalog_cache
-from ..query.dataset import open_dataset
 from ..read.catalog_cache import catalog_cache
 from ..store import Store
 from .reader import RowTable
@@ -62,7 +61,7 @@ def index_dtype(count: int) -> type[np.signedinteger[Any]]:
 
 
 @dataclass(frozen=True)
-class Source:
+class MixMember:
     """One input of a mix: a selection of one version of one root, and its share of an epoch.
 
     Selection: at most one of ``keyset``, ``where`` and ``keys`` (none selects everything).
@@ -107,7 +106,7 @@ class Source:
 class SourceRows:
     """One source resolved: its store, version and selected manifest rows."""
 
-    source: Source
+    source: MixMember
     store: Store
     version_tag: str
     version_hash: str
@@ -116,7 +115,7 @@ class SourceRows:
     shard_key: Any  # (partition, shard) -> shard key in its store
 
 
-def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
+def select_rows(source: MixMember, meta_columns: Sequence[str] = ()) -> SourceRows:
     """Resolve ``source``: open its version and select its manifest rows (the table set-up).
     The catalog is read through the node-local catalog cache: the ranks of a node read it
     from the store once."""
@@ -124,8 +123,11 @@ def select_rows(source: Source, meta_columns: Sequence[str] = ()) -> SourceRows:
         return _select_rows(source, meta_columns)
 
 
-def _select_rows(source: Source, meta_columns: Sequence[str]) -> SourceRows:
-    ds = open_dataset(source.url, source.version, source.storage_options, keyset=source.keyset)
+def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
+    from ..root import open as open_root
+
+    root = open_root(source.url, **(source.storage_options or {}))
+    ds = root.dataset(source.version, keyset=source.keyset)
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
     table: pa.Table | None = None
@@ -147,6 +149,14 @@ def _select_rows(source: Source, meta_columns: Sequence[str]) -> SourceRows:
     selection = selected.describe()
     return SourceRows(
         source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
+    )
+
+
+def load_keys(sources: Sequence[Source]) -> StringColumn:
+    """The sample keys of resolved ``sources`` (each pinned to its version), in table order:
+    what :class:`~shardlake.torch.strings.LazyStrings` reads back when asked for a key."""
+    return StringColumn.concat(
+        [StringColumn.from_arrow(select_rows(s).table.column("key")) for s in sources]
     )
 
 
@@ -229,7 +239,8 @@ def _shard_index(pids: pa.ChunkedArray, shards: IntArray) -> tuple[IntArray, lis
         run = np.zeros(len(pair), dtype=np.int64)
         run[changes] = 1
         names = codes.dictionary.to_pylist()
-        return np.cumsum(run), [(names[part[i]], int(shards[i])) for i in starts]
+        firsts = zip(part[starts].tolist(), shards[starts].tolist(), strict=True)
+        return np.cumsum(run), [(names[p], s) for p, s in firsts]
     _u, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
@@ -319,7 +330,7 @@ def trim_heap() -> None:
 
 
 def epoch_counts(
-    sources: Sequence[Source], sizes: Sequence[int], epoch_size: int | None
+    sources: Sequence[MixMember], sizes: Sequence[int], epoch_size: int | None
 ) -> list[int]:
     """Samples each source contributes to every epoch."""
     counts = [0] * len(sources)

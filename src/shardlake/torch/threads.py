@@ -28,6 +28,7 @@ import torch
 
 from .collate import LocalBufferPool
 from .plan import Cursor, Layout
+from .sources import trim_heap
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset, SlotBatches
@@ -136,7 +137,13 @@ class ThreadBatches:
                 work = self.ds.slot_work(self.layout, worker, self.cursor, pool=self.pool)
                 slots.append(work)
                 iters.append(iter(work))
+            rounds = 0
             while any(it is not None for it in iters) and not self._stop.is_set():
+                if rounds == 1:
+                    # Every slot has started reading: the readers' set-up temporaries (a few
+                    # arrays the size of the slot's plan) go back to the OS.
+                    trim_heap()
+                rounds += 1
                 for j, it in enumerate(iters):
                     if it is None:
                         continue

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+import shardlake
+
 HERE = Path(__file__).resolve().parent
 # Each name was written once by the code of its time and is never rewritten:
 # v1: format 1 as first specified; v1-manifest-digests: entries carry manifest_sha256/size;
@@ -100,8 +102,6 @@ def write_source(src: Path, count: int, changed: int | None = None) -> dict[str,
 
 def make_root(out: Path) -> None:
     from shardlake.format.layout import RECORD_FORMAT_VERSION
-    from shardlake.pack import pack
-    from shardlake.query.keyset_build import create_keyset
 
     root = out / "root"
     if root.exists():
@@ -111,10 +111,12 @@ def make_root(out: Path) -> None:
         src = Path(tmp) / "src"
         for tag, base, changed in (("v1", None, None), ("v2", "v1", 3)):
             arrays = write_source(src, 9, changed)
-            pack(src, str(root), tag=tag, base=base, shard_size=4096, source_namespace="golden")
+            shardlake.open(str(root)).pack(
+                src, tag=tag, base=base, shard_size=4096, source_namespace="golden"
+            )
             kept = {k: v for k, v in arrays.items() if not k.endswith("frame.004")}
             expected["versions"][tag] = {k: sample_digests(v) for k, v in sorted(kept.items())}
-    create_keyset(str(root), "turns", version="v2", where="scenario = 'left_turn'")
+    shardlake.open(str(root)).create_keyset("turns", version="v2", where="scenario = 'left_turn'")
     expected["keysets"] = {"turns": {"version": "v2", "where": "scenario = 'left_turn'"}}
     (out / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
 

@@ -18,6 +18,7 @@ import asyncio
 import builtins
 import json
 import re
+import ssl
 import threading
 import warnings
 from collections.abc import Mapping
@@ -27,7 +28,7 @@ from typing import Any
 import fsspec
 from fsspec.asyn import sync
 
-from ...errors import CapabilityError, ReadOnlyStoreError
+from ...errors import CapabilityError, EndpointError, ReadOnlyStoreError
 from ..retry import RetryPolicy
 from .base import Backend, Entry, Leftover
 
@@ -62,6 +63,17 @@ def _warn_range_ignored(server: str) -> None:
         RangeIgnoredWarning,
         stacklevel=2,
     )
+
+
+def _untrusted_certificate(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError) or any(
+            cls.__name__ == "ClientConnectorCertificateError" for cls in type(seen).__mro__
+        ):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class HTTPBackend(Backend):
@@ -105,12 +117,50 @@ class HTTPBackend(Backend):
         return kwargs
 
     def _run(self, coro_fn: Any, *args: Any) -> Any:
-        return sync(self.fs.loop, coro_fn, *args)
+        try:
+            return sync(self.fs.loop, coro_fn, *args)
+        except Exception as exc:
+            if _untrusted_certificate(exc):  # no retry can fix it: say what does, at once
+                raise EndpointError(
+                    f"{self._server()}: the server's TLS certificate is not trusted ({exc}); "
+                    "trust its CA (SSL_CERT_FILE=ca.pem) or, for a test server only, set the "
+                    "storage option ssl=false"
+                ) from exc
+            raise
 
     # --- reads -------------------------------------------------------------------------------
 
+    # Set once the root index was read: the server serves this root to us, so a 403 for a key
+    # means "absent" (S3 and GCS answer 403 for a missing key to readers who may not list).
+    _served = False
+
+    async def _absent(self, path: str, status: int) -> bool:
+        """Whether a reply of ``status`` for ``path`` means "no such key"."""
+        if status == 404:
+            return True
+        if status != 403:
+            return False
+        index = self.root.rstrip("/") + "/" + ROOT_INDEX_KEY
+        if not self._served and path != index:
+            try:
+                await self._get(index)  # readable: the 403 was for a missing key
+                self._served = True
+            except Exception:  # noqa: BLE001 - not readable either: a real refusal
+                return False
+        return self._served
+
     def read(self, path: str) -> bytes:
-        return bytes(self.fs.cat_file(self._url(path)))
+        return bytes(self._run(self._get, path))
+
+    async def _get(self, path: str) -> bytes:
+        url = self._url(path)
+        session = await self.fs.set_session()
+        kwargs = self._request_kwargs({})
+        async with session.get(self.fs.encode_url(url), **kwargs) as r:
+            if await self._absent(path, r.status):
+                raise FileNotFoundError(url)
+            r.raise_for_status()
+            return bytes(await r.read())
 
     def read_range(self, path: str, start: int, end: int) -> bytes:
         return bytes(self._run(self._get_range, path, start, end))
@@ -141,7 +191,7 @@ class HTTPBackend(Backend):
             {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
         )
         async with session.get(self.fs.encode_url(url), **kwargs) as r:
-            if r.status == 404:
+            if await self._absent(path, r.status):
                 raise FileNotFoundError(url)
             if r.status == 416:  # starts at or past the end: an empty slice
                 return b""
@@ -174,7 +224,7 @@ class HTTPBackend(Backend):
         kwargs = self._request_kwargs({"Accept-Encoding": "identity"})
         kwargs.setdefault("allow_redirects", True)
         async with session.head(self.fs.encode_url(url), **kwargs) as r:
-            if r.status == 404:
+            if await self._absent(path, r.status):
                 raise FileNotFoundError(url)
             r.raise_for_status()
             length = r.headers.get("Content-Length")
@@ -218,14 +268,15 @@ class HTTPBackend(Backend):
         None where the location has no root at all."""
         url = self._url(base + ROOT_INDEX_KEY)
         try:
-            data = self.fs.cat_file(url)
+            data = self.read(base + ROOT_INDEX_KEY)
         except FileNotFoundError:
             if not self.exists(base + _ROOT_MARKER):
                 return None  # no root here: readers report "no shardlake root"
             raise CapabilityError(
                 f"{self._url(base.rstrip('/'))} has no {ROOT_INDEX_KEY}, which an HTTP reader "
-                "needs in place of a listing (the root was published before it existed): run "
-                "`shardlake index ROOT` where the root is stored, or re-export it"
+                "needs in place of a listing (the root was published before it existed): write "
+                "it with Root.write_index() where the root is stored, or re-export it",
+                hint="where the root is stored: shardlake index STORED_ROOT",
             ) from None
         try:
             doc = json.loads(data)
@@ -240,6 +291,7 @@ class HTTPBackend(Backend):
                     raise ValueError(f"keyset entry {name!r} malformed")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
             raise CapabilityError(f"{url}: not a shardlake root index ({exc})") from None
+        self._served = True
         return doc
 
     def _list_commits(self, base: str) -> builtins.list[Entry]:

@@ -58,11 +58,48 @@ def bench_load(
     cache_dir: str | None = None,
     cache_bytes: int | None = None,
     progress: bool | None = None,
+    engine: str | None = None,
 ) -> dict[str, Any]:
     """Iterate the loader and measure it; returns the JSON document ``bench load`` prints.
 
     ``progress``: batches on standard error (None: only on a terminal; stdout holds the JSON).
+    ``engine``: the loader's engine (None: its default); ``"both"`` measures the default
+    engine and then the other one, and adds ``engines``: both side by side (issue #31).
     """
+    if engine == "both":
+        from ...torch.options import ENGINES, LoaderOptions
+
+        first = LoaderOptions().resolved_engine
+        order = [first, *(e for e in ENGINES if e != first)]
+        docs = {
+            e: bench_load(
+                url,
+                version=version,
+                keyset=keyset,
+                where=where,
+                batch_size=batch_size,
+                num_workers=num_workers,
+                max_batches=max_batches,
+                epochs=epochs,
+                seed=seed,
+                world_size=world_size,
+                rank=rank,
+                max_pad_fraction=max_pad_fraction,
+                count_bytes=count_bytes,
+                storage_options=storage_options,
+                cache_dir=cache_dir,
+                cache_bytes=cache_bytes,
+                progress=progress,
+                engine=e,
+            )  # fmt: skip
+            for e in order
+        }
+        both = docs[first]
+        both["engines"] = {e: engine_summary(d) for e, d in docs.items()}
+        both["engines"][f"{order[0]} / {order[1]} samples/s"] = round(
+            docs[order[0]]["samples_per_s"] / max(docs[order[1]]["samples_per_s"], 1e-9), 3
+        )
+        return both
     from ...torch import ShardDataset
     from ...torch.plan import DEFAULT_MAX_PAD_FRACTION
     from .mixing import mixing_summary
@@ -82,6 +119,7 @@ def bench_load(
             batch_size=batch_size,
             seed=seed,
             num_workers=num_workers,
+            engine=engine,
             world_size=world_size,
             rank=rank,
             max_pad_fraction=DEFAULT_MAX_PAD_FRACTION
@@ -114,11 +152,14 @@ def bench_load(
             "world_size": world_size,
             "rank": rank,
             "num_workers": num_workers,
+            "engine": ds.engine,
             "batch_size": batch_size,
             **run.to_json(t_open, t_opened, payload),
             "cache_dir": cache_dir,
             "peak_rss_mb": round(mem.peak_rss / MB, 1),
             "peak_pss_mb": round(mem.peak_pss / MB, 1),
+            # Whole process tree (interpreter and torch included) over the selected samples.
+            "peak_pss_b_per_sample": round(mem.peak_pss / max(1, len(ds.table)), 1),
             "mixing": mixing,
         }
         if count_bytes:
@@ -130,6 +171,20 @@ def bench_load(
     finally:
         mem.stop()
         os.unlink(log_path)
+
+
+def engine_summary(doc: dict[str, Any]) -> dict[str, Any]:
+    """One engine's figures of a ``bench load`` document, for ``engines``."""
+    goals = doc.get("goals", {})
+    return {
+        "samples_per_s": doc["samples_per_s"],
+        "epoch_samples_per_s": doc["epoch_samples_per_s"],
+        "client_cpu_ms_per_sample": goals.get("client_cpu_ms_per_sample"),
+        "loader_vs_decode_limit": goals.get("loader_vs_decode_limit"),
+        "time_to_first_batch_s": doc["time_to_first_batch_s"],
+        "peak_pss_mb": doc["peak_pss_mb"],
+        "peak_pss_b_per_sample": doc["peak_pss_b_per_sample"],
+    }
 
 
 def _check_options(batch_size: int, num_workers: int, epochs: int, max_batches: int | None) -> None:

@@ -22,6 +22,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import shardlake
+
 from ...errors import UsageError
 from ...progress.bar import Progress
 from .costmodel import Calibration, CostModel, extrapolate, fit, load_partition_sizes
@@ -145,6 +147,10 @@ def bench_pack(
 
     if calibrate < 1 or workers < 1:
         raise UsageError("--calibrate and --workers must be >= 1")
+    if root is not None:  # it packs there: a read-only (HTTP) root is refused before any work
+        from ...store import open_store
+
+        open_store(root, storage_options).require_writable("bench pack")
     # Read the corpus table first: a bad file should fail before minutes of calibration.
     corpus_sizes = load_partition_sizes(corpus) if corpus is not None else None
     scratch = Path(tempfile.mkdtemp(prefix="shardlake-bench-pack-"))
@@ -216,28 +222,16 @@ def _calibration_packs(
     progress: bool | None,
 ) -> list[Calibration]:
     """Pack each chosen partition alone with one worker, timed (after an untimed warm-up)."""
-    from ...pack import pack_with_report
-
     # Warm-up: the first pack in a process pays for worker start and imports; time none of it.
-    pack_with_report(
-        src,
-        _join(run_prefix, "warmup"),
-        tag="bench",
-        workers=1,
-        path_list=[f.npz for f in chosen[0].files[:1]],
-        storage_options=storage_options,
+    shardlake.open(_join(run_prefix, "warmup"), **(storage_options or {})).pack(
+        src, tag="bench", workers=1, path_list=[f.npz for f in chosen[0].files[:1]]
     )
     points: list[Calibration] = []
     bar = Progress(len(chosen), "bench pack", unit="calibration packs", enabled=progress)
     for i, part in enumerate(chosen):
         t0 = time.perf_counter()
-        pack_with_report(
-            src,
-            _join(run_prefix, f"cal-{i}"),
-            tag="bench",
-            workers=1,
-            path_list=[f.npz for f in part.files],
-            storage_options=storage_options,
+        shardlake.open(_join(run_prefix, f"cal-{i}"), **(storage_options or {})).pack(
+            src, tag="bench", workers=1, path_list=[f.npz for f in part.files]
         )
         points.append(
             Calibration(part.path, part.samples, part.npz_bytes, time.perf_counter() - t0)
@@ -272,26 +266,19 @@ def _parallel_pack(
 ) -> tuple[dict[str, Any], CostModel]:
     """The calibration partitions packed at once by ``workers``: the run's numbers, and the
     cost model with the parallel efficiency it measured."""
-    from ...pack import pack_with_report
-
     cal_samples = sum(p.samples for p in points)
     cal_bytes = sum(p.npz_bytes for p in points)
     cal_seconds = sum(p.seconds for p in points)
     t0 = time.perf_counter()
-    report = pack_with_report(
-        src,
-        _join(run_prefix, "parallel"),
-        tag="bench",
-        workers=workers,
-        path_list=[f.npz for part in chosen for f in part.files],
-        storage_options=storage_options,
+    report = shardlake.open(_join(run_prefix, "parallel"), **(storage_options or {})).pack(
+        src, tag="bench", workers=workers, path_list=[f.npz for part in chosen for f in part.files]
     )
     wall = time.perf_counter() - t0
     efficiency = min(1.0, cal_seconds / (workers * wall)) if wall > 0 else None
     model = CostModel(
         model.overhead_s, model.bytes_per_s, model.calibration, parallel_efficiency=efficiency
     )
-    payload = sum(e.payload_bytes for e in report.version.entries)
+    payload = sum(e.payload_bytes for e in report.record.entries)
     run = {
         "workers": workers,
         "seconds": round(wall, 3),
