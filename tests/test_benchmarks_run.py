@@ -35,6 +35,29 @@ def test_load_s3_path_prints_the_issue_21_figures(tmp_path: Path) -> None:
     assert out.startswith("# issue 21: ")  # the command that produced the figures
 
 
+def test_load_engines_prints_the_issue_31_figures(tmp_path: Path) -> None:
+    out = _run(
+        str(BENCHMARKS / "load.py"),
+        "--work", str(tmp_path), "--samples", "96", "--partitions", "2", "--neighbors", "8",
+        "--s3", "--engines-only", "--engine-rounds", "1",
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    epochs = {(r["engine"], r["path"]) for r in rows if "engine" in r}
+    assert epochs == {(e, p) for e in ("threads", "processes") for p in ("local", "s3")}
+    assert all(
+        r["samples"] == 96 and r["client_cpu_ms_per_sample"] > 0 for r in rows if "engine" in r
+    )
+    assert any(r["name"].startswith("round 1: decode limit") for r in rows)
+    for figure in (
+        "threads: local epoch / decode limit",
+        "threads: client CPU per sample s3 / local (goal <= 1.15)",
+        "threads / processes: s3 epoch samples/s",
+        "processes: first batch s",
+    ):
+        assert figure in out
+    assert out.startswith("# issue 31 (engines): ")  # the command that produced the figures
+
+
 def test_obstore_eval_compares_both_clients() -> None:
     out = _run(
         str(BENCHMARKS / "obstore_eval.py"),
@@ -44,3 +67,19 @@ def test_obstore_eval_compares_both_clients() -> None:
     assert [row["store"] for row in rows] == ["gcs"]
     assert set(rows[0]["results"]) == {"gcsfs", "obstore"}
     assert rows[0]["ratios"]["cpu per GB fsspec / obstore"] > 0
+
+
+def test_http_load_compares_disk_and_both_servers(tmp_path: Path) -> None:
+    out = _run(
+        str(BENCHMARKS / "http_load.py"),
+        "--partitions", "2", "--samples", "16", "--batch-size", "4", "--work", str(tmp_path),
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [row["name"] for row in rows] == [
+        "disk",
+        "http (Range)",
+        "http (Range ignored)",
+        "ratios (samples/s)",
+    ]
+    assert all(row["samples"] == 16 for row in rows[:3])
+    assert out.startswith("# issue 33: ")

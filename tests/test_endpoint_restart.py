@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from shardlake.lifecycle import verify_source
-from shardlake.pack import pack
-from shardlake.store import RequestCounter, Store, open_store
+import shardlake
+from shardlake.store import Request, RequestCounter, Store, open_store
 from shardlake.store.layers import read_request_log
 from shardlake.testing.seaweedfs import SeaweedFSServer, seaweedfs_server
 from shardlake.tools.synth import synth_corpus
 from shardlake.torch import ShardDataset
 
 pytestmark = pytest.mark.timeout(300)
+T = TypeVar("T")
 # Seconds nothing listens on the server's ports: longer than a wrong endpoint URL is given
 # (retry.FIRST_CONTACT_S) before it fails.
 DOWN_S = 6.0
@@ -79,7 +81,7 @@ def test_a_loader_epoch_rides_through_a_server_restart(
     src = tmp_path / "src"
     synth_corpus(src, 3, 24, seed=5, neighbors=2, lanes=4)
     url = weed.fresh_url("restart-loader")
-    pack(str(src), _store(weed, url), tag="v1", executor="inline", shard_size=12_000)
+    shardlake.open(_store(weed, url)).pack(str(src), tag="v1", executor="inline", shard_size=12_000)
     want = list(_epoch(_store(weed, url), engine=engine))
 
     log = tmp_path / "requests.jsonl"
@@ -99,34 +101,59 @@ def test_a_loader_epoch_rides_through_a_server_restart(
     print(f"restart took {took[0]:.1f}s; {len(failed)} failed attempt(s) retried")
 
 
+class KillOnFirstWorkerRequest:
+    """A store layer: the first request any other process (a pack worker) sends kills the
+    server first (SIGKILL), so the workers' first requests meet a dead server."""
+
+    def __init__(self, server_pid: int, marker: Path) -> None:
+        self.parent = os.getpid()
+        self.server_pid = server_pid
+        self.marker = str(marker)
+
+    def __call__(self, request: Request, send: Callable[[], T]) -> T:
+        if os.getpid() != self.parent:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                pass
+            else:
+                os.kill(self.server_pid, signal.SIGKILL)
+        return send()
+
+
 def test_a_pack_rides_through_a_server_restart(weed: SeaweedFSServer, tmp_path: Path) -> None:
     src = tmp_path / "src"
     synth_corpus(src, 4, 30, seed=6, neighbors=2, lanes=4)
     url = weed.fresh_url("restart-pack")
     log = tmp_path / "requests.jsonl"
+    killed = tmp_path / "killed"
+    assert weed._weed is not None and weed._weed.proc is not None
+    killer = KillOnFirstWorkerRequest(weed._weed.proc.pid, killed)
+    store = _store(weed, url, log).with_layers(killer)
     outcome: list[object] = []
 
     def run() -> None:
         try:
             outcome.append(
-                pack(str(src), _store(weed, url, log), tag="v1", workers=2, shard_size=8_000)
+                shardlake.open(store).pack(str(src), tag="v1", workers=2, shard_size=8_000).version
             )
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             outcome.append(exc)
 
     packer = threading.Thread(target=run, daemon=True)
     packer.start()
-    # Kill the server once the workers upload shards.
+    # The pack's process has read the root; its workers (forkserver: no memory of the
+    # parent's) kill the server with their first request and meet a dead one.
     deadline = time.monotonic() + 120
-    while not any(r["op"] in ("write", "create") for r in read_request_log(str(log))):
+    while not killed.exists():
         assert packer.is_alive() and time.monotonic() < deadline, outcome
-        time.sleep(0.05)
+        time.sleep(0.02)
     restarter, took = _restart_in_background(weed)
     packer.join(timeout=240)
     restarter.join()
     assert outcome and not isinstance(outcome[0], BaseException), outcome
     failed = [r for r in read_request_log(str(log)) if not r["ok"]]
-    assert failed, "the restart happened after the pack had finished"
-    report = verify_source(_store(weed, url), str(src), version="v1", workers=2)
+    assert {r["pid"] for r in failed} - {os.getpid()}, "no worker met the dead server"
+    report = shardlake.open(_store(weed, url)).verify(str(src), version="v1", workers=2)
     assert report.ok, report.failures()
     print(f"restart took {took[0]:.1f}s; {len(failed)} failed attempt(s) retried")

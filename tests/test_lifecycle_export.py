@@ -104,7 +104,7 @@ def test_export_refuses_another_dataset_and_non_roots(
 ) -> None:
     a = _packed(StoreLocation("local", str(tmp_path / "a")), tmp_path / "src")
     b_loc = StoreLocation("local", str(tmp_path / "b"))
-    _packed(b_loc, tmp_path / "src")  # same source, but a different dataset (own dataset_id)
+    pack_small(b_loc, tmp_path / "src")  # same source, but a different dataset (own dataset_id)
     before = {k: b_loc.open().read(k) for k in b_loc.open().list("")}
     with pytest.raises(ConflictError, match="different dataset"):
         shardlake.open(a).export(b_loc.url)

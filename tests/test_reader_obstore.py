@@ -223,3 +223,25 @@ def test_credentials_only_a_profile_holds_keep_s3fs_and_say_why(
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIA")
     config = obstore_config_or_reason("s3", {"endpoint_url": "http://127.0.0.1:1"})
     assert isinstance(config, dict) and config["endpoint"] == "http://127.0.0.1:1"
+
+
+def test_profile_credentials_are_said_at_the_first_read_obstore_would_have_served(
+    store_servers: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s3 = new_location("seaweedfs", "profile", store_servers)
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[default]\naws_access_key_id = k\naws_secret_access_key = s\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    monkeypatch.setattr(obstore_backend, "_warned_pid", None)
+    options = {k: v for k, v in s3.storage_options.items() if k not in ("key", "secret")}
+    counter = RequestCounter()
+    store = open_store(s3.url, options).with_layers(counter)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ReadClientWarning)  # writes and listings: nothing to say
+        store.write("p/blob", b"0123456789")
+        assert store.list("p") == ["p/blob"]
+    with pytest.warns(ReadClientWarning, match=r"credentials come from an AWS profile"):
+        assert store.read_ranges([("p/blob", 2, 6)]) == [b"2345"]
+    assert counter.read_clients == {"fsspec": 1}

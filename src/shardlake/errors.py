@@ -213,3 +213,37 @@ def build_options(
     }
     base: Any = options if options is not None else cls()
     return dataclasses.replace(base, **chosen)  # type: ignore[no-any-return]
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "BucketNotFoundError",
+    "CapabilityError",
+    "ConflictError",
+    "CredentialsMissingError",
+    "CredentialsRejectedError",
+    "EndpointError",
+    "FormatError",
+    "IntegrityError",
+    "InvalidKeyError",
+    "InvalidURLError",
+    "KeyNotFoundError",
+    "NotFoundError",
+    "OutcomeUnknownError",
+    "PackWorkerError",
+    "PlanError",
+    "ReadOnlyStoreError",
+    "RetriesExhaustedError",
+    "SHOW_MAX",
+    "SelectionError",
+    "ShardlakeError",
+    "SourceError",
+    "SourceFilesError",
+    "StoreError",
+    "StorePermissionError",
+    "TransientStoreError",
+    "UsageError",
+    "VersionNotFoundError",
+    "build_options",
+    "check_keywords",
+]

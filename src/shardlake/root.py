@@ -10,19 +10,12 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 from .errors import build_options
 from .format.documents import GcLock
 from .format.layout import natural_key
-from .meta.versions import (
-    Version,
-    load_version,
-    load_version_by_hash,
-    read_state,
-    require_root,
-)
+from .meta.versions import Version, live_versions, read_state, version_of, versions_for
 from .query.dataset import Dataset
 from .store import Store, open_store
 from .store.url import location
@@ -41,7 +34,6 @@ if TYPE_CHECKING:
     from .pack.writer import WriteOptions, Writer
     from .query.keyset_build import DisjointReport, KeysetReport
 
-_DOCUMENT_READERS = 16
 _O = TypeVar("_O")
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -91,16 +83,7 @@ class Root:
         """Every live version, in publish order (their documents read concurrently).
 
         A location with no root (no marker, no commits) is refused: ``no shardlake root at``."""
-        state = read_state(self.store)
-        require_root(self.store, state)
-
-        def info(item: tuple[str, str]) -> Version:
-            tag, version_hash = item
-            version = load_version_by_hash(self.store, tag, version_hash)
-            return Version.of(version, tag == state.latest)
-
-        with ThreadPoolExecutor(max_workers=_DOCUMENT_READERS) as pool:
-            return list(pool.map(info, state.versions.items()))
+        return live_versions(self.store)
 
     @property
     def latest(self) -> Version:
@@ -109,9 +92,7 @@ class Root:
 
     def version(self, tag: str = "latest") -> Version:
         """One live version by tag (``latest`` follows the commit log)."""
-        state = read_state(self.store)
-        version = load_version(self.store, tag, state)
-        return Version.of(version, version.tag == state.latest)
+        return version_of(self.store, tag)
 
     def dataset(self, version: str | None = None, *, keyset: str | None = None) -> Dataset:
         """Open ``version`` (a tag or ``latest``) for reading; not given: the version ``keyset``
@@ -122,11 +103,9 @@ class Root:
         """What changed from version ``a`` to ``b``: partitions added, removed, with new data or
         only new metadata, and samples added, removed or with different payload bytes (their
         keys too with ``samples``). Reads only the catalog objects that differ."""
-        from .meta.diff import diff_versions
+        from .meta.diff import diff_tags
 
-        state = read_state(self.store)
-        va, vb = load_version(self.store, a, state), load_version(self.store, b, state)
-        return diff_versions(self.store, va, vb, samples=samples)
+        return diff_tags(self.store, a, b, samples=samples)
 
     # --- keysets -------------------------------------------------------------------------------
 
@@ -387,12 +366,7 @@ class Root:
         before format 2 (idempotent: versions with a catalog are reported, not rewritten)."""
         from .meta.catalog import attach_catalogs
 
-        if version is not None:
-            versions = [load_version(self.store, version)]
-        else:
-            state = read_state(self.store)
-            require_root(self.store, state)
-            versions = [load_version_by_hash(self.store, t, h) for t, h in state.versions.items()]
+        versions = versions_for(self.store, version, all_versions=version is None)
         return attach_catalogs(self.store, versions)
 
     @_writes
@@ -460,3 +434,9 @@ def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  
         first use).
     """
     return Root(open_store(_location(url), storage_options or None))
+
+
+__all__ = [
+    "Root",
+    "open",
+]

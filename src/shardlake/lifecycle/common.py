@@ -14,7 +14,7 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.layout import version_key
 from ..format.manifest import ManifestMeta
-from ..meta.versions import StoredVersion, load_version, load_version_by_hash, read_state
+from ..meta.versions import StoredVersion
 from ..progress.bar import Progress
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
@@ -89,14 +89,6 @@ def problem_counts(problems: Iterable[Problem]) -> dict[str, int]:
         "corrupt_at_rest": kinds.count(CORRUPT_AT_REST),
         "transport_errors": kinds.count(TRANSPORT),
     }
-
-
-def versions_for(store: Store, version: str | None, all_versions: bool) -> list[StoredVersion]:
-    """The versions an operation works on: every live version, else one tag (``latest``)."""
-    if all_versions:
-        state = read_state(store)
-        return [load_version_by_hash(store, tag, h) for tag, h in state.versions.items()]
-    return [load_version(store, version or "latest")]
 
 
 def version_closure(store: Store, version: StoredVersion) -> dict[str, int | None]:

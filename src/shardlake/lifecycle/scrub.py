@@ -14,7 +14,7 @@ from typing import Any
 
 from ..format.documents import PartitionEntry
 from ..meta.rootindex import index_problems
-from ..meta.versions import read_state
+from ..meta.versions import read_state, versions_for
 from ..progress.bar import Progress
 from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..store import Store
@@ -28,7 +28,6 @@ from .common import (
     run_partition_tasks,
     task_problem,
     unique_revisions,
-    versions_for,
 )
 
 

@@ -19,7 +19,7 @@ from ..format.documents import PartitionEntry
 from ..format.layout import natural_key
 from ..store import Store
 from .catalog import load_catalog
-from .versions import StoredVersion
+from .versions import StoredVersion, load_version, read_state
 
 # The per-sample columns that identify its payload bytes (source_sha256 when recorded).
 _PAYLOAD_COLUMNS = ["key", "partition", "source_sha256", "crc32", "raw_size"]
@@ -190,6 +190,14 @@ def _rows(store: Store, version: StoredVersion, pids: Sequence[str]) -> dict[str
     if not pids:
         return {}
     return _payloads(load_catalog(store, version).rows(_PAYLOAD_COLUMNS, pids))
+
+
+def diff_tags(store: Store, a: str, b: str, *, samples: bool = False) -> VersionDiff:
+    """:func:`diff_versions` of the live versions tagged ``a`` and ``b`` (one state read)."""
+    state = read_state(store)
+    return diff_versions(
+        store, load_version(store, a, state), load_version(store, b, state), samples=samples
+    )
 
 
 def diff_versions(

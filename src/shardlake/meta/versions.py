@@ -724,3 +724,38 @@ def _parse_time(text: str) -> datetime | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
     except ValueError:
         return None
+
+
+_DOCUMENT_READERS = 16
+
+
+def live_versions(store: Store) -> list[Version]:
+    """Every live version, in publish order (their documents read concurrently); a location
+    with no root (no marker, no commits) is refused: ``no shardlake root at``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    state = read_state(store)
+    require_root(store, state)
+
+    def info(item: tuple[str, str]) -> Version:
+        tag, version_hash = item
+        return Version.of(load_version_by_hash(store, tag, version_hash), tag == state.latest)
+
+    with ThreadPoolExecutor(max_workers=_DOCUMENT_READERS) as pool:
+        return list(pool.map(info, state.versions.items()))
+
+
+def version_of(store: Store, tag: str) -> Version:
+    """One live version by tag (``latest`` follows the commit log)."""
+    state = read_state(store)
+    version = load_version(store, tag, state)
+    return Version.of(version, version.tag == state.latest)
+
+
+def versions_for(store: Store, version: str | None, all_versions: bool) -> list[StoredVersion]:
+    """The versions an operation works on: every live version, else one tag (``latest``)."""
+    if all_versions:
+        state = read_state(store)
+        require_root(store, state)
+        return [load_version_by_hash(store, tag, h) for tag, h in state.versions.items()]
+    return [load_version(store, version or "latest")]

@@ -260,3 +260,14 @@ def _by_text(exc: BaseException) -> Verdict:
 def is_transient(exc: BaseException) -> bool:
     """True for failures worth retrying (transient or ambiguous)."""
     return classify(exc) is not Verdict.PERMANENT
+
+
+__all__ = [
+    "Verdict",
+    "azure_error_code",
+    "causes",
+    "classify",
+    "http_status",
+    "is_transient",
+    "s3_error_code",
+]

@@ -168,3 +168,13 @@ def summarize_request_log(path: str) -> dict[str, Any]:
         "by_client": dict(Counter(r["client"] for r in records if r.get("client"))),
         "processes": len({r["pid"] for r in records}),
     }
+
+
+__all__ = [
+    "Request",
+    "RequestCounter",
+    "StoreLayer",
+    "payload_size",
+    "read_request_log",
+    "summarize_request_log",
+]

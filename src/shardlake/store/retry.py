@@ -308,3 +308,22 @@ def call_with_retry(
             if classify(exc) is Verdict.PERMANENT:
                 raise translate(exc) from exc
             loop.backoff(exc)
+
+
+__all__ = [
+    "ATTEMPT_TIMEOUT_OPTION",
+    "DEADLINE_OPTION",
+    "DEFAULT_ATTEMPT_TIMEOUT",
+    "DEFAULT_DEADLINE",
+    "DEFAULT_INTEGRITY_REREADS",
+    "FIRST_CONTACT_S",
+    "NO_RETRY",
+    "RetryLoop",
+    "RetryPolicy",
+    "call_with_retry",
+    "has_answered",
+    "mark_answered",
+    "refused_endpoint",
+    "split_retry_options",
+    "unresolved_host",
+]

@@ -229,3 +229,10 @@ def static_http_server(
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+__all__ = [
+    "Served",
+    "StaticServer",
+    "static_http_server",
+]

@@ -447,3 +447,13 @@ def check_then_write_gateway(upstream: str, **options: Any) -> Iterator[CheckThe
     :class:`CheckThenWriteGateway`."""
     with CheckThenWriteGateway(upstream, **options) as gateway:
         yield gateway
+
+
+__all__ = [
+    "BODY_FAULTS",
+    "CheckThenWriteGateway",
+    "FAULT_KINDS",
+    "FaultProxy",
+    "check_then_write_gateway",
+    "fault_proxy",
+]

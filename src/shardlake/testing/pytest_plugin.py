@@ -111,3 +111,15 @@ def store_url(store_location: StoreLocation) -> str:
 @pytest.fixture
 def store(store_location: StoreLocation) -> Store:
     return store_location.open()
+
+
+__all__ = [
+    "azurite_server",
+    "seaweedfs_server",
+    "store",
+    "store_factory",
+    "store_kind",
+    "store_location",
+    "store_servers",
+    "store_url",
+]

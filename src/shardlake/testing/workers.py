@@ -52,3 +52,12 @@ def stream_then_hang(store: Store, key: str, nbytes: int, ready_path: str) -> No
         with open(ready_path, "w") as f:
             f.write(str(os.getpid()))
         time.sleep(600)
+
+
+__all__ = [
+    "create_at",
+    "read_key",
+    "stream_then_hang",
+    "warm_up",
+    "write_key",
+]

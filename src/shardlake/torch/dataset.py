@@ -50,6 +50,7 @@ from .sources import (
     epoch_counts,
     epoch_rows,
     load_keys,
+    paused_gc,
     release_set_up_memory,
     select_rows,
     selection_key_digest,
@@ -193,7 +194,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             EpochCache(cache_dir, DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes)
         self._cache: EpochCache | None = None
         self.sources = sources
-        self._init_table(epoch_size)
+        with paused_gc():  # the set-up makes few cyclic objects but many objects to scan
+            self._init_table(epoch_size)
         shuffled = (not exact) if shuffle is None else shuffle
         self._plan_knobs = (chunk_size, interleave)  # None: the plan shape's default
         self.params = PlanParams(

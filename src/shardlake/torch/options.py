@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError, check_keywords
+from ..errors import UsageError, build_options
 from ..read.options import ReadOptions
 from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
 
@@ -103,13 +103,7 @@ class LoaderOptions:
     def build(
         cls, options: LoaderOptions | None, keywords: Mapping[str, Any], *, where: str
     ) -> LoaderOptions:
-        """``options`` (default: all defaults) with ``keywords`` replacing single fields.
-
-        An unknown keyword fails here, at construction, naming the nearest valid one."""
-        if options is not None and not isinstance(options, LoaderOptions):
-            raise UsageError(f"{where}: options must be a LoaderOptions, not {type(options)}")
-        check_keywords(keywords, cls.names(), where)
-        chosen = dict(keywords)
-        if chosen.get("read_options", ReadOptions()) is None:
-            chosen["read_options"] = ReadOptions()
-        return dataclasses.replace(options or cls(), **chosen)
+        """``options`` (default: all defaults) with ``keywords`` replacing single fields, by
+        the routine every options object shares (:func:`shardlake.errors.build_options`): an
+        unknown keyword fails here, at construction, naming the nearest valid one."""
+        return build_options(cls, options, keywords, where)

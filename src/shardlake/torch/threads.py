@@ -17,6 +17,7 @@ transform, the process engine scales better.
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 import warnings
@@ -39,8 +40,6 @@ _POLL_S = 0.1  # how often a blocked feeder looks whether the consumer has gone
 
 def default_threads() -> int:
     """Builder threads: one per core this process may use (at least 2, at most 16)."""
-    import os
-
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -64,8 +63,9 @@ def buffer_allocator(pin_memory: bool) -> Callable[[int], torch.UntypedStorage]:
 class ThreadBatches:
     """Iterating yields the batches of ``layout``'s slots of this rank from ``cursor`` on.
 
-    At most ``ahead`` batches are being built or waiting to be taken; :meth:`close` (also on
-    ``break`` out of the loop, via the generator's close) stops the feeder and the pools.
+    At most ``ahead`` batches are being built or waiting to be taken. Leaving the loop early
+    (``break``, an error: the generator is closed) stops the feeder, the builders and the
+    slots' readers before the iterator is gone.
     """
 
     def __init__(

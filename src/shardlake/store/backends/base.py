@@ -241,17 +241,24 @@ class BucketBackend(Backend):
 
     _bucket_seen = False
     fast_reads: Any = None  # backends.obstore.ObstoreReads, unless read_client="fsspec"
+    # (protocol, why): obstore, the default, cannot serve these reads (options it cannot
+    # sign with); said at the first read it would have served.
+    fast_reads_unavailable: tuple[str, str] | None = None
 
     def batches_single_ranges(self) -> bool:
         # The loader's chunks are one coalesced range each: they must reach obstore too (or
         # say why they cannot).
-        return self.fast_reads is not None
+        return self.fast_reads is not None or self.fast_reads_unavailable is not None
 
     def read_ranges(
         self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False
     ) -> list[bytes | memoryview]:
         fast = self.fast_reads
         if fast is None:
+            if self.fast_reads_unavailable is not None:
+                from .obstore import warn_fallback
+
+                warn_fallback(*self.fast_reads_unavailable)
             return super().read_ranges(paths, starts, ends, views=views)
         if not fast.usable():
             from .obstore import warn_fallback

@@ -107,15 +107,19 @@ def make_backend(
             f"{exc}"
         ) from None
     backend = cls(fs, root, policy)
-    if fast_config is not None and isinstance(backend, BucketBackend):
-        backend.fast_reads = obstore.ObstoreReads(protocol, fast_config, policy.request_timeout)
+    if isinstance(backend, BucketBackend):
+        if isinstance(fast_config, dict):
+            backend.fast_reads = obstore.ObstoreReads(protocol, fast_config, policy.request_timeout)
+        elif fast_config is not None:  # said at the first read obstore would have served
+            backend.fast_reads_unavailable = (protocol, fast_config)
     return backend
 
 
 def _fast_read_config(
     protocol: str, read_client: Any, storage_options: dict[str, Any]
-) -> dict[str, Any] | None:
-    """obstore's store keywords when reads of ``protocol`` go through obstore, else None.
+) -> dict[str, Any] | str | None:
+    """obstore's store keywords when reads of ``protocol`` go through obstore; else why not
+    where obstore was the default but cannot serve (a fall-back), or None.
 
     ``read_client`` unset: obstore where it is installed and the options map onto it (S3, GCS,
     Azure), else the fsspec client. ``"obstore"``: obstore, or a clear error where it cannot
@@ -148,5 +152,4 @@ def _fast_read_config(
             f"{option}: obstore cannot sign for {protocol}:// with these storage options "
             f"(keys: {', '.join(sorted(storage_options))}): {config}; use read_client='fsspec'"
         )
-    obstore.warn_fallback(protocol, config)
-    return None
+    return config
