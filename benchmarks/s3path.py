@@ -256,12 +256,15 @@ def bare_obstore_fetch(
     comp_mb_per_sample: float,
     probe_bytes: int,
 ) -> dict[str, Any]:
-    """Every object of ``keys`` fetched whole with obstore, ``threads`` at a time (fork child)."""
+    """Every object of ``keys`` fetched whole with obstore, ``threads`` at a time (a child
+    process)."""
     import statistics
 
     _url, opts = url_opts
     paths = [_path(store, k) for k in keys]
-    ctx = mp.get_context("fork")
+    # Spawned, not forked: with the thread engine this process has already read through
+    # obstore, and a forked child's copy of obstore's runtime hangs on its first request.
+    ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
     load0, srv0 = load(), server_cpu_s(server_pid)
     proc = ctx.Process(target=_bare_child, args=(child, opts, paths, threads, probe_bytes))
