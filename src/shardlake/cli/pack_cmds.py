@@ -78,6 +78,20 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _rule_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The source-scoping flags of ``_add_rule_options`` (all but ``--strict``) as the keywords
+    ``inspect_source`` and ``PackOptions`` both take."""
+    names = (
+        "partition_depth",
+        "partition_regex",
+        "path_list",
+        "strip_prefix",
+        "include",
+        "exclude",
+    )
+    return {name: getattr(args, name) for name in names}
+
+
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""
     _add_inspect(sub)
@@ -186,12 +200,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     report = inspect_source(
         args.source,
-        partition_depth=args.partition_depth,
-        partition_regex=args.partition_regex,
-        path_list=args.path_list,
-        strip_prefix=args.strip_prefix,
-        include=args.include,
-        exclude=args.exclude,
+        **_rule_args(args),
         check_frames=not args.no_frame_check,
     )
     columns = ["id", "path", "samples", "skipped", "missing_sidecars", "npz_bytes", "sidecar_bytes"]
@@ -286,12 +295,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     options = PackOptions(
         workers=args.workers,
         executor=args.executor,
-        partition_depth=args.partition_depth,
-        partition_regex=args.partition_regex,
-        path_list=args.path_list,
-        strip_prefix=args.strip_prefix,
-        include=args.include,
-        exclude=args.exclude,
+        **_rule_args(args),
         strict=args.strict,
         partitions=args.partition,
         shard_size=args.shard_size,
