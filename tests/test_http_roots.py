@@ -478,3 +478,16 @@ def test_https_with_a_verified_certificate_and_ssl_options(
         for b, w in zip(got.loader(num_workers=2), want.loader(num_workers=2), strict=True):
             assert b["__key__"] == w["__key__"]
             assert all(np.array_equal(np.asarray(b[n]), np.asarray(w[n])) for n in w)
+
+
+def test_https_to_a_plain_http_server_fails_at_once_saying_so(
+    roots: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A TLS handshake that can never succeed is not retried until the deadline."""
+    with static_http_server(roots["export"]) as server:
+        url = server.url.replace("http://", "https://")
+        argv = ["versions", url, "--storage-option", "retry_deadline=20"]
+        code, _, err = _run(capsys, argv)
+    assert code == 1, err
+    assert "the endpoint does not speak TLS" in err and "with http://, not https://" in err, err
+    assert "failed after" not in err, err

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import ssl
 from collections.abc import Iterator
 
 from ..errors import ShardlakeError, TransientStoreError
@@ -160,6 +161,8 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, ShardlakeError):
         return Verdict.PERMANENT
     chain = list(causes(exc))
+    if any(_tls_misconfigured(c) for c in chain):  # before aiohttp's ClientConnectorError
+        return Verdict.PERMANENT
     for cause in chain:  # the HTTP stacks' own exception types are the most specific
         verdict = _by_type_name(cause)
         if verdict is not None:
@@ -175,6 +178,15 @@ def classify(exc: BaseException) -> Verdict:
         if verdict is not None:
             return verdict
     return _by_text(exc)
+
+
+def _tls_misconfigured(exc: BaseException) -> bool:
+    """A TLS handshake that can never succeed: https:// to a plain HTTP server (aiohttp wraps
+    it in a connector error that would otherwise be retried until the deadline)."""
+    if not isinstance(exc, ssl.SSLError):
+        return False
+    reason = str(getattr(exc, "reason", "") or exc).upper()
+    return "WRONG_VERSION_NUMBER" in reason or "RECORD_LAYER_FAILURE" in reason
 
 
 def _by_type_name(exc: BaseException) -> Verdict | None:
