@@ -154,6 +154,15 @@ def causes(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__
 
 
+def status_of(exc: BaseException) -> int | None:
+    """The first HTTP status along ``exc`` and what it was raised from."""
+    for cause in causes(exc):
+        status = http_status(cause)
+        if status is not None:
+            return status
+    return None
+
+
 def chain(exc: BaseException, *, honour_suppress: bool = False) -> Iterator[BaseException]:
     """``exc`` and what it was raised from or while handling (``__cause__``, else
     ``__context__``), each once; with ``honour_suppress``, not a context that ``raise ... from

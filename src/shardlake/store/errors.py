@@ -24,7 +24,7 @@ from ..errors import (
 from .backends import is_already_exists
 from .backends.base import EndpointMismatch
 from .backends.s3 import CREDENTIAL_REJECTED_CODES
-from .classify import azure_error_code, causes, chain, http_status, s3_error_code
+from .classify import azure_error_code, causes, chain, s3_error_code, status_of
 from .credentials import credential_hint
 from .url import redact
 
@@ -46,14 +46,6 @@ _BAD_CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken
 # authenticate the request".
 _AZURE_REJECTED_CODES = frozenset({"AuthenticationFailed", "InvalidAuthenticationInfo"})
 _AZURE_PROTOCOLS = frozenset({"az", "abfs", "abfss"})
-
-
-def _status(exc: BaseException) -> int | None:
-    for cause in causes(exc):
-        status = http_status(cause)
-        if status is not None:
-            return status
-    return None
 
 
 def _is_missing_bucket(exc: BaseException, text: str) -> bool:
@@ -123,7 +115,7 @@ def translate_error(
     where = f"{op} {redact(url)}"
     text = f"{type(exc).__name__} {exc}"
     lowered = text.lower()
-    status = _status(exc)
+    status = status_of(exc)
     code = s3_error_code(exc)
     if any(marker in lowered for marker in _NO_CREDENTIALS):
         return CredentialsMissingError(
