@@ -35,6 +35,13 @@ def parse_size(text: str) -> int:
     return value
 
 
+def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
+    """``--shard-size``, ``--level``, ``--seed``: how shards are built (pack and import-wds)."""
+    parser.add_argument("--shard-size", type=parse_size, help="target shard size (default 1GiB)")
+    parser.add_argument("--level", type=int, help="zstd level (default 3)")
+    parser.add_argument("--seed", type=int, help="sample-order shuffle seed (default 0)")
+
+
 def _add_rule_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--partition-depth",
@@ -162,9 +169,7 @@ def _add_pack(sub: argparse._SubParsersAction[Any]) -> None:
         default="process",
         help="process (default), thread, inline, or dask://HOST:PORT",
     )
-    p.add_argument("--shard-size", type=parse_size, help="target shard size (default 1GiB)")
-    p.add_argument("--level", type=int, help="zstd level (default 3)")
-    p.add_argument("--seed", type=int, help="sample-order shuffle seed (default 0)")
+    add_recipe_flags(p)
     p.add_argument("--keep-skipped", action="store_true", help="keep is_skipped frames")
     p.add_argument("--require-sidecars", action="store_true")
     p.add_argument("--replace-all", action="store_true", help="rebuild every partition")
