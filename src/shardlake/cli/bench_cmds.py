@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from .common import add_max_pad_flag, add_selection_flags
+
 
 def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
     _register_pack(bsub)
@@ -64,12 +66,7 @@ def _register_load(bsub: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     p.add_argument("url", metavar="ROOT", help="dataset root URL")
-    p.add_argument(
-        "--version", default=None, help="version tag (default: the keyset's version, or latest)"
-    )
-    sel = p.add_mutually_exclusive_group()
-    sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
-    sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")
+    add_selection_flags(p)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument(
         "--num-workers", type=int, default=2, help="loader slots (worker processes or streams)"
@@ -85,12 +82,7 @@ def _register_load(bsub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--world-size", type=int, default=1, help="plan as one rank of this many")
-    p.add_argument(
-        "--max-pad-fraction",
-        type=float,
-        default=None,
-        help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
-    )
+    add_max_pad_flag(p)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument(
         "--cache-dir",

@@ -19,6 +19,25 @@ def add_json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
 
+def add_selection_flags(parser: argparse.ArgumentParser) -> None:
+    """``--version`` and one of ``--keyset`` / ``--where``: the loader commands' selection."""
+    parser.add_argument(
+        "--version", default=None, help="version tag (default: the keyset's version, or latest)"
+    )
+    sel = parser.add_mutually_exclusive_group()
+    sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
+    sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")
+
+
+def add_max_pad_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--max-pad-fraction",
+        type=float,
+        default=None,
+        help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
+    )
+
+
 def finish_command(
     parser: argparse.ArgumentParser,
     func: Callable[[argparse.Namespace], int],

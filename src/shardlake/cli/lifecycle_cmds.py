@@ -17,17 +17,12 @@ from .common import (
 )
 
 
-def _progress_flag(p: argparse.ArgumentParser) -> None:
+def _task_flags(p: argparse.ArgumentParser) -> None:
+    """``--quiet``, ``--workers`` and ``--executor``: every per-partition checker takes all three."""
     p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
-
-
-def _workers_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers", type=int, default=4, metavar="N", help="partitions checked at once (default 4)"
     )
-
-
-def _executor_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--executor",
         default=None,
@@ -111,9 +106,7 @@ def _add_scrub(sub: argparse._SubParsersAction[Any]) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--version", dest="tag", default=None, metavar="TAG")
     which.add_argument("--all", action="store_true", help="every live version")
-    _progress_flag(p)
-    _workers_flag(p)
-    _executor_flag(p)
+    _task_flags(p)
     finish_command(p, cmd_scrub)
 
 
@@ -144,9 +137,7 @@ def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
         help="export into a location that already holds other objects (gc leaves them alone)",
     )
     add_storage_flags(p, "dest", "DEST")
-    _progress_flag(p)
-    _workers_flag(p)
-    _executor_flag(p)
+    _task_flags(p)
     finish_command(p, cmd_export)
 
 
@@ -179,9 +170,7 @@ def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
         )
     p.add_argument("--allow-missing", type=int, default=None, metavar="N", help="exactly N missing")
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
-    _progress_flag(p)
-    _workers_flag(p)
-    _executor_flag(p)
+    _task_flags(p)
     finish_command(p, cmd_verify)
 
 
@@ -192,9 +181,7 @@ def _add_verify_offsets(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT")
     p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
-    _progress_flag(p)
-    _workers_flag(p)
-    _executor_flag(p)
+    _task_flags(p)
     finish_command(p, cmd_verify_offsets)
 
 

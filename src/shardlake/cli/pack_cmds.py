@@ -35,6 +35,13 @@ def parse_size(text: str) -> int:
     return value
 
 
+def add_recipe_flags(parser: argparse.ArgumentParser) -> None:
+    """``--shard-size``, ``--level``, ``--seed``: how shards are built (pack and import-wds)."""
+    parser.add_argument("--shard-size", type=parse_size, help="target shard size (default 1GiB)")
+    parser.add_argument("--level", type=int, help="zstd level (default 3)")
+    parser.add_argument("--seed", type=int, help="sample-order shuffle seed (default 0)")
+
+
 def _add_rule_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--partition-depth",
@@ -76,6 +83,20 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
         help="refuse files that are neither frames (.npz) nor a frame's sidecar (default: "
         "ignore them; inspect lists them)",
     )
+
+
+def _rule_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The source-scoping flags of ``_add_rule_options`` (all but ``--strict``) as the keywords
+    ``inspect_source`` and ``PackOptions`` both take."""
+    names = (
+        "partition_depth",
+        "partition_regex",
+        "path_list",
+        "strip_prefix",
+        "include",
+        "exclude",
+    )
+    return {name: getattr(args, name) for name in names}
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -148,9 +169,7 @@ def _add_pack(sub: argparse._SubParsersAction[Any]) -> None:
         default="process",
         help="process (default), thread, inline, or dask://HOST:PORT",
     )
-    p.add_argument("--shard-size", type=parse_size, help="target shard size (default 1GiB)")
-    p.add_argument("--level", type=int, help="zstd level (default 3)")
-    p.add_argument("--seed", type=int, help="sample-order shuffle seed (default 0)")
+    add_recipe_flags(p)
     p.add_argument("--keep-skipped", action="store_true", help="keep is_skipped frames")
     p.add_argument("--require-sidecars", action="store_true")
     p.add_argument("--replace-all", action="store_true", help="rebuild every partition")
@@ -186,12 +205,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     report = inspect_source(
         args.source,
-        partition_depth=args.partition_depth,
-        partition_regex=args.partition_regex,
-        path_list=args.path_list,
-        strip_prefix=args.strip_prefix,
-        include=args.include,
-        exclude=args.exclude,
+        **_rule_args(args),
         check_frames=not args.no_frame_check,
     )
     columns = ["id", "path", "samples", "skipped", "missing_sidecars", "npz_bytes", "sidecar_bytes"]
@@ -286,12 +300,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     options = PackOptions(
         workers=args.workers,
         executor=args.executor,
-        partition_depth=args.partition_depth,
-        partition_regex=args.partition_regex,
-        path_list=args.path_list,
-        strip_prefix=args.strip_prefix,
-        include=args.include,
-        exclude=args.exclude,
+        **_rule_args(args),
         strict=args.strict,
         partitions=args.partition,
         shard_size=args.shard_size,

@@ -6,7 +6,13 @@ import argparse
 import sys
 from typing import Any
 
-from .common import finish_command, open_root, print_json
+from .common import (
+    add_max_pad_flag,
+    add_selection_flags,
+    finish_command,
+    open_root,
+    print_json,
+)
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
@@ -191,12 +197,7 @@ def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
         ),
     )
     p.add_argument("root", metavar="ROOT", help="dataset root URL")
-    p.add_argument(
-        "--version", default=None, help="version tag (default: the keyset's version, or latest)"
-    )
-    sel = p.add_mutually_exclusive_group()
-    sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
-    sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")
+    add_selection_flags(p)
     p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
     p.add_argument("--num-workers", type=int, default=2, help="loader workers per rank")
     p.add_argument("--world-size", type=int, default=1, help="ranks")
@@ -204,12 +205,7 @@ def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-shuffle", action="store_true", help="the unshuffled (validation) order")
-    p.add_argument(
-        "--max-pad-fraction",
-        type=float,
-        default=None,
-        help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
-    )
+    add_max_pad_flag(p)
     finish_command(p, _mixing)
 
 

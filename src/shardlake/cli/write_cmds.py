@@ -6,7 +6,7 @@ import argparse
 from typing import Any
 
 from .common import add_storage_flags, finish_command, open_root, parse_storage_options, print_json
-from .pack_cmds import parse_size
+from .pack_cmds import add_recipe_flags
 
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
@@ -35,9 +35,7 @@ def register(sub: argparse._SubParsersAction[Any]) -> None:
         help="shard: one partition per tar (keys <prefix><tar name>/<key>); key: a key's "
         "parent path (keys <prefix><key>)",
     )
-    p.add_argument("--shard-size", type=parse_size, help="target shard size (default 1GiB)")
-    p.add_argument("--level", type=int, help="zstd level (default 3)")
-    p.add_argument("--seed", type=int, help="sample-order shuffle seed (default 0)")
+    add_recipe_flags(p)
     p.add_argument("--keep-skipped", action="store_true", help="keep is_skipped samples")
     p.add_argument("--spill-dir", metavar="DIR", help="local directory for the writer's spill")
     p.add_argument(

@@ -200,6 +200,17 @@ def _decode_problem(decoder: Decoder, payload: bytes, row: ShardRow) -> str | No
     return None
 
 
+def shards_progress(entries: Sequence[PartitionEntry], what: str, enabled: bool | None) -> Progress:
+    """A bar counting the shards of ``entries``, one group per partition."""
+    return Progress(
+        sum(len(e.shards) for e in entries),
+        what,
+        unit="shards",
+        groups=len(entries),
+        enabled=enabled,
+    )
+
+
 def run_partition_tasks(
     tasks: Sequence[Task],
     executor: ExecutorSpec,

@@ -68,6 +68,7 @@ from .common import (
     check_shard_payloads,
     rows_by_shard,
     run_partition_tasks,
+    shards_progress,
 )
 from .verify import check_shard_headers
 
@@ -336,13 +337,7 @@ def export_version(src: Store, dest: Store, version: str, options: ExportOptions
     ensure_root(dest, dataset_id=str(src_marker["dataset_id"]), allow_foreign=True)
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
     entries = ver.entries
-    bar = Progress(
-        sum(len(e.shards) for e in entries),
-        "export",
-        unit="shards",
-        groups=len(entries),
-        enabled=progress,
-    )
+    bar = shards_progress(entries, "export", progress)
     # One task per partition: the worker reads from src and writes to dest itself, so the
     # bytes never pass through the client.
     tasks = [

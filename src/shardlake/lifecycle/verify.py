@@ -57,6 +57,7 @@ from .common import (
     read_manifest_or_report,
     rows_by_shard,
     run_partition_tasks,
+    shards_progress,
     task_problem,
 )
 
@@ -435,13 +436,7 @@ def verify_offsets(store: Store, options: OffsetsOptions) -> OffsetsReport:
     ver = load_version(store, options.version)
     report = OffsetsReport(ver.tag)
     entries = ver.entries
-    bar = Progress(
-        sum(len(e.shards) for e in entries),
-        "verify-offsets",
-        unit="shards",
-        groups=len(entries),
-        enabled=progress,
-    )
+    bar = shards_progress(entries, "verify-offsets", progress)
     # The catalog must agree with the manifests it indexes (one read of it, not one per row).
     catalog: dict[str, Any] | None = None
     try:

@@ -154,6 +154,28 @@ def causes(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__
 
 
+def status_of(exc: BaseException) -> int | None:
+    """The first HTTP status along ``exc`` and what it was raised from."""
+    for cause in causes(exc):
+        status = http_status(cause)
+        if status is not None:
+            return status
+    return None
+
+
+def chain(exc: BaseException, *, honour_suppress: bool = False) -> Iterator[BaseException]:
+    """``exc`` and what it was raised from or while handling (``__cause__``, else
+    ``__context__``), each once; with ``honour_suppress``, not a context that ``raise ... from
+    None`` hid."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        hidden = honour_suppress and current.__suppress_context__
+        current = current.__cause__ or (None if hidden else current.__context__)
+
+
 def classify(exc: BaseException) -> Verdict:
     """Whether ``exc`` is permanent, transient, or transient with a possibly applied request."""
     if isinstance(exc, TransientStoreError):
@@ -220,16 +242,10 @@ def azure_error_code(exc: BaseException) -> str | None:
     """The Azure storage error code (``BlobNotFound``, ``ContainerNotFound``,
     ``AuthenticationFailed``...) behind ``exc``: azure-core's ``error_code``, also where adlfs
     raised a builtin error while handling it (``__context__``)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
+    for current in chain(exc, honour_suppress=True):
         code = getattr(current, "error_code", None)
         if code is not None:
             return str(getattr(code, "value", code))
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
     return None
 
 

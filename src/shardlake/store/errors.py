@@ -24,7 +24,7 @@ from ..errors import (
 from .backends import is_already_exists
 from .backends.base import EndpointMismatch
 from .backends.s3 import CREDENTIAL_REJECTED_CODES
-from .classify import azure_error_code, causes, http_status, s3_error_code
+from .classify import azure_error_code, causes, chain, s3_error_code, status_of
 from .credentials import credential_hint
 from .url import redact
 
@@ -46,14 +46,6 @@ _BAD_CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken
 # authenticate the request".
 _AZURE_REJECTED_CODES = frozenset({"AuthenticationFailed", "InvalidAuthenticationInfo"})
 _AZURE_PROTOCOLS = frozenset({"az", "abfs", "abfss"})
-
-
-def _status(exc: BaseException) -> int | None:
-    for cause in causes(exc):
-        status = http_status(cause)
-        if status is not None:
-            return status
-    return None
 
 
 def _is_missing_bucket(exc: BaseException, text: str) -> bool:
@@ -82,7 +74,7 @@ def _azure_rejected(exc: BaseException, lowered: str) -> bool:
 def _tls_problem(exc: BaseException) -> str | None:
     """What to fix when a TLS handshake failed: https:// to a plain HTTP server, or a
     certificate the client does not trust."""
-    for cause in _all_causes(exc):
+    for cause in chain(exc):
         if not isinstance(cause, ssl.SSLError):
             continue
         reason = str(getattr(cause, "reason", "") or cause).upper()
@@ -97,15 +89,6 @@ def _tls_problem(exc: BaseException) -> str | None:
                 "(AWS_CA_BUNDLE / client_kwargs verify=...) or fix the endpoint URL's host"
             )
     return None
-
-
-def _all_causes(exc: BaseException) -> list[BaseException]:
-    out: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not seen for seen in out):
-        out.append(current)
-        current = current.__cause__ or current.__context__
-    return out
 
 
 def _local_file_above(url: str) -> str | None:
@@ -132,7 +115,7 @@ def translate_error(
     where = f"{op} {redact(url)}"
     text = f"{type(exc).__name__} {exc}"
     lowered = text.lower()
-    status = _status(exc)
+    status = status_of(exc)
     code = s3_error_code(exc)
     if any(marker in lowered for marker in _NO_CREDENTIALS):
         return CredentialsMissingError(

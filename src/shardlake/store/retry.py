@@ -14,13 +14,13 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import EndpointError, RetriesExhaustedError, UsageError
-from .classify import Verdict, classify
+from .classify import Verdict, chain, classify
 from .url import redact
 
 T = TypeVar("T")
@@ -160,23 +160,14 @@ def has_answered(endpoint: str | None) -> bool:
     return endpoint in _answered if endpoint is not None else bool(_answered)
 
 
-def _chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
 def _endpoint_in(exc: BaseException) -> str | None:
     """``scheme://host:port`` of the request that failed, from the exceptions' attributes."""
-    for current in _chain(exc):
+    for current in chain(exc):
         url = getattr(current, "kwargs", {}).get("endpoint_url")
         if isinstance(url, str) and "://" in url:
             scheme, rest = url.split("://", 1)
             return redact(f"{scheme}://{rest.split('/', 1)[0]}")
-    for current in _chain(exc):
+    for current in chain(exc):
         host, port = getattr(current, "host", None), getattr(current, "port", None)
         if isinstance(host, str) and isinstance(port, int):
             return f"{'https' if port == 443 else 'http'}://{host}:{port}"
@@ -187,7 +178,7 @@ def refused_endpoint(exc: BaseException) -> str | None:
     """``http://HOST:PORT`` when ``exc`` is a refused connection (nothing listens), else None."""
     refused = any(
         isinstance(c, ConnectionRefusedError) or getattr(c, "errno", None) == errno.ECONNREFUSED
-        for c in _chain(exc)
+        for c in chain(exc)
     )
     return _endpoint_in(exc) if refused else None
 
@@ -199,10 +190,10 @@ _NO_SUCH_HOST = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NON
 def unresolved_host(exc: BaseException) -> tuple[str, bool] | None:
     """``(host, definite)`` when ``exc`` is a failed name lookup (``definite``: DNS answered
     that the name does not exist, rather than failing to answer), else None."""
-    lookup = next((c for c in _chain(exc) if isinstance(c, socket.gaierror)), None)
+    lookup = next((c for c in chain(exc) if isinstance(c, socket.gaierror)), None)
     if lookup is None:
         return None
-    hosts = (getattr(c, "host", None) for c in _chain(exc))
+    hosts = (getattr(c, "host", None) for c in chain(exc))
     host = next((h for h in hosts if isinstance(h, str)), None)
     if host is None:
         endpoint = _endpoint_in(exc)

@@ -29,12 +29,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..tools.localhost import LOOPBACK, free_port
+from ..tools.localhost import LOOPBACK
 from ..tools.loopback import (
     DEFAULT_BUCKET,
     MissingServerError,
     StoreServer,
     _patched_env,
+    start_on_free_port,
     stop_process,
 )
 
@@ -129,37 +130,29 @@ def azurite_server(
     script = binary or azurite_binary()
     with tempfile.TemporaryDirectory(prefix="shardlake-azurite-") as workdir:
         log_path = os.path.join(workdir, "azurite.log")
-        for _attempt in range(3):  # the free port can be taken before Azurite binds it
-            port = free_port()
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    [
-                        script,
-                        "--loose",
-                        "--skipApiVersionCheck",
-                        "--disableTelemetry",
-                        "--silent",
-                        "--blobHost",
-                        LOOPBACK,
-                        "--blobPort",
-                        str(port),
-                        "--location",
-                        os.path.join(workdir, "data"),
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                    cwd=workdir,
-                )
+
+        def argv(port: int) -> list[str]:
+            return [
+                script,
+                "--loose",
+                "--skipApiVersionCheck",
+                "--disableTelemetry",
+                "--silent",
+                "--blobHost",
+                LOOPBACK,
+                "--blobPort",
+                str(port),
+                "--location",
+                os.path.join(workdir, "data"),
+            ]
+
+        def ready(proc: subprocess.Popen[bytes], port: int) -> bool:
             deadline = time.monotonic() + startup_timeout
             while time.monotonic() < deadline and proc.poll() is None and not _listening(port):
                 time.sleep(0.05)
-            if proc.poll() is None and _listening(port):
-                break
-            stop_process(proc)
-        else:
-            with open(log_path, errors="replace") as f:
-                raise RuntimeError(f"Azurite did not start: {f.read()[-2000:]}")
+            return proc.poll() is None and _listening(port)
+
+        proc, port = start_on_free_port("Azurite", argv, ready, log_path, cwd=workdir)
         try:
             endpoint = f"http://{LOOPBACK}:{port}"
             _create_container(endpoint, container)

@@ -34,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,6 +223,30 @@ def _fake_gcs_binary() -> str:
     return str(_get_binary_path())
 
 
+def start_on_free_port(
+    name: str,
+    argv: Callable[[int], list[str]],
+    ready: Callable[[subprocess.Popen[bytes], int], bool],
+    log_path: str,
+    *,
+    cwd: str | None = None,
+) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the server ``argv(port)`` on a free loopback port, its output appended to
+    ``log_path``; ``ready(proc, port)`` waits for it. Three tries: the free port can be taken
+    before the server binds it. Returns the running process and its port."""
+    for _attempt in range(3):
+        port = free_port()
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                argv(port), stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=cwd
+            )
+        if ready(proc, port):
+            return proc, port
+        stop_process(proc)
+    with open(log_path, errors="replace") as f:
+        raise RuntimeError(f"{name} did not start: {f.read()[-2000:]}")
+
+
 @contextlib.contextmanager
 def fake_gcs_server(
     bucket: str = DEFAULT_BUCKET, *, set_env: bool = True, startup_timeout: float = 20.0
@@ -236,38 +260,33 @@ def fake_gcs_server(
     binary = _fake_gcs_binary()
     with tempfile.TemporaryDirectory(prefix="shardlake-fake-gcs-") as workdir:
         log_path = os.path.join(workdir, "server.log")
-        for _attempt in range(3):  # the free port can be taken before the server binds it
-            port = free_port()
-            endpoint = f"http://{LOOPBACK}:{port}"
-            with open(log_path, "ab") as log:
-                proc = subprocess.Popen(
-                    [
-                        binary,
-                        "-scheme",
-                        "http",
-                        "-backend",
-                        "memory",
-                        "-host",
-                        LOOPBACK,
-                        "-port",
-                        str(port),
-                        "-external-url",
-                        endpoint,
-                        "-public-host",
-                        f"{LOOPBACK}:{port}",
-                        "-log-level",
-                        "error",
-                    ],
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=log,
-                )
-            if _wait_ready(proc, endpoint, startup_timeout):
-                break
-            stop_process(proc)
-        else:
-            with open(log_path, errors="replace") as f:
-                raise RuntimeError(f"fake-gcs-server did not start: {f.read()[-2000:]}")
+
+        def argv(port: int) -> list[str]:
+            return [
+                binary,
+                "-scheme",
+                "http",
+                "-backend",
+                "memory",
+                "-host",
+                LOOPBACK,
+                "-port",
+                str(port),
+                "-external-url",
+                f"http://{LOOPBACK}:{port}",
+                "-public-host",
+                f"{LOOPBACK}:{port}",
+                "-log-level",
+                "error",
+            ]
+
+        proc, port = start_on_free_port(
+            "fake-gcs-server",
+            argv,
+            lambda proc, port: _wait_ready(proc, f"http://{LOOPBACK}:{port}", startup_timeout),
+            log_path,
+        )
+        endpoint = f"http://{LOOPBACK}:{port}"
         try:
             body = json.dumps({"name": bucket}).encode()
             _http(f"{endpoint}/storage/v1/b?project={GCS_PROJECT}", method="POST", body=body)

@@ -3,13 +3,13 @@ block-list streaming, one retry layer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import fsspec
 
-from ..classify import azure_error_code
+from ..classify import azure_error_code, chain
 from ..retry import RetryPolicy
 from .base import BucketBackend
 
@@ -115,31 +115,19 @@ def _single_try(fs: Any) -> None:
         config.max_chunk_get_size = _ONE_GET
 
 
-def chain(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and what it was raised from or while handling (adlfs raises ``FileExistsError``
-    inside the ``except ResourceExistsError`` block, without ``from``)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or (
-            None if current.__suppress_context__ else current.__context__
-        )
-
-
 def _lost_commit_race(exc: BaseException) -> bool:
     """Whether a block-list commit failed because another writer committed the blob first."""
     return any(
         azure_error_code(cause) == "InvalidBlockList" or "InvalidBlockList" in str(cause)
-        for cause in chain(exc)
+        for cause in chain(exc, honour_suppress=True)
     )
 
 
 def refused_create(exc: BaseException) -> bool:
     """Whether a failed ``If-None-Match: *`` Put Blob means "the blob exists": 409 (the
     service's BlobAlreadyExists) or 412 (ConditionNotMet), read from the azure-core error."""
-    for cause in chain(exc):
+    # adlfs raises FileExistsError inside its `except ResourceExistsError` block, without `from`
+    for cause in chain(exc, honour_suppress=True):
         status = getattr(cause, "status_code", None)
         if status == 412:
             return True

@@ -29,6 +29,7 @@ import fsspec
 from fsspec.asyn import sync
 
 from ...errors import CapabilityError, EndpointError, ReadOnlyStoreError
+from ..classify import chain
 from ..retry import RetryPolicy
 from .base import Backend, Entry, Leftover
 
@@ -66,14 +67,11 @@ def _warn_range_ignored(server: str) -> None:
 
 
 def _untrusted_certificate(exc: BaseException) -> bool:
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, ssl.SSLCertVerificationError) or any(
-            cls.__name__ == "ClientConnectorCertificateError" for cls in type(seen).__mro__
-        ):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any(
+        isinstance(seen, ssl.SSLCertVerificationError)
+        or any(cls.__name__ == "ClientConnectorCertificateError" for cls in type(seen).__mro__)
+        for seen in chain(exc)
+    )
 
 
 class HTTPBackend(Backend):

@@ -9,7 +9,7 @@ from typing import Any
 
 import fsspec
 
-from ..classify import causes, http_status, is_transient, s3_error_code
+from ..classify import causes, http_status, is_transient, s3_error_code, status_of
 from ..retry import RetryPolicy, call_with_retry
 from ..url import redact
 from .base import BucketBackend, EndpointMismatch, Leftover
@@ -112,7 +112,7 @@ class S3Backend(BucketBackend):
             raise
         except Exception as exc:
             if refused_create(exc):
-                raise FileExistsError(f"{path}: already exists (HTTP {_status_of(exc)})") from exc
+                raise FileExistsError(f"{path}: already exists (HTTP {status_of(exc)})") from exc
             raise
 
     def _open_for_write(self, path: str) -> Any:
@@ -156,14 +156,6 @@ class S3Backend(BucketBackend):
         self.fs.call_s3(
             "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=leftover.upload_id
         )
-
-
-def _status_of(exc: BaseException) -> int | None:
-    for cause in causes(exc):
-        status = http_status(cause)
-        if status is not None:
-            return status
-    return None
 
 
 def _s3_headers(reply: Any) -> bool:
