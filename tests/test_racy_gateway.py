@@ -84,7 +84,8 @@ def test_check_store_names_the_race_it_failed(
     flags = [f for k, v in options.items() for f in ("--storage-option", f"{k}={json.dumps(v)}")]
     assert main(["check-store", url, "--json", *flags]) == 1
     shown = json.loads(capsys.readouterr().out)
-    assert set(shown) == {"url", "safe", "checks"}
+    assert set(shown) == {"url", "safe", "checks", "bucket_created"}
+    assert shown["bucket_created"] is False
     assert shown["url"] == url and shown["safe"] is False
     failed = [check["name"] for check in shown["checks"] if not check["ok"]]
     assert failed == ["create-if-absent-race"], shown
