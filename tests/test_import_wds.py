@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import webdataset as wds
 from writer_support import Sample, assert_loads_bit_exact, write_npz_tree
 
 import shardlake
@@ -17,8 +18,6 @@ from shardlake.cli.main import main
 from shardlake.errors import SourceError
 from shardlake.source.source_form import npz_bytes
 from shardlake.testing.fixtures import StoreLocation
-
-wds = pytest.importorskip("webdataset")
 
 
 def _records(shards: int, per_shard: int, seed: int = 0) -> list[list[dict[str, Any]]]:

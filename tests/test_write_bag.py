@@ -6,6 +6,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import dask.bag as db
+import distributed
 import numpy as np
 import pytest
 from writer_support import (
@@ -23,9 +25,6 @@ from shardlake.errors import SourceError
 from shardlake.store import open_store
 from shardlake.store.retry import RetryPolicy
 from shardlake.testing.fixtures import StoreLocation
-
-distributed = pytest.importorskip("distributed")
-db = pytest.importorskip("dask.bag")
 
 SHARD = 1500
 
