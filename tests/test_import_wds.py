@@ -157,12 +157,30 @@ def test_unconvertible_members_are_all_named_and_nothing_is_published(
     root_dir = tmp_path / "root"
     assert main(["import-wds", str(tars), str(root_dir), "--tag", "v1"]) == 1
     err = capsys.readouterr().err
-    assert "2 member(s) cannot be converted" in err and "nothing was published" in err
+    assert (
+        "2 unreadable tar file(s) or member(s) that cannot be converted" in err
+        and "nothing was published" in err
+    )
     assert "a.tar::s2.jpg" in err and "a.tar::s3.txt" in err
     assert shardlake.open(root_dir).versions() == []
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="no .tar files"):
         shardlake.open(root_dir).import_wds(tmp_path / "empty", "v1")
+
+
+def test_every_unreadable_tar_is_named_in_one_run(tmp_path: Path) -> None:
+    tars = tmp_path / "wds"
+    tars.mkdir()
+    _write_tars(tars, _records(1, 3))
+    whole = next(tars.glob("*.tar")).read_bytes()
+    (tars / "junk.tar").write_bytes(b"this is not a tar file" * 40)
+    (tars / "trunc.tar").write_bytes(whole[: len(whole) // 2])
+    root = shardlake.open(tmp_path / "root")
+    with pytest.raises(SourceError, match="nothing was published") as info:
+        root.import_wds(tars, "v1")
+    assert "junk.tar: not a readable tar file" in str(info.value)
+    assert "trunc.tar: not a readable tar file" in str(info.value)
+    assert root.versions() == []
 
 
 def test_shard_partitions_hold_keys_with_directories(tmp_path: Path) -> None:

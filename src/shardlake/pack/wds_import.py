@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import SourceError, UsageError
+from ..errors import SHOW_MAX, SourceError, UsageError
 from ..source.npz import load_npz
 from ..source.sidecar import parse_sidecar
 from ..store import Store, open_store
@@ -43,7 +43,6 @@ PARTITION_BY = ("shard", "key")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # webdataset's own split (webdataset.tariterators.base_plus_ext): key, then the field.
 _KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
-SHOW_PROBLEMS = 20
 
 
 @dataclass
@@ -187,9 +186,11 @@ def _samples(url: str, store: Store, key: str, problems: list[str]) -> Iterator[
                 if reason is not None:
                     problems.append(f"{where}: {reason}")
     except (tarfile.TarError, EOFError) as exc:
-        raise SourceError(f"{url}: not a readable tar file ({exc})") from exc
-    except FileNotFoundError as exc:
-        raise SourceError(f"{url}: no such tar file") from exc
+        problems.append(f"{url}: not a readable tar file ({exc})")
+        return  # the other tars are still read, so one run names every bad one
+    except FileNotFoundError:
+        problems.append(f"{url}: no such tar file")
+        return
     if current is not None:
         yield current
 
@@ -236,11 +237,11 @@ def import_wds(
             if part is not None and written and not problems:
                 writer.finish_partition(part)  # built while the next tar is read
         if problems:
-            more = len(problems) - SHOW_PROBLEMS
+            more = len(problems) - SHOW_MAX
             raise SourceError(
-                f"import-wds: {len(problems)} member(s) cannot be converted; nothing was "
-                "published: "
-                + "; ".join(problems[:SHOW_PROBLEMS])
+                f"import-wds: {len(problems)} unreadable tar file(s) or member(s) that cannot be "
+                "converted; nothing was published: "
+                + "; ".join(problems[:SHOW_MAX])
                 + (f"; ... and {more} more" if more > 0 else "")
             )
     return writer.report
