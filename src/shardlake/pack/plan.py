@@ -97,32 +97,47 @@ def check_apart(source: str | os.PathLike[str], store: Store) -> None:
         )
 
 
+def resolve_root(
+    store: Store, tag: str, base: str | None, *, allow_foreign: bool
+) -> tuple[RootState, StoredVersion | None]:
+    """What pack and the writer check before writing: the root (made if new), ``tag`` not
+    taken, and ``base`` loaded; ``(state, base version or None)``."""
+    ensure_root(store, allow_foreign=allow_foreign)
+    state = read_state(store)
+    check_new_tag(state, tag, store)
+    if base is None:
+        return state, None
+    try:
+        return state, load_version(store, base, state)
+    except VersionNotFoundError as exc:
+        raise VersionNotFoundError(
+            f"unknown base version {base!r}: {exc}", options=("base",), hint=exc.hint
+        ) from exc
+
+
+def recipe_over(
+    base: Recipe, level: int | None, shard_size: int | None, seed: int | None
+) -> Recipe:
+    """``base`` with each setting that is given in its place."""
+    return Recipe(
+        level=base.level if level is None else level,
+        shard_size=base.shard_size if shard_size is None else shard_size,
+        seed=base.seed if seed is None else seed,
+    )
+
+
 def resolve_settings(
     store: Store, source: str | os.PathLike[str], tag: str, base: str | None, opts: PackOptions
 ) -> PackSettings:
     """Root, tag and base checked; the recipe and partition rule this pack uses."""
     check_apart(source, store)
-    ensure_root(store, allow_foreign=opts.allow_foreign)
-    state = read_state(store)
-    check_new_tag(state, tag, store)
-    base_version: StoredVersion | None = None
-    if base is not None:
-        try:
-            base_version = load_version(store, base, state)
-        except VersionNotFoundError as exc:
-            raise VersionNotFoundError(
-                f"unknown base version {base!r}: {exc}", options=("base",), hint=exc.hint
-            ) from exc
+    state, base_version = resolve_root(store, tag, base, allow_foreign=opts.allow_foreign)
     base_record = base_version.record if base_version is not None else None
     base_recipe = Recipe.from_json(base_record.recipe) if base_record else Recipe()
     rule = PartitionRule.from_options(opts.partition_depth, opts.partition_regex) or (
         PartitionRule.from_json(base_record.partition_rule) if base_record else PartitionRule()
     )
-    recipe = Recipe(
-        level=opts.level if opts.level is not None else base_recipe.level,
-        shard_size=opts.shard_size if opts.shard_size is not None else base_recipe.shard_size,
-        seed=opts.seed if opts.seed is not None else base_recipe.seed,
-    )
+    recipe = recipe_over(base_recipe, opts.level, opts.shard_size, opts.seed)
     settings = PackSettings(
         state,
         base_version,

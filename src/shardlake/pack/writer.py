@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import IntegrityError, SourceError, UsageError, VersionNotFoundError
+from ..errors import IntegrityError, SourceError, UsageError
 from ..format.codec import Decoder, Encoder, check_array
 from ..format.documents import PartitionEntry
 from ..format.layout import partition_id
@@ -45,9 +45,6 @@ from ..meta.versions import (
     RootState,
     StoredVersion,
     check_new_tag,
-    ensure_root,
-    load_version,
-    read_state,
 )
 from ..source.sidecar import is_skipped, parse_sidecar
 from ..source.source_form import source_sha256
@@ -62,6 +59,7 @@ from .build import (
     encode_verified,
 )
 from .packer import PackReport
+from .plan import recipe_over, resolve_root
 from .publish import publish
 
 __all__ = ["WriteOptions", "Writer", "check_key", "partition_of_key"]
@@ -126,23 +124,9 @@ def resolve_write_settings(
     if opts.level is not None and not 1 <= opts.level <= 22:
         raise UsageError("the zstd level must be between 1 and 22", options=("level",))
     check_new_tag(RootState(), tag, store)  # the name, before touching the store
-    ensure_root(store, allow_foreign=opts.allow_foreign)
-    state = read_state(store)
-    check_new_tag(state, tag, store)
-    base_version = None
-    if base is not None:
-        try:
-            base_version = load_version(store, base, state)
-        except VersionNotFoundError as exc:
-            raise VersionNotFoundError(
-                f"unknown base version {base!r}: {exc}", options=("base",)
-            ) from exc
+    state, base_version = resolve_root(store, tag, base, allow_foreign=opts.allow_foreign)
     base_recipe = Recipe.from_json(base_version.record.recipe) if base_version else Recipe()
-    recipe = Recipe(
-        level=opts.level if opts.level is not None else base_recipe.level,
-        shard_size=opts.shard_size if opts.shard_size is not None else base_recipe.shard_size,
-        seed=opts.seed if opts.seed is not None else base_recipe.seed,
-    )
+    recipe = recipe_over(base_recipe, opts.level, opts.shard_size, opts.seed)
     if base_version is not None and recipe != base_recipe:
         raise UsageError(
             f"writing on base {base!r} uses its recipe {base_recipe.to_json()} (its partitions "
