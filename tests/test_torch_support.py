@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -130,6 +131,45 @@ def rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
         with open(Path(cfg["out"]) / f"{rank}.json", "w") as f:
             json.dump(out, f)
         dist.destroy_process_group()
+
+
+def gloo_threads() -> list[str]:
+    """Names of this process's threads that gloo started (Linux: /proc names every thread)."""
+    names = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that just ended
+            names.append((task / "comm").read_text().strip())
+    return sorted(n for n in names if "gloo" in n)
+
+
+def destroy_rank_main(rank: int, world: int, cfg: dict[str, Any]) -> None:
+    """One rank: a failing pass, then ``destroy_process_group()`` while the loader is still
+    referenced; writes whether the group was freed and which gloo threads are left."""
+    import weakref
+
+    import torch.distributed as dist
+
+    from shardlake.torch import ShardDataset
+
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{cfg['init_file']}", rank=rank, world_size=world
+    )
+    group = weakref.ref(dist.group.WORLD)
+    loader = ShardDataset(cfg["roots"][rank], batch_size=cfg["batch_size"]).loader(
+        num_workers=cfg["workers"]
+    )
+    error = None
+    try:
+        for _ in loader:
+            pass
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        error = type(exc).__name__
+    dist.destroy_process_group()
+    out = {"error": error, "group_freed": group() is None, "gloo_threads": gloo_threads()}
+    with open(Path(cfg["out"]) / f"{rank}.json", "w") as f:
+        json.dump(out, f)
+    del loader
 
 
 def run_ranks(world: int, cfg: dict[str, Any], tmp: Path, main: Any = None) -> list[dict[str, Any]]:

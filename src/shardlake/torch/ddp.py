@@ -3,6 +3,7 @@ and the reduction of masked (exact evaluation) metrics across ranks."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -24,18 +25,25 @@ def distributed() -> bool:
 
 
 class RankSync:
-    """The loader's collectives, on a gloo group (created once, on first use, by every rank)."""
+    """The loader's collectives, on a gloo group (created on first use, by every rank)."""
 
     def __init__(self) -> None:
-        self._group: Any = None
+        self._group: weakref.ref[Any] | None = None
 
     def group(self) -> Any:
-        if self._group is None:
+        # Held weakly: torch.distributed owns its groups, and destroy_process_group() must free
+        # ours even while a loader lives. Freeing a gloo group joins its threads, which release
+        # the collectives' tensors (taking the GIL) after the collective has returned; a thread
+        # still alive when the interpreter finalizes dies taking the GIL and aborts the process
+        # ("terminate called without an active exception").
+        group = None if self._group is None else self._group()
+        if group is None:
             # Our CPU flags need gloo; a NCCL default group gets a gloo side group.
-            self._group = (
+            group = (
                 dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
             )
-        return self._group
+            self._group = weakref.ref(group)
+        return group
 
     def check_same(self, mine: Any) -> None:
         """Raise on every rank unless all ranks pass an equal ``mine``."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import json
+import traceback
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
@@ -292,6 +293,10 @@ class ShardLoader:
                 except StopIteration:
                     ended = True
                 except Exception as exc:  # noqa: BLE001 - shared with the other ranks below
+                    # The finished frames it came through (the engine's, or DataLoader's, whose
+                    # reraise keeps the error in a local) would hold it, their traceback and
+                    # so this loader in a cycle: drop their locals, keep the traceback.
+                    traceback.clear_frames(exc.__traceback__)
                     error = exc
                 if synced:
                     self._ranks.agree(error, ended)
@@ -306,6 +311,9 @@ class ShardLoader:
                 yield batch
                 batch = None  # drop our reference, so only the user's keeps the buffer
         finally:
+            # The error's traceback holds this frame (and so the loader): this frame must not
+            # hold the error, or only the collector frees them (at worst at interpreter exit).
+            error = batch = None
             # Join the workers now, before an error leaves the loader: left to the iterator's
             # __del__ at interpreter shutdown, the join races teardown and a rank can exit 1.
             shutdown = getattr(it, "_shutdown_workers", None) or getattr(it, "close", None)
