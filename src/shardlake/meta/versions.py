@@ -57,7 +57,8 @@ from ..format.layout import (
 )
 from ..format.manifest import entry_mismatches, parse_manifest
 from ..format.rootindex import RootIndex
-from ..read.verified import read_verified
+from ..read.payloads import TRANSPORT
+from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
 from .catalog import Catalog, load_catalog, publish_catalog, read_partitions
 from .rootindex import write_index
@@ -490,9 +491,11 @@ def _with_manifest_digests(
 ) -> tuple[list[PartitionEntry], dict[str, pa.Table]]:
     """``partitions`` with each entry's ``manifest_sha256``/``manifest_size`` set.
 
-    A manifest the base already records keeps its digest; any other is read once, checked
-    against its entry, and hashed, so every later read can verify it (a copied entry's stale
-    digest is never trusted). Cost: one read per new manifest.
+    A manifest the base already records keeps its digest; any other is read, checked against
+    its entry, and hashed, so every later read can verify it. The bytes hashed must be the
+    stored ones: a read whose digest is the entry's own (the build's, of the bytes it wrote) is
+    proof; otherwise two reads must agree (a copied entry's stale digest is never trusted).
+    Cost: one read per new manifest the build wrote, two for any other.
     """
     known = {
         e.manifest: (e.manifest_sha256, e.manifest_size) for e in base_parts if e.manifest_sha256
@@ -507,6 +510,10 @@ def _with_manifest_digests(
                 digest, size = known[key]
             else:
                 data = store.read(key)
+                # A digest matching what was read proves those bytes (the build records the
+                # digest of what it wrote); any other read must be confirmed by a second one.
+                if entry.manifest_sha256 != hashlib.sha256(data).hexdigest():
+                    data = _agreed_read(store, key)
                 table, meta = parse_manifest(data, store.key_url(key))
                 problems = entry_mismatches(entry, table, meta)
                 if problems:
@@ -516,6 +523,26 @@ def _with_manifest_digests(
             entry = replace(entry, manifest_sha256=digest, manifest_size=size)
         out.append(entry)
     return out, fresh
+
+
+def _agreed_read(store: Store, key: str) -> bytes:
+    """The bytes of ``key`` that two reads in a row agree on.
+
+    The digest recorded from them is what every later read is checked against, so it must not
+    be taken from one read that a flipped byte in transit could have damaged (a damaged
+    manifest can still parse): the version would then refuse its own manifest.
+    """
+    last = store.read(key)
+    for _ in range(1 + max(1, store.retry.integrity_rereads)):
+        again = store.read(key)
+        if again == last:
+            return last
+        last = again
+    raise RefusedObjectError(
+        f"{store.key_url(key)}: new manifest read back differently every time; nothing was "
+        f"published",
+        TRANSPORT,
+    )
 
 
 def publish_version(

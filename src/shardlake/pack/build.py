@@ -432,8 +432,11 @@ def build_revision(
     order = shuffle_order([k for k, _ in src.included], recipe.seed)
     rows, shards = _write_shards(store, recipe, src, data_rev, encoded(order))
     table = build_manifest_table(rows, [src.sidecars[r["key"]] for r in rows], where=where)
-    written = _create_manifest(store, mkey, write_manifest(table, meta))
+    data = write_manifest(table, meta)
+    written = _create_manifest(store, mkey, data)
     entry = replace(entry, payload_bytes=sum(r["size"] for r in rows), shards=tuple(shards))
+    if written:  # publish checks its read-back against the bytes written
+        entry = replace(entry, manifest_sha256=hashlib.sha256(data).hexdigest())
     return BuildResult(entry, built=True, manifest_written=written, skipped=src.skipped)
 
 
