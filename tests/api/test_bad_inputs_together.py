@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from shardlake import open_store
 from shardlake.cli.main import main
-from shardlake.store import open_store
 from shardlake.tools.synth import synth_corpus
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 import shardlake
+from shardlake import VerifyOptions
 from shardlake.cli.main import main
 from shardlake.errors import UsageError
-from shardlake.lifecycle.verify import VerifyOptions
 from shardlake.tools.synth import synth_corpus
 
 

@@ -13,13 +13,13 @@ import pytest
 from support.lifecycle import pack_small
 
 import shardlake
+from shardlake import Store, open_store
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
 from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
-from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

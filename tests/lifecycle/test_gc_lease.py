@@ -12,12 +12,12 @@ import pytest
 from support.lifecycle import pack_small
 
 import shardlake
+from shardlake import Store
 from shardlake.cli.main import main
 from shardlake.errors import AlreadyExistsError, ConflictError
 from shardlake.format.layout import COMMITS_DIR
 from shardlake.lifecycle.gc import new_lock
 from shardlake.meta.versions import RootState, commit_state, read_commit, read_state
-from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

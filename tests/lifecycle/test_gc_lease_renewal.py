@@ -14,9 +14,9 @@ import pytest
 
 import shardlake
 import shardlake.lifecycle.gc as gc
+from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.meta.versions import read_state
-from shardlake.store import open_store
 from shardlake.store.layers import Request
 from shardlake.tools.synth import synth_corpus
 

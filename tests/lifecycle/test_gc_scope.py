@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 import shardlake
+from shardlake import PackOptions
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, UsageError
 from shardlake.format.layout import is_owned_key
-from shardlake.pack import PackOptions
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.testing.servers import StoreServers
 from shardlake.tools.synth import synth_corpus

@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 import shardlake
+from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.errors import UsageError
 from shardlake.lifecycle.common import rows_by_shard
 from shardlake.meta.versions import load_version
 from shardlake.read.manifests import read_entry_manifest
 from shardlake.read.payloads import CORRUPT_AT_REST
-from shardlake.store import open_store
 from shardlake.tools.synth import synth_corpus
 
 distributed = pytest.importorskip("distributed")

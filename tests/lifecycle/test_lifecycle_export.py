@@ -10,12 +10,12 @@ import pytest
 from support.lifecycle import pack_small
 
 import shardlake
+from shardlake import Store, open_store
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError
 from shardlake.format.layout import ROOT_INDEX, ROOT_MARKER
 from shardlake.meta.versions import read_root_marker, read_state
 from shardlake.source.npz import load_npz
-from shardlake.store import Store, open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

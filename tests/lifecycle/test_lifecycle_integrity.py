@@ -10,9 +10,9 @@ import pytest
 from support.lifecycle import pack_small
 
 import shardlake
+from shardlake import Store
 from shardlake.cli.main import main
 from shardlake.errors import FormatError
-from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

@@ -10,10 +10,10 @@ import pytest
 from support.lifecycle import pack_small
 
 import shardlake
+from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
 from shardlake.meta.versions import read_state
-from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

@@ -13,6 +13,7 @@ from support.pack import make_source, small_frame
 
 import shardlake
 import shardlake.meta.catalog as catalog_mod
+from shardlake import Store, open_store
 from shardlake.cli.main import main
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.catalog import (
@@ -27,7 +28,6 @@ from shardlake.meta.catalog import catalog_rows, load_catalog
 from shardlake.meta.versions import load_version, publish_version, read_state
 from shardlake.query.sql import select
 from shardlake.read.manifests import read_entry_manifest
-from shardlake.store import Store, open_store
 from shardlake.store.layers import Request, RequestCounter
 from shardlake.torch import ShardDataset
 

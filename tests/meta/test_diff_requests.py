@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 
 import shardlake
+from shardlake import Store, open_store
 from shardlake.format.documents import PartitionEntry
 from shardlake.format.layout import partition_id, version_key
 from shardlake.format.manifest import CORE_SCHEMA
@@ -24,7 +25,6 @@ from shardlake.meta.versions import (
     load_version,
     read_state,
 )
-from shardlake.store import Store, open_store
 from shardlake.store.layers import RequestCounter
 
 BODY = {"recipe": {"codec": "raw"}, "partition_rule": {"depth": 1}, "keep_skipped": False}

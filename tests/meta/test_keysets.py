@@ -9,12 +9,12 @@ import pytest
 from support.lifecycle import pack_small
 
 import shardlake
+from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key
 from shardlake.meta.keysets import parse_key_list
 from shardlake.query.keyset_build import create_keyset
-from shardlake.store import open_store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

@@ -3,6 +3,7 @@ import threading
 import pytest
 
 import shardlake
+from shardlake import open_store
 from shardlake.errors import ConflictError, FormatError, NotFoundError, VersionNotFoundError
 from shardlake.meta.versions import (
     load_version,
@@ -11,7 +12,6 @@ from shardlake.meta.versions import (
     resolve_tag,
     retire_versions,
 )
-from shardlake.store import open_store
 
 
 def _body(n):

@@ -13,6 +13,7 @@ import pytest
 from support.pack import make_source, small_frame
 
 import shardlake
+from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.errors import (
     ConflictError,
@@ -22,7 +23,6 @@ from shardlake.errors import (
     VersionNotFoundError,
 )
 from shardlake.meta.versions import read_state
-from shardlake.store import open_store
 
 
 def _good(root: Path) -> Path:
@@ -240,7 +240,7 @@ def test_partition_id_collision_is_a_hard_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import shardlake.source.tree as source_mod
-    from shardlake.pack import inspect_source
+    from shardlake import inspect_source
 
     src = _good(tmp_path / "src")
     monkeypatch.setattr(source_mod, "partition_id", lambda path: "000000000000")

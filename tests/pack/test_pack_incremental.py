@@ -14,9 +14,9 @@ from support.pack import assert_consistent, make_source, read_all, small_frame
 
 import shardlake
 import shardlake.pack.build as build_mod
+from shardlake import open_store
 from shardlake.errors import SourceError, UsageError
 from shardlake.meta.versions import load_version
-from shardlake.store import open_store
 
 PARTS = ("logA", "logB", "logC")
 

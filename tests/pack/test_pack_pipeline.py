@@ -12,9 +12,9 @@ from support.pack import make_source, read_all, small_frame
 
 import shardlake
 import shardlake.pack.build as build
+from shardlake import Store, open_store
 from shardlake.errors import PackWorkerError
 from shardlake.meta.versions import read_state
-from shardlake.store import Store, open_store
 
 FRAMES = {f"log/f{i:02d}": small_frame(i) for i in range(12)}
 

@@ -149,7 +149,7 @@ def _wait_marker(proc: subprocess.Popen[str], marker: str = _MARKER) -> None:
 def test_sigkill_at_random_moments_leaves_a_consistent_root(tmp_path: Path) -> None:
     """>= 20 packs SIGKILLed at random moments: half anywhere from launch, half at a random point
     of the build+publish phase (timed from the progress line that ends pass 1)."""
-    from shardlake.store import open_store
+    from shardlake import open_store
 
     src = corpus(tmp_path / "src")
     root = tmp_path / "root"

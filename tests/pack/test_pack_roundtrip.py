@@ -14,12 +14,12 @@ import pytest
 from support.pack import assert_consistent, make_source, read_all, small_frame
 
 import shardlake
+from shardlake import open_store
 from shardlake.format.codec import arrays_equal_exact
 from shardlake.format.layout import unescape_member_key
 from shardlake.pack import verify_sample
 from shardlake.pack.build import load_npz, shuffle_order
 from shardlake.read.manifests import read_manifest
-from shardlake.store import open_store
 from shardlake.tools.synth import synth_corpus
 
 
@@ -240,7 +240,7 @@ def test_inspect_cli_tsv_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_make_source_and_read_back(tmp_path: Path) -> None:
-    from shardlake.store import open_store
+    from shardlake import open_store
 
     src = make_source(tmp_path / "src", {f"p/s{i}": small_frame(i) for i in range(3)})
     store = open_store(str(tmp_path / "root"))

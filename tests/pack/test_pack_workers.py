@@ -18,10 +18,10 @@ import pytest
 from support.pack import assert_consistent, make_source, read_all, small_frame
 
 import shardlake
+from shardlake import open_store
 from shardlake.errors import PackWorkerError
 from shardlake.meta.versions import read_state
 from shardlake.progress.bar import Progress
-from shardlake.store import open_store
 
 
 def corpus(root: Path) -> Path:

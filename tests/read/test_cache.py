@@ -13,8 +13,8 @@ import pytest
 import torch
 from support.torch import assert_batch_equal, make_root
 
+from shardlake import open_store
 from shardlake.read.cache import LAYOUT, CacheBudgetWarning, EpochCache
-from shardlake.store import open_store
 from shardlake.tools.bench.measure import CountingStore, read_counts
 from shardlake.torch import ShardDataset
 

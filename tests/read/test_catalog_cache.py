@@ -16,9 +16,9 @@ import pytest
 
 import shardlake
 import shardlake.meta.catalog as catalog_mod
+from shardlake import open_store
 from shardlake.errors import UsageError
 from shardlake.read.catalog_cache import LAYOUT, CatalogCache, catalog_cache
-from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter, read_request_log
 from shardlake.torch import ShardDataset
 

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import shardlake
+from shardlake import open_store
 from shardlake.meta.versions import load_version, publish_version, read_state
-from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset
 

@@ -12,10 +12,10 @@ import pytest
 from support.lifecycle import pack_small
 
 import shardlake
+from shardlake import Store
 from shardlake.cli.main import main
 from shardlake.errors import IntegrityError
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
-from shardlake.store import Store
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.tools.synth import synth_corpus
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from support.torch import assert_batch_equal, make_root
 
+from shardlake import open_store
 from shardlake.errors import IntegrityError
-from shardlake.store import open_store
 from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.torch import ReadOptions, ShardDataset
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import shardlake
-from shardlake.store import Store
+from shardlake import Store
 from shardlake.testing.fixtures import StoreLocation
 
 SMALL_SHARD = 40_000  # several shards per partition even for tiny frames

@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 
+from shardlake import Store
 from shardlake.format.codec import Decoder, check_payload
 from shardlake.format.tar import iter_members
 from shardlake.meta.versions import StoredVersion, load_version, load_version_by_hash, read_state
 from shardlake.read.manifests import read_manifest
-from shardlake.store import Store
 from shardlake.tools.synth import write_npz
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from support.torch import assert_batch_equal, copy_root, flip_byte, make_root
 
+from shardlake import Store, open_store
 from shardlake.errors import IntegrityError
-from shardlake.store import Store, open_store
 from shardlake.tools.bench.measure import CountingStore, read_counts
 from shardlake.torch import ReadOptions, ShardDataset
 from shardlake.torch.reader import coalesce, request_chunk_size

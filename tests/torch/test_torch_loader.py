@@ -25,8 +25,14 @@ from shardlake.store import RequestCounter, open_store
 from shardlake.store.layers import summarize_request_log
 from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.tools.synth import synth_corpus
-from shardlake.torch import ReadOptions, ShardDataset, train_valid
-from shardlake.torch.mixing import batch_mixing, js_distance, plan_mixing
+from shardlake.torch import (
+    ReadOptions,
+    ShardDataset,
+    batch_mixing,
+    js_distance,
+    plan_mixing,
+    train_valid,
+)
 
 pytestmark = [
     pytest.mark.timeout(120),

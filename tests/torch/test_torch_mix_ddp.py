@@ -13,7 +13,7 @@ import pytest
 import torch
 from support.torch import make_root, mix_rank_main, per_sample_loss, run_ranks
 
-from shardlake.store import open_store
+from shardlake import open_store
 from shardlake.testing.fixtures import new_location, shared_servers
 from shardlake.torch import MixMember, ShardDataset
 

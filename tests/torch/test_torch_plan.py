@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardlake.errors import PlanError
-from shardlake.torch.plan import Layout, Leg, PlanParams, Rows, plan_epoch, plan_leg
+from shardlake.torch import Layout, Leg, PlanParams, Rows, plan_epoch, plan_leg
 
 
 def make_rows(counts: list[int], shard_size: int = 50) -> tuple[Rows, np.ndarray]:
@@ -221,7 +221,7 @@ def test_plan_shape_2_lanes_open_runs_one_at_a_time() -> None:
 
 
 def test_plan_shape_2_mixes_as_well_as_shape_1_with_longer_runs() -> None:
-    from shardlake.torch.mixing import batch_mixing
+    from shardlake.torch import batch_mixing
 
     rows, part = make_rows([180] * 6, shard_size=180)
     layout = Layout(1, 2, 32)
