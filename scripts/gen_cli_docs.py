@@ -5,7 +5,7 @@
     .venv/bin/python scripts/gen_cli_docs.py --check  # exit 1 if docs/cli.md is stale
 
 The page is rendered from the parser's actions (not from ``format_help``), so it is the same on
-every Python version and terminal width; ``tests/test_cli_docs.py`` fails when it drifts.
+every Python version and terminal width; ``tests/cli/test_cli_docs.py`` fails when it drifts.
 """
 
 from __future__ import annotations

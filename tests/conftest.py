@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 # Off unless a test turns it on: request counts must not depend on what an earlier test (or
-# the user's ~/.cache) left in the node-local catalog cache (tests/test_catalog_cache.py).
+# the user's ~/.cache) left in the node-local catalog cache (tests/read/test_catalog_cache.py).
 os.environ["SHARDLAKE_CATALOG_CACHE"] = "off"
 
 pytest_plugins = ["shardlake.testing.pytest_plugin"]

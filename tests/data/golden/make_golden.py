@@ -4,7 +4,7 @@
 dtype, 0-d strings, dotted keys, nested sidecars) into ``tests/data/golden/NAME/root`` as two
 versions plus a keyset, and writes ``tests/data/golden/NAME/expected.json``: per version, per key,
 the sha256 of each array's dtype, shape and bytes (see ``array_digest``). The committed roots are
-the format's fixed points: tests/test_golden_roots.py reads them with today's code, bit-exactly.
+the format's fixed points: tests/format/test_golden_roots.py reads them with today's code, bit-exactly.
 """
 
 from __future__ import annotations

@@ -1,0 +1,46 @@
+"""Options objects: one definition of each operation's settings, keywords or object alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import shardlake
+from shardlake import VerifyOptions
+from shardlake.cli.main import main
+from shardlake.errors import UsageError
+from shardlake.tools.synth import synth_corpus
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    base = tmp_path_factory.mktemp("options")
+    src = base / "src"
+    synth_corpus(src, 2, 3, seed=9, neighbors=2, lanes=4)
+    root = str(base / "root")
+    shardlake.open(root).pack(src, tag="v1", options=shardlake.PackOptions(workers=1))
+    return src, root
+
+
+def test_verify_takes_an_options_object_or_its_fields_as_keywords(packed: tuple[Path, str]) -> None:
+    src, root = packed
+    lake = shardlake.open(root)
+    by_object = lake.verify(src, options=VerifyOptions(version="v1", workers=1))
+    by_keywords = lake.verify(src, version="v1", workers=1)
+    assert by_object.ok and by_object.to_json() == by_keywords.to_json()
+    # A keyword replaces that field of the object.
+    with pytest.raises(UsageError, match="allow_missing"):
+        lake.verify(src, options=VerifyOptions(), allow_missing=-1)
+    assert main(["verify", root, "--source", str(src), "--version", "v1", "--workers", "1"]) == 0
+
+
+def test_unknown_keywords_fail_at_the_call_naming_the_nearest(packed: tuple[Path, str]) -> None:
+    src, root = packed
+    lake = shardlake.open(root)
+    with pytest.raises(
+        UsageError, match="unknown keyword 'allow_mising' \\(did you mean 'allow_missing'\\?\\)"
+    ):
+        lake.verify(src, allow_mising=1)
+    with pytest.raises(UsageError, match="did you mean 'partition_depth'"):
+        shardlake.open(root).pack(src, tag="v2", partiton_depth=1)

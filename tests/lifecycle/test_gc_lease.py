@@ -1,0 +1,126 @@
+"""gc's lock is a lease: a lost reply never makes gc refuse itself, a dead holder's lock expires
+or is broken by the operator, and a publish racing a live gc is refused with the real cause."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from support.lifecycle import pack_small
+
+import shardlake
+from shardlake import Store
+from shardlake.cli.main import main
+from shardlake.errors import AlreadyExistsError, ConflictError
+from shardlake.format.layout import COMMITS_DIR
+from shardlake.lifecycle.gc import new_lock
+from shardlake.meta.versions import RootState, commit_state, read_commit, read_state
+from shardlake.testing.fixtures import StoreLocation
+from shardlake.tools.synth import synth_corpus
+
+JUNK = "data/junk/x/shard-000000.tar"
+
+
+class LostLockReply(Store):
+    """The gc-lock commit lands, but its reply is lost and the read-back says "exists"."""
+
+    lost = 0
+
+    def create(self, key: str, data: bytes) -> None:
+        super().create(key, data)
+        if key.startswith(COMMITS_DIR + "/") and b'"gc-lock"' in data and not self.lost:
+            self.lost += 1
+            raise AlreadyExistsError(f"{key}: exists (the retried create found it)")
+
+
+def _root(tmp_path: Path) -> StoreLocation:
+    src = tmp_path / "src"
+    synth_corpus(src, 2, 2, seed=25, neighbors=2, lanes=4)
+    location = StoreLocation("local", str(tmp_path / "root"))
+    pack_small(location, src)
+    return location
+
+
+def _hold(store: Store, expires_in: float, owner: str = "alice@host pid 1") -> RootState:
+    state = read_state(store)
+    lock = replace(new_lock(), owner=owner, expires_at=time.time() + expires_in)
+    locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
+    return commit_state(store, state, locked, "gc-lock", {})
+
+
+def test_lost_reply_on_gcs_own_lock_is_settled_by_reading_back(tmp_path: Path) -> None:
+    location = _root(tmp_path)
+    store = LostLockReply(location.url)
+    store.write(JUNK, b"x")
+    report = shardlake.open(store).gc(grace_s=0)
+    assert store.lost == 1 and [o.key for o in report.garbage] == [JUNK]
+    assert read_state(store).gc_lock is None  # and it released its own lock
+    lock = read_commit(store, read_state(store).seq - 1).gc_lock
+    assert lock is not None and "pid" in lock.owner and lock.expires_at > time.time()
+
+
+def test_dead_holders_lock_expires_and_a_live_one_refuses_publishes(tmp_path: Path) -> None:
+    location = _root(tmp_path)
+    store = location.open()
+    src = tmp_path / "src"
+    _hold(store, 600)
+    with pytest.raises(ConflictError, match=r"gc holds the root until .* \(owner alice@host"):
+        pack_small(location, src, tag="v2")
+    assert "v2" not in read_state(store).versions
+    with pytest.raises(ConflictError, match="gc holds the root until"):
+        store.write(JUNK, b"x")
+        shardlake.open(store).gc(grace_s=0)
+    # The holder died: once its lease has expired the next gc takes the root over.
+    _hold(store, -1)
+    assert [o.key for o in shardlake.open(store).gc(grace_s=0).garbage] == [JUNK]
+    pack_small(location, src, tag="v2")
+    assert read_state(store).latest == "v2"
+
+
+def test_publish_racing_a_live_gc_is_refused(tmp_path: Path) -> None:
+    location = _root(tmp_path)
+    src = tmp_path / "src"
+    outcome: list[str] = []
+
+    class PackDuringDelete(Store):
+        def delete(self, key: str) -> None:
+            if key == JUNK and not outcome:  # a deletion under the lock (not the probe)
+                try:
+                    pack_small(location, src, tag="v2")
+                    outcome.append("published")
+                except ConflictError as exc:
+                    outcome.append(str(exc))
+            super().delete(key)
+
+    store = PackDuringDelete(location.url)
+    store.write(JUNK, b"x")
+    assert [o.key for o in shardlake.open(store).gc(grace_s=0).garbage] == [JUNK]
+    assert len(outcome) == 1 and "gc holds the root until" in outcome[0]
+    assert "v2" not in read_state(store).versions
+
+
+def test_break_lock_cli(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    location = _root(tmp_path)
+    store = location.open()
+    assert main(["gc", location.url, "--break-lock", "--yes"]) != 0
+    assert "no gc lock is held" in capsys.readouterr().err
+    _hold(store, 3600)
+    # No terminal to ask on: refused without --yes.
+    monkeypatch.setattr("sys.stdin.isatty", lambda: False)
+    assert main(["gc", location.url, "--break-lock"]) != 0
+    assert "--yes" in capsys.readouterr().err and read_state(store).gc_locked()
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True)
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    assert main(["gc", location.url, "--break-lock"]) == 1 and read_state(store).gc_locked()
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    assert main(["gc", location.url, "--break-lock"]) == 0
+    assert "broke the gc lock" in capsys.readouterr().out and not read_state(store).gc_locked()
+    _hold(store, 3600)
+    assert main(["gc", location.url, "--break-lock", "--yes", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["broken"]["owner"] == "alice@host pid 1"
+    assert read_state(store).gc_lock is None

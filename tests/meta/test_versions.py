@@ -1,0 +1,104 @@
+import threading
+
+import pytest
+
+import shardlake
+from shardlake import open_store
+from shardlake.errors import ConflictError, FormatError, NotFoundError, VersionNotFoundError
+from shardlake.meta.versions import (
+    load_version,
+    publish_version,
+    read_state,
+    resolve_tag,
+    retire_versions,
+)
+
+
+def _body(n):
+    """A well-formed version body of one empty partition; ``n`` tells the bodies apart."""
+    entry = {
+        "id": f"p{n}",
+        "path": f"part{n}",
+        "data_rev": "d",
+        "meta_rev": "m",
+        "manifest_rev": "r",
+        "manifest": "",
+        "samples": 0,
+        "skipped": n,
+        "payload_bytes": 0,
+        "shards": [],
+    }
+    return {"base": None, "partitions": [entry]}
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(str(tmp_path / "root"))
+
+
+def test_publish_and_latest(store):
+    publish_version(store, "v1", _body(1), read_state(store))
+    v2 = publish_version(store, "v2", _body(2), read_state(store))
+    assert resolve_tag(store) == ("v2", v2.hash)
+    assert load_version(store, "v1").record.partitions[0].skipped == 1
+    assert [v.tag for v in shardlake.open(store).versions()] == ["v1", "v2"]
+
+
+def test_publish_refuses_a_malformed_partition_entry(store):
+    body = _body(1)
+    body["partitions"][0]["samples"] = "3"
+    with pytest.raises(FormatError, match="version 'v1' partition p1: field 'samples'"):
+        publish_version(store, "v1", body, read_state(store))
+    assert read_state(store).latest is None
+
+
+def test_tag_never_reused_and_stale_base_conflicts(store):
+    base = read_state(store)
+    publish_version(store, "v1", _body(1), base)
+    with pytest.raises(ConflictError, match="v1"):
+        publish_version(store, "v1", _body(9), read_state(store))
+    with pytest.raises(ConflictError, match="re-run"):
+        publish_version(store, "v2", _body(2), base)
+    assert read_state(store).latest == "v1"
+
+
+def test_racing_publishers_exactly_one_wins(store):
+    base = read_state(store)
+    results: list[str] = []
+
+    def run(tag):
+        try:
+            publish_version(store, tag, _body(len(tag)), base)
+            results.append(f"won:{tag}")
+        except ConflictError:
+            results.append("lost")
+
+    threads = [threading.Thread(target=run, args=(f"t{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(r.startswith("won") for r in results) == 1
+    state = read_state(store)
+    assert state.seq == 1 and len(state.versions) == 1
+
+
+def test_retire_requires_force_for_latest(store):
+    publish_version(store, "v1", _body(1), read_state(store))
+    publish_version(store, "v2", _body(2), read_state(store))
+    with pytest.raises(ConflictError, match="needs force") as refused:
+        retire_versions(store, ["v2"])
+    assert refused.value.options == ("force",)  # the CLI shows it as --force
+    retire_versions(store, ["v2"], force=True)
+    assert read_state(store).latest == "v1"
+    with pytest.raises(VersionNotFoundError, match="retired"):
+        load_version(store, "v2")
+    with pytest.raises(ConflictError):
+        publish_version(store, "v2", _body(3), read_state(store))
+
+
+def test_empty_location_is_no_root(store):
+    # Nothing there at all: not "no version", but no root (NotFoundError, not a version error).
+    with pytest.raises(NotFoundError, match="no shardlake root at") as info:
+        load_version(store)
+    assert not isinstance(info.value, VersionNotFoundError)

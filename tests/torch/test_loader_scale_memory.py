@@ -1,0 +1,165 @@
+"""The loader's compact set-up: the selection digest without a full sort is the digest saved
+states carry, the row table uses 32-bit columns where values fit, and the slot reader's
+NumPy set-up fetches exactly what the per-row version did (whole, resumed and repeated chunks)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from shardlake.torch import ShardDataset
+from shardlake.torch.plan import selection_digest
+from shardlake.torch.reader import RowTable, SlotReader
+from shardlake.torch.strings import StringColumn, key_digest
+
+
+def _keys(runs: int, per_run: int, seed: int) -> list[str]:
+    """Keys as catalogs hold them: sorted runs (one per partition) in partition-id order."""
+    rng = random.Random(seed)
+    paths = [f"log{rng.randrange(10**6):06d}é" for _ in range(runs)]
+    rng.shuffle(paths)
+    return [f"{p}/{p}_{i:06d}" for p in paths for i in range(per_run)]
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [],
+        ["only"],
+        _keys(50, 7, seed=1),  # sorted runs: merged without a sort
+        sorted(_keys(20, 3, seed=2)),  # already sorted
+        _keys(3, 40, seed=3)[::-1],  # descending: every key its own run, full sort
+        ["b/1", "a/2", "b/0", "a/1", "a/1"],  # overlapping runs and a repeat: full sort
+    ],
+)
+def test_key_digest_is_the_saved_states_digest(keys: list[str]) -> None:
+    assert key_digest(pa.chunked_array([pa.array(keys, pa.string())])) == selection_digest(keys)
+
+
+def test_key_digest_spans_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    import shardlake.torch.strings as strings
+
+    keys = _keys(30, 11, seed=4)
+    monkeypatch.setattr(strings, "DIGEST_BLOCK", 7)
+    assert key_digest(pa.array(keys)) == selection_digest(keys)
+
+
+def test_string_column_offsets_are_32_bit_and_concat_keeps_items() -> None:
+    a = StringColumn.from_arrow(pa.array(["x", "yé", ""]))
+    b = StringColumn.from_arrow(pa.chunked_array([pa.array(["zz"]), pa.array(["w"])]))
+    both = StringColumn.concat([a, b])
+    assert a.offsets.dtype == np.int32 and both.offsets.dtype == np.int32
+    assert list(both) == ["x", "yé", "", "zz", "w"]
+    assert both[-1] == "w" and both[1:3] == ["yé", ""]
+
+
+def test_row_table_columns_are_compact(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "scale_bench", Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
+    )
+    assert spec is not None and spec.loader is not None
+    scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scale)
+    url = str(tmp_path / "root")
+    scale.build_root(url, 4, 5)
+    ds = ShardDataset(url, "v1", batch_size=2, include_index=True, num_workers=0)
+    t = ds.table
+    assert [t.shard.dtype, t.offset.dtype, t.size.dtype, t.raw_size.dtype, t.crc32.dtype] == [
+        np.int32,
+        np.int32,
+        np.int32,
+        np.int32,
+        np.uint32,
+    ]
+    assert ds.source_of.dtype == np.int8 and ds.partition_of.dtype == np.int8
+    seen = [k for batch in ds.loader() for k in ds.keys_of(batch["__index__"])]
+    assert sorted(seen) == sorted(t.keys) and len(seen) == 20
+
+
+class _Store:
+    """Serves ranges of one fake shard whose byte ``i`` is ``i % 251``."""
+
+    url = "mem://"
+
+    def key_url(self, key: str) -> str:
+        return f"mem://{key}"
+
+    def read_ranges(
+        self, ranges: list[tuple[str, int, int]], *, views: bool = False
+    ) -> list[bytes]:
+        return [bytes(i % 251 for i in range(s, e)) for _k, s, e in ranges]
+
+    def read_range(self, key: str, start: int, end: int) -> bytes:
+        return self.read_ranges([(key, start, end)])[0]
+
+
+def _table(n: int) -> RowTable:
+    from shardlake.format.codec import payload_checksum
+
+    offsets = np.arange(n, dtype=np.int32) * 10
+    crcs = [payload_checksum(bytes(i % 251 for i in range(o, o + 10))) for o in offsets.tolist()]
+    return RowTable(
+        shard=np.zeros(n, np.int32),
+        offset=offsets,
+        size=np.full(n, 10, np.int32),
+        raw_size=np.full(n, 10, np.int32),
+        crc32=np.array(crcs, np.uint32),
+        keys=[f"k{i}" for i in range(n)],
+        shard_keys=["s"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("chunks", "emit_rows", "emit_chunk"),
+    [
+        ([[0, 1, 2], [3, 4]], [3, 4, 0, 1, 2], [1, 1, 0, 0, 0]),  # whole chunks
+        ([[0, 1, 2], [3, 4]], [1, 2, 3, 4], [0, 0, 1, 1]),  # a resume mid-chunk
+        ([[0, 1, 2]], [2, 0, 2], [0, 0, 0]),  # a repeat standing in for a row
+        ([[5, 5, 6]], [5, 6], [0, 0]),  # a repeated row in the chunk, partly emitted
+    ],
+)
+def test_slot_reader_emits_its_rows_with_their_bytes(
+    chunks: list[list[int]], emit_rows: list[int], emit_chunk: list[int]
+) -> None:
+    table = _table(8)
+    reader = SlotReader(
+        _Store(),  # type: ignore[arg-type]
+        table,
+        [np.array(c, np.int32) for c in chunks],
+        np.array(emit_rows, np.int32),
+        np.array(emit_chunk, np.int64),
+    )
+    out = list(reader)
+    assert [r for r, _ in out] == emit_rows
+    for row, payload in out:
+        assert bytes(payload) == bytes(i % 251 for i in range(10 * row, 10 * row + 10))
+    assert reader.bytes_fetched >= 10 * len(set(emit_rows))
+
+
+def test_keys_are_dropped_unless_batches_carry_them_and_read_back_on_demand(
+    tmp_path: Path,
+) -> None:
+    import shardlake
+    from shardlake.tools.synth import synth_corpus
+    from shardlake.torch.strings import LazyStrings
+
+    src = tmp_path / "src"
+    synth_corpus(src, 2, 5, seed=1, neighbors=2, lanes=4)
+    root = str(tmp_path / "root")
+    shardlake.open(root).pack(src, tag="v1")
+    ds = ShardDataset(root, batch_size=2, include_index=True, num_workers=0, engine="threads")
+    keys = ds.table.keys
+    assert isinstance(keys, LazyStrings) and keys._column is None and len(keys) == 10
+    batch = next(iter(ds.loader()))
+    assert keys._column is None  # reading and batching need no keys
+    carried = ShardDataset(root, batch_size=2, include_key=True, num_workers=0)
+    assert isinstance(carried.table.keys, StringColumn)
+    assert list(keys) == list(carried.table.keys)  # read back from the catalog, same order
+    rows = batch["__index__"].tolist()
+    assert ds.keys_of(batch["__index__"]) == [carried.table.keys[r] for r in rows]

@@ -1,0 +1,264 @@
+"""The loader plan, tested purely (no torch, no I/O): coverage, balance, determinism, resume."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from shardlake.errors import PlanError
+from shardlake.torch import Layout, Leg, PlanParams, Rows, plan_epoch, plan_leg
+
+
+def make_rows(counts: list[int], shard_size: int = 50) -> tuple[Rows, np.ndarray]:
+    """Rows of partitions with ``counts`` samples, ``shard_size`` per shard; and each row's partition."""
+    shard, offset, part = [], [], []
+    next_shard = 0
+    for p, n in enumerate(counts):
+        for i in range(n):
+            shard.append(next_shard + i // shard_size)
+            offset.append(512 + 1024 * (i % shard_size))
+            part.append(p)
+        next_shard += max(1, -(-n // shard_size))
+    return (
+        Rows(np.array(shard, dtype=np.int64), np.array(offset, dtype=np.int64)),
+        np.array(part),
+    )
+
+
+PARAMS = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, seed=7)
+
+
+def all_rank_batches(plan) -> list[list[np.ndarray]]:
+    return [plan.rank_batches(r) for r in range(plan.layout.world_size)]
+
+
+@pytest.mark.parametrize("layout", [Layout(2, 2, 8), Layout(3, 1, 5), Layout(1, 0, 16)])
+def test_every_row_once_plus_replays_and_equal_steps(layout: Layout) -> None:
+    rows, _ = make_rows([1, 37, 120, 9])
+    plan = plan_leg(rows, PARAMS, 0, layout)
+    per_rank = all_rank_batches(plan)
+    assert {len(b) for b in per_rank} == {plan.steps}
+    assert all(len(batch) == layout.batch_size for rb in per_rank for batch in rb)
+    seen = Counter(int(i) for rb in per_rank for batch in rb for i in batch)
+    assert set(seen) == set(range(len(rows)))
+    assert sum(seen.values()) == len(rows) + plan.replays
+    assert sum(c - 1 for c in seen.values()) == plan.replays
+    assert plan.replays < layout.global_batch
+
+
+def test_deterministic_and_different_per_epoch_and_rank_reassignment() -> None:
+    rows, _ = make_rows([40, 40, 40, 40])
+    layout = Layout(2, 2, 8)
+    a = all_rank_batches(plan_leg(rows, PARAMS, 3, layout))
+    b = all_rank_batches(plan_leg(rows, PARAMS, 3, layout))
+    c = all_rank_batches(plan_leg(rows, PARAMS, 4, layout))
+    flat = lambda x: [int(i) for rb in x for batch in rb for i in batch]  # noqa: E731
+    assert flat(a) == flat(b)
+    assert flat(a) != flat(c)
+    # Rank 0's sample set changes between epochs (not the same subset forever).
+    assert {int(i) for batch in a[0] for i in batch} != {int(i) for batch in c[0] for i in batch}
+    # Another seed, another order.
+    other = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, seed=8)
+    assert flat(all_rank_batches(plan_leg(rows, other, 3, layout))) != flat(a)
+
+
+def test_uneven_selection_one_and_5000() -> None:
+    rows, part = make_rows([1, 5000])
+    for layout in (Layout(2, 2, 32), Layout(3, 1, 32)):
+        plan = plan_leg(rows, PARAMS, 0, layout)
+        per_rank = all_rank_batches(plan)
+        assert {len(b) for b in per_rank} == {plan.steps}
+        seen = {int(i) for rb in per_rank for batch in rb for i in batch}
+        assert seen == set(range(5001))
+
+
+def test_mixing_batches_draw_from_many_partitions() -> None:
+    rows, part = make_rows([200] * 20)
+    plan = plan_leg(rows, PARAMS, 0, Layout(2, 2, 32))
+    partitions_per_batch = [
+        len(set(part[batch].tolist())) for rb in all_rank_batches(plan) for batch in rb
+    ]
+    assert np.mean(partitions_per_batch) >= 8
+
+
+def test_reads_stay_sequential_within_shards() -> None:
+    rows, _ = make_rows([200] * 10)
+    plan = plan_leg(rows, PARAMS, 0, Layout(2, 2, 32))
+    for chunks, read in zip(plan.slot_chunks, plan.slot_read, strict=True):
+        # The reader fetches chunk by chunk: each is a run of one shard in ascending offsets
+        # (one coalesced ranged read), long enough to amortise a request.
+        assert sum(len(c) for c in chunks) == len(read)
+        for chunk in chunks:
+            assert len(set(rows.shard[chunk].tolist())) == 1
+            assert np.all(np.diff(rows.offset[chunk]) > 0)
+        assert np.mean([len(c) for c in chunks]) >= PARAMS.chunk_size / 2
+    # Bounded shuffle: no sample is emitted further than the buffer from its read position.
+    for emit_pos in plan.slot_read_pos:
+        assert np.all(np.abs(emit_pos - np.arange(len(emit_pos))) < PARAMS.shuffle_buffer + 1)
+
+
+def test_pad_cap_names_the_flags() -> None:
+    rows, _ = make_rows([10])
+    with pytest.raises(PlanError, match="batch_size.*max_pad_fraction"):
+        plan_leg(rows, PARAMS, 0, Layout(4, 1, 8))
+    loose = PlanParams(version_hash="v", selection_digest="s", max_pad_fraction=5.0)
+    plan = plan_leg(rows, loose, 0, Layout(4, 1, 8))
+    assert plan.replays == 22
+
+
+def test_no_shuffle_is_manifest_order() -> None:
+    rows, _ = make_rows([30])
+    params = PlanParams(version_hash="v", selection_digest="s", shuffle=False, max_pad_fraction=1)
+    plan = plan_leg(rows, params, 0, Layout(1, 1, 10))
+    assert [int(i) for b in plan.rank_batches(0) for i in b] == list(range(30))
+    assert plan_leg(rows, params, 5, Layout(1, 1, 10)).slot_rows[0].tolist() == list(range(30))
+
+
+@pytest.mark.parametrize(
+    "first,second",
+    [
+        (Layout(2, 2, 8), Layout(2, 2, 8)),
+        (Layout(2, 2, 8), Layout(3, 1, 8)),
+        (Layout(3, 1, 8), Layout(2, 2, 12)),
+    ],
+)
+def test_resume_with_same_and_other_layout(first: Layout, second: Layout) -> None:
+    rows, _ = make_rows([61, 70, 33])
+    full = plan_leg(rows, PARAMS, 2, first)
+    k = 3
+    before = full.consumed(k)
+    if second == first:
+        rest = [full.step_rows(s) for s in range(k, full.steps)]
+        after = np.concatenate(rest)
+        # Same layout: the remaining batches are exactly the uninterrupted run's.
+        again = plan_epoch(rows, PARAMS, 2, first)
+        assert [b.tolist() for b in again.rank_batches(1)][k:] == [
+            b.tolist() for b in full.rank_batches(1)
+        ][k:]
+    else:
+        leg = plan_epoch(rows, PARAMS, 2, second, [Leg(first, k)])
+        per_rank = [leg.rank_batches(r) for r in range(second.world_size)]
+        assert {len(b) for b in per_rank} == {leg.steps}
+        after = np.concatenate([b for rb in per_rank for b in rb])
+        # Deterministic.
+        leg2 = plan_epoch(rows, PARAMS, 2, second, [Leg(first, k)])
+        assert np.array_equal(np.concatenate(leg2.slot_rows), np.concatenate(leg.slot_rows))
+    union = Counter(before.tolist() + after.tolist())
+    assert set(union) == set(range(len(rows)))
+    assert sum(union.values()) - len(rows) < first.global_batch + second.global_batch
+
+
+def test_plan_of_large_selection_is_fast() -> None:
+    import time
+
+    rows, _ = make_rows([240] * 1000, shard_size=240)
+    t0 = time.perf_counter()
+    plan = plan_leg(rows, PARAMS, 0, Layout(8, 4, 32))
+    assert time.perf_counter() - t0 < 5.0
+    assert plan.samples == 240_000
+
+
+def test_importing_shardlake_does_not_import_torch() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, shardlake, shardlake.query.dataset, shardlake.meta.keysets;"
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_split_segments_matches_a_chunk_by_chunk_split() -> None:
+    from shardlake.torch.plan import _split_segments
+
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(1, 9, size=200)
+    chunks = list(np.split(np.arange(int(lengths.sum()), dtype=np.int64), np.cumsum(lengths)[:-1]))
+    sizes = [
+        int(x) for x in np.diff(np.r_[0, np.sort(rng.choice(int(lengths.sum()), 7)), lengths.sum()])
+    ]
+    expected: list[list[list[int]]] = []
+    ci, cpos = 0, 0
+    for size in sizes:  # the reference: walk the chunks, splitting one that straddles a cut
+        seg, need = [], size
+        while need:
+            take = min(need, len(chunks[ci]) - cpos)
+            seg.append(chunks[ci][cpos : cpos + take].tolist())
+            need, cpos = need - take, cpos + take
+            if cpos == len(chunks[ci]):
+                ci, cpos = ci + 1, 0
+        expected.append(seg)
+    got = [[piece.tolist() for piece in seg] for seg in _split_segments(chunks, sizes)]
+    assert got == expected
+
+
+def test_plan_shape_2_lanes_open_runs_one_at_a_time() -> None:
+    rows, _ = make_rows([300] * 12, shard_size=300)
+    params = PlanParams(
+        version_hash="v" * 32, selection_digest="s" * 32, seed=3, chunk_size=40, interleave=6
+    )
+    plan = plan_leg(rows, params, 0, Layout(1, 2, 32))
+    for slot, (read, chunks) in enumerate(zip(plan.slot_read, plan.slot_chunks, strict=True)):
+        order = np.empty(len(read), dtype=np.int64)  # chunk of each read position
+        order[plan.slot_read_pos[slot]] = plan.slot_emit_chunk[slot]
+        first = np.array([np.flatnonzero(order == c)[0] for c in range(len(chunks))])
+        last = np.array([np.flatnonzero(order == c)[-1] for c in range(len(chunks))])
+        # Runs are first read in chunk order, and never more than `interleave` are open.
+        assert np.all(np.diff(first) >= 0)
+        open_runs = [int(np.sum((first <= p) & (last >= p))) for p in range(len(read))]
+        assert max(open_runs) == params.interleave
+        # Each run is read in ascending offsets (its samples in the order of its one GET).
+        for c in range(len(chunks)):
+            assert np.all(np.diff(rows.offset[read[order == c]]) > 0)
+    # Shape 1 (states saved before shape 2) is still planned, and plans another order.
+    old = plan_leg(rows, PlanParams(**{**params.__dict__, "shape": 1}), 0, Layout(1, 2, 32))
+    assert old.slot_rows[0].tolist() != plan.slot_rows[0].tolist()
+    with pytest.raises(PlanError, match="plan shape"):
+        PlanParams(version_hash="v", selection_digest="s", shape=3)
+
+
+def test_plan_shape_2_mixes_as_well_as_shape_1_with_longer_runs() -> None:
+    from shardlake.torch import batch_mixing
+
+    rows, part = make_rows([180] * 6, shard_size=180)
+    layout = Layout(1, 2, 32)
+    runs = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, seed=5, chunk_size=40)
+    chunks16 = PlanParams(**{**runs.__dict__, "shape": 1, "chunk_size": 16, "interleave": 16})
+    js = {}
+    for name, params in (("runs", runs), ("chunks16", chunks16)):
+        plans = [plan_leg(rows, params, e, layout) for e in range(4)]
+        js[name] = np.mean(
+            [batch_mixing([part[b] for b in p.rank_batches(0)], part).mean for p in plans]
+        )
+        lengths = [len(c) for p in plans for chunks in p.slot_chunks for c in chunks]
+        if name == "runs":
+            # Balanced runs (no short pieces besides slot boundaries and the one replay run),
+            # spread over shards, and at least min_slot_runs of them per slot.
+            assert np.median(lengths) >= 0.75 * 40
+            assert all(len(chunks) >= 2 for p in plans for chunks in p.slot_chunks)
+    assert js["runs"] <= js["chunks16"]
+
+
+def test_plan_shape_2_first_batches_need_the_first_runs_only() -> None:
+    from shardlake.torch.plan import _lane_starts
+
+    # Lanes open one after another over the first run's length, then one as each run ends.
+    starts = _lane_starts(np.full(40, 30, dtype=np.int64), 15, staggered=True)
+    assert starts[:15].tolist() == [2 * j for j in range(15)]
+    assert starts[15] == 30 and np.all(np.diff(starts) >= 0)
+    assert _lane_starts(np.full(40, 30, dtype=np.int64), 15)[:15].tolist() == [0] * 15
+    # A slot of 512 samples in ~17 runs: its first batch draws from a third of the runs (the
+    # first to open), so from an object store it waits for those GETs, not for all of them.
+    rows, part = make_rows([171] * 6, shard_size=171)
+    params = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, seed=1, chunk_size=30)
+    for epoch in range(3):
+        plan = plan_leg(rows, params, epoch, Layout(1, 2, 32))
+        for slot, chunks in enumerate(plan.slot_chunks):
+            first_batch = set(plan.slot_emit_chunk[slot][:32].tolist())
+            assert len(chunks) >= 15
+            assert len(first_batch) <= len(chunks) / 2 and max(first_batch) < len(chunks) / 2
+            # ...and still mixes: at least 4 of the 6 partitions in it.
+            assert len(set(part[plan.slot_rows[slot][:32]].tolist())) >= 4
