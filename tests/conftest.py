@@ -1,10 +1,12 @@
 """Shared fixtures: run any test on every store backend (see shardlake.testing.pytest_plugin)."""
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from support.torch import make_root
 
 # Off unless a test turns it on: request counts must not depend on what an earlier test (or
 # the user's ~/.cache) left in the node-local catalog cache (tests/read/test_catalog_cache.py).
@@ -42,3 +44,15 @@ def dask_cluster() -> Iterator[Any]:
 def dask_address(dask_cluster: Any) -> str:
     """The cluster's scheduler as shardlake's executor spec (``dask://127.0.0.1:PORT``)."""
     return str(dask_cluster.scheduler_address).replace("tcp://", "dask://")
+
+
+@pytest.fixture(scope="session")
+def packed_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path]]:
+    """A factory: ``packed_root(counts, **make_root_options)`` synthesizes a corpus of
+    ``len(counts)`` logs and packs it as ``v1``; ``(source, root)``. Every call makes its own root
+    in a fresh directory, so a test that damages one never meets another's."""
+
+    def make(counts: list[int], *, name: str = "packed", **options: Any) -> tuple[Path, Path]:
+        return make_root(tmp_path_factory.mktemp(name), counts, **options)
+
+    return make

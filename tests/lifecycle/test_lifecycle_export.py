@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.lifecycle import pack_small
+from support.lifecycle import pack_small, pack_synth
 
 import shardlake
 from shardlake import Store, open_store
@@ -17,12 +17,10 @@ from shardlake.format.layout import ROOT_INDEX, ROOT_MARKER
 from shardlake.meta.versions import read_root_marker, read_state
 from shardlake.source.npz import load_npz
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path) -> Store:
-    synth_corpus(src, 2, 3, seed=41, neighbors=2, lanes=4, format="nuplan")
-    return pack_small(location, src)
+    return pack_synth(location, src, 2, 3, seed=41, format="nuplan")
 
 
 def _data_objects(store: Store) -> dict[str, bytes]:

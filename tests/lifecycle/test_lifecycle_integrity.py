@@ -7,19 +7,17 @@ import shutil
 from pathlib import Path
 
 import pytest
-from support.lifecycle import pack_small
+from support.lifecycle import pack_synth
 
 import shardlake
 from shardlake import Store
 from shardlake.cli.main import main
 from shardlake.errors import FormatError
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path, **synth: object) -> Store:
-    synth_corpus(src, 3, 4, seed=31, neighbors=2, lanes=4, **synth)  # type: ignore[arg-type]
-    return pack_small(location, src)
+    return pack_synth(location, src, 3, 4, seed=31, **synth)
 
 
 def _first_row(store: Store) -> tuple[dict, dict, str]:  # type: ignore[type-arg]

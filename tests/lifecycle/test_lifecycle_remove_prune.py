@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from support.lifecycle import pack_small
+from support.lifecycle import pack_synth, packed_keys
 
 import shardlake
 from shardlake import open_store
@@ -15,15 +15,11 @@ from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
 from shardlake.meta.versions import read_state
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path, tag: str = "v1") -> list[str]:
-    if not src.exists():
-        synth_corpus(src, 3, 4, seed=3, neighbors=2, lanes=4)
-    pack_small(location, src, tag=tag)
-    ds = shardlake.open(location.url, **location.storage_options).dataset(tag)
-    return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
+    pack_synth(location, src, 3, 4, seed=3, tag=tag, reuse_source=True)
+    return packed_keys(location, tag)
 
 
 def _objects(location: StoreLocation) -> set[str]:

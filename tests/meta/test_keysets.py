@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support.lifecycle import pack_small
+from support.lifecycle import pack_synth, packed_keys
 
 import shardlake
 from shardlake import open_store
@@ -16,14 +16,11 @@ from shardlake.format.layout import keyset_key
 from shardlake.meta.keysets import parse_key_list
 from shardlake.query.keyset_build import create_keyset
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path) -> list[str]:
-    synth_corpus(src, 3, 3, seed=11, neighbors=2, lanes=4)
-    pack_small(location, src)
-    ds = shardlake.open(location.url, **location.storage_options).dataset()
-    return sorted(ds.manifests(columns=["key"]).column("key").to_pylist())
+    pack_synth(location, src, 3, 3, seed=11)
+    return packed_keys(location)
 
 
 @pytest.mark.parametrize("store_kind", ["local", "seaweedfs", "gcs"])

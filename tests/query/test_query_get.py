@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support.lifecycle import pack_small
+from support.lifecycle import pack_synth
 
 import shardlake
 from shardlake.cli.main import main
@@ -17,12 +17,10 @@ from shardlake.errors import FormatError, NotFoundError, SelectionError, Version
 from shardlake.source.npz import load_npz
 from shardlake.source.source_form import npz_bytes, sidecar_of
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 def _packed(location: StoreLocation, src: Path, **synth: object) -> None:
-    synth_corpus(src, 2, 3, seed=5, neighbors=2, lanes=4, **synth)  # type: ignore[arg-type]
-    pack_small(location, src)
+    pack_synth(location, src, 2, 3, seed=5, **synth)
 
 
 def _source_arrays(src: Path, key: str) -> dict[str, np.ndarray]:

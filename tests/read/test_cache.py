@@ -6,12 +6,13 @@ import multiprocessing as mp
 import os
 import signal
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from support.torch import assert_batch_equal, make_root
+from support.torch import assert_batch_equal
 
 from shardlake import open_store
 from shardlake.read.cache import LAYOUT, CacheBudgetWarning, EpochCache
@@ -22,8 +23,8 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("loader_engine")
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_root(tmp_path_factory.mktemp("cache"), [20, 20], shard_size=300_000)
+def corpus(packed_root: Callable[..., tuple[Path, Path]]) -> tuple[Path, Path]:
+    return packed_root([20, 20], name="cache", shard_size=300_000)
 
 
 def epoch(ds: ShardDataset, n: int, workers: int = 0) -> list[dict[str, Any]]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from support.torch import assert_batch_equal, make_root
+from support.torch import assert_batch_equal
 
 from shardlake import open_store
 from shardlake.errors import IntegrityError
@@ -17,8 +18,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_root(tmp_path_factory.mktemp("reread"), [12, 12], shard_size=10_000_000)[1]
+def root(packed_root: Callable[..., tuple[Path, Path]]) -> Path:
+    return packed_root([12, 12], name="reread", shard_size=10_000_000)[1]
 
 
 def _epoch(root: Path, injector: FaultInjector, rereads: int | None = None) -> list[dict]:

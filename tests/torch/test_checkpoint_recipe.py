@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from support.torch import make_root
 
 import shardlake
 from shardlake.torch import MixMember, ShardDataset
@@ -37,8 +37,8 @@ def assert_plain(value: Any, where: str = "") -> None:
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_root(tmp_path_factory.mktemp("ckpt"), [6, 10])[1]
+def root(packed_root: Callable[..., tuple[Path, Path]]) -> Path:
+    return packed_root([6, 10], name="ckpt")[1]
 
 
 def test_getting_started_checkpoint_loads_with_plain_torch_load(root: Path, tmp_path: Path) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.torch import assert_batch_equal, copy_root, flip_byte, make_root
+from support.torch import assert_batch_equal, copy_root, flip_byte
 
 from shardlake import Store, open_store
 from shardlake.errors import IntegrityError
@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.timeout(120), pytest.mark.usefixtures("loader_engine")
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_root(tmp_path_factory.mktemp("reader"), [30, 30], shard_size=400_000)
+def corpus(packed_root: Callable[..., tuple[Path, Path]]) -> tuple[Path, Path]:
+    return packed_root([30, 30], name="reader", shard_size=400_000)
 
 
 def test_coalesce_bounds_skimmed_bytes() -> None:

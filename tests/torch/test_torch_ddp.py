@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support.torch import copy_root, flip_byte, make_root, run_ranks
+from support.torch import copy_root, flip_byte, run_ranks
 
 from shardlake.torch import ShardDataset
 
@@ -21,8 +22,8 @@ K = 3  # steps before the "preemption"
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_root(tmp_path_factory.mktemp("ddp"), COUNTS, shard_size=2_000_000)
+def corpus(packed_root: Callable[..., tuple[Path, Path]]) -> tuple[Path, Path]:
+    return packed_root(COUNTS, name="ddp", shard_size=2_000_000)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,6 @@ from support.torch import (
     assert_batch_equal,
     copy_root,
     flip_byte,
-    make_root,
     npz_sample,
     reference_batch,
 )
@@ -44,13 +44,13 @@ COUNTS = [3, 40, 25, 12]  # 80 samples, uneven partitions
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_root(tmp_path_factory.mktemp("v2"), COUNTS)
+def corpus(packed_root: Callable[..., tuple[Path, Path]]) -> tuple[Path, Path]:
+    return packed_root(COUNTS, name="v2")
 
 
 @pytest.fixture(scope="module")
-def nuplan(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    return make_root(tmp_path_factory.mktemp("nuplan"), [9, 14], fmt="nuplan")
+def nuplan(packed_root: Callable[..., tuple[Path, Path]]) -> tuple[Path, Path]:
+    return packed_root([9, 14], name="nuplan", fmt="nuplan")
 
 
 def keys_of(batches: list[dict]) -> list[list[str]]:

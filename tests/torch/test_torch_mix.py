@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 import torch
-from support.torch import make_root
 
 from shardlake.errors import UsageError
 from shardlake.torch import MixMember, ShardDataset
@@ -18,12 +17,8 @@ BATCH = 8
 
 
 @pytest.fixture(scope="module")
-def roots(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
-    base = tmp_path_factory.mktemp("mix")
-    a = make_root(base / "a", [30, 50], seed=1)[1]
-    b = make_root(base / "b", [40], seed=2)[1]
-    c = make_root(base / "c", [7, 5], seed=3)[1]
-    return str(a), str(b), str(c)
+def roots(mix_roots: tuple[str, str, str]) -> tuple[str, str, str]:
+    return mix_roots
 
 
 def keyed(ds: ShardDataset, batches: list[dict]) -> list[list[tuple[str, str]]]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from support.torch import make_root, mix_rank_main, per_sample_loss, run_ranks
+from support.torch import mix_rank_main, per_sample_loss, run_ranks
 
 from shardlake import open_store
 from shardlake.testing.fixtures import new_location, shared_servers
@@ -24,11 +24,11 @@ K = 4  # steps before the preemption
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def run(
+    tmp_path_factory: pytest.TempPathFactory, mix_roots: tuple[str, str, str]
+) -> dict[str, Any]:
     base = tmp_path_factory.mktemp("mixddp")
-    a = make_root(base / "a", [30, 50], seed=1)[1]
-    b = make_root(base / "b", [40], seed=2)[1]
-    c = make_root(base / "c", [7, 5], seed=3)[1]
+    a, b, c = mix_roots
     s3 = new_location("s3", "mix", shared_servers())
     local, remote = open_store(str(b)), s3.open()
     for key in local.list():

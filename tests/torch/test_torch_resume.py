@@ -4,11 +4,11 @@ torch.distributed.checkpoint (DCP) ``Stateful`` objects."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch.distributed.checkpoint as dcp
-from support.torch import make_root
 from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
@@ -20,8 +20,8 @@ BATCH = 4
 
 
 @pytest.fixture(scope="module")
-def root(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(make_root(tmp_path_factory.mktemp("resume"), [9, 21], seed=4)[1])
+def root(packed_root: Callable[..., tuple[Path, Path]]) -> str:
+    return str(packed_root([9, 21], name="resume", seed=4)[1])
 
 
 def dataset(root: str) -> ShardDataset:
