@@ -210,3 +210,19 @@ def test_a_local_root_that_is_a_file_is_named(capsys, root, tmp_path):
         assert f"{afile} is a file, not a folder" in err, err
         assert len(err.strip().splitlines()) == 1, err
     assert afile.read_text() == "hi"
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["mixing", "ROOT", "--batch-size", "0"], "--batch-size"),
+        (["mixing", "ROOT", "--world-size", "0"], "--world-size"),
+        (["mixing", "ROOT", "--num-workers", "-1"], "--num-workers"),
+        (["bench", "load", "ROOT", "--batch-size", "0"], "--batch-size"),
+    ],
+)
+def test_an_out_of_range_count_is_a_usage_error_naming_the_flag(capsys, root, argv, flag):
+    code, _, err = _run(capsys, [root if a == "ROOT" else a for a in argv])
+    assert code == 2, err
+    assert f"argument {flag}: must be at least" in err
+    assert "batch_size" not in err and "Traceback" not in err

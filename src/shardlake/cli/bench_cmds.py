@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_max_pad_flag, add_selection_flags
+from .common import add_max_pad_flag, add_selection_flags, positive_int
 
 
 def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
@@ -67,7 +67,7 @@ def _register_load(bsub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("url", metavar="ROOT", help="dataset root URL")
     add_selection_flags(p)
-    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--batch-size", type=positive_int, default=32)
     p.add_argument(
         "--num-workers", type=int, default=2, help="loader slots (worker processes or streams)"
     )

@@ -10,7 +10,9 @@ from .common import (
     add_max_pad_flag,
     add_selection_flags,
     finish_command,
+    non_negative_int,
     open_root,
+    positive_int,
     print_json,
 )
 
@@ -138,7 +140,7 @@ def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--steps", type=int, default=20, help="training steps per rank")
     p.add_argument("--num-workers", type=int, default=1, help="loader workers per rank")
     p.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo, CPU)")
-    p.add_argument("--batch-size", type=int, default=8, help="per-rank batch size")
+    p.add_argument("--batch-size", type=positive_int, default=8, help="per-rank batch size")
     p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
     finish_command(p, _demo, opens_root=False)
 
@@ -198,9 +200,11 @@ def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("root", metavar="ROOT", help="dataset root URL")
     add_selection_flags(p)
-    p.add_argument("--batch-size", type=int, default=32, help="per-rank batch size")
-    p.add_argument("--num-workers", type=int, default=2, help="loader workers per rank")
-    p.add_argument("--world-size", type=int, default=1, help="ranks")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="per-rank batch size")
+    p.add_argument(
+        "--num-workers", type=non_negative_int, default=2, help="loader workers per rank"
+    )
+    p.add_argument("--world-size", type=positive_int, default=1, help="ranks")
     p.add_argument("--rank", type=int, help="only this rank's batches (default: all ranks)")
     p.add_argument("--epoch", type=int, default=0)
     p.add_argument("--seed", type=int, default=0)
