@@ -246,17 +246,18 @@ class Root:
 
         See :func:`shardlake.pack.wds_import.import_wds`; ``storage_options`` open the source.
         """
-        from .pack.wds_import import import_wds
+        from .pack.wds_import import TAR_SUFFIXES, import_wds, tar_urls
+        from .store.objects import open_objects
 
+        tars = open_objects(tar_urls(source), storage_options, suffixes=TAR_SUFFIXES)
         return import_wds(
             self.store,
-            source,
+            tars,
             tag,
             key_prefix=key_prefix,
             partition_by=partition_by,
             base=base,
             options=options,
-            storage_options=storage_options,
         )
 
     @_writes

@@ -33,11 +33,11 @@ import numpy as np
 from ..errors import SHOW_MAX, SourceError, UsageError
 from ..source.npz import load_npz
 from ..source.sidecar import parse_sidecar
-from ..store import Store, open_store
+from ..store import Store
 from .packer import PackReport
 from .writer import WriteOptions, Writer
 
-__all__ = ["PARTITION_BY", "import_wds", "tar_urls"]
+__all__ = ["PARTITION_BY", "TAR_SUFFIXES", "import_wds", "tar_urls"]
 
 PARTITION_BY = ("shard", "key")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
@@ -73,10 +73,6 @@ def _absolute(url: str) -> str:
     return url if "://" in url else os.path.abspath(os.path.expanduser(url))
 
 
-def _is_tar(name: str) -> bool:
-    return name.endswith(TAR_SUFFIXES)
-
-
 def _stem(name: str) -> str:
     """A tar's partition name: its path under the directory given (or its file name), less
     the suffix, so that ``a/x.tar`` and ``b/x.tar`` stay apart."""
@@ -85,24 +81,6 @@ def _stem(name: str) -> str:
         if base.endswith(suffix):
             return base[: -len(suffix)]
     return base
-
-
-def _open_tars(
-    urls: list[str], storage_options: dict[str, Any] | None
-) -> list[tuple[str, Store, str]]:
-    """``(url, store, key)`` of every tar: a URL naming no tar file is a directory of them."""
-    out: list[tuple[str, Store, str]] = []
-    for url in urls:
-        if _is_tar(url):
-            parent, _, name = url.rstrip("/").rpartition("/")
-            out.append((url, open_store(parent or "/", storage_options), name))
-            continue
-        store = open_store(url, storage_options)
-        names = sorted(k for k in store.list("") if _is_tar(k))
-        if not names:
-            raise SourceError(f"{url}: no .tar files here")
-        out.extend((store.key_url(k), store, k) for k in names)
-    return out
 
 
 def _numeric_text(data: bytes) -> np.ndarray[Any, Any] | None:
@@ -197,28 +175,26 @@ def _samples(url: str, store: Store, key: str, problems: list[str]) -> Iterator[
 
 def import_wds(
     root: Store,
-    source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    tars: Sequence[tuple[str, Store, str]],
     tag: str,
     *,
     key_prefix: str = "",
     partition_by: str = "shard",
     base: str | None = None,
     options: WriteOptions | None = None,
-    storage_options: dict[str, Any] | None = None,
 ) -> PackReport:
-    """Import the WebDataset tars of ``source`` into ``root`` as version ``tag``.
+    """Import the WebDataset tars (``(url, store, key)`` each, opened by the caller: see
+    :func:`tar_urls`) into ``root`` as version ``tag``.
 
     ``partition_by="shard"`` (default): one partition per tar, ``key_prefix + <tar name>``,
     keys ``<partition>/<webdataset key>``. ``partition_by="key"``: keys are ``key_prefix +
     <webdataset key>`` and a key's parent path is its partition (the keys need one).
-    ``storage_options`` open the source (the root is opened already).
     """
     if partition_by not in PARTITION_BY:
         raise UsageError(
             f"partition_by must be one of {', '.join(PARTITION_BY)}, not {partition_by!r}",
             options=("partition_by",),
         )
-    tars = _open_tars(tar_urls(source), storage_options)
     problems: list[str] = []
     with Writer(root, tag, base=base, options=options) as writer:
         for url, store, key in tars:
