@@ -13,11 +13,13 @@ import contextlib
 import io
 import json
 import sys
+import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 import shardlake
@@ -280,6 +282,41 @@ def test_export(world: World) -> None:
     report = world.open().export(api_dest, version="v3", dest_storage_options=world.options)
     assert report.to_json()["version"] == "v3"
     assert shardlake.open(api_dest, **world.options).latest.tag == "v3"
+
+
+def _wds_tar(samples: int, seed: int) -> bytes:
+    """A WebDataset tar: ``NNNNNN.ego.npy`` and ``NNNNNN.json`` per sample."""
+    rng = np.random.default_rng(seed)
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for i in range(samples):
+            npy = io.BytesIO()
+            np.save(npy, rng.standard_normal((4, 3)).astype(np.float32))
+            members = {f"{i:06d}.ego.npy": npy.getvalue(), f"{i:06d}.json": b'{"i": %d}' % i}
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_import_wds(world: World) -> None:
+    """The source tars on the same store, reached through --source-storage-option alone."""
+    tars = world.fresh("wds-src")
+    source = shardlake.open_store(tars, world.options)
+    for n in range(2):
+        source.write(f"part-{n}.tar", _wds_tar(3, seed=n))
+    dest = world.fresh("cli-wds")
+    source_flags = option_flags(world.options, "--source-storage-option")
+    doc = world.cli("import-wds", tars, dest, "--tag", "w1", *source_flags, "--json")
+    assert doc["samples"] == 6, doc
+    assert shardlake.open(dest, **world.options).latest.samples == 6
+
+    api_dest = world.fresh("api-wds")
+    root = shardlake.open(api_dest, **world.options)
+    report = root.import_wds(tars, "w1", storage_options=world.options)
+    assert report.to_json()["samples"] == 6
+    assert root.dataset("w1").get("part-1/000002")["ego"].shape == (4, 3)
 
 
 # --- store and loader -------------------------------------------------------------------------
