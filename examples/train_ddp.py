@@ -43,6 +43,7 @@ ranks come from the environment and ``--nproc`` is ignored.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -353,6 +354,12 @@ def run_rank(rank: int, world: int, args: argparse.Namespace) -> None:
                 flush=True,
             )
     dist.barrier()
+    # DDP's reducer holds the process group, and modules with hooks sit in reference cycles:
+    # free them now, so destroy_process_group() joins gloo's threads here. A group left to the
+    # collector at interpreter exit can abort the rank ("terminate called without an active
+    # exception", SIGABRT) when a gloo thread releases a tensor after finalization began.
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
