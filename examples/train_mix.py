@@ -22,6 +22,7 @@ record (versions, selections, per-source samples per epoch).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 from pathlib import Path
@@ -158,6 +159,8 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
             if args.checkpoint_every and step % args.checkpoint_every == 0:
                 save(ckpt, model, opt, loader, step)
             if step == args.stop_after_steps:
+                del model, opt  # see the end of this function
+                gc.collect()
                 dist.destroy_process_group()
                 return
         valid_loss, valid_count = validate(model, valid_loader, device)
@@ -173,6 +176,11 @@ def train(rank: int, world: int, args: argparse.Namespace) -> None:
             }
             with open(args.out / "log.jsonl", "a") as f:
                 f.write(json.dumps(line) + "\n")
+    # DDP's reducer holds the gloo group (and modules with hooks sit in cycles): freed now,
+    # destroy_process_group() joins gloo's threads here, not at interpreter exit, where a gloo
+    # thread releasing a tensor aborts the rank ("terminate called without an active exception").
+    del model, opt
+    gc.collect()
     dist.destroy_process_group()
 
 
