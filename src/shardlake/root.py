@@ -244,7 +244,10 @@ class Root:
     ) -> PackReport:
         """Import a WebDataset tar set (brace pattern, list or directory) as version ``tag``.
 
-        See :func:`shardlake.pack.wds_import.import_wds`; ``storage_options`` open the source.
+        ``partition_by="shard"`` (default): one partition per tar, ``key_prefix + <tar name>``,
+        keys ``<partition>/<webdataset key>``. ``partition_by="key"``: keys are ``key_prefix +
+        <webdataset key>`` and a key's parent path is its partition. ``storage_options`` open the
+        source.
         """
         from .pack.wds_import import TAR_SUFFIXES, import_wds, tar_urls
         from .store.objects import open_objects

@@ -1,1 +1,3 @@
 """The ``shardlake`` command line; one module per command group."""
+
+__all__: list[str] = []

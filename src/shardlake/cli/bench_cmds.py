@@ -7,6 +7,8 @@ from typing import Any
 
 from .common import add_max_pad_flag, add_selection_flags, positive_int
 
+__all__ = ["register_bench"]
+
 
 def register_bench(bsub: argparse._SubParsersAction[Any]) -> None:
     _register_pack(bsub)

@@ -9,6 +9,8 @@ from typing import Any
 
 from .common import finish_command, open_root, print_json
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""

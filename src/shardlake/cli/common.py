@@ -14,6 +14,21 @@ from ..errors import UsageError
 if TYPE_CHECKING:
     from shardlake import Root
 
+__all__ = [
+    "add_max_pad_flag",
+    "add_selection_flags",
+    "add_storage_flags",
+    "finish_command",
+    "flag_advice",
+    "non_negative_int",
+    "open_root",
+    "parse_storage_options",
+    "positive_int",
+    "print_json",
+    "progress_wanted",
+    "resolve_local_paths",
+]
+
 
 def _int_at_least(low: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``low`` (argparse names the flag, exit 2)."""

@@ -12,6 +12,8 @@ from typing import Any
 from ..errors import SHOW_MAX
 from .common import add_storage_flags, finish_command, open_root, print_json
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""

@@ -16,6 +16,8 @@ from .common import (
     progress_wanted,
 )
 
+__all__ = ["register"]
+
 
 def _task_flags(p: argparse.ArgumentParser) -> None:
     """``--quiet``, ``--workers`` and ``--executor``: every per-partition checker takes all three."""

@@ -34,6 +34,11 @@ from . import (
 )
 from .common import flag_advice, resolve_local_paths
 
+__all__ = [
+    "build_parser",
+    "main",
+]
+
 COMMAND_GROUPS = (
     pack_cmds,
     write_cmds,

@@ -16,6 +16,11 @@ from .common import (
     progress_wanted,
 )
 
+__all__ = [
+    "add_recipe_flags",
+    "register",
+]
+
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 

@@ -16,6 +16,8 @@ from .common import (
     print_json,
 )
 
+__all__ = ["register"]
+
 
 def _compare_runs(args: argparse.Namespace) -> int:
     from ..tools.compare_runs import compare_runs

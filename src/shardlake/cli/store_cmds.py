@@ -9,6 +9,8 @@ from shardlake import check_store
 
 from .common import finish_command, parse_storage_options, print_json
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""

@@ -8,6 +8,8 @@ from typing import Any
 from .common import add_storage_flags, finish_command, open_root, parse_storage_options, print_json
 from .pack_cmds import add_recipe_flags
 
+__all__ = ["register"]
+
 
 def register(sub: argparse._SubParsersAction[Any]) -> None:
     """Add this group's subcommands to the ``shardlake`` parser."""

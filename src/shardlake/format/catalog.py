@@ -25,6 +25,24 @@ import pyarrow.parquet as pq
 
 from ..errors import FormatError, IntegrityError
 
+__all__ = [
+    "MAX_LIVE_SEGMENTS",
+    "SEGMENT_ROW_GROUP",
+    "CatalogRef",
+    "ObjectRef",
+    "attached_catalog_key",
+    "coalesce",
+    "column_ranges",
+    "decode_partitions",
+    "decode_segment",
+    "encode_partitions",
+    "encode_segment",
+    "partitions_key",
+    "row_groups_for",
+    "segment_key",
+    "sha256_hex",
+]
+
 CATALOG_DIR = "catalog"
 # Rows per row group of a segment: small enough that one partition's query prunes most of a
 # large segment, large enough that a full scan is a few column chunks.

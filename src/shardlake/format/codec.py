@@ -19,6 +19,23 @@ import zstandard
 
 from ..errors import IntegrityError, SourceError
 
+__all__ = [
+    "CODEC_NAME",
+    "DEFAULT_LEVEL",
+    "Decoder",
+    "Encoder",
+    "TensorSpec",
+    "arrays_equal_exact",
+    "check_array",
+    "check_payload",
+    "decode_safetensors",
+    "encode_safetensors",
+    "frame_has_checksum",
+    "payload_checksum",
+    "safetensors_layout",
+    "to_python_strings",
+]
+
 CODEC_NAME = "safetensors+zstd"
 DEFAULT_LEVEL = 3
 META_ORDER = "shardlake.order"

@@ -15,6 +15,17 @@ from typing import Any
 from ..errors import FormatError
 from .catalog import CatalogRef
 
+__all__ = [
+    "COMMIT_SCHEMA",
+    "VERSION_SCHEMA",
+    "CommitRecord",
+    "GcLock",
+    "PartitionEntry",
+    "ShardEntry",
+    "VersionHeader",
+    "VersionRecord",
+]
+
 VERSION_SCHEMA_1 = "shardlake.version/1"  # partitions listed inline (format 1)
 VERSION_SCHEMA = "shardlake.version/2"  # partitions in the catalog the record references
 VERSION_SCHEMAS = (VERSION_SCHEMA_1, VERSION_SCHEMA)

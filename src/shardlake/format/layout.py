@@ -22,6 +22,32 @@ import re
 from ..errors import UsageError
 from ..store.backends.http import ROOT_INDEX_KEY
 
+__all__ = [
+    "COMMITS_DIR",
+    "DATA_DIR",
+    "FORMAT_VERSION",
+    "KEYSETS_DIR",
+    "PROBE_DIR",
+    "RECORD_FORMAT_VERSION",
+    "ROOT_INDEX",
+    "ROOT_MARKER",
+    "check_name",
+    "commit_key",
+    "commit_seq",
+    "escape_member_key",
+    "is_owned_key",
+    "keyset_key",
+    "manifest_key",
+    "member_name",
+    "natural_key",
+    "partition_id",
+    "revision_dir",
+    "shard_key",
+    "short_hash",
+    "unescape_member_key",
+    "version_key",
+]
+
 # Format of shards and manifests (part of a pack recipe: a change rebuilds every revision).
 FORMAT_VERSION = 1
 # Format of version records and the root (2: partitions and rows in the per-version catalog).

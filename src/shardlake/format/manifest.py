@@ -20,6 +20,18 @@ from ..errors import FormatError, SourceError
 from .documents import PartitionEntry
 from .layout import FORMAT_VERSION
 
+__all__ = [
+    "CORE_COLUMNS",
+    "CORE_SCHEMA",
+    "METADATA_MISMATCH",
+    "SIDECAR_CLASH_PREFIX",
+    "ManifestMeta",
+    "build_manifest_table",
+    "entry_mismatches",
+    "parse_manifest",
+    "write_manifest",
+]
+
 CORE_SCHEMA = pa.schema(
     [
         ("key", pa.string()),

@@ -17,6 +17,11 @@ from typing import Any
 from ..errors import FormatError
 from ..store.backends.http import INDEX_SCHEMA
 
+__all__ = [
+    "KeysetRef",
+    "RootIndex",
+]
+
 INDEX_DIGEST = "index_sha256"
 
 

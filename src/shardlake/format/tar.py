@@ -14,6 +14,13 @@ from typing import BinaryIO, NamedTuple
 from ..errors import FormatError
 from .layout import member_name
 
+__all__ = [
+    "BLOCK",
+    "END_OF_ARCHIVE",
+    "ShardWriter",
+    "iter_members",
+]
+
 BLOCK = 512
 END_OF_ARCHIVE = b"\0" * (2 * BLOCK)
 

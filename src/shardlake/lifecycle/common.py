@@ -21,6 +21,21 @@ from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payload
 from ..read.tasks import ExecutorSpec, Task, error_text, run_tasks
 from ..store import Store
 
+__all__ = [
+    "DEFAULT_WORKERS",
+    "Problem",
+    "ShardRow",
+    "check_shard_payloads",
+    "problem_counts",
+    "read_manifest_or_report",
+    "rows_by_shard",
+    "run_partition_tasks",
+    "shards_progress",
+    "task_problem",
+    "unique_revisions",
+    "version_closure",
+]
+
 # Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
 BATCH_BYTES = 32 * 2**20
 # Shards checked at once by scrub/verify (threads; memory bound is workers x BATCH_BYTES).

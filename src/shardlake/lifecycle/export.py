@@ -72,6 +72,13 @@ from .common import (
 )
 from .verify import check_shard_headers
 
+__all__ = [
+    "ExportOptions",
+    "ExportReport",
+    "NpzExportReport",
+    "export",
+]
+
 T = TypeVar("T")
 RowList = list[ShardRow]
 # Copies of one shard before export gives up on it (each copy is verified at the destination).

@@ -74,6 +74,15 @@ from ..progress.bar import Progress
 from ..store import Leftover, ObjectInfo, Store
 from .common import version_closure
 
+__all__ = [
+    "GcOptions",
+    "GcReport",
+    "break_lock",
+    "collect_garbage",
+    "new_lock",
+    "parse_duration",
+]
+
 DEFAULT_GRACE_S = 6 * 3600.0
 # The lease: a crashed gc's lock stops blocking publishes this long after its last renewal.
 LOCK_TTL_S = 60.0

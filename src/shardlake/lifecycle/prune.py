@@ -10,6 +10,11 @@ from ..errors import UsageError
 from ..meta.versions import RootState, retire_versions
 from ..store import Store
 
+__all__ = [
+    "PruneReport",
+    "prune",
+]
+
 
 @dataclass(frozen=True)
 class PruneReport:

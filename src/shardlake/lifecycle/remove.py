@@ -32,6 +32,12 @@ from ..read.manifests import read_entry_manifest, read_manifest
 from ..source.sidecar import skipped_note
 from ..store import Store
 
+__all__ = [
+    "RemoveOptions",
+    "RemoveReport",
+    "remove",
+]
+
 _DOC_FIELDS_SET_BY_PUBLISH = ("format", "format_version", "tag", "samples", "created_at")
 
 

@@ -30,6 +30,12 @@ from .common import (
     unique_revisions,
 )
 
+__all__ = [
+    "ScrubOptions",
+    "ScrubReport",
+    "scrub",
+]
+
 
 @dataclass
 class PartitionScrub:

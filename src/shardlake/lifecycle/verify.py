@@ -61,6 +61,16 @@ from .common import (
     task_problem,
 )
 
+__all__ = [
+    "OffsetsOptions",
+    "OffsetsReport",
+    "VerifyOptions",
+    "VerifyReport",
+    "check_shard_headers",
+    "verify_offsets",
+    "verify_version",
+]
+
 NPZ = ".npz"
 SIDECAR = ".json"
 # The kind of a problem whose shard bytes are intact (checksum matched) but whose source differs.

@@ -54,6 +54,19 @@ from ..store import Store
 if TYPE_CHECKING:
     from .versions import StoredVersion
 
+__all__ = [
+    "Catalog",
+    "CatalogInfo",
+    "attach_catalogs",
+    "catalog_mismatch",
+    "catalog_rows",
+    "load_catalog",
+    "node_catalog_cache",
+    "publish_catalog",
+    "read_partitions",
+    "rows_by_partition",
+]
+
 # Segments up to this size are read whole (one GET); larger ones by the column chunks wanted
 # when those are less than half the object.
 WHOLE_READ_BYTES = 8 * 2**20

@@ -21,6 +21,12 @@ from ..store import Store
 from .catalog import load_catalog
 from .versions import StoredVersion, load_version, read_state
 
+__all__ = [
+    "VersionDiff",
+    "compare_versions",
+    "diff_tags",
+]
+
 # The per-sample columns that identify its payload bytes (source_sha256 when recorded).
 _PAYLOAD_COLUMNS = ["key", "partition", "source_sha256", "crc32", "raw_size"]
 # Where the payload lies: differs when a partition is rebuilt, whatever changed. Every other

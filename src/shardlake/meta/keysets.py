@@ -47,6 +47,23 @@ from .versions import (
     utc_now,
 )
 
+__all__ = [
+    "Keyset",
+    "content_digest",
+    "decode_keyset",
+    "delete_keyset",
+    "is_retired",
+    "list_keyset_names",
+    "list_keysets",
+    "load_keyset",
+    "load_keyset_bytes",
+    "parse_key_list",
+    "publish_keyset",
+    "read_key_list",
+    "referenced_versions",
+    "tombstone_key",
+]
+
 KEYSET_SCHEMA = "shardlake.keyset/1"
 _PREFIX = "shardlake."
 

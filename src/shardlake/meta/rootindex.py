@@ -23,6 +23,13 @@ from ..format.layout import KEYSETS_DIR, ROOT_INDEX, keyset_key
 from ..format.rootindex import KeysetRef, RootIndex
 from ..store import Store
 
+__all__ = [
+    "check_indexed",
+    "index_problems",
+    "indexed_keyset",
+    "write_index",
+]
+
 log = logging.getLogger("shardlake.index")
 _PARQUET = ".parquet"
 _TOMBSTONE = ".json"

@@ -63,6 +63,39 @@ from ..store import Store
 from .catalog import Catalog, load_catalog, publish_catalog, read_partitions
 from .rootindex import write_index
 
+__all__ = [
+    "RECORD_DIGEST",
+    "RootState",
+    "StoredVersion",
+    "Version",
+    "build_version_doc",
+    "canonical_json",
+    "check_foreign",
+    "check_new_tag",
+    "commit_state",
+    "describe_lock",
+    "ensure_root",
+    "hash_bytes",
+    "live_versions",
+    "load_version",
+    "load_version_by_hash",
+    "load_version_bytes",
+    "lock_holder_gone",
+    "parse_root_marker",
+    "publish_version",
+    "read_commit",
+    "read_root_marker",
+    "read_state",
+    "refresh_index",
+    "require_root",
+    "resolve_tag",
+    "retire_versions",
+    "takeover_note",
+    "utc_now",
+    "version_of",
+    "versions_for",
+]
+
 ROOT_SCHEMA = "shardlake.root/1"
 
 

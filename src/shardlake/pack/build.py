@@ -63,6 +63,20 @@ from ..source.sidecar import is_skipped, read_sidecar
 from ..source.tree import NPZ, SIDECAR, SourcePartition
 from ..store import Store
 
+__all__ = [
+    "BuildResult",
+    "BuildTask",
+    "EncodedSample",
+    "Recipe",
+    "RevisionSource",
+    "build_partition",
+    "build_revision",
+    "encode_verified",
+    "load_npz",
+    "shuffle_order",
+    "verify_sample",
+]
+
 DEFAULT_SHARD_SIZE = 1 << 30
 # Keep npz bytes from the hashing pass for the encoding pass up to this much per partition.
 READ_CACHE_BYTES = 256 << 20

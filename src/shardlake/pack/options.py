@@ -9,6 +9,11 @@ from dataclasses import dataclass
 from ..progress.bar import DEFAULT_HEARTBEAT_S
 from ..read.tasks import ExecutorSpec as ExecutorSpec
 
+__all__ = [
+    "ExecutorSpec",
+    "PackOptions",
+]
+
 
 @dataclass(frozen=True)
 class PackOptions:

@@ -29,14 +29,14 @@ from ..meta.versions import (
 )
 from ..progress.bar import Progress
 from ..read.tasks import InlineExecutor, Task, error_text, executor_for, make_executor, run_tasks
-
-__all__ = ["InlineExecutor", "PackReport", "make_executor", "pack"]
 from ..source.tree import SourcePartition
 from ..store import Store
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
 from .publish import publish
+
+__all__ = ["InlineExecutor", "PackReport", "make_executor", "pack"]
 
 
 @dataclass

@@ -27,6 +27,16 @@ from ..store import Store
 from .build import BuildTask, Recipe
 from .options import PackOptions
 
+__all__ = [
+    "PackPlan",
+    "check_options",
+    "plan_builds",
+    "recipe_over",
+    "resolve_root",
+    "resolve_settings",
+    "scan_source",
+]
+
 
 @dataclass(frozen=True)
 class PackSettings:

@@ -8,6 +8,8 @@ from ..errors import ConflictError, OutcomeUnknownError
 from ..meta.versions import RootState, StoredVersion, describe_lock, publish_version, read_state
 from ..store import Store
 
+__all__ = ["publish"]
+
 PUBLISH_ATTEMPTS = 10
 
 

@@ -62,7 +62,16 @@ from .packer import PackReport
 from .plan import recipe_over, resolve_root
 from .publish import publish
 
-__all__ = ["WriteOptions", "Writer", "check_key", "partition_of_key"]
+__all__ = [
+    "EncodedRecord",
+    "WriteOptions",
+    "Writer",
+    "check_key",
+    "encode_record",
+    "partition_of_key",
+    "publish_written",
+    "resolve_write_settings",
+]
 
 # The partition rule a writer version records: a key's parent path (``partition=`` overrides).
 PARENT_RULE = PartitionRule(depth=None, regex=r"^(?P<partition>.+)/[^/]+$")

@@ -15,6 +15,12 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+__all__ = [
+    "DEFAULT_HEARTBEAT_S",
+    "Progress",
+    "human_bytes",
+]
+
 DEFAULT_INTERVAL_S = 2.0
 DEFAULT_HEARTBEAT_S = 60.0
 

@@ -33,6 +33,11 @@ if TYPE_CHECKING:
     from ..torch import ShardDataset
     from .selection import Selection
 
+__all__ = [
+    "Dataset",
+    "resolve_version",
+]
+
 _MANIFEST_READERS = 16
 _PAYLOAD_COLUMNS = ["key", "partition", "shard", "offset", "size", "crc32"]
 # Payload bytes fetched per batched read in iter_samples (bounds memory).

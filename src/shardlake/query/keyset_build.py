@@ -25,6 +25,14 @@ from ..source import pathlists
 from ..store import Store
 from .dataset import Dataset, resolve_version
 
+__all__ = [
+    "DisjointReport",
+    "KeysetReport",
+    "create_keyset",
+    "keyset_overlap",
+    "rebase_keyset",
+]
+
 
 def match_keys(
     ds: Dataset,

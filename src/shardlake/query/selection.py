@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from ..torch import ShardDataset
     from .dataset import Dataset
 
+__all__ = [
+    "Selection",
+    "require_disjoint",
+]
+
 
 @dataclass(frozen=True)
 class Selection:

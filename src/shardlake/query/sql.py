@@ -29,6 +29,12 @@ import pyarrow.compute as pc
 
 from ..errors import SelectionError
 
+__all__ = [
+    "check_where",
+    "select",
+    "select_mask",
+]
+
 VIEW = "manifest"
 DEFAULT_TIMEOUT_S = 300.0
 _MASK = "__shardlake_selected"

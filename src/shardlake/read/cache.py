@@ -40,6 +40,13 @@ import numpy as np
 
 from ..errors import UsageError
 
+__all__ = [
+    "DEFAULT_CACHE_BYTES",
+    "LAYOUT",
+    "CacheBudgetWarning",
+    "EpochCache",
+]
+
 DEFAULT_CACHE_BYTES = 64 * 2**30  # when cache_dir is given without cache_bytes
 LAYOUT = "shardlake-cache-1"
 LEDGER = "usage"

@@ -39,6 +39,12 @@ from typing import TypeVar
 
 from ..errors import UsageError
 
+__all__ = [
+    "LAYOUT",
+    "CatalogCache",
+    "catalog_cache",
+]
+
 T = TypeVar("T")
 
 ENV_DIR = "SHARDLAKE_CATALOG_CACHE"

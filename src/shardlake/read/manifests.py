@@ -13,6 +13,11 @@ from ..format.manifest import ManifestMeta, parse_manifest
 from ..store import Store
 from .verified import read_verified
 
+__all__ = [
+    "read_entry_manifest",
+    "read_manifest",
+]
+
 
 def read_manifest(
     store: Store, key: str, *, sha256: str | None = None

@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+__all__ = [
+    "DEFAULT_REQUEST_BYTES",
+    "ReadOptions",
+]
+
 MiB = 1 << 20
 DEFAULT_REQUEST_BYTES = 8 * MiB
 

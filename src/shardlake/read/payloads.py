@@ -21,6 +21,16 @@ from ..errors import IntegrityError, KeyNotFoundError, StoreError
 from ..format.codec import payload_checksum
 from ..store import Store
 
+__all__ = [
+    "CORRUPT_AT_REST",
+    "TRANSPORT",
+    "PayloadRead",
+    "PayloadRef",
+    "describe",
+    "fetch_payload",
+    "read_payloads",
+]
+
 CORRUPT_AT_REST = "corrupt at rest"
 TRANSPORT = "transport error"
 

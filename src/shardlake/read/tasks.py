@@ -24,6 +24,16 @@ from ..errors import SourceError, UsageError
 from ..progress.bar import Progress
 from ..store import Store
 
+__all__ = [
+    "ExecutorSpec",
+    "InlineExecutor",
+    "Task",
+    "error_text",
+    "executor_for",
+    "make_executor",
+    "run_tasks",
+]
+
 ExecutorSpec = str | cf.Executor | None
 
 

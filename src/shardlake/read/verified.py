@@ -21,6 +21,11 @@ from ..errors import FormatError
 from ..store import Store
 from .payloads import CORRUPT_AT_REST, TRANSPORT
 
+__all__ = [
+    "RefusedObjectError",
+    "read_verified",
+]
+
 T = TypeVar("T")
 
 

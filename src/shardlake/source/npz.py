@@ -26,6 +26,8 @@ import numpy as np
 
 from ..errors import SourceError
 
+__all__ = ["load_npz"]
+
 Arrays = dict[str, np.ndarray[Any, Any]]
 Inflate = Callable[[memoryview, int], bytes | bytearray]
 

@@ -21,6 +21,18 @@ from pathlib import Path
 
 from ..errors import SourceError
 
+__all__ = [
+    "NPZ",
+    "KeyMapping",
+    "PathEntry",
+    "is_json_list",
+    "map_keys",
+    "parse_entries",
+    "read_entries",
+    "read_source_paths",
+    "source_npz_paths",
+]
+
 NPZ = ".npz"
 SHOWN_CHARS = 120
 

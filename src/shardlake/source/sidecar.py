@@ -15,6 +15,13 @@ from typing import Any
 from ..errors import SourceError
 from ..format.documents import VersionRecord
 
+__all__ = [
+    "is_skipped",
+    "parse_sidecar",
+    "read_sidecar",
+    "skipped_note",
+]
+
 SKIPPED_FIELD = "is_skipped"
 
 

@@ -16,6 +16,13 @@ import numpy as np
 
 from ..format.manifest import CORE_COLUMNS, SIDECAR_CLASH_PREFIX
 
+__all__ = [
+    "npz_bytes",
+    "sidecar_json",
+    "sidecar_of",
+    "source_sha256",
+]
+
 # Every member's zip timestamp: np.savez stamps the current time, which would make the same
 # arrays hash differently from one second to the next.
 NPZ_DATE_TIME = (1980, 1, 1, 0, 0, 0)

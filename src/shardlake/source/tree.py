@@ -28,6 +28,18 @@ from ..errors import SourceError, UsageError
 from ..format.layout import partition_id, short_hash
 from .pathlists import read_entries, source_npz_paths
 
+__all__ = [
+    "NPZ",
+    "SIDECAR",
+    "PartitionRule",
+    "SourcePartition",
+    "SourceTree",
+    "discover",
+    "inspect_source",
+    "read_path_list",
+    "scoped_frame_keys",
+]
+
 NPZ = ".npz"
 SIDECAR = ".json"
 

@@ -282,8 +282,10 @@ __all__ = [
     "Verdict",
     "azure_error_code",
     "causes",
+    "chain",
     "classify",
     "http_status",
     "is_transient",
     "s3_error_code",
+    "status_of",
 ]

@@ -44,6 +44,19 @@ from .layers import Request, StoreLayer
 from .retry import RetryLoop, RetryPolicy, has_answered, mark_answered, split_retry_options
 from .url import ParsedURL, parse_url, redact
 
+__all__ = [
+    "PROBE_RECORD_KEY",
+    "PROBE_RECORD_TTL_S",
+    "ObjectInfo",
+    "ProbeCheck",
+    "ProbeInconclusiveError",
+    "Store",
+    "check_create_race",
+    "check_create_sequential",
+    "open_store",
+    "run_create_checks",
+]
+
 T = TypeVar("T")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+__all__ = ["credential_hint"]
+
 _CREDENTIAL_HINTS = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass key/secret "
     "in storage_options",

@@ -17,6 +17,12 @@ from urllib.parse import urlsplit
 from ..errors import InvalidURLError
 from .url import redact
 
+__all__ = [
+    "check_endpoint",
+    "configured_endpoint",
+    "endpoint_id",
+]
+
 _S3 = ("s3", "s3a")
 _GCS = ("gs", "gcs")
 

@@ -28,6 +28,8 @@ from .classify import azure_error_code, causes, chain, s3_error_code, status_of
 from .credentials import credential_hint
 from .url import redact
 
+__all__ = ["translate_error"]
+
 _NO_CREDENTIALS = (
     "unable to locate credentials",
     "nocredentialserror",

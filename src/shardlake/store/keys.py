@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from ..errors import InvalidKeyError
 
+__all__ = [
+    "TEMP_PREFIX",
+    "check_key",
+    "check_prefix",
+    "join_key",
+]
+
 # Temp files of in-flight local writes carry this prefix; keys may not, so listings skip them.
 TEMP_PREFIX = ".shardlake-tmp-"
 

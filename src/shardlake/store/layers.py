@@ -174,6 +174,7 @@ __all__ = [
     "Request",
     "RequestCounter",
     "StoreLayer",
+    "note_read_client",
     "payload_size",
     "read_request_log",
     "summarize_request_log",

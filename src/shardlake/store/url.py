@@ -9,6 +9,13 @@ from urllib.parse import urlsplit
 
 from ..errors import InvalidURLError
 
+__all__ = [
+    "ParsedURL",
+    "location",
+    "parse_url",
+    "redact",
+]
+
 _SECRET_QUERY = re.compile(r"(?i)(secret|token|key|password|signature|credential)[^=&]*=[^&]*")
 # Userinfo of any URL in the text (a library's message quotes the endpoint URL it used).
 _USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s\"'<>]*@")

@@ -234,5 +234,6 @@ def static_http_server(
 __all__ = [
     "Served",
     "StaticServer",
+    "self_signed_certificate",
     "static_http_server",
 ]

@@ -47,6 +47,11 @@ from typing import Any
 
 from ..errors import ShardlakeError
 
+__all__ = [
+    "ComparisonRefusedError",
+    "compare_runs",
+]
+
 ARGS_FILE = "args.json"
 LOG_FILE = "train_log.tsv"
 EPOCH_COLUMN = "epoch"

@@ -5,6 +5,12 @@ from __future__ import annotations
 import os
 import socket
 
+__all__ = [
+    "LOOPBACK",
+    "free_port",
+    "use_loopback_for_ddp",
+]
+
 LOOPBACK = "127.0.0.1"
 
 

@@ -40,6 +40,30 @@ from typing import Any
 
 from .localhost import LOOPBACK, free_port
 
+__all__ = [
+    "DEFAULT_BUCKET",
+    "DUMMY_KEY",
+    "DUMMY_SECRET",
+    "GCS_PROJECT",
+    "GCS_TEST_BLOCK_SIZE",
+    "REGION",
+    "S3_TEST_BLOCK_SIZE",
+    "GCSServer",
+    "MissingServerError",
+    "S3Server",
+    "StoreServer",
+    "StoreServers",
+    "_patched_env",
+    "fake_gcs_server",
+    "gcs_storage_options",
+    "moto_s3_server",
+    "s3_env",
+    "s3_storage_options",
+    "start_on_free_port",
+    "start_store_server",
+    "stop_process",
+]
+
 DEFAULT_BUCKET = "shardlake-test"
 
 

@@ -35,6 +35,12 @@ import numpy as np
 from ..errors import ConflictError
 from ..progress.bar import Progress
 
+__all__ = [
+    "SynthResult",
+    "synth_corpus",
+    "write_npz",
+]
+
 FORMATS = ("v2", "nuplan")
 LAYOUTS = ("flat", "converter")
 _LOCATIONS = ("odaiba", "shinjuku", "kashiwa")

@@ -22,6 +22,17 @@ from torch.utils.data import default_collate, get_worker_info
 from ..errors import FormatError, IntegrityError
 from ..format.codec import Decoder, TensorSpec, decode_safetensors, safetensors_layout
 
+__all__ = [
+    "BUFFER_KEY",
+    "BatchBuilder",
+    "BufferPool",
+    "LocalBufferPool",
+    "PayloadDecoder",
+    "collate_samples",
+    "make_sample",
+    "new_batch_tensors",
+]
+
 RefetchFn = Callable[[int], bytes]
 WhereFn = Callable[[int], str]
 

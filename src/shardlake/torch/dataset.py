@@ -61,6 +61,14 @@ from .threads import default_threads, ordered_map
 if TYPE_CHECKING:
     from .loader import ShardLoader
 
+__all__ = [
+    "INDEX_KEY",
+    "VALID_KEY",
+    "ShardDataset",
+    "SlotBatches",
+    "train_valid",
+]
+
 IntArrayT = np.ndarray[Any, np.dtype[np.int64]]
 VALID_KEY = "__valid__"  # bool per sample: False marks the padding of an exact pass
 INDEX_KEY = "__index__"  # int64 per sample: its row in ``ds.table`` (see ``ShardDataset.keys_of``)

@@ -12,6 +12,14 @@ import torch.distributed as dist
 from .. import errors as _errors
 from ..errors import PlanError, ShardlakeError
 
+__all__ = [
+    "RankSync",
+    "dist_info",
+    "distributed",
+    "masked_mean",
+    "masked_sum",
+]
+
 
 def dist_info() -> tuple[int, int]:
     """``(rank, world_size)`` of the default process group, ``(0, 1)`` without one."""

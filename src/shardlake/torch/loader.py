@@ -25,6 +25,12 @@ from .threads import ThreadBatches, default_threads
 if TYPE_CHECKING:
     from .dataset import ShardDataset  # which builds this loader (ShardDataset.loader)
 
+__all__ = [
+    "ShardLoader",
+    "pack_batch",
+    "unpack_batch",
+]
+
 STATE_FORMAT = "shardlake.loader-state/1"
 POOL_SIZE = 8  # reusable shared batch buffers per worker (prefetched + held by the user)
 # DataLoader options the thread engine takes (multiprocessing_context: harmless, ignored).

@@ -15,6 +15,13 @@ from typing import Any
 
 import numpy as np
 
+__all__ = [
+    "MixingReport",
+    "batch_mixing",
+    "js_distance",
+    "plan_mixing",
+]
+
 
 def js_distance(
     p: Sequence[float] | np.ndarray[Any, Any], q: Sequence[float] | np.ndarray[Any, Any]

@@ -12,6 +12,12 @@ from ..errors import UsageError, build_options
 from ..read.options import ReadOptions
 from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
 
+__all__ = [
+    "ENGINES",
+    "LoaderOptions",
+    "check_engine",
+]
+
 ENGINES = ("threads", "processes")
 DEFAULT_ENGINE = "threads"  # measured faster on this project's machines (docs/loader.md)
 ENGINE_ENV = "SHARDLAKE_LOADER_ENGINE"  # the default engine of this process and its children

@@ -57,6 +57,27 @@ import numpy as np
 
 from ..errors import PlanError
 
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_INTERLEAVE",
+    "DEFAULT_MAX_PAD_FRACTION",
+    "DEFAULT_SHUFFLE_BUFFER",
+    "MIN_SLOT_RUNS",
+    "PLAN_SHAPE",
+    "SHAPE1_INTERLEAVE",
+    "Cursor",
+    "Layout",
+    "Leg",
+    "LegPlan",
+    "PlanParams",
+    "ReadPlan",
+    "Rows",
+    "plan_epoch",
+    "plan_leg",
+    "resolve",
+    "selection_digest",
+]
+
 DEFAULT_MAX_PAD_FRACTION = 0.1
 DEFAULT_CHUNK_SIZE = 16
 DEFAULT_INTERLEAVE = 32  # lanes of plan shape 2

@@ -40,6 +40,17 @@ from ..read.options import DEFAULT_REQUEST_BYTES, ReadOptions
 from ..store import Store
 from .plan import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
 
+__all__ = [
+    "ChunkList",
+    "Payload",
+    "RowTable",
+    "SlotReader",
+    "coalesce",
+    "iter_ints",
+    "request_chunk_size",
+    "selection_members",
+]
+
 Payload = bytes | memoryview
 MAX_RUN_SAMPLES = 512  # plan shape 2, shuffled, request_bytes unset: samples per run at most
 DEFAULT_LOOKAHEAD = 32  # emits the reader asks for at once (the loader passes its batch size)

@@ -31,6 +31,18 @@ from .heap import trim_heap
 from .reader import RowTable
 from .strings import StringColumn, key_digest
 
+__all__ = [
+    "MixMember",
+    "combine",
+    "epoch_counts",
+    "epoch_rows",
+    "load_keys",
+    "paused_gc",
+    "release_set_up_memory",
+    "select_rows",
+    "selection_key_digest",
+]
+
 # The manifest columns the loader reads (a subset of format.manifest.CORE_COLUMNS).
 READER_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
 IntArray = np.ndarray[Any, np.dtype[np.int64]]

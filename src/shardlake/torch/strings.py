@@ -16,6 +16,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+__all__ = [
+    "LazyStrings",
+    "StringColumn",
+    "key_digest",
+]
+
 U8Array = np.ndarray[Any, np.dtype[np.uint8]]
 
 

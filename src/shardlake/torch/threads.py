@@ -34,6 +34,12 @@ from .plan import Cursor, Layout
 if TYPE_CHECKING:
     from .dataset import ShardDataset, SlotBatches
 
+__all__ = [
+    "ThreadBatches",
+    "default_threads",
+    "ordered_map",
+]
+
 _END = object()  # the feeder's last item
 _POLL_S = 0.1  # how often a blocked feeder looks whether the consumer has gone
 

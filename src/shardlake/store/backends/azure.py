@@ -13,6 +13,11 @@ from ..classify import azure_error_code, chain
 from ..retry import RetryPolicy
 from .base import BucketBackend
 
+__all__ = [
+    "AzureBackend",
+    "refused_create",
+]
+
 # Storage error codes of a 409 on a create that do not mean "the blob exists".
 _NOT_EXISTS_CONFLICTS = frozenset(
     {

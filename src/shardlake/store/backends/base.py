@@ -19,6 +19,16 @@ import fsspec
 from ..layers import note_read_client
 from ..retry import RetryPolicy
 
+__all__ = [
+    "Backend",
+    "BucketBackend",
+    "EndpointMismatch",
+    "Entry",
+    "Leftover",
+    "is_already_exists",
+    "is_unsatisfiable_range",
+]
+
 Entry = tuple[str, int, "float | None"]
 
 

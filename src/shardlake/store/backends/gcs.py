@@ -11,6 +11,11 @@ from ..classify import causes, http_status
 from ..retry import RetryPolicy
 from .base import BucketBackend
 
+__all__ = [
+    "GCSBackend",
+    "refused_create",
+]
+
 
 class GCSBackend(BucketBackend):
     """GCS (gcsfs): simple uploads replace atomically; create sends ``ifGenerationMatch=0``.

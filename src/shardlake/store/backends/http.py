@@ -33,6 +33,14 @@ from ..classify import chain
 from ..retry import RetryPolicy
 from .base import Backend, Entry, Leftover
 
+__all__ = [
+    "INDEX_SCHEMA",
+    "ROOT_INDEX_KEY",
+    "HTTPBackend",
+    "HTTPSBackend",
+    "RangeIgnoredWarning",
+]
+
 # The root index (format layer: shardlake.format.layout.ROOT_INDEX names the same object).
 ROOT_INDEX_KEY = "index.json"
 INDEX_SCHEMA = "shardlake.index/1"

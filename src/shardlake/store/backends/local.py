@@ -15,6 +15,8 @@ from ..keys import TEMP_PREFIX
 from ..layers import note_read_client
 from .base import Backend, Entry, Leftover
 
+__all__ = ["LocalBackend"]
+
 
 class LocalBackend(Backend):
     """Local disk and NFS: temp file + fsync, then ``os.link`` (create) or ``os.replace``.

@@ -10,6 +10,8 @@ from typing import BinaryIO
 
 from .base import Backend
 
+__all__ = ["MemoryBackend"]
+
 
 class MemoryBackend(Backend):
     """fsspec's in-process memory filesystem; a process-wide lock makes create atomic.

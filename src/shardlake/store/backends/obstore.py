@@ -31,6 +31,19 @@ from typing import Any
 
 from ..url import redact
 
+__all__ = [
+    "FSSPEC",
+    "FSSPEC_CLIENTS",
+    "OBSTORE",
+    "READ_CLIENT_OPTION",
+    "ObstoreReads",
+    "ReadClientWarning",
+    "obstore_config",
+    "obstore_config_or_reason",
+    "obstore_installed",
+    "warn_fallback",
+]
+
 READ_CLIENT_OPTION = "read_client"
 OBSTORE = "obstore"
 FSSPEC = "fsspec"

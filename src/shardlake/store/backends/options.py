@@ -19,6 +19,11 @@ from typing import Any
 
 from ...errors import UsageError
 
+__all__ = [
+    "accepted_options",
+    "check_storage_options",
+]
+
 # Options shardlake consumes itself (store layer), never handed to the filesystem.
 SHARDLAKE_OPTIONS = frozenset({"read_client", "retry_deadline", "retry_attempt_timeout"})
 # fsspec.AbstractFileSystem: its instance cache and listings cache (DirCache) options.

@@ -16,6 +16,12 @@ from .memory import MemoryBackend
 from .options import check_storage_options
 from .s3 import S3Backend
 
+__all__ = [
+    "check_protocol",
+    "make_backend",
+    "register_backend",
+]
+
 _BACKENDS: dict[str, type[Backend]] = {
     "file": LocalBackend,
     "local": LocalBackend,

@@ -14,6 +14,12 @@ from ..retry import RetryPolicy, call_with_retry
 from ..url import redact
 from .base import BucketBackend, EndpointMismatch, Leftover
 
+__all__ = [
+    "CREDENTIAL_REJECTED_CODES",
+    "S3Backend",
+    "refused_create",
+]
+
 # S3 error codes meaning the credentials themselves are wrong (not merely lacking permission).
 CREDENTIAL_REJECTED_CODES = frozenset(
     {

@@ -23,6 +23,15 @@ from typing import Any
 
 from ...errors import UsageError
 
+__all__ = [
+    "Calibration",
+    "CostModel",
+    "extrapolate",
+    "fit",
+    "load_partition_sizes",
+    "makespan",
+]
+
 
 @dataclass(frozen=True)
 class Calibration:

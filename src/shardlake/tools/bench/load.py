@@ -30,6 +30,8 @@ from .measure import (
     rate,
 )
 
+__all__ = ["bench_load"]
+
 # Printed with every result: the two rates differ by what they count (start-up or not).
 RATE_DEFINITIONS = {
     "samples_per_s": "steady rate: samples after the first batch over the time after it, all "

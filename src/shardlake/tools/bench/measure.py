@@ -13,6 +13,18 @@ from typing import Any
 
 from ...store import Store
 
+__all__ = [
+    "MB",
+    "CountingStore",
+    "MemorySampler",
+    "decode_cpu_s_per_sample",
+    "machine_info",
+    "peak_rss_bytes",
+    "process_tree_cpu_s",
+    "rate",
+    "read_counts",
+]
+
 MB = 1_000_000
 
 

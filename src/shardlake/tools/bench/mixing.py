@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 
+__all__ = ["mixing_summary"]
+
 
 def random_baseline(partition_of: Any, batch_size: int, seed: int = 0) -> dict[str, float]:
     """JS distances of batches drawn by a perfect global shuffle of the same selection.

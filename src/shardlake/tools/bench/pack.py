@@ -29,6 +29,14 @@ from ...progress.bar import Progress
 from .costmodel import Calibration, CostModel, extrapolate, fit, load_partition_sizes
 from .measure import MB, MemorySampler, machine_info, peak_rss_bytes, rate
 
+__all__ = [
+    "GOAL_VS_FLOOR",
+    "GOAL_VS_WEBDATASET",
+    "bench_pack",
+    "stage_ceilings",
+    "stage_costs",
+]
+
 
 def stage_costs(source: Path, files: list[Path], level: int = 3) -> dict[str, float]:
     """Per-frame milliseconds of each pack stage on one thread.
