@@ -9,7 +9,7 @@ Memory stays bounded: payloads are fetched per shard in multi-range batches of a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..format.documents import PartitionEntry
@@ -39,12 +39,7 @@ class PartitionScrub:
     problems: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition,
-            "samples": self.samples,
-            "bytes": self.bytes,
-            "problems": self.problems,
-        }
+        return asdict(self)
 
 
 @dataclass
