@@ -158,8 +158,5 @@ def scrub(store: Store, options: ScrubOptions) -> ScrubReport:
         report.partitions.append(part)
         report.problems.extend(problems)
     if store.backend.read_only is None:  # over HTTP the index is the listing: nothing to compare
-        state = read_state(store)
-        report.index_problems = index_problems(
-            store, state.seq, state.versions, state.retired, state.latest
-        )
+        report.index_problems = index_problems(store, read_state(store))
     return report
