@@ -37,6 +37,17 @@ def test_every_dtype_round_trips_bit_exact_in_order():
         assert arrays_equal_exact(array, out[name]), name
 
 
+# Little-endian arrays of these kinds go through the safetensors table (big-endian ones: raw).
+@pytest.mark.parametrize(
+    "dtype", ["?", "u1", "i1", "<u2", "<i2", "<u4", "<i4", "<u8", "<i8", "<f2", "<f4", "<f8"]
+)
+def test_each_safetensors_dtype_decodes_to_its_numpy_dtype(dtype: str) -> None:
+    array = np.arange(6).astype(dtype).reshape(2, 3)
+    out = Decoder().decode(Encoder().encode({"a": array})[1])["a"]
+    assert out.dtype == np.dtype(dtype) and out.shape == (2, 3)
+    assert out.tolist() == array.tolist()
+
+
 def test_encoding_is_deterministic():
     assert Encoder().encode(ARRAYS) == Encoder().encode(dict(ARRAYS))
 

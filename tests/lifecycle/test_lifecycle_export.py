@@ -135,6 +135,8 @@ def test_export_npz_is_bit_exact(
         shardlake.open(store).dataset().manifests(columns=["key"]).column("key").to_pylist()
     )
     assert report["samples"] == len(keys) == report["sidecars"]
+    assert set(report) == {"dest", "version", "samples", "sidecars", "bytes_written"}
+    assert report["bytes_written"] == sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     for key in keys:
         want = load_npz((src_dir / f"{key}.npz").read_bytes(), key)
         got = load_npz((out / f"{key}.npz").read_bytes(), key)

@@ -61,6 +61,11 @@ def test_flipped_byte_is_caught_and_named(
     store.write(shard, bytes(data))
     report = shardlake.open(store).scrub()
     assert not report.ok and len(report.problems) == 1
+    partitions = report.to_json()["partitions"]
+    assert [list(p) for p in partitions] == [["partition", "samples", "bytes", "problems"]] * len(
+        partitions
+    )
+    assert sum(p["problems"] for p in partitions) == 1
     problem = report.problems[0]
     assert (problem.key, problem.offset) == (row["key"], row["offset"]) and shard in problem.shard
     assert "checksum mismatch" in problem.message

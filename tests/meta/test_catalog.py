@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -173,6 +174,10 @@ def test_format_1_versions_load_and_get_an_attached_catalog(
     built = catalog_rows(store, v2)
     assert main(["catalog", str(root)]) == 0
     assert "attached" in capsys.readouterr().out
+    assert main(["catalog", str(root), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [set(row) for row in rows] == [{"tag", "hash", "catalog", "segments", "rows"}] * 2
+    assert [(r["tag"], r["catalog"]) for r in rows] == [("v1", "attached"), ("v2", "attached")]
     catalog_mod._built.clear()
     recorder = KeyRecorder()
     counted = store.with_layers(recorder)

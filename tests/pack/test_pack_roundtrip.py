@@ -18,7 +18,7 @@ from shardlake import open_store
 from shardlake.format.codec import arrays_equal_exact
 from shardlake.format.layout import unescape_member_key
 from shardlake.pack import verify_sample
-from shardlake.pack.build import load_npz, shuffle_order
+from shardlake.pack.build import Recipe, data_revision, load_npz, shuffle_order
 from shardlake.read.manifests import read_manifest
 from shardlake.tools.synth import synth_corpus
 
@@ -116,6 +116,21 @@ def test_shards_are_byte_identical_on_rebuild(tmp_path: Path) -> None:
     )
     assert v3.entries[0].data_rev != v1.entries[0].data_rev
     assert read_all(s3, v3).keys() == read_all(s1, v1).keys()
+
+
+def test_recipe_json_round_trips_and_its_data_rev_is_fixed() -> None:
+    recipe = Recipe(level=5, shard_size=4096, seed=7)
+    doc = recipe.to_json()
+    assert doc == {
+        "level": 5,
+        "shard_size": 4096,
+        "seed": 7,
+        "codec": "safetensors+zstd",
+        "format_version": 1,
+    }
+    assert Recipe.from_json(doc) == recipe
+    # data_rev hashes the recipe's canonical (sorted) JSON: no field order can move it.
+    assert data_revision(recipe, "drive/a", [("k1", "ab" * 32)]) == "fee712e9c938b4410789dce5"
 
 
 def test_shard_rolling_respects_target_size(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from shardlake.errors import (
     UsageError,
 )
 from shardlake.store import RequestCounter, RetryPolicy, Store, open_store
+from shardlake.store.backends.base import nested_options
 from shardlake.store.classify import Verdict, classify
 from shardlake.store.retry import RetryLoop
 from shardlake.testing.faults import FaultInjector, FaultPlan
@@ -154,6 +155,21 @@ def test_inner_library_retries_are_off(store_servers) -> None:
     short = open_store(s3.url("inner"), dict(s3.storage_options, retry_deadline=4))
     assert short.fs.config_kwargs["read_timeout"] == 4.0  # never longer than the deadline
     assert type(fs).__name__ == "SingleTryGCSFileSystem"
+
+
+def test_nested_options_keep_the_users_settings_but_not_over_forced_ones() -> None:
+    user = {"key": "k", "config_kwargs": {"read_timeout": 9, "retries": {"total_max_attempts": 5}}}
+    out = nested_options(
+        user, "config_kwargs", {"read_timeout": 3, "connect_timeout": 3}, {"retries": "one"}
+    )
+    assert out == {
+        "key": "k",
+        "config_kwargs": {"read_timeout": 9, "connect_timeout": 3, "retries": "one"},
+    }
+    assert user["config_kwargs"] == {"read_timeout": 9, "retries": {"total_max_attempts": 5}}
+    assert nested_options({"client_kwargs": None}, "client_kwargs", {"timeout": 1}) == {
+        "client_kwargs": {"timeout": 1}
+    }
 
 
 def lossy(store: Store, *plans: FaultPlan) -> tuple[Store, RequestCounter]:

@@ -56,20 +56,8 @@ _SAFETENSORS_DTYPES = {
     ("f", 4): "F32",
     ("f", 8): "F64",
 }
-_NUMPY_OF = {
-    "BOOL": np.dtype(np.bool_),
-    "U8": np.dtype(np.uint8),
-    "I8": np.dtype(np.int8),
-    "U16": np.dtype("<u2"),
-    "I16": np.dtype("<i2"),
-    "U32": np.dtype("<u4"),
-    "I32": np.dtype("<i4"),
-    "U64": np.dtype("<u8"),
-    "I64": np.dtype("<i8"),
-    "F16": np.dtype("<f2"),
-    "F32": np.dtype("<f4"),
-    "F64": np.dtype("<f8"),
-}
+# ... and back, little-endian (the safetensors byte order)
+_NUMPY_OF = {name: np.dtype(f"<{kind}{size}") for (kind, size), name in _SAFETENSORS_DTYPES.items()}
 # Raw-stored kinds: strings, bytes, complex. Object, void, datetime arrays are refused.
 _RAW_KINDS = {"U", "S", "c"}
 

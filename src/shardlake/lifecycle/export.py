@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -418,13 +418,7 @@ class NpzExportReport:
     bytes_written: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "dest": self.dest,
-            "version": self.version,
-            "samples": self.samples,
-            "sidecars": self.sidecars,
-            "bytes_written": self.bytes_written,
-        }
+        return asdict(self)
 
 
 def export_npz(

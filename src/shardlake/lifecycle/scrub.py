@@ -9,7 +9,7 @@ Memory stays bounded: payloads are fetched per shard in multi-range batches of a
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..format.documents import PartitionEntry
@@ -45,12 +45,7 @@ class PartitionScrub:
     problems: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "partition": self.partition,
-            "samples": self.samples,
-            "bytes": self.bytes,
-            "problems": self.problems,
-        }
+        return asdict(self)
 
 
 @dataclass
@@ -169,8 +164,5 @@ def scrub(store: Store, options: ScrubOptions) -> ScrubReport:
         report.partitions.append(part)
         report.problems.extend(problems)
     if store.backend.read_only is None:  # over HTTP the index is the listing: nothing to compare
-        state = read_state(store)
-        report.index_problems = index_problems(
-            store, state.seq, state.versions, state.retired, state.latest
-        )
+        report.index_problems = index_problems(store, read_state(store))
     return report

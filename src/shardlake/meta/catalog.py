@@ -19,7 +19,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -401,13 +401,7 @@ class CatalogInfo:
     rows: int
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "tag": self.tag,
-            "hash": self.hash,
-            "catalog": self.catalog,
-            "segments": self.segments,
-            "rows": self.rows,
-        }
+        return asdict(self)
 
 
 def attach_catalogs(store: Store, versions: Sequence[StoredVersion]) -> list[CatalogInfo]:

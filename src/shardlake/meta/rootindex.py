@@ -14,6 +14,7 @@ import json
 import logging
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,6 +23,9 @@ from ..errors import FormatError, KeyNotFoundError
 from ..format.layout import KEYSETS_DIR, ROOT_INDEX, keyset_key
 from ..format.rootindex import KeysetRef, RootIndex
 from ..store import Store
+
+if TYPE_CHECKING:
+    from .versions import RootState
 
 __all__ = [
     "check_indexed",
@@ -133,17 +137,9 @@ def build_index(
     )
 
 
-def write_index(
-    store: Store,
-    seq: int,
-    versions: Mapping[str, str],
-    retired: Sequence[str],
-    latest: str | None,
-    *,
-    strict: bool = False,
-) -> RootIndex | None:
-    """Rewrite ``index.json`` for commit ``seq`` (atomic overwrite; unchanged content is not
-    rewritten). An index already naming a later commit keeps that commit's state.
+def write_index(store: Store, state: RootState, *, strict: bool = False) -> RootIndex | None:
+    """Rewrite ``index.json`` for the commit of ``state`` (atomic overwrite; unchanged content
+    is not rewritten). An index already naming a later commit keeps that commit's state.
 
     The commit is what publishes; the index only mirrors it. So a failure here is logged with
     the fix (``shardlake index ROOT``) unless ``strict`` (the upgrade command) - readers over
@@ -153,6 +149,7 @@ def write_index(
             previous = read_index(store)
         except FormatError:
             previous = None  # damaged: rewritten from the commit log
+        seq, versions, retired, latest = state.seq, state.versions, state.retired, state.latest
         if previous is not None and previous.commit > seq:
             seq, versions = previous.commit, dict(previous.versions)
             retired, latest = previous.retired, previous.latest
@@ -175,15 +172,9 @@ def write_index(
         return None
 
 
-def index_problems(
-    store: Store,
-    seq: int,
-    versions: Mapping[str, str],
-    retired: Sequence[str],
-    latest: str | None,
-) -> list[str]:
-    """How the stored index differs from commit ``seq``'s state and the live keysets (each
-    keyset re-hashed); empty when it matches. A root without an index is not a problem (it was
+def index_problems(store: Store, state: RootState) -> list[str]:
+    """How the stored index differs from ``state`` (the commit log's) and the live keysets
+    (each keyset re-hashed); empty when it matches. A root without an index is not a problem (it was
     published before the index existed) but cannot be served over HTTP: say so."""
     try:
         stored = read_index(store)
@@ -191,7 +182,7 @@ def index_problems(
         return [f"{exc}; rewrite it with `shardlake index ROOT`"]
     if stored is None:
         return []
-    fresh = build_index(store, seq, versions, retired, latest)
+    fresh = build_index(store, state.seq, state.versions, state.retired, state.latest)
     problems = []
     where = store.key_url(ROOT_INDEX)
     if stored.commit != fresh.commit or (stored.versions, stored.retired, stored.latest) != (
@@ -199,7 +190,7 @@ def index_problems(
         fresh.retired,
         fresh.latest,
     ):
-        problems.append(f"{where} names commit {stored.commit}, the commit log is at {seq}")
+        problems.append(f"{where} names commit {stored.commit}, the commit log is at {state.seq}")
     if dict(stored.keysets) != dict(fresh.keysets):
         names = sorted(
             n

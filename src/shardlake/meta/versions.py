@@ -419,7 +419,7 @@ def commit_state(
             f"{store.url}: another writer committed (commit {base.seq + 1}) while this {op} ran; "
             "nothing was published by this run - re-run it"
         ) from exc
-    write_index(store, new.seq, new.versions, new.retired, new.latest)
+    write_index(store, new)
     return new
 
 
@@ -438,9 +438,7 @@ def refresh_index(store: Store, *, strict: bool = False) -> RootIndex | None:
     state = read_state(store)
     if strict:  # asked for: a wrong folder gets no index.json written into it
         require_root(store, state)
-    index = write_index(
-        store, state.seq, state.versions, state.retired, state.latest, strict=strict
-    )
+    index = write_index(store, state, strict=strict)
     if index is None and strict:  # write_index raises when strict; for the type checker
         raise FormatError(f"{store.url}: index not written")
     return index

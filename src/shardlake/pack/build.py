@@ -29,7 +29,7 @@ import queue
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, BinaryIO, cast
@@ -95,13 +95,7 @@ class Recipe:
     format_version: int = FORMAT_VERSION
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "codec": self.codec,
-            "level": self.level,
-            "shard_size": self.shard_size,
-            "seed": self.seed,
-            "format_version": self.format_version,
-        }
+        return asdict(self)
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Recipe:

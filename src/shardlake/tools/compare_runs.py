@@ -325,18 +325,9 @@ def diff_args(
     return equal, differences
 
 
-def _check_args(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
-    *,
-    ignore_args: Iterable[str] = (),
-    check_args: Iterable[str] = (),
-) -> tuple[list[str], list[ArgDifference]]:
-    """:func:`diff_args`, refusing (:class:`ComparisonRefusedError`) when a difference is not
+def _refuse_unignored(differences: Sequence[ArgDifference]) -> None:
+    """Raise :class:`ComparisonRefusedError` when a difference of :func:`diff_args` is not
     ignored."""
-    equal, differences = diff_args(
-        baseline, candidate, ignore_args=ignore_args, check_args=check_args
-    )
     problems = [d for d in differences if not d.ignored]
     if problems:
         ignored = len(differences) - len(problems)
@@ -351,7 +342,6 @@ def _check_args(
             )
             + ". If a setting truly cannot shift the loss, pass --ignore-arg NAME"
         )
-    return equal, differences
 
 
 def _short(d: ArgDifference) -> str:
@@ -403,9 +393,10 @@ def compare_runs(
     for d in (bdir, cdir):
         if not d.is_dir():
             raise ComparisonRefusedError(f"{d}: not a directory")
-    checked, differences = _check_args(
+    checked, differences = diff_args(
         read_args(bdir), read_args(cdir), ignore_args=ignore_args, check_args=check_args
     )
+    _refuse_unignored(differences)
     blog, clog = read_log(bdir), read_log(cdir)
     window = _plateau_window(blog, clog, plateau)
     metrics = _metrics_of(blog, clog, metrics)

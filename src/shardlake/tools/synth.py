@@ -85,6 +85,27 @@ def _padded(
     return out
 
 
+def _agents(
+    rng: np.random.Generator,
+    neighbors: int,
+    n_live: int,
+    *,
+    past: int,
+    ego_state: int,
+    current_state: int,
+) -> Arrays:
+    """The ego and neighbour tracks and static objects of both layouts (``past`` steps of
+    history, 80 of future; ``n_live`` of ``neighbors`` rows filled)."""
+    return {
+        "ego_agent_past": _quantised(rng, (past, ego_state), 0.3, 1e-3),
+        "ego_current_state": _quantised(rng, (current_state,), 0.5, 1e-4),
+        "ego_agent_future": _quantised(rng, (80, 3), 0.3, 1e-3),
+        "neighbor_agents_past": _padded(rng, (neighbors, past, 11), n_live, 0.2, 1e-2),
+        "neighbor_agents_future": _padded(rng, (neighbors, 80, 3), n_live, 0.2, 1e-2),
+        "static_objects": _padded(rng, (5, 10), int(rng.integers(0, 6)), 1.0, 1e-2),
+    }
+
+
 def _v2_frame(rng: np.random.Generator, neighbors: int, lanes: int) -> Arrays:
     n_live = int(rng.integers(0, max(1, neighbors // 2) + 1)) if neighbors else 0
     n_lanes = int(rng.integers(lanes // 4, lanes * 2 // 3 + 1))
@@ -102,12 +123,7 @@ def _v2_frame(rng: np.random.Generator, neighbors: int, lanes: int) -> Arrays:
     r_speed[r_has] = np.float32(13.41)
     return {
         "version": np.array([2], dtype=np.uint32),
-        "ego_agent_past": _quantised(rng, (31, 3), 0.3, 1e-3),
-        "ego_current_state": _quantised(rng, (10,), 0.5, 1e-4),
-        "ego_agent_future": _quantised(rng, (80, 3), 0.3, 1e-3),
-        "neighbor_agents_past": _padded(rng, (neighbors, 31, 11), n_live, 0.2, 1e-2),
-        "neighbor_agents_future": _padded(rng, (neighbors, 80, 3), n_live, 0.2, 1e-2),
-        "static_objects": _padded(rng, (5, 10), int(rng.integers(0, 6)), 1.0, 1e-2),
+        **_agents(rng, neighbors, n_live, past=31, ego_state=3, current_state=10),
         "lanes": _padded(rng, (lanes, 20, 33), n_lanes, 0.5, 1e-3),
         "lanes_speed_limit": speed,
         "lanes_has_speed_limit": has_speed,
@@ -131,12 +147,7 @@ def _nuplan_frame(rng: np.random.Generator, neighbors: int, lanes: int, token: s
     return {
         "map_name": np.array(_MAPS[int(rng.integers(len(_MAPS)))]),  # 0-d <U
         "token": np.array(token),
-        "ego_agent_past": _quantised(rng, (21, 7), 0.3, 1e-3),
-        "ego_current_state": _quantised(rng, (7,), 0.5, 1e-4),
-        "ego_agent_future": _quantised(rng, (80, 3), 0.3, 1e-3),
-        "neighbor_agents_past": _padded(rng, (neighbors, 21, 11), n_live, 0.2, 1e-2),
-        "neighbor_agents_future": _padded(rng, (neighbors, 80, 3), n_live, 0.2, 1e-2),
-        "static_objects": _padded(rng, (5, 10), int(rng.integers(0, 6)), 1.0, 1e-2),
+        **_agents(rng, neighbors, n_live, past=21, ego_state=7, current_state=7),
         "lanes": _padded(rng, (lanes, 20, 12), n_lanes, 0.5, 1e-2),
         "lanes_speed_limit": speed,
         "lanes_has_speed_limit": has_speed,

@@ -7,7 +7,7 @@ are never empty (``end > start``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
@@ -16,6 +16,7 @@ from typing import Any, BinaryIO
 
 import fsspec
 
+from ..classify import status_of
 from ..layers import note_read_client
 from ..retry import RetryPolicy
 
@@ -236,6 +237,20 @@ def _mtime_of(info: dict[str, Any]) -> float | None:
     return None
 
 
+def nested_options(
+    storage_options: Mapping[str, Any],
+    key: str,
+    defaults: Mapping[str, Any],
+    forced: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A copy of ``storage_options`` whose dict ``key`` (options a backend passes on to its
+    client library) has ``defaults`` where the user set nothing and ``forced`` over what they
+    set."""
+    options = dict(storage_options)
+    options[key] = {**defaults, **(options.get(key) or {}), **(forced or {})}
+    return options
+
+
 class EndpointMismatch(OSError):
     """The endpoint answered, but not in the store's protocol (a web page where S3 was expected)."""
 
@@ -353,3 +368,18 @@ class BucketBackend(Backend):
 
     def _create(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(path, data, mode="create")
+
+    def _create_or_exists(
+        self, path: str, data: bytes, refused: Callable[[BaseException], bool], **upload: Any
+    ) -> None:
+        """``pipe_file(mode="create")`` where the client may report the server's "it exists"
+        reply as some other error: ``refused`` (the backend's reading of its protocol) says when
+        it is one, and that is raised as :class:`FileExistsError`."""
+        try:
+            self.fs.pipe_file(path, data, mode="create", **upload)
+        except FileExistsError:
+            raise
+        except Exception as exc:
+            if refused(exc):
+                raise FileExistsError(f"{path}: already exists (HTTP {status_of(exc)})") from exc
+            raise

@@ -41,14 +41,7 @@ class GCSBackend(BucketBackend):
 
     def _create(self, path: str, data: bytes) -> None:
         # chunksize above the size keeps pipe_file on the simple (precondition-honouring) upload.
-        try:
-            self.fs.pipe_file(path, data, mode="create", chunksize=len(data) + 1)
-        except FileExistsError:
-            raise
-        except Exception as exc:
-            if refused_create(exc):
-                raise FileExistsError(f"{path}: already exists (HTTP 412)") from exc
-            raise
+        self._create_or_exists(path, data, refused_create, chunksize=len(data) + 1)
 
 
 def refused_create(exc: BaseException) -> bool:

@@ -31,7 +31,7 @@ from fsspec.asyn import sync
 from ...errors import CapabilityError, EndpointError, ReadOnlyStoreError
 from ..classify import chain
 from ..retry import RetryPolicy
-from .base import Backend, Entry, Leftover
+from .base import Backend, Entry, Leftover, nested_options
 
 __all__ = [
     "INDEX_SCHEMA",
@@ -95,17 +95,10 @@ class HTTPBackend(Backend):
         # The store's policy retries; each attempt is bounded by its request timeout.
         import aiohttp
 
-        options = dict(storage_options)
-        client_kwargs = dict(options.get("client_kwargs") or {})
-        client_kwargs.setdefault(
-            "timeout",
-            aiohttp.ClientTimeout(
-                total=None,
-                sock_connect=policy.request_timeout,
-                sock_read=policy.request_timeout,
-            ),
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=policy.request_timeout, sock_read=policy.request_timeout
         )
-        options["client_kwargs"] = client_kwargs
+        options = nested_options(storage_options, "client_kwargs", {"timeout": timeout})
         return fsspec.filesystem(protocol, **options)
 
     def _url(self, path: str) -> str:

@@ -9,10 +9,10 @@ from typing import Any
 
 import fsspec
 
-from ..classify import causes, http_status, is_transient, s3_error_code, status_of
+from ..classify import causes, http_status, is_transient, s3_error_code
 from ..retry import RetryPolicy, call_with_retry
 from ..url import redact
-from .base import BucketBackend, EndpointMismatch, Leftover
+from .base import BucketBackend, EndpointMismatch, Leftover, nested_options
 
 __all__ = [
     "CREDENTIAL_REJECTED_CODES",
@@ -101,25 +101,18 @@ class S3Backend(BucketBackend):
     ) -> fsspec.AbstractFileSystem:
         # One try per request at both botocore and s3fs: the store's policy does the retrying,
         # so attempts never multiply (5 x 5 x 5 before) and its deadline bounds the operation.
-        options = dict(storage_options)
-        config = dict(options.get("config_kwargs") or {})
-        config["retries"] = {"total_max_attempts": 1, "mode": "standard"}
-        config.setdefault("connect_timeout", policy.request_timeout)
-        config.setdefault("read_timeout", policy.request_timeout)
-        options["config_kwargs"] = config
+        timeouts = {
+            "connect_timeout": policy.request_timeout,
+            "read_timeout": policy.request_timeout,
+        }
+        one_try = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
+        options = nested_options(storage_options, "config_kwargs", timeouts, one_try)
         fs = fsspec.filesystem(protocol, **options)
         fs.retries = 1
         return fs
 
     def _create(self, path: str, data: bytes) -> None:
-        try:
-            self.fs.pipe_file(path, data, mode="create")
-        except FileExistsError:
-            raise
-        except Exception as exc:
-            if refused_create(exc):
-                raise FileExistsError(f"{path}: already exists (HTTP {status_of(exc)})") from exc
-            raise
+        self._create_or_exists(path, data, refused_create)
 
     def _open_for_write(self, path: str) -> Any:
         # The parts of a streaming upload are requests s3fs sends from the file object; they go
