@@ -71,6 +71,7 @@ __all__ = [
     "RevisionSource",
     "build_partition",
     "build_revision",
+    "data_revision",
     "encode_verified",
     "load_npz",
     "shuffle_order",

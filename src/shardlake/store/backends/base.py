@@ -28,6 +28,7 @@ __all__ = [
     "Leftover",
     "is_already_exists",
     "is_unsatisfiable_range",
+    "nested_options",
 ]
 
 Entry = tuple[str, int, "float | None"]
