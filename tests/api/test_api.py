@@ -23,8 +23,8 @@ from shardlake.errors import (
     VersionNotFoundError,
 )
 from shardlake.source.npz import load_npz
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 SMALL = shardlake.PackOptions(executor="inline", workers=1, shard_size=40_000)
 
