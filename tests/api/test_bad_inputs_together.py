@@ -11,7 +11,7 @@ import pytest
 
 from shardlake import open_store
 from shardlake.cli.main import main
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 
 def _source(base: Path) -> tuple[Path, list[str], list[str]]:

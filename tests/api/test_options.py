@@ -10,7 +10,7 @@ import shardlake
 from shardlake import VerifyOptions
 from shardlake.cli.main import main
 from shardlake.errors import UsageError
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 
 @pytest.fixture(scope="module")

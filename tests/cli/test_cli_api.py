@@ -78,7 +78,7 @@ def test_get_maps_a_training_list_of_absolute_paths(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import shardlake
-    from shardlake.tools.synth import synth_corpus
+    from shardlake.testing import synth_corpus
 
     src = tmp_path / "src"
     synth_corpus(src, 1, 3, seed=1, neighbors=2, lanes=4)

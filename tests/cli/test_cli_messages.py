@@ -10,7 +10,7 @@ import pytest
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import NotFoundError, SelectionError, VersionNotFoundError
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import pytest
 
 import shardlake
 from shardlake.cli.main import main
-from shardlake.tools.synth import SynthResult, synth_corpus
+from shardlake.testing import SynthResult, synth_corpus
 
 PARTITIONS = 12  # 3 locations x (train, valid) x dates/times: frames sit 4 directories deep
 FRAMES = 4

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import shardlake
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "train_ddp.py"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import shardlake
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 pytestmark = pytest.mark.timeout(600)
 

@@ -23,8 +23,8 @@ from shardlake.format.layout import ROOT_INDEX, commit_key, keyset_key, version_
 from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT
 from shardlake.store import Store
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 class FlipReads(Store):

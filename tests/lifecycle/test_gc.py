@@ -20,8 +20,8 @@ from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
 from shardlake.meta.versions import load_version, read_commit, read_state
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 def _pack(location: StoreLocation, src: Path, tag: str, **kw: object) -> None:

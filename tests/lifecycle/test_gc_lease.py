@@ -18,8 +18,8 @@ from shardlake.errors import AlreadyExistsError, ConflictError
 from shardlake.format.layout import COMMITS_DIR
 from shardlake.lifecycle.gc import new_lock
 from shardlake.meta.versions import RootState, commit_state, read_commit, read_state
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 JUNK = "data/junk/x/shard-000000.tar"
 

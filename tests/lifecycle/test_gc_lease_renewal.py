@@ -18,7 +18,7 @@ from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.meta.versions import read_state
 from shardlake.store.layers import Request
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 pytestmark = pytest.mark.timeout(180)
 

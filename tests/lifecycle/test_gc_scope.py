@@ -15,9 +15,9 @@ from shardlake import PackOptions
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, UsageError
 from shardlake.format.layout import is_owned_key
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.testing.servers import StoreServers
-from shardlake.tools.synth import synth_corpus
 
 FOREIGN = {
     "notes.txt": b"my notes",

@@ -14,8 +14,8 @@ from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
 from shardlake.format.layout import keyset_key, version_key
 from shardlake.meta.keysets import tombstone_key
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 from shardlake.torch import ShardDataset
 
 

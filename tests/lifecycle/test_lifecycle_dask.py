@@ -19,7 +19,7 @@ from shardlake.lifecycle.common import rows_by_shard
 from shardlake.meta.versions import load_version
 from shardlake.read.manifests import read_entry_manifest
 from shardlake.read.payloads import CORRUPT_AT_REST
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 distributed = pytest.importorskip("distributed")
 

@@ -13,8 +13,8 @@ from support.lifecycle import pack_small
 
 import shardlake
 from shardlake.cli.main import main
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 def _key(src: Path, npz: Path) -> str:

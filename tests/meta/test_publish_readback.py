@@ -15,7 +15,7 @@ from shardlake.errors import FormatError
 from shardlake.format.manifest import entry_mismatches, parse_manifest
 from shardlake.store import open_store
 from shardlake.store.layers import Request
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 PACK = {"workers": 1, "executor": "inline"}
 

@@ -5,7 +5,7 @@ import subprocess
 import sys
 import textwrap
 
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 
 def _run_script(tmp_path, body):

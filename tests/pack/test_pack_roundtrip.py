@@ -20,7 +20,7 @@ from shardlake.format.layout import unescape_member_key
 from shardlake.pack import verify_sample
 from shardlake.pack.build import Recipe, data_revision, load_npz, shuffle_order
 from shardlake.read.manifests import read_manifest
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 
 def every_dtype() -> dict[str, Any]:

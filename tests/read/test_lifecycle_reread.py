@@ -16,8 +16,8 @@ from shardlake import Store
 from shardlake.cli.main import main
 from shardlake.errors import IntegrityError
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 
 class FlakyReads(Store):

@@ -96,7 +96,7 @@ def test_missing_bucket_says_how_and_check_store_creates_it(
         f"to create it: shardlake check-store {server.scheme}://{bucket} --create-bucket"
     )
     if kind == "s3":  # the CLI shows the command (pack's first write meets the missing bucket)
-        from shardlake.tools.synth import synth_corpus
+        from shardlake.testing import synth_corpus
 
         synth_corpus(tmp_path / "src", 1, 2, seed=1, neighbors=2, lanes=4)
         flags = [f"--storage-option={k}={json.dumps(v)}" for k, v in options.items()]

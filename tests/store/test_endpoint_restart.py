@@ -22,8 +22,8 @@ import pytest
 import shardlake
 from shardlake.store import Request, RequestCounter, Store, open_store
 from shardlake.store.layers import read_request_log
+from shardlake.testing import synth_corpus
 from shardlake.testing.seaweedfs import SeaweedFSServer, seaweedfs_server
-from shardlake.tools.synth import synth_corpus
 from shardlake.torch import ShardDataset
 
 pytestmark = pytest.mark.timeout(300)

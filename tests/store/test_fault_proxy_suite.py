@@ -31,9 +31,9 @@ from shardlake.errors import ShardlakeError
 from shardlake.meta.versions import read_state
 from shardlake.store import Store, open_store
 from shardlake.store.classify import Verdict, classify
+from shardlake.testing import synth_corpus
 from shardlake.testing.proxy import FaultProxy
 from shardlake.testing.servers import S3Server, moto_s3_server
-from shardlake.tools.synth import synth_corpus
 from shardlake.torch import ShardDataset
 
 pytestmark = pytest.mark.timeout(300)

@@ -17,10 +17,10 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.format.layout import PROBE_DIR
 from shardlake.store import open_store
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.testing.proxy import CheckThenWriteGateway
 from shardlake.testing.servers import StoreServer
-from shardlake.tools.synth import synth_corpus
 
 pytestmark = pytest.mark.timeout(180)
 

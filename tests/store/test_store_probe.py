@@ -13,8 +13,8 @@ from shardlake.errors import CapabilityError
 from shardlake.store import Store, open_store
 from shardlake.store.core import PROBE_RECORD_KEY, PROBE_RECORD_TTL_S, ProbeInconclusiveError
 from shardlake.store.layers import Request
+from shardlake.testing import synth_corpus
 from shardlake.testing.faults import CheckThenWriteStore, FaultInjector, FaultPlan
-from shardlake.tools.synth import synth_corpus
 
 pytestmark = pytest.mark.timeout(120)
 

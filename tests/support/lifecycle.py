@@ -7,8 +7,8 @@ from typing import Any
 
 import shardlake
 from shardlake import Store
+from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
-from shardlake.tools.synth import synth_corpus
 
 SMALL_SHARD = 40_000  # several shards per partition even for tiny frames
 

@@ -14,7 +14,7 @@ from shardlake.format.codec import Decoder, check_payload
 from shardlake.format.tar import iter_members
 from shardlake.meta.versions import StoredVersion, load_version, load_version_by_hash, read_state
 from shardlake.read.manifests import read_manifest
-from shardlake.tools.synth import write_npz
+from shardlake.testing import write_npz
 
 
 def make_source(

@@ -16,7 +16,7 @@ from torch.utils.data import default_collate
 
 import shardlake
 from shardlake.format.codec import to_python_strings
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 
 def make_root(

@@ -142,7 +142,7 @@ def test_bench_pack_refuses_a_bad_corpus_table_before_calibrating(tmp_path: Path
 def test_bench_load_reports_throughput_bytes_and_mixing(
     store_location, store_kind: str, tmp_path: Path
 ):
-    from shardlake.tools.synth import synth_corpus
+    from shardlake.testing import synth_corpus
 
     src = synth_corpus(tmp_path / "src", 3, 12, seed=5, neighbors=4, lanes=4)
     shardlake.open(store_location.url, **store_location.storage_options).pack(src.root, tag="v1", workers=1)  # fmt: skip
@@ -192,7 +192,7 @@ def test_bench_load_reports_throughput_bytes_and_mixing(
 
 
 def test_mixing_command_shuffled_beats_unshuffled(tmp_path: Path):
-    from shardlake.tools.synth import synth_corpus
+    from shardlake.testing import synth_corpus
 
     src = synth_corpus(tmp_path / "src", 4, 16, seed=2, neighbors=4, lanes=4)
     shardlake.open(str(tmp_path / "root")).pack(src.root, tag="v1", workers=1)

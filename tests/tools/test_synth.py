@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from shardlake.cli.main import main
-from shardlake.tools.synth import synth_corpus
+from shardlake.testing import synth_corpus
 
 V2_ARRAYS = {
     "version": ("<u4", (1,)),

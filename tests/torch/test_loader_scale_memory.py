@@ -146,7 +146,7 @@ def test_keys_are_dropped_unless_batches_carry_them_and_read_back_on_demand(
     tmp_path: Path,
 ) -> None:
     import shardlake
-    from shardlake.tools.synth import synth_corpus
+    from shardlake.testing import synth_corpus
     from shardlake.torch.strings import LazyStrings
 
     src = tmp_path / "src"

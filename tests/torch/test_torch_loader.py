@@ -23,8 +23,8 @@ import shardlake
 from shardlake.errors import IntegrityError, PlanError, SelectionError
 from shardlake.store import RequestCounter, open_store
 from shardlake.store.layers import summarize_request_log
+from shardlake.testing import synth_corpus
 from shardlake.testing.faults import FaultInjector, FaultPlan
-from shardlake.tools.synth import synth_corpus
 from shardlake.torch import (
     ReadOptions,
     ShardDataset,

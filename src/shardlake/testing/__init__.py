@@ -12,10 +12,13 @@
   :mod:`shardlake.tools.loopback`), with the ``storage_options`` that reach them, plus
   :mod:`shardlake.testing.seaweedfs` (SeaweedFS, a real S3-compatible store) and
   :mod:`shardlake.testing.azurite` (Azurite, Azure Blob); ``StoreServers`` starts any of them.
+* ``synth_corpus`` - the synthetic driving-frame corpus ``shardlake synth`` writes, for tests
+  that need a source tree; ``write_npz`` / ``npz_bytes`` write deterministic ``.npz`` files.
 
 Nothing in the library imports this package; it needs the ``test`` extra.
 """
 
+from ..tools.synth import SynthResult, npz_bytes, synth_corpus, write_npz
 from .azurite import AzuriteServer, azurite_server
 from .seaweedfs import SeaweedFSServer, seaweedfs_server
 from .servers import (
@@ -33,9 +36,13 @@ __all__ = [
     "S3Server",
     "SeaweedFSServer",
     "StoreServers",
+    "SynthResult",
     "azurite_server",
     "fake_gcs_server",
     "moto_s3_server",
+    "npz_bytes",
     "seaweedfs_server",
     "start_store_server",
+    "synth_corpus",
+    "write_npz",
 ]

@@ -81,7 +81,7 @@ def sidecar(i: int) -> dict[str, Any]:
 
 
 def write_source(src: Path, count: int, changed: int | None = None) -> dict[str, dict[str, Any]]:
-    from shardlake.tools.synth import write_npz
+    from shardlake.testing import write_npz
 
     arrays: dict[str, dict[str, Any]] = {}
     logs = ["2021.05.12.22.00.38_veh-35_01008", "log.b", "log_c"]
