@@ -37,6 +37,7 @@ from ..progress.bar import Progress
 
 __all__ = [
     "SynthResult",
+    "npz_bytes",
     "synth_corpus",
     "write_npz",
 ]
