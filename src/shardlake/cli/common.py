@@ -1,4 +1,5 @@
-"""Helpers shared by the command groups: store options, JSON output, local paths."""
+"""What the commands share when they run: store options, opening the root, reports (text or
+``--json``), local paths, flag advice. The parser side is in ``flags``."""
 
 from __future__ import annotations
 
@@ -15,81 +16,39 @@ if TYPE_CHECKING:
     from shardlake import Root
 
 __all__ = [
-    "add_max_pad_flag",
-    "add_selection_flags",
-    "add_storage_flags",
-    "finish_command",
     "flag_advice",
-    "non_negative_int",
+    "flag_values",
     "open_root",
     "parse_storage_options",
-    "positive_int",
     "print_json",
+    "print_report",
     "progress_wanted",
     "resolve_local_paths",
 ]
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``low`` (argparse names the flag, exit 2)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {value}")
-        return value
-
-    parse.__name__ = "int"  # argparse's "invalid int value" wording for a non-number
-    return parse
-
-
-positive_int = _int_at_least(1)
-non_negative_int = _int_at_least(0)
-
-
-def add_json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
-
-
-def add_selection_flags(parser: argparse.ArgumentParser) -> None:
-    """``--version`` and one of ``--keyset`` / ``--where``: the loader commands' selection."""
-    parser.add_argument(
-        "--version", default=None, help="version tag (default: the keyset's version, or latest)"
-    )
-    sel = parser.add_mutually_exclusive_group()
-    sel.add_argument("--keyset", metavar="NAME", help="select by keyset")
-    sel.add_argument("--where", metavar="SQL", help="select by a WHERE over manifest columns")
-
-
-def add_max_pad_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-pad-fraction",
-        type=float,
-        default=None,
-        help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
-    )
-
-
-def finish_command(
-    parser: argparse.ArgumentParser,
-    func: Callable[[argparse.Namespace], int],
-    *,
-    opens_root: bool = True,
-) -> None:
-    """What every report command shares: ``--json``, ``--storage-option`` where it opens a
-    root, and the function that runs it."""
-    add_json_flag(parser)
-    if opens_root:
-        add_storage_flags(parser)
-    parser.set_defaults(func=func)
-
-
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, sort_keys=True, default=str)
     sys.stdout.write("\n")
+
+
+def print_report(
+    args: argparse.Namespace, doc: Any, text: str | Callable[[], object], *, ok: bool = True
+) -> int:
+    """How every report command ends: ``doc`` as JSON with ``--json``, else ``text`` (a line,
+    or a function that prints the lines); exit 0, or 1 when the report is not ``ok``."""
+    if args.json:
+        print_json(doc)
+    elif callable(text):
+        text()
+    else:
+        print(text)
+    return 0 if ok else 1
+
+
+def flag_values(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The flags whose dest is the library's option name, as keywords for that option."""
+    return {name: getattr(args, name) for name in names}
 
 
 # Arguments that name a local file, directory or store root. A relative value is resolved
@@ -115,24 +74,6 @@ def resolve_local_paths(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if isinstance(value, str) and value.strip() and value != "-" and "://" not in value:
             setattr(args, name, os.path.abspath(os.path.expanduser(value)))
-
-
-def add_storage_flags(
-    parser: argparse.ArgumentParser, prefix: str = "", what: str = "the root"
-) -> None:
-    """``--storage-option KEY=VALUE`` (repeatable) for what a command opens; with ``prefix``
-    (``dest``) the flag is ``--dest-storage-option`` for that other store."""
-    flag = f"--{prefix}-storage-option" if prefix else "--storage-option"
-    parser.add_argument(
-        flag,
-        dest=f"{prefix}_storage_options" if prefix else "storage_options",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"fsspec storage option for {what} (repeatable; VALUE is parsed as JSON when it "
-        "parses, else taken as a string); fsspec config files and FSSPEC_<PROTOCOL>_<OPTION> "
-        "environment variables apply too",
-    )
 
 
 def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:

@@ -10,28 +10,15 @@ import sys
 from typing import Any
 
 from ..errors import SHOW_MAX
-from .common import add_storage_flags, finish_command, open_root, print_json
+from . import flags
+from .common import open_root, print_report
+from .flags import Command
 
-__all__ = ["register"]
-
-
-def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add this group's subcommands to the ``shardlake`` parser."""
-    _add_query(sub)
-    _add_get(sub)
-    _add_keyset(sub)
-    _add_diff(sub)
+__all__ = ["COMMANDS"]
 
 
-def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "query",
-        help="run a sandboxed SQL WHERE over a version's manifests",
-        description="Print the manifest rows matching one SQL boolean expression (DuckDB, "
-        "sandboxed: no file or network access). Columns with dots need double quotes, "
-        "e.g. --where '\"skipping_info.label\" = 3'.",
-    )
-    p.add_argument("root", metavar="ROOT")
+def _query_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("--where", metavar="SQL", help="boolean expression over the manifest columns")
     p.add_argument(
         "--columns",
@@ -41,8 +28,9 @@ def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
         help="columns to output (default: all); repeatable, and COL may be a comma list "
         "(--columns key,timestamp)",
     )
-    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    flags.version(p)
     p.add_argument("--limit", type=int, default=None, help="print at most this many rows")
+    # query prints rows, not a report: its --json is one of three row formats
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="JSON lines, one object per row")
     fmt.add_argument(
@@ -51,102 +39,67 @@ def _add_query(sub: argparse._SubParsersAction[Any]) -> None:
         help="CSV with a header row (list and struct columns as JSON text)",
     )
     fmt.add_argument("--count", action="store_true", help="print only the number of rows")
-    add_storage_flags(p)
-    p.set_defaults(func=cmd_query)
 
 
-def _add_get(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "get",
-        help="fetch samples by key (one ranged read each) and show or save their arrays",
-        description="Fetch samples by key. With --out a single sample is written as a "
-        "bit-exact .npz; --out-dir writes <key>.npz for each key (and <key>.json sidecars).",
-    )
-    p.add_argument("root", metavar="ROOT")
+def _get_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("keys", metavar="KEY", nargs="*")
-    p.add_argument(
-        "--keys", dest="keys_file", metavar="FILE", help="also fetch the keys listed here"
-    )
-    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    flags.keys_file(p, "also fetch the keys listed here")
+    flags.version(p)
     p.add_argument("--out", metavar="FILE.npz", help="write the (single) sample to this npz file")
     p.add_argument("--out-dir", metavar="DIR", help="write <key>.npz (+ .json) for every key")
     p.add_argument(
         "--force", action="store_true", help="overwrite files that --out / --out-dir would write"
     )
-    finish_command(p, cmd_get)
 
 
-def _add_keyset(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "keyset",
-        help="named, immutable sample selections bound to one version",
-        description="keyset ROOT create NAME (--where SQL | --keys FILE) [--version T]; "
-        "keyset ROOT list; keyset ROOT show NAME; keyset ROOT check A B; "
-        "keyset ROOT rebase NAME --version B --as NEW; keyset ROOT delete NAME",
-    )
-    p.add_argument("root", metavar="ROOT")
-    ks = p.add_subparsers(dest="action", metavar="ACTION")
-    ks.required = True
-    c = ks.add_parser("create", help="select samples and publish a keyset (create-if-absent)")
-    c.add_argument("name", metavar="NAME")
-    how = c.add_mutually_exclusive_group(required=True)
+def _keyset_create_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME")
+    how = p.add_mutually_exclusive_group(required=True)
     how.add_argument("--where", metavar="SQL", help="boolean expression over the manifest columns")
-    how.add_argument(
-        "--keys",
-        dest="keys_file",
-        metavar="FILE",
-        help="text file of keys, or a JSON list of keys / .npz paths; absolute paths under the "
+    flags.keys_file(
+        how,
+        "text file of keys, or a JSON list of keys / .npz paths; absolute paths under the "
         "packed source map by themselves ('-': stdin)",
     )
-    c.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
-    c.add_argument(
+    flags.strip_prefix(p)
+    p.add_argument(
         "--allow-unmatched",
         type=int,
         metavar="N",
         help="accept exactly N entries that match no key (default 0)",
     )
-    c.add_argument("--version", dest="tag", default="latest", metavar="TAG")
-    finish_command(c, cmd_keyset_create)
-    c = ks.add_parser("list", help="list the keysets of the root")
-    finish_command(c, cmd_keyset_list)
-    c = ks.add_parser("show", help="describe one keyset")
-    c.add_argument("name", metavar="NAME")
-    c.add_argument("--keys", dest="show_keys", action="store_true", help="print every key")
-    finish_command(c, cmd_keyset_show)
-    c = ks.add_parser("check", help="prove two keysets disjoint (exit 1 if they overlap)")
-    c.add_argument("a", metavar="A")
-    c.add_argument("b", metavar="B")
-    finish_command(c, cmd_keyset_check)
-    c = ks.add_parser(
-        "rebase",
-        help="carry a keyset to another version as a new keyset (the keys it still has)",
-    )
-    c.add_argument("name", metavar="NAME")
-    c.add_argument("--version", dest="tag", required=True, metavar="TAG", help="the new version")
-    c.add_argument("--as", dest="new_name", required=True, metavar="NEW", help="the new keyset")
-    c.add_argument(
+    flags.version(p)
+
+
+def _name_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME")
+
+
+def _keyset_show_flags(p: argparse.ArgumentParser) -> None:
+    _name_arg(p)
+    p.add_argument("--keys", dest="show_keys", action="store_true", help="print every key")
+
+
+def _keyset_check_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("a", metavar="A")
+    p.add_argument("b", metavar="B")
+
+
+def _keyset_rebase_flags(p: argparse.ArgumentParser) -> None:
+    _name_arg(p)
+    p.add_argument("--version", dest="tag", required=True, metavar="TAG", help="the new version")
+    p.add_argument("--as", dest="new_name", required=True, metavar="NEW", help="the new keyset")
+    p.add_argument(
         "--strict", action="store_true", help="fail if a key is dropped or its payload changed"
     )
-    finish_command(c, cmd_keyset_rebase)
-    c = ks.add_parser("delete", help="retire a keyset (gc then releases what only it kept)")
-    c.add_argument("name", metavar="NAME")
-    finish_command(c, cmd_keyset_delete)
 
 
-def _add_diff(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "diff",
-        help="what changed between two versions (partitions and samples)",
-        description="Compare version A with version B: partitions added, removed, with new "
-        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed, "
-        "with different payload bytes (changed) or only a different sidecar (meta_changed). "
-        "Reads only the catalog objects that differ.",
-    )
-    p.add_argument("root", metavar="ROOT")
+def _diff_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("a", metavar="A", help="the older version (tag)")
     p.add_argument("b", metavar="B", help="the newer version (tag)")
     p.add_argument("--samples", action="store_true", help="list the keys too")
-    finish_command(p, cmd_diff)
 
 
 # --- query / get -------------------------------------------------------------------------------
@@ -250,14 +203,15 @@ def cmd_get(args: argparse.Namespace) -> int:
             if side is not None:
                 _write_file(_out_path(args.out_dir, sample.key, ".json"), side, args.force)
         described.append({"key": sample.key, "arrays": _describe(sample.arrays)})
-    if args.json:
-        print_json(described if len(described) != 1 else described[0])
-    else:
-        for item in described:
-            print(item["key"])
-            for name, info in item["arrays"].items():
-                print(f"  {name}: {info['dtype']} {tuple(info['shape'])}")
-    return 0
+    doc = described if len(described) != 1 else described[0]
+    return print_report(args, doc, lambda: _print_samples(described))
+
+
+def _print_samples(described: list[dict[str, Any]]) -> None:
+    for item in described:
+        print(item["key"])
+        for name, info in item["arrays"].items():
+            print(f"  {name}: {info['dtype']} {tuple(info['shape'])}")
 
 
 def _out_path(out_dir: str, key: str, suffix: str) -> str:
@@ -316,95 +270,92 @@ def cmd_keyset_create(args: argparse.Namespace) -> int:
         strip_prefix=args.strip_prefix,
         allow_unmatched=args.allow_unmatched,
     )
-    if args.json:
-        print_json(keyset.info())
-    else:
-        print(
-            f"keyset {keyset.name}: {len(keyset)} samples in {len(set(keyset.partitions))} "
-            f"partition(s), bound to version {keyset.version_tag} ({keyset.version_hash})"
-        )
-    return 0
+    return print_report(
+        args,
+        keyset.info(),
+        f"keyset {keyset.name}: {len(keyset)} samples in {len(set(keyset.partitions))} "
+        f"partition(s), bound to version {keyset.version_tag} ({keyset.version_hash})",
+    )
 
 
 def cmd_keyset_list(args: argparse.Namespace) -> int:
     keysets = open_root(args).keysets()
-    if args.json:
-        print_json([k.info() for k in keysets])
-    else:
-        for k in keysets:
-            origin = f"\trebased_from: {k.rebased_from}" if k.rebased_from else ""
-            print(f"{k.name}\t{len(k)} samples\tversion {k.version_tag} ({k.version_hash}){origin}")
-    return 0
+    return print_report(args, [k.info() for k in keysets], lambda: _print_keysets(keysets))
+
+
+def _print_keysets(keysets: list[Any]) -> None:
+    for k in keysets:
+        origin = f"\trebased_from: {k.rebased_from}" if k.rebased_from else ""
+        print(f"{k.name}\t{len(k)} samples\tversion {k.version_tag} ({k.version_hash}){origin}")
 
 
 def cmd_keyset_show(args: argparse.Namespace) -> int:
     keyset = open_root(args).keyset(args.name)
     info = keyset.info()
     keys = keyset.keys if args.show_keys else keyset.keys[:SHOW_MAX]
-    if args.json:
-        info["keys"] = keys
-        print_json(info)
-    else:
-        for name in ("name", "version", "version_hash", "samples", "partitions", "created_at"):
-            print(f"{name}: {info[name]}")
-        if keyset.rebased_from:
-            print(f"rebased_from: {keyset.rebased_from}")
-        print(f"recipe: {json.dumps(info['recipe'], sort_keys=True)}")
-        more = "" if args.show_keys or len(keyset) <= SHOW_MAX else f" (first {SHOW_MAX})"
-        print(f"keys{more}:")
-        for key in keys:
-            print(f"  {key}")
-    return 0
+    more = "" if args.show_keys or len(keyset) <= SHOW_MAX else f" (first {SHOW_MAX})"
+    return print_report(args, {**info, "keys": keys}, lambda: _print_keyset(info, keys, more))
+
+
+def _print_keyset(info: dict[str, Any], keys: list[str], more: str) -> None:
+    for name in ("name", "version", "version_hash", "samples", "partitions", "created_at"):
+        print(f"{name}: {info[name]}")
+    if info.get("rebased_from"):
+        print(f"rebased_from: {info['rebased_from']}")
+    print(f"recipe: {json.dumps(info['recipe'], sort_keys=True)}")
+    print(f"keys{more}:")
+    for key in keys:
+        print(f"  {key}")
 
 
 def cmd_keyset_check(args: argparse.Namespace) -> int:
     report = open_root(args).check_disjoint(args.a, args.b)
-    if args.json:
-        print_json(report.to_json())
-    elif report.disjoint:
+    return print_report(
+        args, report.to_json(), lambda: _print_overlap(args, report), ok=report.disjoint
+    )
+
+
+def _print_overlap(args: argparse.Namespace, report: Any) -> None:
+    if report.disjoint:
         print(f"keysets {args.a} and {args.b} are disjoint")
     else:
         print(f"keysets {args.a} and {args.b} share {report.overlap} key(s):")
         for key in report.examples:
             print(f"  {key}")
-    if not report.same_version and not args.json:
+    if not report.same_version:
         print("note: the two keysets are bound to different versions", file=sys.stderr)
-    return 0 if report.disjoint else 1
 
 
 def cmd_keyset_rebase(args: argparse.Namespace) -> int:
     report = open_root(args).rebase_keyset(
         args.name, args.tag, new_name=args.new_name, strict=args.strict
     )
-    if args.json:
-        print_json(report.to_json())
-        return 0
-    print(
+    return print_report(
+        args,
+        report.to_json(),
         f"keyset {report.name}: {report.kept} kept, {report.dropped} dropped, "
         f"{report.changed} changed; bound to version {report.version} ({report.version_hash}), "
-        f"rebased from {report.rebased_from}"
+        f"rebased from {report.rebased_from}",
     )
-    return 0
 
 
 def cmd_keyset_delete(args: argparse.Namespace) -> int:
     keyset = open_root(args).delete_keyset(args.name)
-    if args.json:
-        print_json({**keyset.info(), "deleted": True})
-    else:
-        print(
-            f"keyset {keyset.name} retired (it was bound to version {keyset.version_tag}); "
-            "gc releases what only it kept"
-        )
-    return 0
+    return print_report(
+        args,
+        {**keyset.info(), "deleted": True},
+        f"keyset {keyset.name} retired (it was bound to version {keyset.version_tag}); "
+        "gc releases what only it kept",
+    )
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
     diff = open_root(args).diff(args.a, args.b, samples=args.samples)
     doc = diff.to_json()
-    if args.json:
-        print_json(doc)
-        return 0
+    return print_report(args, doc, lambda: _print_diff(diff, doc))
+
+
+def _print_diff(diff: Any, doc: dict[str, Any]) -> None:
     parts, samples = doc["partitions"], doc["samples"]
     print(f"{diff.from_tag} ({diff.from_hash[:12]}) -> {diff.to_tag} ({diff.to_hash[:12]})")
     print(
@@ -422,4 +373,74 @@ def cmd_diff(args: argparse.Namespace) -> int:
     for name in ("added_keys", "removed_keys", "changed_keys", "meta_changed_keys"):
         for key in samples.get(name) or []:
             print(f"  {name[:-5]:<13} {key}")
-    return 0
+
+
+_KEYSET_ACTIONS = (
+    Command(
+        "create",
+        cmd_keyset_create,
+        _keyset_create_flags,
+        help="select samples and publish a keyset (create-if-absent)",
+    ),
+    Command("list", cmd_keyset_list, help="list the keysets of the root"),
+    Command("show", cmd_keyset_show, _keyset_show_flags, help="describe one keyset"),
+    Command(
+        "check",
+        cmd_keyset_check,
+        _keyset_check_flags,
+        help="prove two keysets disjoint (exit 1 if they overlap)",
+    ),
+    Command(
+        "rebase",
+        cmd_keyset_rebase,
+        _keyset_rebase_flags,
+        help="carry a keyset to another version as a new keyset (the keys it still has)",
+    ),
+    Command(
+        "delete",
+        cmd_keyset_delete,
+        _name_arg,
+        help="delete a keyset (gc then releases what only it kept)",
+    ),
+)
+
+COMMANDS = (
+    Command(
+        "query",
+        cmd_query,
+        _query_flags,
+        help="run a sandboxed SQL WHERE over a version's manifests",
+        description="Print the manifest rows matching one SQL boolean expression (DuckDB, "
+        "sandboxed: no file or network access). Columns with dots need double quotes, "
+        "e.g. --where '\"skipping_info.label\" = 3'.",
+        json=False,
+    ),
+    Command(
+        "get",
+        cmd_get,
+        _get_flags,
+        help="fetch samples by key (one ranged read each) and show or save their arrays",
+        description="Fetch samples by key. With --out a single sample is written as a "
+        "bit-exact .npz; --out-dir writes <key>.npz for each key (and <key>.json sidecars).",
+    ),
+    Command(
+        "keyset",
+        None,
+        flags.root,
+        help="named, immutable sample selections bound to one version",
+        description="keyset ROOT create NAME (--where SQL | --keys FILE) [--version T]; "
+        "keyset ROOT list; keyset ROOT show NAME; keyset ROOT check A B; "
+        "keyset ROOT rebase NAME --version B --as NEW; keyset ROOT delete NAME",
+        actions=_KEYSET_ACTIONS,
+    ),
+    Command(
+        "diff",
+        cmd_diff,
+        _diff_flags,
+        help="what changed between two versions (partitions and samples)",
+        description="Compare version A with version B: partitions added, removed, with new "
+        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed, "
+        "with different payload bytes (changed) or only a different sidecar (meta_changed). "
+        "Reads only the catalog objects that differ.",
+    ),
+)

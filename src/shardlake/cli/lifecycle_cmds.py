@@ -7,21 +7,16 @@ import sys
 from typing import Any
 
 from ..errors import SHOW_MAX
-from .common import (
-    add_storage_flags,
-    finish_command,
-    open_root,
-    parse_storage_options,
-    print_json,
-    progress_wanted,
-)
+from . import flags
+from .common import flag_values, open_root, parse_storage_options, print_report, progress_wanted
+from .flags import Command
 
-__all__ = ["register"]
+__all__ = ["COMMANDS"]
 
 
 def _task_flags(p: argparse.ArgumentParser) -> None:
     """``--quiet``, ``--workers`` and ``--executor``: every per-partition checker takes all three."""
-    p.add_argument("--quiet", action="store_true", help="no progress bar on stderr")
+    flags.quiet(p, "no progress bar on stderr")
     p.add_argument(
         "--workers", type=int, default=4, metavar="N", help="partitions checked at once (default 4)"
     )
@@ -34,40 +29,26 @@ def _task_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add this group's subcommands to the ``shardlake`` parser."""
-    _add_remove(sub)
-    _add_prune_version(sub)
-    _add_gc(sub)
-    _add_scrub(sub)
-    _add_export(sub)
-    _add_verify(sub)
-    _add_verify_offsets(sub)
+def _task_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options ``_task_flags`` sets, as every per-partition checker takes them."""
+    return {"progress": progress_wanted(args), **flag_values(args, "workers", "executor")}
 
 
-def _add_remove(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "remove",
-        help="publish a new version without some partitions or samples",
-        description="Publish TAG: the base version without the given partitions or samples. "
-        "Removing samples writes a new manifest revision, never new shards.",
-    )
-    p.add_argument("root", metavar="ROOT")
+def _remove_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("--tag", required=True, metavar="NEW")
     p.add_argument("--base", default="latest", metavar="TAG")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument(
         "--partition", nargs="+", metavar="ID_OR_PATH", help="partitions to drop (id or path)"
     )
-    what.add_argument("--keys", dest="keys_file", metavar="FILE", help="file of keys to drop")
+    flags.keys_file(what, "file of keys to drop")
     what.add_argument("--where", metavar="SQL", help="drop the samples matching this expression")
-    p.add_argument("--strip-prefix", metavar="OLD_ROOT", help="map absolute npz paths to keys")
-    finish_command(p, cmd_remove)
+    flags.strip_prefix(p)
 
 
-def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("prune-version", help="retire version tags (gc reclaims their bytes)")
-    p.add_argument("root", metavar="ROOT")
+def _prune_version_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("tags", metavar="TAG", nargs="*")
     p.add_argument(
         "--version",
@@ -75,22 +56,13 @@ def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
         action="append",
         default=[],
         metavar="TAG",
-        help="a tag to retire (repeatable; same as TAG)",
+        help="a tag to prune (repeatable; same as TAG)",
     )
-    p.add_argument("--force", action="store_true", help="also retire the version 'latest' names")
-    finish_command(p, cmd_prune)
+    p.add_argument("--force", action="store_true", help="also prune the version 'latest' names")
 
 
-def _add_gc(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "gc",
-        help="delete objects no live version or keyset references",
-        description="Delete unreferenced shards, manifests, version documents and staging "
-        "leftovers older than the grace period. Only names shardlake writes are candidates: "
-        "foreign objects under the root are counted and shown, never deleted. Writers that "
-        "started before gc must re-run their publish (they get a clear conflict error).",
-    )
-    p.add_argument("root", metavar="ROOT")
+def _gc_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
     p.add_argument("--grace", default="6h", metavar="DURATION", help="keep younger objects (6h)")
     p.add_argument(
@@ -99,108 +71,62 @@ def _add_gc(sub: argparse._SubParsersAction[Any]) -> None:
         help="only release the lock of a gc that died (publishes wait for it until it expires)",
     )
     p.add_argument("--yes", action="store_true", help="with --break-lock: do not ask")
-    finish_command(p, cmd_gc)
 
 
-def _add_scrub(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("scrub", help="re-read every payload and check its checksums")
-    p.add_argument("root", metavar="ROOT")
+def _scrub_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--version", dest="tag", default=None, metavar="TAG")
+    flags.version(which, default=None)
     which.add_argument("--all", action="store_true", help="every live version")
     _task_flags(p)
-    finish_command(p, cmd_scrub)
 
 
-def _add_export(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "export",
-        help="copy a version to another store (or write it out as npz + json)",
-        description="Copy a version's closure to DEST (any store URL), verifying checksums; "
-        "DEST becomes a self-contained root whose latest is that version. Re-running resumes. "
-        "With --format npz, DEST is a directory that receives <key>.npz and <key>.json.",
-    )
-    p.add_argument("root", metavar="ROOT")
+def _export_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("dest", metavar="DEST")
-    p.add_argument(
-        "--version",
-        dest="tag",
-        default=None,
-        metavar="TAG",
-        help="default: the version of the one --keyset given, else latest",
-    )
+    flags.version(p, None, "default: the version of the one --keyset given, else latest")
     p.add_argument(
         "--keyset", action="append", metavar="NAME", help="keyset(s) to carry (npz: to select)"
     )
     p.add_argument("--format", choices=("root", "npz"), default="root")
-    p.add_argument(
-        "--allow-foreign",
-        action="store_true",
-        help="export into a location that already holds other objects (gc leaves them alone)",
-    )
-    add_storage_flags(p, "dest", "DEST")
+    flags.allow_foreign(p, "export")
+    flags.storage(p, "dest", "DEST")
     _task_flags(p)
-    finish_command(p, cmd_export)
 
 
-def _add_verify(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "verify",
-        help="prove a version equals its source tree, bit for bit",
-    )
-    p.add_argument("root", metavar="ROOT")
+def _verify_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
     p.add_argument("--source", required=True, metavar="SOURCE")
-    add_storage_flags(p, "source", "SOURCE")
-    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+    flags.storage(p, "source", "SOURCE")
+    flags.version(p)
     p.add_argument(
         "--path-list",
         metavar="FILE",
         help="the source is only these frames (text or JSON list, relative or absolute paths)",
     )
-    p.add_argument(
-        "--strip-prefix",
-        metavar="OLD_ROOT",
-        help="absolute --path-list entries start with OLD_ROOT instead of SOURCE",
+    flags.strip_prefix(p, "absolute --path-list entries start with OLD_ROOT instead of SOURCE")
+    flags.include_exclude(
+        p, "{verb} source frames whose relative path matches, as pack did (repeatable)"
     )
-    for flag, verb in (("--include", "consider only"), ("--exclude", "leave out")):
-        p.add_argument(
-            flag,
-            action="append",
-            default=[],
-            metavar="GLOB",
-            help=f"{verb} source frames whose relative path matches, as pack did (repeatable)",
-        )
     p.add_argument("--allow-missing", type=int, default=None, metavar="N", help="exactly N missing")
     p.add_argument("--expected-partitions", type=int, default=None, metavar="N")
     _task_flags(p)
-    finish_command(p, cmd_verify)
 
 
-def _add_verify_offsets(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "verify-offsets",
-        help="check manifest offsets against tar headers and manifests against the version",
-    )
-    p.add_argument("root", metavar="ROOT")
-    p.add_argument("--version", dest="tag", default="latest", metavar="TAG")
+def _verify_offsets_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
+    flags.version(p)
     _task_flags(p)
-    finish_command(p, cmd_verify_offsets)
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
     report = open_root(args).remove(
         args.tag,
-        base=args.base,
         partitions=args.partition,
         key_file=args.keys_file,
-        strip_prefix=args.strip_prefix,
-        where=args.where,
+        **flag_values(args, "base", "strip_prefix", "where"),
     )
-    if args.json:
-        print_json(report.to_json())
-    else:
-        print(report.summary())
-    return 0
+    return print_report(args, report.to_json(), report.summary())
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
@@ -208,31 +134,32 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     tags = list(dict.fromkeys([*args.tags, *args.version_tags]))
     if not tags:
-        raise UsageError("name the version(s) to retire: TAG or --version TAG")
+        raise UsageError("name the version(s) to prune: TAG or --version TAG")
     report = open_root(args).prune(tags, force=args.force)
-    if args.json:
-        print_json(report.to_json())
-    else:
-        print(f"retired {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
-        print("run 'shardlake gc' to reclaim their storage")
-        for tag, names in report.pinned.items():
-            print(
-                f"version {tag} is still kept by keyset(s) {', '.join(names)}: gc reclaims it "
-                "once they are deleted ('shardlake keyset ROOT delete NAME')"
-            )
-    return 0
+    return print_report(args, report.to_json(), lambda: _print_pruned(report))
+
+
+def _print_pruned(report: Any) -> None:
+    print(f"pruned {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
+    print("run 'shardlake gc' to reclaim their storage")
+    for tag, names in report.pinned.items():
+        print(
+            f"version {tag} is still kept by keyset(s) {', '.join(names)}: gc reclaims it "
+            "once they are deleted ('shardlake keyset ROOT delete NAME')"
+        )
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from ..progress.bar import human_bytes
-
     if args.break_lock:
         return _break_lock(args)
     # Through the Root the flags opened: its storage options reach every request.
     report = open_root(args).gc(grace_s=args.grace, dry_run=args.dry_run)
-    if args.json:
-        print_json(report.to_json())
-        return 0
+    return print_report(args, report.to_json(), lambda: _print_gc(args, report))
+
+
+def _print_gc(args: argparse.Namespace, report: Any) -> None:
+    from ..progress.bar import human_bytes
+
     verb = "would delete" if args.dry_run else "deleted"
     for info in report.garbage:
         print(f"{verb} {info.key} ({info.size} bytes)")
@@ -252,7 +179,6 @@ def cmd_gc(args: argparse.Namespace) -> int:
             f"{len(report.foreign)} foreign object(s) under the root, left alone "
             f"(not written by shardlake): {shown}{more}"
         )
-    return 0
 
 
 def _break_lock(args: argparse.Namespace) -> int:
@@ -272,48 +198,42 @@ def _break_lock(args: argparse.Namespace) -> int:
             print("lock kept", file=sys.stderr)
             return 1
     broken = root.break_gc_lock()
-    if args.json:
-        print_json({"broken": None if broken is None else broken.to_json()})
-    else:
-        print(f"broke the gc lock: {'-' if broken is None else broken.describe()}")
-    return 0
+    return print_report(
+        args,
+        {"broken": None if broken is None else broken.to_json()},
+        f"broke the gc lock: {'-' if broken is None else broken.describe()}",
+    )
 
 
 def cmd_scrub(args: argparse.Namespace) -> int:
+    report = open_root(args).scrub(args.tag, all_versions=args.all, **_task_options(args))
+    return print_report(args, report.to_json(), lambda: _print_scrub(report), ok=report.ok)
+
+
+def _print_scrub(report: Any) -> None:
     from ..progress.bar import human_bytes
 
-    report = open_root(args).scrub(
-        args.tag,
-        all_versions=args.all,
-        progress=progress_wanted(args),
-        workers=args.workers,
-        executor=args.executor,
-    )
-    if args.json:
-        print_json(report.to_json())
-    else:
-        for part in report.partitions:
-            status = "ok" if not part.problems else f"{part.problems} PROBLEM(S)"
-            print(f"{part.partition}\t{part.samples} samples\t{human_bytes(part.bytes)}\t{status}")
-        for problem in report.problems:
-            label = "corrupt" if problem.corrupt_at_rest else "unreadable"
-            print(f"{label}: {problem}", file=sys.stderr)
-        for text in report.index_problems:
-            print(f"index: {text}", file=sys.stderr)
-        counts = report.to_json()
-        print(
-            f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
-            f"{', '.join(report.versions)}: "
-            + (
-                "ok"
-                if report.ok
-                else f"{len(report.problems) + len(report.index_problems)} problem(s): "
-                f"{counts['corrupt_at_rest']} corrupt at rest, {counts['transport_errors']} "
-                f"transport error(s)"
-                + (f", {len(report.index_problems)} in index.json" if report.index_problems else "")
-            )
+    for part in report.partitions:
+        status = "ok" if not part.problems else f"{part.problems} PROBLEM(S)"
+        print(f"{part.partition}\t{part.samples} samples\t{human_bytes(part.bytes)}\t{status}")
+    for problem in report.problems:
+        label = "corrupt" if problem.corrupt_at_rest else "unreadable"
+        print(f"{label}: {problem}", file=sys.stderr)
+    for text in report.index_problems:
+        print(f"index: {text}", file=sys.stderr)
+    counts = report.to_json()
+    print(
+        f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
+        f"{', '.join(report.versions)}: "
+        + (
+            "ok"
+            if report.ok
+            else f"{len(report.problems) + len(report.index_problems)} problem(s): "
+            f"{counts['corrupt_at_rest']} corrupt at rest, {counts['transport_errors']} "
+            f"transport error(s)"
+            + (f", {len(report.index_problems)} in index.json" if report.index_problems else "")
         )
-    return 0 if report.ok else 1
+    )
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -325,25 +245,21 @@ def cmd_export(args: argparse.Namespace) -> int:
         keysets=args.keyset,
         format=args.format,
         dest_storage_options=parse_storage_options(args.dest_storage_options) or None,
-        progress=progress_wanted(args),
         allow_foreign=args.allow_foreign,
-        workers=args.workers,
-        executor=args.executor,
+        **_task_options(args),
     )
-    if args.json:
-        print_json(report.to_json())
-    elif not isinstance(report, ExportReport):
-        print(
+    if not isinstance(report, ExportReport):
+        text = (
             f"wrote {report.samples} npz file(s) and {report.sidecars} sidecar(s) to {report.dest}"
         )
     else:
-        print(
+        text = (
             f"exported {report.version} ({report.version_hash}) to {report.dest}: copied "
             f"{len(report.copied)} object(s) ({report.bytes_copied} bytes), skipped "
             f"{len(report.skipped)} already present and verified"
             + (f"; keysets {', '.join(report.keysets)}" if report.keysets else "")
         )
-    return 0
+    return print_report(args, report.to_json(), text)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -352,23 +268,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     options = VerifyOptions(
         version=args.tag,
-        allow_missing=args.allow_missing,
-        expected_partitions=args.expected_partitions,
-        path_list=args.path_list,
-        strip_prefix=args.strip_prefix,
-        include=args.include,
-        exclude=args.exclude,
-        progress=progress_wanted(args),
-        executor=args.executor,
-        workers=args.workers,
+        **flag_values(args, "allow_missing", "expected_partitions", "path_list", "strip_prefix"),
+        **flag_values(args, "include", "exclude"),
+        **_task_options(args),
     )
     source_options = parse_storage_options(args.source_storage_options)
     # A source in another store is opened with its own options (storage options enter at open).
     source = shardlake.open_store(args.source, source_options) if source_options else args.source
     report = open_root(args).verify(source, options=options)
-    if args.json:
-        print_json(report.to_json())
-        return 0 if report.ok else 1
+    return print_report(args, report.to_json(), lambda: _print_verify(report), ok=report.ok)
+
+
+def _print_verify(report: Any) -> None:
     out = sys.stdout if report.ok else sys.stderr
     for label, keys in (("missing", report.missing), ("extra", report.extra)):
         for key in keys[:SHOW_MAX]:
@@ -382,18 +293,16 @@ def cmd_verify(args: argparse.Namespace) -> int:
     )
     if report.ok:
         print(f"verify OK - {summary}")
-        return 0
-    print(f"verify FAILED ({'; '.join(report.failures())}) - {summary}")
-    return 1
+    else:
+        print(f"verify FAILED ({'; '.join(report.failures())}) - {summary}")
 
 
 def cmd_verify_offsets(args: argparse.Namespace) -> int:
-    report = open_root(args).verify_offsets(
-        args.tag, progress=progress_wanted(args), workers=args.workers, executor=args.executor
-    )
-    if args.json:
-        print_json(report.to_json())
-        return 0 if report.ok else 1
+    report = open_root(args).verify_offsets(args.tag, **_task_options(args))
+    return print_report(args, report.to_json(), lambda: _print_offsets(report), ok=report.ok)
+
+
+def _print_offsets(report: Any) -> None:
     for problem in report.problems:
         print(f"mismatch: {problem}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
@@ -401,4 +310,53 @@ def cmd_verify_offsets(args: argparse.Namespace) -> int:
         f"verify-offsets {status} - version {report.version}: {report.partitions} partition(s), "
         f"{report.shards} shard(s), {report.rows} manifest row(s)"
     )
-    return 0 if report.ok else 1
+
+
+COMMANDS = (
+    Command(
+        "remove",
+        cmd_remove,
+        _remove_flags,
+        help="publish a new version without some partitions or samples",
+        description="Publish TAG: the base version without the given partitions or samples. "
+        "Removing samples writes a new manifest revision, never new shards.",
+    ),
+    Command(
+        "prune-version",
+        cmd_prune,
+        _prune_version_flags,
+        help="prune version tags (gc reclaims their bytes)",
+    ),
+    Command(
+        "gc",
+        cmd_gc,
+        _gc_flags,
+        help="delete objects no live version or keyset references",
+        description="Delete unreferenced shards, manifests, version documents and staging "
+        "leftovers older than the grace period. Only names shardlake writes are candidates: "
+        "foreign objects under the root are counted and shown, never deleted. Writers that "
+        "started before gc must re-run their publish (they get a clear conflict error).",
+    ),
+    Command("scrub", cmd_scrub, _scrub_flags, help="re-read every payload and check its checksums"),
+    Command(
+        "export",
+        cmd_export,
+        _export_flags,
+        help="copy a version to another store (or write it out as npz + json)",
+        description="Copy a version's closure to DEST (any store URL), verifying checksums; "
+        "DEST becomes a self-contained root whose latest is that version. Re-running resumes. "
+        "With --format npz, DEST is a directory that receives <key>.npz and <key>.json.",
+    ),
+    Command(
+        "verify",
+        cmd_verify,
+        _verify_flags,
+        help="prove a version equals its source tree, bit for bit",
+    ),
+    Command(
+        "verify-offsets",
+        cmd_verify_offsets,
+        _verify_offsets_flags,
+        help="check manifest offsets against tar headers and manifests against the version",
+    ),
+)

@@ -33,6 +33,7 @@ from . import (
     write_cmds,
 )
 from .common import flag_advice, resolve_local_paths
+from .flags import add_command
 
 __all__ = [
     "build_parser",
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for group in COMMAND_GROUPS:
-        group.register(sub)
+        for command in group.COMMANDS:
+            add_command(sub, command)
     return parser
 
 

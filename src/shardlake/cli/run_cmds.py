@@ -4,19 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
-from .common import (
-    add_max_pad_flag,
-    add_selection_flags,
-    finish_command,
-    non_negative_int,
-    open_root,
-    positive_int,
-    print_json,
-)
+from . import flags
+from .bench_cmds import BENCH_COMMANDS
+from .common import flag_values, open_root, print_json, print_report
+from .flags import Command
 
-__all__ = ["register"]
+__all__ = ["COMMANDS"]
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
@@ -31,28 +25,15 @@ def _compare_runs(args: argparse.Namespace) -> int:
         ignore_args=args.ignore_arg or (),
         check_args=args.check_arg or (),
     )
-    if args.json:
-        print_json(result.to_json())
-    else:
-        print(result.report())
-    return 0 if result.passed else 1
+    return print_report(args, result.to_json(), result.report(), ok=result.passed)
 
 
 def _demo(args: argparse.Namespace) -> int:
     from ..tools.demo import DemoConfig, run_demo
 
     cfg = DemoConfig(
-        store=args.store,
-        workdir=args.workdir,
-        partitions=args.partitions,
-        samples=args.samples,
-        extra_partitions=args.extra_partitions,
-        steps=args.steps,
-        nproc=args.nproc,
-        batch_size=args.batch_size,
-        num_workers=args.num_workers,
-        small_frames=args.small_frames,
-        keep=args.keep,
+        **flag_values(args, "store", "workdir", "partitions", "samples", "extra_partitions"),
+        **flag_values(args, "steps", "nproc", "batch_size", "num_workers", "small_frames", "keep"),
         # With --json the progress lines go to stderr and stdout holds only the JSON.
         out=sys.stderr if args.json else sys.stdout,
     )
@@ -70,13 +51,10 @@ def _mixing(args: argparse.Namespace) -> int:
         open_root(args)
         .dataset(args.version, keyset=args.keyset)
         .to_torch(
-            keyset=args.keyset,
-            where=args.where,
-            batch_size=args.batch_size,
-            seed=args.seed,
+            **flag_values(
+                args, "keyset", "where", "batch_size", "seed", "num_workers", "world_size"
+            ),
             shuffle=not args.no_shuffle,
-            num_workers=args.num_workers,
-            world_size=args.world_size,
             rank=0,
             max_pad_fraction=(
                 DEFAULT_MAX_PAD_FRACTION if args.max_pad_fraction is None else args.max_pad_fraction
@@ -90,39 +68,18 @@ def _mixing(args: argparse.Namespace) -> int:
         epoch=args.epoch,
     )
     doc.update(version=ds.version_tag, version_hash=ds.version_hash, selection=ds.selection_desc)
-    if args.json:
-        print_json(doc)
-    else:
-        base = doc["global_shuffle_baseline"]
-        print(
-            f"{doc['batches']} batches over {doc['partitions']} partitions (epoch {doc['epoch']}): "
-            f"JS distance to the selection mean {doc['js_mean']}, p95 {doc['js_p95']}, "
-            f"max {doc['js_max']}; a perfect global shuffle: mean {base['js_mean']}, "
-            f"p95 {base['js_p95']} (0 = batches look like the selection, 1 = no overlap)"
-        )
-    return 0
-
-
-def register(sub: argparse._SubParsersAction[Any]) -> None:
-    """Add this group's subcommands to the ``shardlake`` parser."""
-    _add_demo(sub)
-    _add_compare_runs(sub)
-    _add_mixing(sub)
-    _add_bench(sub)
-
-
-def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="end-to-end demo: synth -> pack -> keysets -> incremental version -> DDP training",
-        description=(
-            "Create a small synthetic driving-frame corpus, pack it into a root, create disjoint "
-            "train/valid keysets, add a second batch incrementally as a second version (--base), "
-            "train a small model for a few steps with 2 DDP ranks (gloo) reading the shards, and "
-            "print versions, samples and throughput. --store s3 runs the same against a loopback "
-            "S3 endpoint (moto) that the demo starts and stops itself."
-        ),
+    base = doc["global_shuffle_baseline"]
+    return print_report(
+        args,
+        doc,
+        f"{doc['batches']} batches over {doc['partitions']} partitions (epoch {doc['epoch']}): "
+        f"JS distance to the selection mean {doc['js_mean']}, p95 {doc['js_p95']}, "
+        f"max {doc['js_max']}; a perfect global shuffle: mean {base['js_mean']}, "
+        f"p95 {base['js_p95']} (0 = batches look like the selection, 1 = no overlap)",
     )
+
+
+def _demo_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", choices=("local", "s3"), default="local", help="where the root lives")
     p.add_argument(
         "--workdir",
@@ -142,26 +99,11 @@ def _add_demo(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--steps", type=int, default=20, help="training steps per rank")
     p.add_argument("--num-workers", type=int, default=1, help="loader workers per rank")
     p.add_argument("--nproc", type=int, default=2, help="DDP ranks (gloo, CPU)")
-    p.add_argument("--batch-size", type=positive_int, default=8, help="per-rank batch size")
+    p.add_argument("--batch-size", type=flags.positive_int, default=8, help="per-rank batch size")
     p.add_argument("--keep", action="store_true", help="keep the temporary working directory")
-    finish_command(p, _demo, opens_root=False)
 
 
-def _add_compare_runs(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
-        "compare-runs",
-        help="does a candidate run's loss plateau lie inside the baseline's own noise band?",
-        description=(
-            "Read args.json and train_log.tsv from both run directories. Per metric, the band is "
-            "the baseline's mean ± k·sd over its last N epochs; the candidate passes when its own "
-            "mean over the same epochs lies inside every band (exit 0), else fails (exit 1). "
-            "Refuses (exit 1, says why) when epoch coverage differs, a cell in range is empty or "
-            "not a finite number, --k <= 0, or the runs' args.json differ in any argument outside "
-            "the documented allowlist of settings that cannot shift a loss (output paths, "
-            "experiment names, the data-path arguments of the two paths, training worker counts, "
-            "logging cadence); the report lists every difference and whether it was ignored."
-        ),
-    )
+def _compare_runs_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("baseline", metavar="BASELINE_DIR", help="the reference run (e.g. npz path)")
     p.add_argument("candidate", metavar="CANDIDATE_DIR", help="the run to check (e.g. shard path)")
     p.add_argument(
@@ -187,37 +129,69 @@ def _add_compare_runs(sub: argparse._SubParsersAction[Any]) -> None:
         help="let this args.json key differ (repeatable; only for settings that cannot shift a "
         "loss)",
     )
-    finish_command(p, _compare_runs, opens_root=False)
 
 
-def _add_mixing(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
+def _mixing_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p, help="dataset root URL")
+    flags.selection(p)
+    p.add_argument("--batch-size", type=flags.positive_int, default=32, help="per-rank batch size")
+    p.add_argument(
+        "--num-workers", type=flags.non_negative_int, default=2, help="loader workers per rank"
+    )
+    p.add_argument("--world-size", type=flags.positive_int, default=1, help="ranks")
+    p.add_argument("--rank", type=int, help="only this rank's batches (default: all ranks)")
+    p.add_argument("--epoch", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-shuffle", action="store_true", help="the unshuffled (validation) order")
+    flags.max_pad_fraction(p)
+
+
+COMMANDS = (
+    Command(
+        "demo",
+        _demo,
+        _demo_flags,
+        help="end-to-end demo: synth -> pack -> keysets -> incremental version -> DDP training",
+        description=(
+            "Create a small synthetic driving-frame corpus, pack it into a root, create disjoint "
+            "train/valid keysets, add a second batch incrementally as a second version (--base), "
+            "train a small model for a few steps with 2 DDP ranks (gloo) reading the shards, and "
+            "print versions, samples and throughput. --store s3 runs the same against a loopback "
+            "S3 endpoint (moto) that the demo starts and stops itself."
+        ),
+        storage=False,
+    ),
+    Command(
+        "compare-runs",
+        _compare_runs,
+        _compare_runs_flags,
+        help="does a candidate run's loss plateau lie inside the baseline's own noise band?",
+        description=(
+            "Read args.json and train_log.tsv from both run directories. Per metric, the band is "
+            "the baseline's mean ± k·sd over its last N epochs; the candidate passes when its own "
+            "mean over the same epochs lies inside every band (exit 0), else fails (exit 1). "
+            "Refuses (exit 1, says why) when epoch coverage differs, a cell in range is empty or "
+            "not a finite number, --k <= 0, or the runs' args.json differ in any argument outside "
+            "the documented allowlist of settings that cannot shift a loss (output paths, "
+            "experiment names, the data-path arguments of the two paths, training worker counts, "
+            "logging cadence); the report lists every difference and whether it was ignored."
+        ),
+        storage=False,
+    ),
+    Command(
         "mixing",
+        _mixing,
+        _mixing_flags,
         help="how well the loader's batches mix partitions (from the plan; reads no shards)",
         description=(
             "Plan an epoch exactly as the training loader would and report the Jensen-Shannon "
             "distance between each batch's partition histogram and the selection's (mean, p95, "
             "max), next to what a perfect global shuffle of the same selection scores."
         ),
-    )
-    p.add_argument("root", metavar="ROOT", help="dataset root URL")
-    add_selection_flags(p)
-    p.add_argument("--batch-size", type=positive_int, default=32, help="per-rank batch size")
-    p.add_argument(
-        "--num-workers", type=non_negative_int, default=2, help="loader workers per rank"
-    )
-    p.add_argument("--world-size", type=positive_int, default=1, help="ranks")
-    p.add_argument("--rank", type=int, help="only this rank's batches (default: all ranks)")
-    p.add_argument("--epoch", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-shuffle", action="store_true", help="the unshuffled (validation) order")
-    add_max_pad_flag(p)
-    finish_command(p, _mixing)
-
-
-def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser(
+    ),
+    Command(
         "bench",
+        None,
         help="pack and load benchmarks with JSON output, against any root URL",
         description=(
             "Benchmarks with JSON output. 'bench pack' measures packing throughput on a few "
@@ -225,9 +199,8 @@ def _add_bench(sub: argparse._SubParsersAction[Any]) -> None:
             "'bench load' measures the training loader (samples/s, MB/s, RSS, time to first "
             "batch, bytes fetched, mixing JSD) against a root URL."
         ),
-    )
-    bsub = p.add_subparsers(dest="bench_command", metavar="BENCH")
-    bsub.required = True
-    from .bench_cmds import register_bench
-
-    register_bench(bsub)
+        actions=BENCH_COMMANDS,
+        action_dest="bench_command",
+        action_metavar="BENCH",
+    ),
+)
