@@ -92,3 +92,18 @@ def test_get_maps_a_training_list_of_absolute_paths(
     listing.write_text(json.dumps(["/elsewhere/x.npz"]))
     assert main(["get", root.url, "--keys", str(listing)]) == 1
     assert "name no key" in capsys.readouterr().err
+
+
+def test_prune_version_speaks_of_pruning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One word for the operation (issue #30): the command, Root.prune and its help say "prune".
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    texts = [helps["prune-version"]]
+    texts += [a.help or "" for a in sub.choices["prune-version"]._actions]
+    assert "prune version tags" in helps["prune-version"]
+    assert not [text for text in texts if "retire" in text.lower()]
+    assert main(["prune-version", str(tmp_path)]) == 2
+    assert "name the version(s) to prune" in capsys.readouterr().err

@@ -7,12 +7,15 @@ import io
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SHOW_MAX
 from . import flags
 from .common import open_root, print_report
 from .flags import Command
+
+if TYPE_CHECKING:
+    from shardlake import Keyset
 
 __all__ = ["COMMANDS"]
 
@@ -283,7 +286,7 @@ def cmd_keyset_list(args: argparse.Namespace) -> int:
     return print_report(args, [k.info() for k in keysets], lambda: _print_keysets(keysets))
 
 
-def _print_keysets(keysets: list[Any]) -> None:
+def _print_keysets(keysets: list[Keyset]) -> None:
     for k in keysets:
         origin = f"\trebased_from: {k.rebased_from}" if k.rebased_from else ""
         print(f"{k.name}\t{len(k)} samples\tversion {k.version_tag} ({k.version_hash}){origin}")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SHOW_MAX
 from . import flags
 from .common import flag_values, open_root, parse_storage_options, print_report, progress_wanted
 from .flags import Command
+
+if TYPE_CHECKING:
+    from shardlake import GcReport, OffsetsReport, PruneReport, ScrubReport, VerifyReport
 
 __all__ = ["COMMANDS"]
 
@@ -139,7 +142,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return print_report(args, report.to_json(), lambda: _print_pruned(report))
 
 
-def _print_pruned(report: Any) -> None:
+def _print_pruned(report: PruneReport) -> None:
     print(f"pruned {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
     print("run 'shardlake gc' to reclaim their storage")
     for tag, names in report.pinned.items():
@@ -157,7 +160,7 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return print_report(args, report.to_json(), lambda: _print_gc(args, report))
 
 
-def _print_gc(args: argparse.Namespace, report: Any) -> None:
+def _print_gc(args: argparse.Namespace, report: GcReport) -> None:
     from ..progress.bar import human_bytes
 
     verb = "would delete" if args.dry_run else "deleted"
@@ -210,7 +213,7 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     return print_report(args, report.to_json(), lambda: _print_scrub(report), ok=report.ok)
 
 
-def _print_scrub(report: Any) -> None:
+def _print_scrub(report: ScrubReport) -> None:
     from ..progress.bar import human_bytes
 
     for part in report.partitions:
@@ -279,7 +282,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return print_report(args, report.to_json(), lambda: _print_verify(report), ok=report.ok)
 
 
-def _print_verify(report: Any) -> None:
+def _print_verify(report: VerifyReport) -> None:
     out = sys.stdout if report.ok else sys.stderr
     for label, keys in (("missing", report.missing), ("extra", report.extra)):
         for key in keys[:SHOW_MAX]:
@@ -302,7 +305,7 @@ def cmd_verify_offsets(args: argparse.Namespace) -> int:
     return print_report(args, report.to_json(), lambda: _print_offsets(report), ok=report.ok)
 
 
-def _print_offsets(report: Any) -> None:
+def _print_offsets(report: OffsetsReport) -> None:
     for problem in report.problems:
         print(f"mismatch: {problem}", file=sys.stderr)
     status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"

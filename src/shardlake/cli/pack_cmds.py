@@ -13,9 +13,7 @@ from . import flags
 from .common import flag_values, open_root, print_report, progress_wanted
 from .flags import Command
 
-__all__ = [
-    "COMMANDS",
-]
+__all__ = ["COMMANDS"]
 
 
 def _add_rule_options(parser: argparse.ArgumentParser) -> None:
@@ -48,7 +46,7 @@ def _add_rule_options(parser: argparse.ArgumentParser) -> None:
 
 # The source-scoping flags of ``_add_rule_options`` (all but ``--strict``): keywords that
 # ``inspect_source`` and ``PackOptions`` both take.
-_RULE_FLAGS = (
+_RULE_DESTS = (
     "partition_depth",
     "partition_regex",
     "path_list",
@@ -135,7 +133,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
     report = inspect_source(
         args.source,
-        **flag_values(args, *_RULE_FLAGS),
+        **flag_values(args, *_RULE_DESTS),
         check_frames=not args.no_frame_check,
     )
     columns = ["id", "path", "samples", "skipped", "missing_sidecars", "npz_bytes", "sidecar_bytes"]
@@ -218,7 +216,7 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from shardlake import PackOptions
 
     options = PackOptions(
-        **flag_values(args, "workers", "executor", *_RULE_FLAGS, "strict", *flags.RECIPE_DESTS),
+        **flag_values(args, "workers", "executor", *_RULE_DESTS, "strict", *flags.RECIPE_DESTS),
         **flag_values(args, "keep_skipped", "require_sidecars", "replace_all"),
         **flag_values(args, "source_namespace", "allow_foreign"),
         partitions=args.partition,

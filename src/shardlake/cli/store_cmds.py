@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import TYPE_CHECKING
 
 from shardlake import check_store
 
 from . import flags
 from .common import parse_storage_options, print_report
 from .flags import Command
+
+if TYPE_CHECKING:
+    from shardlake import StoreReport
 
 __all__ = ["COMMANDS"]
 
@@ -34,7 +37,7 @@ def cmd_check_store(args: argparse.Namespace) -> int:
     return print_report(args, report.to_json(), lambda: _print_checks(report), ok=report.safe)
 
 
-def _print_checks(report: Any) -> None:
+def _print_checks(report: StoreReport) -> None:
     width = max(len(c.name) for c in report.checks)
     if report.bucket_created:
         print(f"{report.url}: created its bucket")
