@@ -23,7 +23,7 @@ from .errors import (
     UsageError,
     VersionNotFoundError,
 )
-from .store import Store, open_store
+from .store import RetryPolicy, Store, open_store
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
@@ -116,6 +116,7 @@ __all__ = [
     "PruneReport",
     "RemoveOptions",
     "RemoveReport",
+    "RetryPolicy",
     "ScrubOptions",
     "ScrubReport",
     "Selection",

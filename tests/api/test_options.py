@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,17 +11,12 @@ import shardlake
 from shardlake import VerifyOptions
 from shardlake.cli.main import main
 from shardlake.errors import UsageError
-from shardlake.testing import synth_corpus
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    base = tmp_path_factory.mktemp("options")
-    src = base / "src"
-    synth_corpus(src, 2, 3, seed=9, neighbors=2, lanes=4)
-    root = str(base / "root")
-    shardlake.open(root).pack(src, tag="v1", options=shardlake.PackOptions(workers=1))
-    return src, root
+def packed(packed_root: Callable[..., tuple[Path, Path]]) -> tuple[Path, str]:
+    src, root = packed_root([3, 3], name="options", seed=9)
+    return src, str(root)
 
 
 def test_verify_takes_an_options_object_or_its_fields_as_keywords(packed: tuple[Path, str]) -> None:

@@ -24,11 +24,10 @@ import pytest
 
 import shardlake
 from shardlake.cli.main import main
-from shardlake.testing import synth_corpus
+from shardlake.testing import free_port, synth_corpus
 from shardlake.testing.azurite import connection_string
 from shardlake.testing.fixtures import new_location
 from shardlake.testing.servers import StoreServers
-from shardlake.tools.localhost import free_port
 
 KINDS = ["local", "seaweedfs", "gcs", "azure"]
 SMALL = {"executor": "thread", "workers": 2}

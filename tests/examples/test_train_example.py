@@ -53,7 +53,9 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
 COMMON = ["--nproc", "2", "--epochs", "2", "--batch-size", "12", "--lr", "0.003", "--seed", "1"]
 
 
-def test_shard_and_npz_paths_train_and_agree(corpus: dict[str, object]):
+def test_shard_and_npz_paths_train_and_agree(
+    corpus: dict[str, object], capsys: pytest.CaptureFixture[str]
+):
     tmp = Path(str(corpus["tmp"]))
     npz_run, shard_run = tmp / "run-npz", tmp / "run-shards"
     proc = run_example(
@@ -87,10 +89,12 @@ def test_shard_and_npz_paths_train_and_agree(corpus: dict[str, object]):
             assert abs(a[col] - b[col]) <= 0.05 * a[col], (col, a, b)
 
     # compare-runs accepts the pair as comparable (settings equal, coverage equal).
-    from shardlake.tools.compare_runs import compare_runs
+    from shardlake.cli.main import main
 
-    result = compare_runs(npz_run, shard_run, plateau=2, k=2)
-    assert result.checked_args and "valid_num_workers" in result.checked_args
+    capsys.readouterr()
+    main(["compare-runs", str(npz_run), str(shard_run), "--plateau", "2", "--k", "2", "--json"])
+    result = json.loads(capsys.readouterr().out)
+    assert result["checked_args"] and "valid_num_workers" in result["checked_args"]
 
 
 @pytest.mark.parametrize(

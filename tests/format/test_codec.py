@@ -6,7 +6,6 @@ from shardlake.format.codec import (
     Decoder,
     Encoder,
     arrays_equal_exact,
-    check_payload,
     payload_checksum,
     to_python_strings,
 )
@@ -72,12 +71,19 @@ def test_unstorable_arrays_are_refused_naming_the_array(bad):
     assert "log/a.npz" in str(info.value)
 
 
-def test_corrupt_frame_and_checksum_are_integrity_errors():
+def test_corrupt_frame_and_checksum_are_integrity_errors(tmp_path):
+    from shardlake import open_store
+    from shardlake.read.payloads import PayloadRef, fetch_payload
+
     _, payload = Encoder().encode(ARRAYS)
     flipped = bytearray(payload)
     flipped[len(flipped) // 2] ^= 0xFF
-    with pytest.raises(IntegrityError, match="shard-1"):
-        check_payload(bytes(flipped), payload_checksum(payload), "shard-1")
+    # The read path checks the manifest's CRC-32 (the one check: read/payloads.py).
+    store = open_store(str(tmp_path))
+    store.write("shard-1", bytes(flipped))
+    ref = PayloadRef("shard-1", 0, len(payload), payload_checksum(payload), key="log/a")
+    with pytest.raises(IntegrityError, match="shard-1.*checksum mismatch"):
+        fetch_payload(store, ref, rereads=0)
     with pytest.raises(IntegrityError):
         Decoder().decode(bytes(flipped))
 

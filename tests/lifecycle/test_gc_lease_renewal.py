@@ -16,8 +16,6 @@ import shardlake
 import shardlake.lifecycle.gc as gc
 from shardlake import open_store
 from shardlake.cli.main import main
-from shardlake.meta.versions import read_state
-from shardlake.store.layers import Request
 from shardlake.testing import synth_corpus
 
 pytestmark = pytest.mark.timeout(180)
@@ -25,7 +23,7 @@ pytestmark = pytest.mark.timeout(180)
 SLOW_GC = """
 import sys, time
 import shardlake
-from shardlake.store import open_store
+from shardlake import open_store
 
 def slow(request, send):
     if request.op == "delete":
@@ -51,14 +49,14 @@ def _kill_gc_holding_the_lock(root: str) -> int:
     """Start a slow gc, SIGKILL it once it holds the root's lock; its pid."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.Popen([sys.executable, "-c", SLOW_GC, root], env=env)
-    store = open_store(root)
+    lake = shardlake.open(root)
     deadline = time.monotonic() + 60
-    while read_state(store).gc_lock is None:
+    while lake.gc_lock() is None:
         assert proc.poll() is None and time.monotonic() < deadline, "gc never took its lock"
         time.sleep(0.05)
     proc.kill()
     proc.wait()
-    held = read_state(store).gc_lock
+    held = lake.gc_lock()
     assert held is not None and held.expires_at > time.time() + 10  # the lease is still valid
     return proc.pid
 
@@ -78,7 +76,7 @@ def test_sigkilled_gc_is_taken_over_at_once_by_pack_and_gc(
     report = json.loads(capsys.readouterr().out)
     assert any(f"pid {pid}:" in note and "gone" in note for note in report["notes"]), report
     assert report["count"] > 0 and time.monotonic() - started < 30
-    assert read_state(open_store(root)).gc_lock is None
+    assert shardlake.open(root).gc_lock() is None
 
 
 def test_the_lease_is_renewed_while_gc_works(
@@ -90,7 +88,7 @@ def test_the_lease_is_renewed_while_gc_works(
     monkeypatch.setattr(gc, "LOCK_MARGIN_S", 0.3)
     renewals: list[str] = []
 
-    def slow(request: Request, send):  # type: ignore[no-untyped-def]
+    def slow(request, send):  # type: ignore[no-untyped-def]
         if request.op == "delete":
             time.sleep(0.25)  # 8 deletes: 2 s, twice the lease's life
         if request.op == "create" and b'"gc-renew"' in (request.data or b""):
@@ -100,4 +98,4 @@ def test_the_lease_is_renewed_while_gc_works(
     report = shardlake.open(open_store(root).with_layers(slow)).gc(grace_s=0)
     assert not report.incomplete and report.to_json()["count"] == 8
     assert len(renewals) >= 3
-    assert read_state(open_store(root)).gc_lock is None
+    assert shardlake.open(root).gc_lock() is None

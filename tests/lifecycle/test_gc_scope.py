@@ -14,7 +14,6 @@ import shardlake
 from shardlake import PackOptions
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, UsageError
-from shardlake.format.layout import is_owned_key
 from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.testing.servers import StoreServers
@@ -33,23 +32,6 @@ def _corpus(tmp_path: Path, seed: int = 5) -> Path:
     src = tmp_path / "src"
     synth_corpus(src, 2, 3, seed=seed, neighbors=2, lanes=4)
     return src
-
-
-def test_owned_names_are_the_documented_shapes() -> None:
-    owned = [
-        "shardlake.json",
-        "data/0123456789ab/0123456789abcdef01234567/shard-000000.tar",
-        "data/0123456789ab/0123456789abcdef01234567/manifest-r0123456789abcdef0123456.parquet",
-        "versions/v1/0123456789abcdef0123456789abcdef.json",
-        "catalog/partitions/" + "a" * 64 + ".parquet",
-        "catalog/versions/v1/0123456789abcdef.json",
-        "commits/000000000001.json",
-        "keysets/train.parquet",
-        "_shardlake/probe/abc",
-    ]
-    assert all(is_owned_key(k) for k in owned)
-    assert not any(is_owned_key(k) for k in FOREIGN)
-    assert not is_owned_key("data/0123456789ab/rev/shard-0.tar")
 
 
 def _gc_json(root: str, *extra: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:

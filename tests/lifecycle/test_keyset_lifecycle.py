@@ -12,11 +12,22 @@ from support.lifecycle import pack_small
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
-from shardlake.format.layout import keyset_key, version_key
-from shardlake.meta.keysets import tombstone_key
 from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 from shardlake.torch import ShardDataset
+
+
+# Object names of the documented layout (docs/format.md): a keyset, its tombstone, a version record.
+def keyset_key(name: str) -> str:
+    return f"keysets/{name}.parquet"
+
+
+def tombstone_key(name: str) -> str:
+    return f"keysets/{name}.json"
+
+
+def version_key(tag: str, version_hash: str) -> str:
+    return f"versions/{tag}/{version_hash}.json"
 
 
 def _root(location: StoreLocation, tmp_path: Path) -> shardlake.Root:

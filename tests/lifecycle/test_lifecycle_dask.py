@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import shutil
+from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
@@ -12,25 +13,15 @@ from typing import Any
 import pytest
 
 import shardlake
-from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.errors import UsageError
-from shardlake.lifecycle.common import rows_by_shard
-from shardlake.meta.versions import load_version
-from shardlake.read.manifests import read_entry_manifest
-from shardlake.read.payloads import CORRUPT_AT_REST
-from shardlake.testing import synth_corpus
 
 distributed = pytest.importorskip("distributed")
 
 
 @pytest.fixture(scope="module")
-def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    base = tmp_path_factory.mktemp("dask")
-    src, root = base / "src", base / "root"
-    synth_corpus(src, 3, 4, seed=1, neighbors=2, lanes=4)
-    assert main(["pack", str(src), str(root), "--tag", "v1", "--executor", "inline"]) == 0
-    return src, root
+def packed(packed_root: Callable[..., tuple[Path, Path]]) -> tuple[Path, Path]:
+    return packed_root([4, 4, 4], name="dask")
 
 
 def _json(capsys: pytest.CaptureFixture[str], argv: list[str], rc: int = 0) -> dict[str, Any]:
@@ -66,7 +57,7 @@ def test_flipped_byte_named_under_dask(
     src, clean = packed
     root = tmp_path / "root"
     shutil.copytree(clean, root)
-    entry = load_version(open_store(str(root)), "v1").entries[1]
+    entry = shardlake.open(str(root)).dataset("v1").entries[1]
     shard = root / entry.shards[0].key
     data = bytearray(shard.read_bytes())
     # Flip one byte inside the first payload (the manifest says where it is).
@@ -83,13 +74,13 @@ def test_flipped_byte_named_under_dask(
         [problem] = doc["problems"]
         assert problem["partition"] == entry.id
         assert problem["shard"].endswith(entry.shards[0].key)
-        assert problem["key"] is not None and problem["kind"] == CORRUPT_AT_REST
+        assert problem["key"] is not None and problem["kind"] == "corrupt at rest"
 
 
 def _first_payload_offset(root: Path, entry: Any) -> int:
-    table, _meta = read_entry_manifest(open_store(str(root)), entry)
-    row = rows_by_shard(table)[0][0]
-    return int(row.offset) + row.size // 2
+    rows = shardlake.open(str(root)).dataset("v1").manifest(entry.id).to_pylist()
+    row = min((r for r in rows if r["shard"] == 0), key=lambda r: r["offset"])
+    return int(row["offset"]) + row["size"] // 2
 
 
 def test_export_on_workers_and_resume(
@@ -104,7 +95,7 @@ def test_export_on_workers_and_resume(
     again = shardlake.open(str(root)).export(str(dest), executor=dask_address)
     assert again.copied == [] and not again.committed
     # Lose one shard: the resume copies exactly that one.
-    lost = load_version(open_store(str(root)), "v1").entries[2].shards[0].key
+    lost = shardlake.open(str(root)).dataset("v1").entries[2].shards[0].key
     (dest / lost).unlink()
     assert main(["export", str(root), str(dest), "--executor", dask_address, "--quiet"]) == 0
     assert shardlake.open(str(dest)).verify_offsets(executor="inline").ok
@@ -134,7 +125,7 @@ class _DiesOnSecond(cf.Executor):
 
 def test_dead_task_reported_by_partition(packed: tuple[Path, Path]) -> None:
     _src, root = packed
-    entries = load_version(open_store(str(root)), "v1").entries
+    entries = shardlake.open(str(root)).dataset("v1").entries
     report = shardlake.open(str(root)).scrub(executor=_DiesOnSecond())
     assert not report.ok
     [problem] = report.problems

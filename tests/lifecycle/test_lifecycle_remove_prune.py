@@ -13,7 +13,6 @@ import shardlake
 from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError, UsageError
-from shardlake.meta.versions import read_state
 from shardlake.testing.fixtures import StoreLocation
 
 
@@ -96,7 +95,7 @@ def test_remove_bad_input_and_empty(tmp_path: Path, capsys: pytest.CaptureFixtur
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
     root = location.url
-    seq = read_state(open_store(root)).seq
+    commits = open_store(root).list("commits/")
     with pytest.raises(NotFoundError, match="no partition"):
         shardlake.open(root).remove("x", partitions=["000000000000"])
     with pytest.raises(NotFoundError, match="no sample"):
@@ -113,7 +112,7 @@ def test_remove_bad_input_and_empty(tmp_path: Path, capsys: pytest.CaptureFixtur
         shardlake.open(root).remove("x")
     assert main(["remove", root, "--tag", "x", "--base", "v9", "--where", "true"]) == 1
     assert "unknown version" in capsys.readouterr().err
-    assert read_state(open_store(root)).seq == seq  # nothing published by any of these
+    assert open_store(root).list("commits/") == commits  # nothing published by any of these
 
 
 def test_two_removes_race_one_wins(tmp_path: Path) -> None:
@@ -164,22 +163,21 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
     gated_once = threading.local()
     first_round: list[str] = []
     results: dict[str, object] = {}
-    import shardlake.meta.versions as versions_mod
+    store = open_store(location.url)
+    real_create = store.create
 
-    real_commit = versions_mod.commit_state
-
-    def gated(store, base, new, op, detail):  # type: ignore[no-untyped-def]
-        if not getattr(gated_once, "done", False):
+    def gated(key: str, data: bytes) -> None:
+        if key.startswith("commits/") and not getattr(gated_once, "done", False):
             gated_once.done = True
             barrier.wait(timeout=20)  # both writers commit on the same base seq
             try:
-                out = real_commit(store, base, new, op, detail)
+                real_create(key, data)
             except ConflictError:
                 first_round.append("lost")
                 raise
             first_round.append("won")
-            return out
-        return real_commit(store, base, new, op, detail)
+            return
+        real_create(key, data)
 
     def run(name: str, fn) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -189,15 +187,15 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
 
     def do_pack():  # type: ignore[no-untyped-def]
         return (
-            shardlake.open(location.url)
+            shardlake.open(store)
             .pack(str(src), tag="p2", base="v1", workers=1, executor="inline", shard_size=40_000)
             .record
         )
 
     def do_remove():  # type: ignore[no-untyped-def]
-        return shardlake.open(location.url).remove("r2", keys=[keys[1]])[0]
+        return shardlake.open(store).remove("r2", keys=[keys[1]])[0]
 
-    versions_mod.commit_state = gated  # type: ignore[assignment]
+    store.create = gated  # type: ignore[method-assign]
     try:
         threads = [
             threading.Thread(target=run, args=("pack", do_pack)),
@@ -208,7 +206,7 @@ def test_remove_racing_pack(tmp_path: Path) -> None:
         for t in threads:
             t.join(timeout=60)
     finally:
-        versions_mod.commit_state = real_commit  # type: ignore[assignment]
+        store.create = real_create  # type: ignore[method-assign]
     assert sorted(first_round) == ["lost", "won"], first_round
     published = [v for v in results.values() if isinstance(v, str)]
     failed = [v for v in results.values() if isinstance(v, ConflictError)]

@@ -9,12 +9,8 @@ import pytest
 from support.lifecycle import pack_synth, packed_keys
 
 import shardlake
-from shardlake import open_store
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, NotFoundError, SelectionError
-from shardlake.format.layout import keyset_key
-from shardlake.meta.keysets import parse_key_list
-from shardlake.query.keyset_build import create_keyset
 from shardlake.testing.fixtures import StoreLocation
 
 
@@ -56,10 +52,11 @@ def test_keyset_cli_on_every_backend(
     out = capsys.readouterr().out
     assert "share 1 key" in out and keys[2] in out
     # Immutable: a second create with the same name is refused and changes nothing.
-    before = open_store(root, store_location.storage_options).read(keyset_key("val"))
+    opened = shardlake.open(root, **store_location.storage_options)
+    before = opened.keyset("val")
     assert main(["keyset", root, "create", "val", "--where", "true"]) == 1
     assert "already exists" in capsys.readouterr().err
-    assert open_store(root, store_location.storage_options).read(keyset_key("val")) == before
+    assert opened.keyset("val") == before  # created_at included: not rewritten
 
 
 def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path) -> None:
@@ -82,14 +79,15 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
     ]
     # Three entries match nothing: refused unless --allow-unmatched says exactly 3.
     with pytest.raises(SelectionError, match="3 entries match no key") as info:
-        mapped, unmapped = parse_key_list(listing.read_bytes(), "l", strip_prefix=old_root)
-        assert unmapped == ["/elsewhere/c.npz"]
-        create_keyset(location.open(), "t", keys=mapped, unmapped=unmapped)
+        shardlake.open(location.url).create_keyset(
+            "t", key_file=str(listing), strip_prefix=old_root
+        )
     assert "gone/a" in str(info.value) or "gone/b" in str(info.value)
+    assert "/elsewhere/c.npz" in str(info.value)
     assert main(argv) == 1
     assert main([*argv, "--allow-unmatched", "2"]) == 1
     assert main([*argv, "--allow-unmatched", "4"]) == 1
-    assert not open_store(location.url).exists(keyset_key("t"))
+    assert not shardlake.open(location.url).keysets()
     assert main([*argv, "--allow-unmatched", "3"]) == 0
     keyset = shardlake.open(location.url).keyset("t")
     assert keyset.keys == keys[:4]
@@ -156,7 +154,7 @@ def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert main(argv) == code, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (argv, err)
-    assert not open_store(root).exists(keyset_key("x"))
+    assert "x" not in [k.name for k in shardlake.open(root).keysets()]
 
 
 def test_keyset_list_sorts_names_naturally(

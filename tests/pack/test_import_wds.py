@@ -16,7 +16,7 @@ from support.writer import Sample, assert_loads_bit_exact, write_npz_tree
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import SourceError
-from shardlake.source.source_form import npz_bytes
+from shardlake.testing import npz_bytes
 from shardlake.testing.fixtures import StoreLocation
 
 

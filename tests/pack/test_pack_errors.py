@@ -13,7 +13,7 @@ import pytest
 from support.pack import make_source, small_frame
 
 import shardlake
-from shardlake import open_store
+from shardlake import Store, open_store
 from shardlake.cli.main import main
 from shardlake.errors import (
     ConflictError,
@@ -22,7 +22,11 @@ from shardlake.errors import (
     SourceError,
     VersionNotFoundError,
 )
-from shardlake.meta.versions import read_state
+
+
+def _published(store: Store) -> tuple[list[str], list[shardlake.Version]]:
+    """What the root has published: its commit log and its versions."""
+    return store.list("commits/"), shardlake.open(store).versions()
 
 
 def _good(root: Path) -> Path:
@@ -140,15 +144,14 @@ def test_bad_input_names_file_and_publishes_nothing(tmp_path: Path, case: str) -
     shardlake.open(store).pack(
         src, tag="v0", executor="inline"
     )  # an existing version that must stay latest
-    before = read_state(store)
+    before = _published(store)
     versions_before = store.list("versions/")
     name = setup(src)
     with pytest.raises(error) as info:
         shardlake.open(store).pack(src, tag="v1", executor="inline")
     assert text in str(info.value)
     assert name in str(info.value)
-    after = read_state(store)
-    assert after == before and after.latest == "v0"
+    assert _published(store) == before and shardlake.open(store).latest.tag == "v0"
     assert store.list("versions/") == versions_before
 
 
@@ -159,7 +162,7 @@ def test_empty_source(tmp_path: Path) -> None:
         shardlake.open(store).pack(tmp_path / "src", tag="v1", executor="inline")
     with pytest.raises(SourceError, match="not a directory"):
         shardlake.open(store).pack(tmp_path / "missing", tag="v1", executor="inline")
-    assert read_state(store).seq == 0
+    assert store.list("commits/") == []
 
 
 def test_duplicate_keys_in_path_list(tmp_path: Path) -> None:
@@ -175,19 +178,19 @@ def test_duplicate_keys_in_path_list(tmp_path: Path) -> None:
     listing.write_text("log/missing.npz\n")
     with pytest.raises(SourceError, match="missing.npz"):
         shardlake.open(store).pack(src, tag="v1", executor="inline", path_list=listing)
-    assert read_state(store).seq == 0
+    assert store.list("commits/") == []
 
 
 def test_existing_tag_and_unknown_base(tmp_path: Path) -> None:
     src = _good(tmp_path / "src")
     store = open_store(str(tmp_path / "root"))
     shardlake.open(store).pack(src, tag="v1", executor="inline")
-    state = read_state(store)
+    state = _published(store)
     with pytest.raises(ConflictError, match="'v1' already exists"):
         shardlake.open(store).pack(src, tag="v1", executor="inline")
     with pytest.raises(VersionNotFoundError, match="unknown base version 'nope'"):
         shardlake.open(store).pack(src, tag="v2", base="nope", executor="inline")
-    assert read_state(store) == state
+    assert _published(store) == state
 
 
 def test_failures_name_every_partition(tmp_path: Path) -> None:
@@ -211,7 +214,7 @@ def test_cli_errors_are_one_line_exit_1(tmp_path: Path, capsys: pytest.CaptureFi
     assert code == 1 and "log/bad.npz" in err and "Traceback" not in err
     assert err.strip().count("\n") == 0
     store = open_store(root)
-    assert read_state(store).seq == 0 and store.list("versions/") == []
+    assert store.list("commits/") == [] and store.list("versions/") == []
     assert main(["pack", str(src), root, "--tag", "bad tag!"]) == 2
     assert main(["show", root, "nope"]) == 1
 
@@ -249,7 +252,7 @@ def test_partition_id_collision_is_a_hard_error(
         SourceError, match="partitions 'log' and 'other' have the same id 000000000000"
     ):
         shardlake.open(store).pack(src, tag="v1", executor="inline")
-    assert read_state(store).seq == 0
+    assert store.list("commits/") == []
     report = inspect_source(src)
     assert len(report["collisions"]) == 1 and "'other'" in report["collisions"][0]
 

@@ -20,9 +20,8 @@ from support.writer import (
 )
 
 import shardlake
-from shardlake import PackOptions, WriteOptions, open_store
+from shardlake import PackOptions, RetryPolicy, WriteOptions, open_store
 from shardlake.errors import SourceError
-from shardlake.store.retry import RetryPolicy
 from shardlake.testing.fixtures import StoreLocation
 
 SHARD = 1500

@@ -225,25 +225,6 @@ def test_encode_threads_give_the_same_version_and_abort_cleanly(tmp_path: Path) 
     assert [v.tag for v in roots[3].versions()] == ["v1"] and _spill_files(spill) == []
 
 
-def test_canonical_npz_form_is_deterministic_and_hashed() -> None:
-    import hashlib
-    import io
-    import zipfile
-
-    from shardlake.source.npz import load_npz
-    from shardlake.source.source_form import npz_bytes, source_sha256
-
-    arrays = {"b": np.arange(5, dtype=">u2"), "a": np.array(["x", "yz"])}
-    data = npz_bytes(arrays, compress=False)
-    infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
-    assert [i.filename for i in infos] == ["b.npy", "a.npy"]
-    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
-    assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
-    assert {i.create_system for i in infos} == {3}  # Unix, also on Windows
-    assert source_sha256(arrays) == hashlib.sha256(data).hexdigest()
-    assert_same_arrays(load_npz(data, "x"), arrays)
-
-
 def test_finished_partitions_build_early_and_free_their_spill(tmp_path: Path) -> None:
     samples = make_samples(partitions=3, per_partition=5)
     spill = tmp_path / "spill"

@@ -16,6 +16,7 @@ from hypothesis.extra import numpy as hnp
 
 from shardlake.errors import SourceError
 from shardlake.source.npz import load_npz
+from shardlake.source.source_form import npz_bytes
 
 SCALARS = [
     "?", "i1", "u1", "<i2", ">i2", "<u4", ">i8", "<f2", ">f4", "<f8", ">f8", "<c8", ">c16",
@@ -213,3 +214,40 @@ def test_refuses_unknown_compression() -> None:
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_BZIP2) as zf:
         zf.writestr("b.npy", b"\x93NUMPY")
     _refused(buf.getvalue(), "'b.npy'", "compression method 12")
+
+
+def test_npz_bytes_round_trip_all_dtypes() -> None:
+    """The writer ``get``/``export`` use, read back by the reader pack uses: bit-exact."""
+    arrays = {
+        "b": np.array([True, False]),
+        "f16": np.arange(3, dtype=np.float16),
+        "i64": np.array([[1, -2]], dtype=np.int64),
+        "s": np.array("us-ma-boston"),
+        "empty": np.zeros((0, 3), np.float32),
+        "nan": np.array([np.nan], np.float32),
+    }
+    got = load_npz(npz_bytes(arrays), "x")
+    assert list(got) == list(arrays)
+    for name, want in arrays.items():
+        assert got[name].dtype == want.dtype and got[name].shape == want.shape, name
+        assert got[name].tobytes() == want.tobytes(), name
+
+
+def test_canonical_npz_form_is_deterministic_and_hashed() -> None:
+    import hashlib
+
+    from shardlake.source.source_form import source_sha256
+
+    arrays = {"b": np.arange(5, dtype=">u2"), "a": np.array(["x", "yz"])}
+    data = npz_bytes(arrays, compress=False)
+    infos = zipfile.ZipFile(io.BytesIO(data)).infolist()
+    assert [i.filename for i in infos] == ["b.npy", "a.npy"]
+    assert {i.date_time for i in infos} == {(1980, 1, 1, 0, 0, 0)}
+    assert {i.compress_type for i in infos} == {zipfile.ZIP_STORED}
+    assert {i.create_system for i in infos} == {3}  # Unix, also on Windows
+    assert source_sha256(arrays) == hashlib.sha256(data).hexdigest()
+    got = load_npz(data, "x")
+    assert list(got) == list(arrays)
+    assert all(
+        got[n].dtype == arrays[n].dtype and got[n].tobytes() == arrays[n].tobytes() for n in got
+    )

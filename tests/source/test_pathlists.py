@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import shardlake
 from shardlake.errors import SelectionError, SourceError
-from shardlake.meta.keysets import parse_key_list
-from shardlake.source.pathlists import map_keys, parse_entries, read_source_paths, source_npz_paths
+from shardlake.source.pathlists import map_keys, parse_entries, source_npz_paths
 
 
 def test_text_and_json_lists_give_the_same_entries() -> None:
@@ -35,7 +36,7 @@ def test_errors_name_the_first_offending_entry_never_the_whole_file(tmp_path: Pa
     listing = tmp_path / "one-line.txt"
     listing.write_text(" ".join(many))
     with pytest.raises(SourceError, match=r"one-line\.txt:1: .*\.\.\.") as info:
-        read_source_paths(listing, tmp_path)
+        shardlake.inspect_source(tmp_path, path_list=listing)
     assert len(str(info.value)) < 400
 
 
@@ -55,12 +56,21 @@ def test_absolute_entries_map_under_the_source_or_the_prefix(tmp_path: Path) -> 
         source_npz_paths(parse_entries(f"a/x.npz\n{src}/a/x.npz\n", "l.txt"), src)
 
 
-def test_keys_map_through_the_shared_parser() -> None:
+def test_keys_map_through_the_shared_parser(
+    tmp_path: Path, packed_root: Callable[..., tuple[Path, Path]]
+) -> None:
     entries = parse_entries(json.dumps(["/src/a/x.npz", "/other/y.npz", "b/z.npz"]), "k.json")
     mapped = map_keys(entries, json_list=True, source="/src")
     assert mapped.keys == ["a/x", "b/z"] and mapped.unmapped == ["/other/y.npz"]
     assert mapped.local_paths == {"a/x": "/src/a/x.npz"}
-    keys, unmapped = parse_key_list(b"a/x\nb/y\n", "k.txt")
-    assert (keys, unmapped) == (["a/x", "b/y"], [])
+    # A keyset's key file goes through the same parser (text list in file order).
+    _, root_path = packed_root([2, 2])
+    root = shardlake.open(str(root_path))
+    keys = sorted(root.dataset().manifests(columns=["key"]).column("key").to_pylist())
+    listing = tmp_path / "k.txt"
+    listing.write_text(f"{keys[2]}\n{keys[0]}\n")
+    assert root.create_keyset("t", key_file=str(listing)).keys == sorted([keys[2], keys[0]])
+    bad = tmp_path / "k.json"
+    bad.write_bytes(b'["a", {"b": 1}]')
     with pytest.raises(SelectionError, match=r"k\.json\[1\]"):
-        parse_key_list(b'["a", {"b": 1}]', "k.json")
+        root.create_keyset("bad", key_file=str(bad))

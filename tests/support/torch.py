@@ -15,7 +15,6 @@ import torch
 from torch.utils.data import default_collate
 
 import shardlake
-from shardlake.format.codec import to_python_strings
 from shardlake.testing import synth_corpus
 
 
@@ -39,7 +38,11 @@ def npz_sample(source: Path, key: str, drop: tuple[str, ...] = ("version",)) -> 
     """What users load today: ``np.load`` of the source npz (0-d strings as ``str``)."""
     with np.load(source / f"{key}.npz") as z:
         arrays = {name: z[name] for name in z.files}
-    return {k: v for k, v in to_python_strings(arrays).items() if k not in drop}
+    return {
+        k: v.item() if v.ndim == 0 and v.dtype.kind in "US" else v
+        for k, v in arrays.items()
+        if k not in drop
+    }
 
 
 def reference_batch(source: Path, keys: list[str]) -> Any:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 import shardlake
-from shardlake.source.source_form import npz_bytes
+from shardlake.testing import npz_bytes
 
 Sample = tuple[str, dict[str, np.ndarray[Any, Any]], dict[str, Any]]
 

@@ -20,10 +20,9 @@ from support.torch import (
 from torch.utils.data import DataLoader
 
 import shardlake
+from shardlake import open_store
 from shardlake.errors import IntegrityError, PlanError, SelectionError
-from shardlake.store import RequestCounter, open_store
-from shardlake.store.layers import summarize_request_log
-from shardlake.testing import synth_corpus
+from shardlake.testing import RequestCounter, summarize_request_log, synth_corpus
 from shardlake.testing.faults import FaultInjector, FaultPlan
 from shardlake.torch import (
     ReadOptions,

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from support.torch import assert_batch_equal, make_root
 
-from shardlake.store import RequestCounter, open_store
+from shardlake import open_store
+from shardlake.testing import RequestCounter
 from shardlake.testing.fixtures import new_location, shared_servers
 from shardlake.torch import ShardDataset
 

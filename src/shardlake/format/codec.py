@@ -27,7 +27,6 @@ __all__ = [
     "TensorSpec",
     "arrays_equal_exact",
     "check_array",
-    "check_payload",
     "decode_safetensors",
     "encode_safetensors",
     "frame_has_checksum",
@@ -231,15 +230,6 @@ def frame_has_checksum(payload: bytes | memoryview) -> bool:
 def payload_checksum(payload: bytes | memoryview) -> int:
     """The manifest's per-read checksum: CRC-32 (zlib) of the compressed payload, as uint32."""
     return zlib.crc32(payload) & 0xFFFFFFFF
-
-
-def check_payload(payload: bytes | memoryview, expected_crc32: int, where: str) -> None:
-    """Raise :class:`IntegrityError` naming ``where`` if the payload's CRC-32 is not the manifest's."""
-    actual = payload_checksum(payload)
-    if actual != expected_crc32:
-        raise IntegrityError(
-            f"{where}: payload checksum mismatch (crc32 {actual:08x}, manifest says {expected_crc32:08x})"
-        )
 
 
 def to_python_strings(sample: dict[str, Any]) -> dict[str, Any]:

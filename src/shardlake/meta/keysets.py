@@ -57,7 +57,6 @@ __all__ = [
     "list_keysets",
     "load_keyset",
     "load_keyset_bytes",
-    "parse_key_list",
     "publish_keyset",
     "read_key_list",
     "referenced_versions",
@@ -112,21 +111,6 @@ class Keyset:
 
 
 # --- key lists -------------------------------------------------------------------------------
-
-
-def parse_key_list(
-    data: bytes, where: str, *, strip_prefix: str | None = None
-) -> tuple[list[str], list[str]]:
-    """Keys from a key-list file: ``(keys, unmapped_entries)``, in file order.
-
-    Accepted forms (see :mod:`shardlake.source.pathlists`): a text file with one key per line (blank
-    lines and ``#`` lines ignored), or a JSON list of strings such as the training lists of
-    absolute ``.npz`` paths. With ``strip_prefix`` every entry must start with it (``OLD_ROOT``);
-    the prefix and a trailing ``.npz`` are removed. Entries that cannot be mapped are returned as
-    ``unmapped``.
-    """
-    mapping = _map(data, where, strip_prefix, None)
-    return mapping.keys, mapping.unmapped
 
 
 def _map(

@@ -29,7 +29,6 @@ __all__ = [
     "map_keys",
     "parse_entries",
     "read_entries",
-    "read_source_paths",
     "source_npz_paths",
 ]
 
@@ -161,16 +160,6 @@ def source_npz_paths(
         seen[rel] = entry.where
         out.append(rel)
     return out
-
-
-def read_source_paths(
-    path: str | os.PathLike[str],
-    source: str | os.PathLike[str] | None,
-    *,
-    strip_prefix: str | None = None,
-) -> list[str]:
-    """:func:`source_npz_paths` over the path-list file at ``path``."""
-    return source_npz_paths(read_entries(path), source, strip_prefix=strip_prefix)
 
 
 @dataclass(frozen=True)

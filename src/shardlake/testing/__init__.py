@@ -14,10 +14,15 @@
   :mod:`shardlake.testing.azurite` (Azurite, Azure Blob); ``StoreServers`` starts any of them.
 * ``synth_corpus`` - the synthetic driving-frame corpus ``shardlake synth`` writes, for tests
   that need a source tree; ``write_npz`` / ``npz_bytes`` write deterministic ``.npz`` files.
+* ``RequestCounter`` - a store layer counting requests (``store.with_layers(RequestCounter())``;
+  with a log path, every process appends to it: ``read_request_log`` / ``summarize_request_log``),
+  and ``free_port`` - a 127.0.0.1 port free right now (or, once closed, one nothing listens at).
 
 Nothing in the library imports this package; it needs the ``test`` extra.
 """
 
+from ..store.layers import RequestCounter, read_request_log, summarize_request_log
+from ..tools.localhost import free_port
 from ..tools.synth import SynthResult, npz_bytes, synth_corpus, write_npz
 from .azurite import AzuriteServer, azurite_server
 from .seaweedfs import SeaweedFSServer, seaweedfs_server
@@ -33,16 +38,20 @@ from .servers import (
 __all__ = [
     "AzuriteServer",
     "GCSServer",
+    "RequestCounter",
     "S3Server",
     "SeaweedFSServer",
     "StoreServers",
     "SynthResult",
     "azurite_server",
     "fake_gcs_server",
+    "free_port",
     "moto_s3_server",
     "npz_bytes",
+    "read_request_log",
     "seaweedfs_server",
     "start_store_server",
+    "summarize_request_log",
     "synth_corpus",
     "write_npz",
 ]
