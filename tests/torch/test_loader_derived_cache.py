@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import shardlake
-from shardlake.read.catalog_cache import ARRAYS_SUFFIX, LAYOUT
+from shardlake.read.catalog_cache import ARRAYS_SUFFIX, LAYOUT, CatalogCache
 from shardlake.testing import synth_corpus
 from shardlake.torch import ShardDataset
 
@@ -73,7 +73,8 @@ def test_second_rank_maps_the_first_ranks_columns_bit_for_bit(
     assert not _mapped(reference[0])
     monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", str(tmp_path / "cache"))
     cold = _run(root, engine)
-    assert not _mapped(cold[0]) and len(_arrays_files(tmp_path / "cache")) == 1
+    # The first rank maps the file it wrote (its pages shared with the node's other ranks).
+    assert _mapped(cold[0]) and len(_arrays_files(tmp_path / "cache")) == 1
     warm = _run(root, engine)
     assert _mapped(warm[0])
     _same(cold, reference)
@@ -99,8 +100,16 @@ def test_a_torn_or_edited_columns_file_is_rebuilt_not_trusted(
     else:
         data[20:30] = b"x" * 10  # the header's JSON
     path.write_bytes(bytes(data))
+    discarded: list[Path] = []
+    real = CatalogCache._discard
+
+    def spy(cache: CatalogCache, found: Path) -> None:
+        discarded.append(found)
+        real(cache, found)
+
+    monkeypatch.setattr(CatalogCache, "_discard", spy)
     rebuilt = _run(root, "threads")
-    assert not _mapped(rebuilt[0])  # the damaged file was not used
+    assert discarded == [path]  # found out and deleted, not used
     _same(rebuilt, reference)
     assert path.read_bytes() != bytes(data)  # published again, whole
     again = _run(root, "threads")
@@ -148,7 +157,7 @@ def test_other_ranks_epochs_and_resumes_read_the_cached_plan_exactly(
         want[rank, 1] = keys(ld)
     monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", str(tmp_path / "cache"))
     first, _ = loader(1)  # the node's first rank: computes and writes the whole plan
-    assert not _plan_mapped(first)
+    assert _plan_mapped(first)  # and maps it back
     for rank in (0, 1):
         ds, ld = loader(rank)
         assert _plan_mapped(ds)  # the other rank too: the file holds every slot

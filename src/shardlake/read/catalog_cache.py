@@ -261,13 +261,26 @@ class CatalogCache:
     def fetch_arrays(self, what: str, make: Callable[[], DerivedArrays]) -> DerivedArrays:
         """The arrays of ``what`` mapped from the cache, else ``make()``d and published; one
         process per node makes them, the others wait and map its file (as :meth:`fetch`).
-        What ``make`` returns is returned as made (in memory), not mapped back."""
-        return self._once(
+        The maker maps its published file back too (its pages are then shared with the other
+        ranks instead of being a private copy); what it made is returned where that fails."""
+        made: list[DerivedArrays] = []
+
+        def publish(value: DerivedArrays) -> None:
+            self.put_arrays(what, *value)
+            made.append(value)
+
+        found = self._once(
             self.root / (_arrays_name(what) + LOCK_SUFFIX),
             lambda: self.get_arrays(what),
             make,
-            lambda made: self.put_arrays(what, *made),
+            publish,
         )
+        if not made:
+            return found
+        hits = self.hits
+        mapped = self.get_arrays(what)
+        self.hits = hits  # the maker's own file: not a hit
+        return found if mapped is None else mapped
 
     def entries(self) -> Iterator[tuple[Path, int, float]]:
         """``(path, size, mtime)`` of every published object."""
