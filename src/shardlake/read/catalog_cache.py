@@ -122,12 +122,14 @@ class CatalogCache:
             raise UsageError(f"catalog cache: bytes are not object {sha256[:12]}...")
         self._publish(sha256, data)
 
-    def _publish(self, name: str, data: bytes) -> None:
+    def _publish(self, name: str, data: bytes | list[Any]) -> None:
+        """Write ``data`` (bytes, or buffers written one after another) as entry ``name``."""
         path = self.root / name
         temp = path.with_name(f"{name}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
         try:
             with open(temp, "wb") as fh:
-                fh.write(data)
+                for part in [data] if isinstance(data, bytes) else data:
+                    fh.write(part)
             os.replace(temp, path)
         except OSError:
             with contextlib.suppress(OSError):
@@ -218,9 +220,11 @@ class CatalogCache:
             lambda value: self.put_derived(what, value),
         )
 
-    def get_arrays(self, what: str) -> DerivedArrays | None:
+    def get_arrays(self, what: str, *, verify: bool = True) -> DerivedArrays | None:
         """The arrays cached for ``what``, mapped read-only from their file (shared with the
-        other processes mapping it), or ``None`` (absent, or failed its check and deleted)."""
+        other processes mapping it), or ``None`` (absent, or failed its check and deleted).
+        ``verify=False`` skips the data's sha256 (the size and header are still checked): for
+        the file this process has just written."""
         path = self.root / _arrays_name(what)
         try:
             with open(path, "rb") as fh:
@@ -234,7 +238,7 @@ class CatalogCache:
             self._discard(path)
             return None
         try:
-            found = _decode_arrays(view, what)
+            found = _decode_arrays(view, what, verify)
         except (ValueError, KeyError, TypeError, struct.error):
             found = None
         if found is None:
@@ -278,7 +282,7 @@ class CatalogCache:
         if not made:
             return found
         hits = self.hits
-        mapped = self.get_arrays(what)
+        mapped = self.get_arrays(what, verify=False)
         self.hits = hits  # the maker's own file: not a hit
         return found if mapped is None else mapped
 
@@ -327,36 +331,39 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def _encode_arrays(what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any]) -> bytes:
-    """magic, header length (u64), header JSON, then each array's bytes at a 64-byte offset.
-    The header holds the data's size and sha256, so a torn or edited file is found out."""
+def _encode_arrays(what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any]) -> list[Any]:
+    """magic, header length (u64), header JSON, then each array's bytes at a 64-byte offset,
+    as buffers to write one after another (no joined copy). The header holds the data's size
+    and sha256, so a torn or edited file is found out."""
     specs, parts, pos = [], [], 0
+    digest = hashlib.sha256()
     for name, value in arrays.items():
         array = np.ascontiguousarray(value)
         if array.ndim != 1:
             raise UsageError(f"catalog cache: array {name!r} is not 1-d")
-        raw = array.tobytes()
+        raw = array.view(np.uint8).data  # its bytes, not a copy
         specs.append({"name": name, "dtype": array.dtype.str, "count": len(array), "at": pos})
-        pad = _aligned(len(raw)) - len(raw)
-        parts += [raw, b"\0" * pad]
-        pos += len(raw) + pad
-    data = b"".join(parts)
+        pad = b"\0" * (_aligned(len(raw)) - len(raw))
+        digest.update(raw)
+        digest.update(pad)
+        parts += [raw, pad]
+        pos += len(raw) + len(pad)
     header = json.dumps(
         {
             "format": ARRAYS,
             "of": what,
             "doc": doc,
             "arrays": specs,
-            "data_bytes": len(data),
-            "data_sha256": hashlib.sha256(data).hexdigest(),
+            "data_bytes": pos,
+            "data_sha256": digest.hexdigest(),
         },
         sort_keys=True,
     ).encode()
     head = ARRAYS_MAGIC + struct.pack("<Q", len(header)) + header
-    return head + b"\0" * (_aligned(len(head)) - len(head)) + data
+    return [head + b"\0" * (_aligned(len(head)) - len(head)), *parts]
 
 
-def _decode_arrays(view: mmap.mmap, what: str) -> DerivedArrays | None:
+def _decode_arrays(view: mmap.mmap, what: str, verify: bool = True) -> DerivedArrays | None:
     """The document and arrays of a mapped arrays file (views into ``view``), or ``None``
     when the file is not whole or not of ``what``."""
     if view[: len(ARRAYS_MAGIC)] != ARRAYS_MAGIC:
@@ -376,7 +383,7 @@ def _decode_arrays(view: mmap.mmap, what: str) -> DerivedArrays | None:
         return None
     data = memoryview(view)[base:]
     try:
-        if hashlib.sha256(data).hexdigest() != header["data_sha256"]:
+        if verify and hashlib.sha256(data).hexdigest() != header["data_sha256"]:
             return None
         arrays: dict[str, np.ndarray[Any, Any]] = {}
         for spec in header["arrays"]:
