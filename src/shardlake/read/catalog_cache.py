@@ -18,6 +18,11 @@ Beside the objects it keeps small *derived* values that are a pure function of a
 content (the loader's selection digest of a whole version, keyed by the version hash and row
 count): a JSON file named by the sha256 of what it is of, holding that description, the value
 and a checksum of both; one that does not check out is deleted and the value computed again.
+Larger derived values, arrays (the loader's row-table columns of a whole version), are one
+memory-mappable file each (``<name>.arrays``): a header naming what it is of, the arrays' dtypes,
+shapes and offsets, the data's size and sha256, then the data, 64-byte aligned. A reader maps it
+(the ranks of a node then share its pages) after checking its size, its header and the data's
+sha256; a file that does not check out (torn, truncated, edited) is deleted and built again.
 
 Where: ``$SHARDLAKE_CATALOG_CACHE`` when set (empty or ``off`` disables the cache), else
 ``$XDG_CACHE_HOME/shardlake/catalog``, else ``~/.cache/shardlake/catalog``. The budget is
@@ -31,17 +36,23 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import secrets
-from collections.abc import Callable, Iterator
+import struct
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import numpy as np
 
 from ..errors import UsageError
 
 __all__ = [
+    "ARRAYS_SUFFIX",
     "LAYOUT",
     "CatalogCache",
+    "DerivedArrays",
     "catalog_cache",
 ]
 
@@ -55,6 +66,14 @@ TEMP_MARK = ".tmp."
 LOCK_SUFFIX = ".lock"
 DERIVED = "shardlake.catalog-cache.derived/1"
 DERIVED_SUFFIX = ".derived"
+ARRAYS = "shardlake.catalog-cache.arrays/1"
+ARRAYS_SUFFIX = ".arrays"
+ARRAYS_MAGIC = b"SLKARR01"
+ALIGN = 64
+SUFFIXES = (DERIVED_SUFFIX, ARRAYS_SUFFIX)
+
+# What an arrays entry holds: a small JSON-able document and named 1-d arrays.
+DerivedArrays = tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]
 OFF = ("", "off", "0", "false", "no")
 
 
@@ -103,12 +122,14 @@ class CatalogCache:
             raise UsageError(f"catalog cache: bytes are not object {sha256[:12]}...")
         self._publish(sha256, data)
 
-    def _publish(self, name: str, data: bytes) -> None:
+    def _publish(self, name: str, data: bytes | list[Any]) -> None:
+        """Write ``data`` (bytes, or buffers written one after another) as entry ``name``."""
         path = self.root / name
         temp = path.with_name(f"{name}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
         try:
             with open(temp, "wb") as fh:
-                fh.write(data)
+                for part in [data] if isinstance(data, bytes) else data:
+                    fh.write(part)
             os.replace(temp, path)
         except OSError:
             with contextlib.suppress(OSError):
@@ -199,6 +220,72 @@ class CatalogCache:
             lambda value: self.put_derived(what, value),
         )
 
+    def get_arrays(self, what: str, *, verify: bool = True) -> DerivedArrays | None:
+        """The arrays cached for ``what``, mapped read-only from their file (shared with the
+        other processes mapping it), or ``None`` (absent, or failed its check and deleted).
+        ``verify=False`` skips the data's sha256 (the size and header are still checked): for
+        the file this process has just written."""
+        path = self.root / _arrays_name(what)
+        try:
+            with open(path, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                if size == 0:
+                    raise ValueError("empty")
+                view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            self._discard(path)
+            return None
+        try:
+            found = _decode_arrays(view, what, verify)
+        except (ValueError, KeyError, TypeError, struct.error):
+            found = None
+        if found is None:
+            with contextlib.suppress(BufferError):
+                view.close()
+            self._discard(path)
+            return None
+        with contextlib.suppress(OSError):
+            os.utime(path)
+        self.hits += 1
+        return found
+
+    def _discard(self, path: Path) -> None:
+        self.discarded += 1
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+    def put_arrays(self, what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any]) -> None:
+        """Publish derived arrays (atomically; errors leave no entry)."""
+        with contextlib.suppress(OSError):
+            self.root.mkdir(parents=True, exist_ok=True)
+        self._publish(_arrays_name(what), _encode_arrays(what, doc, arrays))
+
+    def fetch_arrays(self, what: str, make: Callable[[], DerivedArrays]) -> DerivedArrays:
+        """The arrays of ``what`` mapped from the cache, else ``make()``d and published; one
+        process per node makes them, the others wait and map its file (as :meth:`fetch`).
+        The maker maps its published file back too (its pages are then shared with the other
+        ranks instead of being a private copy); what it made is returned where that fails."""
+        made: list[DerivedArrays] = []
+
+        def publish(value: DerivedArrays) -> None:
+            self.put_arrays(what, *value)
+            made.append(value)
+
+        found = self._once(
+            self.root / (_arrays_name(what) + LOCK_SUFFIX),
+            lambda: self.get_arrays(what),
+            make,
+            publish,
+        )
+        if not made:
+            return found
+        hits = self.hits
+        mapped = self.get_arrays(what, verify=False)
+        self.hits = hits  # the maker's own file: not a hit
+        return found if mapped is None else mapped
+
     def entries(self) -> Iterator[tuple[Path, int, float]]:
         """``(path, size, mtime)`` of every published object."""
         try:
@@ -206,8 +293,8 @@ class CatalogCache:
         except OSError:
             return
         for name in names:
-            if len(name) != 64 and not (
-                len(name) == 64 + len(DERIVED_SUFFIX) and name.endswith(DERIVED_SUFFIX)
+            if len(name) != 64 and not any(
+                len(name) == 64 + len(suffix) and name.endswith(suffix) for suffix in SUFFIXES
             ):  # temporary and lock files
                 continue
             with contextlib.suppress(OSError):
@@ -234,6 +321,81 @@ def _derived_name(what: str) -> str:
 
 def _derived_check(what: str, value: str) -> str:
     return hashlib.sha256(f"{DERIVED}|check|{what}|{value}".encode()).hexdigest()
+
+
+def _arrays_name(what: str) -> str:
+    return hashlib.sha256(f"{ARRAYS}|name|{what}".encode()).hexdigest() + ARRAYS_SUFFIX
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _encode_arrays(what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any]) -> list[Any]:
+    """magic, header length (u64), header JSON, then each array's bytes at a 64-byte offset,
+    as buffers to write one after another (no joined copy). The header holds the data's size
+    and sha256, so a torn or edited file is found out."""
+    specs, parts, pos = [], [], 0
+    digest = hashlib.sha256()
+    for name, value in arrays.items():
+        array = np.ascontiguousarray(value)
+        if array.ndim != 1:
+            raise UsageError(f"catalog cache: array {name!r} is not 1-d")
+        raw = array.view(np.uint8).data  # its bytes, not a copy
+        specs.append({"name": name, "dtype": array.dtype.str, "count": len(array), "at": pos})
+        pad = b"\0" * (_aligned(len(raw)) - len(raw))
+        digest.update(raw)
+        digest.update(pad)
+        parts += [raw, pad]
+        pos += len(raw) + len(pad)
+    header = json.dumps(
+        {
+            "format": ARRAYS,
+            "of": what,
+            "doc": doc,
+            "arrays": specs,
+            "data_bytes": pos,
+            "data_sha256": digest.hexdigest(),
+        },
+        sort_keys=True,
+    ).encode()
+    head = ARRAYS_MAGIC + struct.pack("<Q", len(header)) + header
+    return [head + b"\0" * (_aligned(len(head)) - len(head)), *parts]
+
+
+def _decode_arrays(view: mmap.mmap, what: str, verify: bool = True) -> DerivedArrays | None:
+    """The document and arrays of a mapped arrays file (views into ``view``), or ``None``
+    when the file is not whole or not of ``what``."""
+    if view[: len(ARRAYS_MAGIC)] != ARRAYS_MAGIC:
+        return None
+    (length,) = struct.unpack_from("<Q", view, len(ARRAYS_MAGIC))
+    start = len(ARRAYS_MAGIC) + 8
+    if start + length > len(view):
+        return None
+    header = json.loads(view[start : start + length])
+    base = _aligned(start + length)
+    if (
+        not isinstance(header, dict)
+        or header.get("format") != ARRAYS
+        or header.get("of") != what
+        or len(view) != base + int(header["data_bytes"])
+    ):
+        return None
+    data = memoryview(view)[base:]
+    try:
+        if verify and hashlib.sha256(data).hexdigest() != header["data_sha256"]:
+            return None
+        arrays: dict[str, np.ndarray[Any, Any]] = {}
+        for spec in header["arrays"]:
+            dtype = np.dtype(spec["dtype"])
+            count, at = int(spec["count"]), int(spec["at"])
+            if at < 0 or at + count * dtype.itemsize > len(data):
+                return None
+            arrays[spec["name"]] = np.frombuffer(view, dtype, count, base + at)
+    finally:
+        data.release()
+    doc = header["doc"]
+    return (doc, arrays) if isinstance(doc, dict) else None
 
 
 def catalog_cache() -> CatalogCache | None:

@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
+import json
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +24,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
+from ..read.catalog_cache import DerivedArrays, catalog_cache
 from ..store import Store
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
 from .ddp import dist_info
@@ -49,13 +50,11 @@ from .sources import (
     combine,
     epoch_counts,
     epoch_rows,
-    load_keys,
     paused_gc,
     release_set_up_memory,
     select_rows,
     selection_key_digest,
 )
-from .strings import LazyStrings
 from .threads import default_threads, ordered_map
 
 if TYPE_CHECKING:
@@ -258,8 +257,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
 
     def _init_table(self, epoch_size: int | None) -> None:
         """Resolve the sources and build the row table (the one place that reads manifests)."""
-        resolved = [select_rows(s, self.out.meta_columns) for s in self.sources]
-        combined = combine(resolved, self.out.meta_columns)
+        resolved = [select_rows(s, self.out.meta_columns, cached=True) for s in self.sources]
+        combined = combine(resolved, self.out.meta_columns, include_key=self.out.include_key)
         self.store: Any = combined.store
         self.table = combined.table
         self.source_of = combined.source_of
@@ -268,7 +267,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.meta = combined.meta
         self.source_sizes = combined.sizes
         self.source_counts = epoch_counts(self.sources, combined.sizes, epoch_size)
-        self.source_records = [
+        self.source_records: list[dict[str, Any]] = [
             {
                 "name": r.source.label,
                 "store": r.store.url,
@@ -276,7 +275,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 "version_hash": r.version_hash,
                 "selection": r.selection,
                 "selection_digest": selection_key_digest(r),
-                "samples": r.table.num_rows,
+                "samples": r.rows,
                 "weight": r.source.weight,
                 "repeat": r.source.repeat,
                 "choose": r.source.choose,
@@ -300,14 +299,6 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             self.version_hash = hashlib.sha256(f"mix|{text}".encode()).hexdigest()[:32]
             self.selection_desc = {"mix": [d["name"] for d in self.source_records]}
             self.selection_digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-        if not self.out.include_key:
-            # Batches do not carry keys: drop them (read back from the catalog if asked for).
-            pinned = [
-                replace(r.source, version=r.version_tag, weight=None, repeat=None, choose=None)
-                for r in resolved
-            ]
-            keys = LazyStrings(len(self.table), functools.partial(load_keys, pinned))
-            self.table = replace(self.table, keys=keys)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -344,20 +335,49 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         the whole plan afresh (mixing reports over every rank)."""
         cursor = self.cursor if cursor is None else cursor
         cache_key = (cursor.epoch, layout, cursor.legs)
-        if all_ranks or self._plan_cache is None or self._plan_cache[0] != cache_key:
-            mapping = self.epoch_map(cursor.epoch)
-            t = self.table
-            rows = (
-                Rows(t.shard, t.offset)
-                if mapping is None
-                else Rows(t.shard[mapping], t.offset[mapping])
-            )
-            leg = plan_epoch(rows, self.params, cursor.epoch, layout, cursor.legs)
-            if all_ranks:
-                return compact_plan(resolve(leg, mapping))
+        if all_ranks:
+            return compact_plan(self._whole_plan(layout, cursor))
+        if self._plan_cache is None or self._plan_cache[0] != cache_key:
             mine = range(layout.slots_per_rank * self.rank, layout.slots_per_rank * (self.rank + 1))
-            self._plan_cache = (cache_key, compact_plan(resolve(leg, mapping), keep=mine))
+            self._plan_cache = (cache_key, self._rank_plan(layout, cursor, mine))
         return self._plan_cache[1]
+
+    def _whole_plan(self, layout: Layout, cursor: Cursor) -> ReadPlan:
+        mapping = self.epoch_map(cursor.epoch)
+        t = self.table
+        rows = (
+            Rows(t.shard, t.offset)
+            if mapping is None
+            else Rows(t.shard[mapping], t.offset[mapping])
+        )
+        leg = plan_epoch(rows, self.params, cursor.epoch, layout, cursor.legs)
+        return resolve(leg, mapping)
+
+    def _rank_plan(self, layout: Layout, cursor: Cursor, mine: range) -> ReadPlan:
+        """This rank's share of the leg's plan. With the node-local catalog cache on, the whole
+        plan is a derived file keyed by everything it depends on (the plan parameters, which
+        name the version and selection, the layout, the epoch and its legs): the node's first
+        rank computes and writes it, the others (and later runs) map their slots from it."""
+        cache = catalog_cache()
+        if cache is None:
+            return compact_plan(self._whole_plan(layout, cursor), keep=mine)
+        from .. import __version__
+
+        what = json.dumps(
+            {
+                "entry": PLAN_ENTRY,
+                "shardlake": __version__,
+                "params": asdict(self.params),
+                "layout": asdict(layout),
+                "epoch": cursor.epoch,
+                "legs": [leg.to_json() for leg in cursor.legs],
+                "sizes": self.source_sizes,
+                "counts": self.source_counts,
+            },
+            sort_keys=True,
+        )
+        made = cache.fetch_arrays(what, lambda: plan_arrays(self._whole_plan(layout, cursor)))
+        return plan_from_arrays(layout, *made, keep=mine)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (plain ``DataLoader`` iteration)."""
@@ -704,6 +724,64 @@ def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
         slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
         # A sequence of arrays, as the readers use it (ReadPlan's annotation says list).
         slot_chunks=cast(list[list[IntArrayT]], chunks),
+    )
+
+
+PLAN_ENTRY = "loader-plan/1"
+
+
+def plan_arrays(plan: ReadPlan) -> DerivedArrays:
+    """A whole plan (all slots, no plan ids) as a derived-arrays entry of the catalog cache."""
+    whole = compact_plan(plan)
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for i in range(len(whole.slot_rows)):
+        chunks = cast(ChunkList, whole.slot_chunks[i])
+        arrays[f"rows{i}"] = whole.slot_rows[i]
+        arrays[f"emit{i}"] = whole.slot_emit_chunk[i]
+        arrays[f"valid{i}"] = whole.slot_valid[i]
+        arrays[f"flat{i}"] = chunks.flat
+        arrays[f"bounds{i}"] = chunks.bounds
+    doc = {
+        "steps": whole.steps,
+        "samples": whole.samples,
+        "replays": whole.replays,
+        "slots": len(whole.slot_rows),
+    }
+    return doc, arrays
+
+
+def plan_from_arrays(
+    layout: Layout, doc: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]], keep: range
+) -> ReadPlan:
+    """The rank's plan of :func:`plan_arrays`' entry: its slots, the others' empty; integer
+    arrays in the dtype :func:`compact_plan` would give them (views where it is the same)."""
+    slots = int(doc["slots"])
+    kept = [i for i in range(slots) if i in keep]
+    mine = [arrays[f"{name}{i}"] for name in ("rows", "emit") for i in kept]
+    top = max((int(a.max()) for a in mine if len(a)), default=0)
+    low = min((int(a.min()) for a in mine if len(a)), default=0)
+    dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
+    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
+
+    def slot(name: str, i: int) -> np.ndarray[Any, Any]:
+        return arrays[f"{name}{i}"].astype(dtype, copy=False) if i in keep else none
+
+    chunks = [
+        ChunkList.from_flat(arrays[f"flat{i}"], arrays[f"bounds{i}"])
+        if i in keep
+        else ChunkList([])
+        for i in range(slots)
+    ]
+    return ReadPlan(
+        layout,
+        int(doc["steps"]),
+        int(doc["samples"]),
+        int(doc["replays"]),
+        slot_rows=[slot("rows", i) for i in range(slots)],
+        slot_chunks=cast(list[list[IntArrayT]], chunks),
+        slot_emit_chunk=[slot("emit", i) for i in range(slots)],
+        slot_valid=[arrays[f"valid{i}"] if i in keep else np.zeros(0, bool) for i in range(slots)],
+        slot_ids=[none] * slots,
     )
 
 

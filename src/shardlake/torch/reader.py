@@ -155,6 +155,13 @@ class ChunkList(Sequence[np.ndarray[Any, Any]]):
         fits = not len(flat) or (int(flat.min()) >= 0 and int(flat.max()) < 2**31)
         self.flat = flat.astype(np.int32 if fits else np.int64, copy=False)
 
+    @classmethod
+    def from_flat(cls, flat: np.ndarray[Any, Any], bounds: np.ndarray[Any, Any]) -> ChunkList:
+        """Chunks ``flat[bounds[i]:bounds[i + 1]]`` (e.g. views into a mapped plan file)."""
+        self = cls.__new__(cls)
+        self.flat, self.bounds = flat, bounds
+        return self
+
     def __len__(self) -> int:
         return len(self.bounds) - 1
 

@@ -11,11 +11,12 @@ epoch by :func:`epoch_rows`, seeded, so a rerun is identical.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import hashlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -29,7 +30,7 @@ from ..store import Store, open_store
 from ..store.url import location
 from .heap import trim_heap
 from .reader import RowTable
-from .strings import StringColumn, key_digest
+from .strings import LazyStrings, StringColumn, key_digest
 
 __all__ = [
     "MixMember",
@@ -116,33 +117,191 @@ class MixMember:
 
 
 @dataclass
+class SourceColumns:
+    """One source's loader columns, as the row table takes them (the plan does not enter):
+    per row its (partition, shard) pair's index into ``pairs``, its payload's place and check,
+    and its partition's index into ``partition_names`` (sorted). Integer columns are int32
+    where their values fit (CRC-32s uint32), indices the smallest signed type."""
+
+    shard: np.ndarray[Any, Any]
+    offset: np.ndarray[Any, Any]
+    size: np.ndarray[Any, Any]
+    raw_size: np.ndarray[Any, Any]
+    crc32: np.ndarray[Any, Any]
+    partition: np.ndarray[Any, Any]
+    pairs: list[tuple[str, int]]
+    partition_names: list[str]
+    offset_end: int  # max(offset + size): what the offsets of derived reads stay under
+
+    ARRAYS = ("shard", "offset", "size", "raw_size", "crc32", "partition")
+
+    def __len__(self) -> int:
+        return len(self.shard)
+
+    @classmethod
+    def from_table(cls, table: pa.Table) -> SourceColumns:
+        """From the selected manifest rows: vectorised, narrow dtypes end to end (no int64
+        copy of a column is made unless its values need it)."""
+        pids = table.column("partition")
+        codes = pids.dictionary_encode().combine_chunks() if len(pids) else None
+        if codes is None:
+            part = np.zeros(0, dtype=np.int64)
+            names: list[str] = []
+        else:
+            part = codes.indices.to_numpy()
+            names = codes.dictionary.to_pylist()
+        shard, pairs = _shard_index(part, names, _narrow(table.column("shard")))
+        # Partitions numbered in sorted order, from the one dictionary encoding above.
+        by_name = sorted(range(len(names)), key=names.__getitem__)
+        rank = np.empty(len(names), dtype=index_dtype(len(names)))
+        rank[by_name] = np.arange(len(names))
+        offset, size = table.column("offset"), table.column("size")
+        ends = pc.max(pc.add(offset, size)).as_py() if len(offset) else 0
+        return cls(
+            shard=shard.astype(np.int32 if len(pairs) <= INT32_MAX else np.int64),
+            offset=_narrow(offset, ends or 0),
+            size=_narrow(size),
+            raw_size=_narrow(table.column("raw_size")),
+            crc32=_narrow_crc(table.column("crc32")),
+            partition=rank[part],
+            pairs=pairs,
+            partition_names=[names[i] for i in by_name],
+            offset_end=int(ends or 0),
+        )
+
+    def to_cache(self) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
+        doc = {
+            "pairs": [[p, s] for p, s in self.pairs],
+            "partition_names": self.partition_names,
+            "offset_end": self.offset_end,
+        }
+        return doc, {name: getattr(self, name) for name in self.ARRAYS}
+
+    @classmethod
+    def from_cache(
+        cls, doc: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]]
+    ) -> SourceColumns:
+        return cls(
+            **{name: arrays[name] for name in cls.ARRAYS},
+            pairs=[(str(p), int(s)) for p, s in doc["pairs"]],
+            partition_names=[str(n) for n in doc["partition_names"]],
+            offset_end=int(doc["offset_end"]),
+        )
+
+
+def _narrow(column: pa.ChunkedArray, upper: int = 0) -> np.ndarray[Any, Any]:
+    """A non-negative integer column as int32 when its values (and ``upper``) fit, else
+    int64, filled chunk by chunk (no int64 copy of the whole column first)."""
+    bounds = pc.min_max(column).as_py() if len(column) else {"min": 0, "max": 0}
+    low, top = int(bounds["min"] or 0), max(int(bounds["max"] or 0), upper)
+    return _fill(column, np.int32 if low >= 0 and top <= INT32_MAX else np.int64)
+
+
+def _narrow_crc(column: pa.ChunkedArray) -> np.ndarray[Any, Any]:
+    """CRC-32s as uint32 (a value outside it, never a valid CRC, keeps int64 and mismatches)."""
+    bounds = pc.min_max(column).as_py() if len(column) else {"min": 0, "max": 0}
+    low, top = int(bounds["min"] or 0), int(bounds["max"] or 0)
+    return _fill(column, np.uint32 if low >= 0 and top <= 0xFFFFFFFF else np.int64)
+
+
+def _fill(column: pa.ChunkedArray, dtype: Any) -> np.ndarray[Any, Any]:
+    out = np.empty(len(column), dtype=dtype)
+    at = 0
+    for chunk in column.chunks:
+        values = chunk.to_numpy(zero_copy_only=False)
+        out[at : at + len(values)] = values
+        at += len(values)
+    return out
+
+
+@dataclass
 class SourceRows:
-    """One source resolved: its store, version and selected manifest rows."""
+    """One source resolved: its store, version, selection and loader columns. ``table`` (the
+    selected manifest rows) is ``None`` when the columns came from the node-local catalog
+    cache; :meth:`key_column` then reads the keys back from the catalog."""
 
     source: MixMember
     store: Store
     version_tag: str
     version_hash: str
     selection: dict[str, Any]
-    table: pa.Table
+    columns: SourceColumns
+    table: pa.Table | None
     shard_key: Any  # (partition, shard) -> shard key in its store
+    read_keys: Any = None  # () -> the key column, where ``table`` is None
+
+    @property
+    def rows(self) -> int:
+        return len(self.columns)
+
+    def key_column(self) -> pa.ChunkedArray:
+        if self.table is not None:
+            return self.table.column("key")
+        return cast(pa.ChunkedArray, self.read_keys())
 
 
-def select_rows(source: MixMember, meta_columns: Sequence[str] = ()) -> SourceRows:
+# The cached loader columns of a whole version: a function of the version's content alone.
+COLUMNS_ENTRY = "loader-columns/1"
+
+
+def select_rows(
+    source: MixMember, meta_columns: Sequence[str] = (), *, cached: bool = False
+) -> SourceRows:
     """Resolve ``source``: open its version and select its manifest rows (the table set-up).
     The catalog is read through the node-local catalog cache: the ranks of a node read it
-    from the store once."""
+    from the store once. ``cached=True``: a whole version's loader columns come from the
+    cache's derived files (built by the node's first rank, mapped by the others), and its
+    manifest rows are not decoded at all."""
     with node_catalog_cache():
-        return _select_rows(source, meta_columns)
+        return _select_rows(source, meta_columns, cached)
 
 
-def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
+def _select_rows(source: MixMember, meta_columns: Sequence[str], cached: bool) -> SourceRows:
     store = source.url if isinstance(source.url, Store) else location(source.url)
     ds = Dataset.open(open_store(store, source.storage_options), source.version, source.keyset)
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
+    everything = source.where is None and source.keyset is None and source.keys is None
+    cache = catalog_cache() if cached and everything and not meta_columns else None
+    read: list[pa.Table] = []
+
+    def rows() -> pa.Table:
+        if not read:
+            read.append(_read_rows(ds, selected, source, wanted, meta_columns, everything))
+        return read[0]
+
+    def make() -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
+        return SourceColumns.from_table(rows()).to_cache()
+
+    if cache is not None:
+        what = f"{COLUMNS_ENTRY}|{ds.version.hash}|all|{','.join(READER_COLUMNS)}"
+        columns = SourceColumns.from_cache(*cache.fetch_arrays(what, make))
+    else:
+        columns = SourceColumns.from_table(rows())
+    table = read[0] if read else None
+    return SourceRows(
+        source,
+        ds.store,
+        ds.version.tag,
+        ds.version.hash,
+        selected.describe(),
+        columns,
+        table,
+        ds.shard_key,
+        read_keys=lambda: ds.manifests(["key"]).column("key"),
+    )
+
+
+def _read_rows(
+    ds: Dataset,
+    selected: Any,
+    source: MixMember,
+    wanted: list[str],
+    meta_columns: Sequence[str],
+    everything: bool,
+) -> pa.Table:
     table: pa.Table | None = None
-    if source.where is None and source.keyset is None and source.keys is None:
+    if everything:
         # Everything: only the loader's columns are decoded (a catalog segment's other columns,
         # e.g. 64-character source digests, are most of its bytes), and nothing is filtered.
         table = ds.manifests(wanted)
@@ -157,17 +316,14 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str]) -> SourceRows:
                 f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
             )
         table = selected.rows(None if source.where else [c for c in wanted if c in columns])
-    selection = selected.describe()
-    return SourceRows(
-        source, ds.store, ds.version.tag, ds.version.hash, selection, table, ds.shard_key
-    )
+    return table
 
 
 def load_keys(sources: Sequence[MixMember]) -> StringColumn:
     """The sample keys of resolved ``sources`` (each pinned to its version), in table order:
     what :class:`~shardlake.torch.strings.LazyStrings` reads back when asked for a key."""
     return StringColumn.concat(
-        [StringColumn.from_arrow(select_rows(s).table.column("key")) for s in sources]
+        [StringColumn.from_arrow(select_rows(s).key_column()) for s in sources]
     )
 
 
@@ -176,12 +332,11 @@ def selection_key_digest(rows: SourceRows) -> str:
     version's is a function of the version alone, so it is kept in the node-local catalog cache
     (keyed by the version hash and row count): the other ranks of a node skip the sort and
     hashing of every key. Other selections are computed each time."""
-    keys = rows.table.column("key")
     cache = catalog_cache() if rows.selection == {"all": True} else None
     if cache is None:
-        return key_digest(keys)
-    what = f"selection-digest|{rows.version_hash}|all|{rows.table.num_rows}"
-    return cache.fetch_derived(what, lambda: key_digest(keys))
+        return key_digest(rows.key_column())
+    what = f"selection-digest|{rows.version_hash}|all|{rows.rows}"
+    return cache.fetch_derived(what, lambda: key_digest(rows.key_column()))
 
 
 class SourceStores:
@@ -234,14 +389,15 @@ class Combined:
     sizes: list[int]
 
 
-def _shard_index(pids: pa.ChunkedArray, shards: IntArray) -> tuple[IntArray, list[tuple[str, int]]]:
+def _shard_index(
+    part: np.ndarray[Any, Any], names: list[str], shards: np.ndarray[Any, Any]
+) -> tuple[IntArray, list[tuple[str, int]]]:
     """Per row, the index of its (partition, shard) pair, numbered by first appearance; and
-    the pairs in that order. Vectorised: no per-row Python objects."""
-    codes = pids.dictionary_encode().combine_chunks() if len(pids) else None
-    if codes is None:
+    the pairs in that order (``part``: per row its partition's index into ``names``).
+    Vectorised: no per-row Python objects."""
+    if len(part) == 0:
         return np.zeros(0, dtype=np.int64), []
-    part = codes.indices.to_numpy().astype(np.int64)
-    pair = part * (int(shards.max()) + 1) + shards
+    pair = part.astype(np.int64) * (int(shards.max()) + 1) + shards
     changes = np.flatnonzero(pair[1:] != pair[:-1]) + 1
     starts = np.concatenate([[0], changes])
     if len(np.unique(pair[starts])) == len(starts):
@@ -249,66 +405,73 @@ def _shard_index(pids: pa.ChunkedArray, shards: IntArray) -> tuple[IntArray, lis
         # runs are the pairs in first-appearance order, numbered without a sort of every row.
         run = np.zeros(len(pair), dtype=np.int64)
         run[changes] = 1
-        names = codes.dictionary.to_pylist()
         firsts = zip(part[starts].tolist(), shards[starts].tolist(), strict=True)
         return np.cumsum(run), [(names[p], s) for p, s in firsts]
     _u, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    names = codes.dictionary.to_pylist()
     order = np.sort(first)
-    return rank[inverse.reshape(-1)], [(names[part[i]], int(shards[i])) for i in order]
+    return rank[inverse.reshape(-1)], [(names[int(part[i])], int(shards[i])) for i in order]
 
 
-def _partition_index(pids: pa.ChunkedArray) -> tuple[IntArray, list[str]]:
-    """Per row, the index of its partition among the sorted partition ids; and those ids."""
-    names = sorted(pc.unique(pids).to_pylist()) if len(pids) else []
-    index = pc.index_in(pids, value_set=pa.array(names, pa.string()))
-    return index.to_numpy().astype(np.int64), names
+def _joined(parts: list[np.ndarray[Any, Any]]) -> np.ndarray[Any, Any]:
+    """One array of ``parts`` (one part is kept as it is: a mapped cache file stays mapped)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Combined:
+def combine(
+    resolved: Sequence[SourceRows], meta_columns: Sequence[str], *, include_key: bool = True
+) -> Combined:
     """One row table over all sources (a single source keeps its own store and shard keys).
 
     Integer columns are int32 where their values fit (CRC-32s uint32), indices the smallest
-    signed type: at 1M samples and more the table is most of a loader's memory."""
+    signed type: at 1M samples and more the table is most of a loader's memory. Without
+    ``include_key`` the table's keys are a :class:`LazyStrings` that reads them back from the
+    catalog (pinned to the resolved versions) the first time something asks."""
     mixed = len(resolved) > 1
-    keys: list[StringColumn] = []
     shard_keys: list[str] = []
-    columns: dict[str, list[IntArray]] = {
+    columns: dict[str, list[np.ndarray[Any, Any]]] = {
         c: [] for c in ("shard", "offset", "size", "raw_size", "crc32")
     }
-    partition_of: list[IntArray] = []
+    partition_of: list[np.ndarray[Any, Any]] = []
     part_names: list[str] = []
     meta: dict[str, list[Any]] = {c: [] for c in meta_columns}
     for index, src in enumerate(resolved):
-        t = src.table
-        pids = t.column("partition")
-        shard_idx, pairs = _shard_index(pids, t.column("shard").to_numpy().astype(np.int64))
-        columns["shard"].append(shard_idx + len(shard_keys))
+        cols = src.columns
+        columns["shard"].append(cols.shard + len(shard_keys) if shard_keys else cols.shard)
         prefix = f"{index}:" if mixed else ""
-        shard_keys.extend(prefix + src.shard_key(pid, s) for pid, s in pairs)
+        shard_keys.extend(prefix + src.shard_key(pid, s) for pid, s in cols.pairs)
         for c in ("offset", "size", "raw_size", "crc32"):
-            columns[c].append(t.column(c).to_numpy().astype(np.int64))
-        keys.append(StringColumn.from_arrow(t.column("key")))
-        part_index, names = _partition_index(pids)
-        partition_of.append(part_index + len(part_names))
-        part_names.extend(f"{src.source.label}/{p}" if mixed else p for p in names)
-        for c in meta_columns:
-            meta[c].extend(t.column(c).to_pylist())
-    merged = {c: np.concatenate(v) for c, v in columns.items()}
-    ends = merged["offset"] + merged["size"]
+            columns[c].append(getattr(cols, c))
+        partition_of.append(
+            cols.partition.astype(np.int64) + len(part_names) if part_names else cols.partition
+        )
+        part_names.extend(f"{src.source.label}/{p}" if mixed else p for p in cols.partition_names)
+        if meta_columns:
+            table = src.table if src.table is not None else pa.table({})
+            for c in meta_columns:
+                meta[c].extend(table.column(c).to_pylist())
+    merged = {c: _joined(v) for c, v in columns.items()}
+    sizes = [r.rows for r in resolved]
+    keys: Sequence[str]
+    if include_key:
+        keys = StringColumn.concat([StringColumn.from_arrow(r.key_column()) for r in resolved])
+    else:
+        pinned = [
+            replace(r.source, version=r.version_tag, weight=None, repeat=None, choose=None)
+            for r in resolved
+        ]
+        keys = LazyStrings(sum(sizes), functools.partial(load_keys, pinned))
+    crc = merged.pop("crc32")
     table = RowTable(
         shard=compact_int(merged.pop("shard")),
-        offset=compact_int(merged.pop("offset"), int(ends.max()) if len(ends) else 0),
+        offset=compact_int(merged.pop("offset"), max(r.columns.offset_end for r in resolved)),
         size=compact_int(merged.pop("size")),
         raw_size=compact_int(merged.pop("raw_size")),
-        crc32=_compact_crc(merged.pop("crc32")),
-        keys=StringColumn.concat(keys),
+        crc32=crc if crc.dtype == np.uint32 else _compact_crc(crc.astype(np.int64)),
+        keys=keys,
         shard_keys=shard_keys,
     )
-    del ends
-    sizes = [r.table.num_rows for r in resolved]
     source_of = np.repeat(
         np.arange(len(resolved), dtype=index_dtype(len(resolved))), np.asarray(sizes, np.int64)
     )
@@ -317,7 +480,7 @@ def combine(resolved: Sequence[SourceRows], meta_columns: Sequence[str]) -> Comb
         table,
         store,
         source_of,
-        np.concatenate(partition_of).astype(index_dtype(len(part_names))),
+        _joined(partition_of).astype(index_dtype(len(part_names)), copy=False),
         part_names,
         meta,
         sizes,
