@@ -278,7 +278,7 @@ class Root:
 
     @_writes
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
-        """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
+        """Prune version ``tags`` (``force`` to prune the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
         from .lifecycle.prune import prune
 

@@ -66,7 +66,7 @@ def _add_remove(sub: argparse._SubParsersAction[Any]) -> None:
 
 
 def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
-    p = sub.add_parser("prune-version", help="retire version tags (gc reclaims their bytes)")
+    p = sub.add_parser("prune-version", help="prune version tags (gc reclaims their bytes)")
     p.add_argument("root", metavar="ROOT")
     p.add_argument("tags", metavar="TAG", nargs="*")
     p.add_argument(
@@ -75,9 +75,9 @@ def _add_prune_version(sub: argparse._SubParsersAction[Any]) -> None:
         action="append",
         default=[],
         metavar="TAG",
-        help="a tag to retire (repeatable; same as TAG)",
+        help="a tag to prune (repeatable; same as TAG)",
     )
-    p.add_argument("--force", action="store_true", help="also retire the version 'latest' names")
+    p.add_argument("--force", action="store_true", help="also prune the version 'latest' names")
     finish_command(p, cmd_prune)
 
 
@@ -208,12 +208,12 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
     tags = list(dict.fromkeys([*args.tags, *args.version_tags]))
     if not tags:
-        raise UsageError("name the version(s) to retire: TAG or --version TAG")
+        raise UsageError("name the version(s) to prune: TAG or --version TAG")
     report = open_root(args).prune(tags, force=args.force)
     if args.json:
         print_json(report.to_json())
     else:
-        print(f"retired {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
+        print(f"pruned {', '.join(report.pruned)}; latest is now {report.latest or '(none)'}")
         print("run 'shardlake gc' to reclaim their storage")
         for tag, names in report.pinned.items():
             print(
