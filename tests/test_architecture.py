@@ -120,3 +120,44 @@ def test_no_operation_below_the_facade_takes_storage_options() -> None:
                     for name in sorted(names & OPENING_PARAMETERS):
                         found.append(f"{_module(path)}.{node.name}({name})")
     assert found == []
+
+
+# What turns a URL into requests: the store layer's openers and fsspec's.
+OPENERS = {"open_store", "url_to_fs", "filesystem", "Store", "make_backend"}
+
+
+def _called_name(call: ast.Call) -> str:
+    func = call.func
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return ""
+
+
+def _takes_a_url_to_open(arg: ast.arg) -> bool:
+    """A ``url`` / ``*_url`` parameter that may be a store to open (``str | Store``); one
+    annotated ``str`` names a place in messages."""
+    named_url = arg.arg == "url" or arg.arg.endswith("_url")
+    return named_url and arg.annotation is not None and "Store" in ast.unparse(arg.annotation)
+
+
+def test_no_operation_below_the_facade_opens_a_store() -> None:
+    found = []
+    for layer in BELOW_THE_FACADE:
+        for path in sorted((PACKAGE / layer).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import | ast.ImportFrom):
+                    modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                    modules.append(getattr(node, "module", None) or "")
+                    if any(m.split(".")[0] == "fsspec" for m in modules):
+                        found.append(f"{_module(path)}:{node.lineno} imports fsspec")
+                elif isinstance(node, ast.Call) and _called_name(node) in OPENERS:
+                    found.append(f"{_module(path)}:{node.lineno} calls {_called_name(node)}")
+                elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    args = node.args
+                    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                        if _takes_a_url_to_open(arg):
+                            found.append(f"{_module(path)}.{node.name}({arg.arg})")
+    assert found == []

@@ -278,7 +278,7 @@ class Root:
 
     @_writes
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
-        """Retire version ``tags`` (``force`` to retire the one ``latest`` names); their
+        """Prune version ``tags`` (``force`` to prune the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
         from .lifecycle.prune import prune
 
@@ -338,11 +338,7 @@ class Root:
                 "dest_storage_options go with a URL; an opened destination has its own",
                 options=("dest_storage_options",),
             )
-        target = (
-            dest.store
-            if isinstance(dest, Root)
-            else open_store(_location(dest), dest_storage_options or None)
-        )
+        target = dest.store if isinstance(dest, Root) else _opened(dest, dest_storage_options)
         opts = build_options(ExportOptions, options, overrides, "export")
         return export(self.store, target, opts)
 
@@ -353,7 +349,8 @@ class Root:
         options: VerifyOptions | None = None,
         **overrides: Any,
     ) -> VerifyReport:
-        """Prove a version equals the source tree ``source``, bit for bit.
+        """Prove a version equals the source tree ``source`` (a local path, or an opened
+        :class:`~shardlake.Store` for a tree in another store), bit for bit.
 
         Settings are :class:`~shardlake.lifecycle.verify.VerifyOptions` (``version``,
         ``allow_missing``, ``path_list``, ``executor``, ...), as an object or as keywords
@@ -362,7 +359,7 @@ class Root:
         from .lifecycle.verify import VerifyOptions, verify_version
 
         opts = build_options(VerifyOptions, options, overrides, "verify")
-        return verify_version(self.store, _location(source), opts)
+        return verify_version(self.store, _opened(source), opts)
 
     @_writes
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
@@ -414,8 +411,11 @@ def _build(
     return build_options(cls, options, overrides, where)
 
 
-def _location(url: str | os.PathLike[str] | Store) -> str | Store:
-    return url if isinstance(url, Store) else location(url)
+def _opened(
+    url: str | os.PathLike[str] | Store, storage_options: dict[str, Any] | None = None
+) -> Store:
+    """``url`` as an opened store (the operations below the facade take no URL)."""
+    return url if isinstance(url, Store) else open_store(location(url), storage_options or None)
 
 
 def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  # noqa: A001
@@ -437,7 +437,7 @@ def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  
         The root; opening makes no request (a missing bucket or bad credentials surface on
         first use).
     """
-    return Root(open_store(_location(url), storage_options or None))
+    return Root(_opened(url, storage_options))
 
 
 __all__ = [

@@ -370,8 +370,8 @@ def test_remove_prune_gc(world: World) -> None:
     assert report.version.tag == "api-rm"
 
     pruned = world.cli("prune-version", world.url, "cli-rm", "--json")
-    assert pruned["retired"] == ["cli-rm"]
-    assert root.prune(["api-rm"], force=True).retired == ["api-rm"]
+    assert pruned["pruned"] == ["cli-rm"]
+    assert root.prune(["api-rm"], force=True).pruned == ["api-rm"]
 
     gc = world.cli("gc", world.url, "--grace", "0", "--json")
     assert gc["dry_run"] is False

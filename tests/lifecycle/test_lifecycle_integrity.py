@@ -207,6 +207,31 @@ def test_verify_membership_and_exact_allow_missing(
     assert "ego_current_state" in report.problems[0].message
 
 
+def test_verify_scopes_a_source_in_any_store(tmp_path: Path) -> None:
+    """include / exclude / path_list scope the source whether it is a path or an opened store
+    (a copy in memory://: absolute list entries map through strip_prefix there)."""
+    location = StoreLocation("local", str(tmp_path / "root"))
+    src = tmp_path / "src"
+    store = _packed(location, src)
+    first = sorted(p.name for p in src.iterdir() if p.is_dir())[0]
+    late = f"{first}/late_frame"
+    some_npz = next((src / first).glob("*.npz"))
+    shutil.copy(some_npz, src / f"{late}.npz")
+    copy = shardlake.open_store(f"memory://verify-scope-{tmp_path.name}")
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            copy.write(path.relative_to(src).as_posix(), path.read_bytes())
+    root = shardlake.open(store)
+    for source in (str(src), copy):
+        assert root.verify(source).missing == [late]
+        assert root.verify(source, exclude=["*/late_frame.npz"]).ok
+        listed = tmp_path / "list.txt"
+        packed = sorted(str(p) for p in src.rglob("*.npz") if p.stem != "late_frame")
+        listed.write_text("\n".join(packed) + "\n")
+        report = root.verify(source, path_list=listed, strip_prefix=str(src))
+        assert report.ok and report.source_samples == len(packed)
+
+
 def test_scrub_memory_is_bounded_by_batches(tmp_path: Path) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     store = _packed(location, tmp_path / "src")

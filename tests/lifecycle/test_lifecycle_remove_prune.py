@@ -232,9 +232,15 @@ def test_prune_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert main(["prune-version", root, "v1", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["live"] == ["v2", "v3"] and out["latest"] == "v3"
-    state = shardlake.open(root).prune(["v3"], force=True)
-    assert state.latest == "v2" and "v3" in state.retired
-    assert shardlake.open(root).dataset().version.tag == "v2"
+    assert main(["prune-version", root, "v2", "--force"]) == 0
+    assert "pruned v2; latest is now v3" in capsys.readouterr().out
+    shardlake.open(root).remove("v4", keys=[keys[2]])
+    report = shardlake.open(root).prune(["v3"], force=True)
+    assert report.pruned == ["v3"] and report.latest == "v4" and report.live == ["v4"]
+    with pytest.warns(DeprecationWarning, match="PruneReport.pruned"):
+        assert report.retired == ["v3"]  # the old name, kept one release
+    assert report.to_json()["pruned"] == report.to_json()["retired"] == ["v3"]
+    assert shardlake.open(root).dataset().version.tag == "v4"
 
 
 def test_remove_takes_a_partition_by_path_as_pack_does(

@@ -7,10 +7,10 @@ from shardlake import open_store
 from shardlake.errors import ConflictError, FormatError, NotFoundError, VersionNotFoundError
 from shardlake.meta.versions import (
     load_version,
+    prune_versions,
     publish_version,
     read_state,
     resolve_tag,
-    retire_versions,
 )
 
 
@@ -87,11 +87,11 @@ def test_retire_requires_force_for_latest(store):
     publish_version(store, "v1", _body(1), read_state(store))
     publish_version(store, "v2", _body(2), read_state(store))
     with pytest.raises(ConflictError, match="needs force") as refused:
-        retire_versions(store, ["v2"])
+        prune_versions(store, ["v2"])
     assert refused.value.options == ("force",)  # the CLI shows it as --force
-    retire_versions(store, ["v2"], force=True)
+    prune_versions(store, ["v2"], force=True)
     assert read_state(store).latest == "v1"
-    with pytest.raises(VersionNotFoundError, match="retired"):
+    with pytest.raises(VersionNotFoundError, match="pruned"):
         load_version(store, "v2")
     with pytest.raises(ConflictError):
         publish_version(store, "v2", _body(3), read_state(store))

@@ -317,7 +317,7 @@ def test_a_stale_index_is_caught_up_from_the_commit_log(tmp_path: Path) -> None:
     with static_http_server(tmp_path) as server:
         remote = shardlake.open(f"{server.url}/root")
         assert [v.tag for v in remote.versions()] == ["v2"]  # later commits found by GET
-        with pytest.raises(VersionNotFoundError, match="retired"):
+        with pytest.raises(VersionNotFoundError, match="pruned"):
             remote.version("v1")
     assert local.write_index()["commit"] == 3
     assert local.scrub().ok

@@ -143,7 +143,7 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def _print_pruned(report: PruneReport) -> None:
-    print(f"pruned {', '.join(report.retired)}; latest is now {report.latest or '(none)'}")
+    print(f"pruned {', '.join(report.pruned)}; latest is now {report.latest or '(none)'}")
     print("run 'shardlake gc' to reclaim their storage")
     for tag, names in report.pinned.items():
         print(

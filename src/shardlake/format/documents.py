@@ -368,7 +368,7 @@ class CommitRecord:
     created_at: str
     writer: str
     versions: tuple[tuple[str, str], ...]  # live (tag, hash) pairs in publish order
-    retired: tuple[str, ...]
+    retired: tuple[str, ...]  # pruned tags (the on-disk key keeps its format-1 name)
     latest: str | None
     gc_lock: GcLock | None
     detail: Mapping[str, Any]  # op-specific fields (tag, version, tags, ...)

@@ -2,7 +2,7 @@
 
 What a reader that cannot list (a static HTTP server) needs to resolve ``latest``, a tag or a
 keyset with GET alone: the commit the state was taken from, the state itself (live tags with
-their version hashes, retired tags, ``latest``) and every live keyset with the SHA-256 and size
+their version hashes, pruned tags, ``latest``) and every live keyset with the SHA-256 and size
 of its object. Canonical JSON, sealed with ``index_sha256`` over the rest of the document.
 """
 
@@ -46,7 +46,7 @@ class RootIndex:
 
     commit: int
     versions: tuple[tuple[str, str], ...] = ()  # live [tag, version_hash], publish order
-    retired: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()  # pruned tags (the key "retired" of docs/format.md)
     latest: str | None = None
     keysets: Mapping[str, KeysetRef] = field(default_factory=dict)
     written_at: str = ""

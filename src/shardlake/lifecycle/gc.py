@@ -2,7 +2,7 @@
 
 Garbage is an object whose name has one of the shapes shardlake writes under ``data/``,
 ``versions/`` and ``catalog/`` (:func:`~shardlake.format.layout.is_owned_key`) and that lies
-outside the closure of the live versions (and of versions a keyset is bound to, retired or not),
+outside the closure of the live versions (and of versions a keyset is bound to, pruned or not),
 plus staging left by killed writers (local ``.shardlake-tmp-*`` files, unfinished S3 multipart
 uploads; see :meth:`Store.leftovers`). The root marker, the commit log, keysets and the
 capability-probe area are never touched. Every other object under the root is *foreign*: it is
@@ -452,5 +452,5 @@ def _check_after(store: Store, fence: RootState, deleted: set[str]) -> None:
         if lost:
             raise IntegrityError(
                 f"{store.url}: version {tag!r} was published while gc ran and references "
-                f"{len(lost)} object(s) gc deleted (e.g. {lost[0]}); retire it and re-run its pack"
+                f"{len(lost)} object(s) gc deleted (e.g. {lost[0]}); prune it and re-run its pack"
             )

@@ -1,13 +1,14 @@
-"""``prune-version``: retire version tags (their bytes go at the next ``gc``)."""
+"""``prune-version``: prune version tags (their bytes go at the next ``gc``)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from ..meta.versions import RootState, retire_versions
+from ..meta.versions import RootState, prune_versions
 from ..store import Store
 
 __all__ = [
@@ -18,23 +19,34 @@ __all__ = [
 
 @dataclass(frozen=True)
 class PruneReport:
-    """What a prune did: the tags it retired, the live tags left and what ``latest`` names."""
+    """What a prune did: the tags it pruned, the live tags left and what ``latest`` names."""
 
-    retired: list[str]
+    pruned: list[str]
     live: list[str]
     latest: str | None
-    # retired tag -> the keysets still bound to it (gc keeps its bytes until they are deleted)
+    # pruned tag -> the keysets still bound to it (gc keeps its bytes until they are deleted)
     pinned: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def retired(self) -> list[str]:
+        """Deprecated alias of :attr:`pruned` (removed in the next release)."""
+        warnings.warn(
+            "PruneReport.retired is deprecated: use PruneReport.pruned",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.pruned
 
     @classmethod
     def of(
-        cls, retired: list[str], state: RootState, pinned: dict[str, list[str]] | None = None
+        cls, pruned: list[str], state: RootState, pinned: dict[str, list[str]] | None = None
     ) -> PruneReport:
-        return cls(retired, list(state.versions), state.latest, pinned or {})
+        return cls(pruned, list(state.versions), state.latest, pinned or {})
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "retired": self.retired,
+            "pruned": self.pruned,
+            "retired": self.pruned,  # the old name, kept one release for scripts that read it
             "latest": self.latest,
             "live": self.live,
             "pinned_by_keysets": self.pinned,
@@ -42,14 +54,14 @@ class PruneReport:
 
 
 def prune(store: Store, tags: Sequence[str], *, force: bool = False) -> PruneReport:
-    """Retire ``tags`` in one commit; their bytes go at the next ``gc``. Pruning the version
+    """Prune ``tags`` in one commit; their bytes go at the next ``gc``. Pruning the version
     ``latest`` points to needs ``force`` (``latest`` then moves to the newest remaining
     version). Unknown tags are refused."""
     if not tags:
-        raise UsageError("name at least one version tag to retire", options=("tags",))
+        raise UsageError("name at least one version tag to prune", options=("tags",))
     tags = list(dict.fromkeys(tags))
     store.ensure_create_enforced()
-    state = retire_versions(store, tags, force=force)
+    state = prune_versions(store, tags, force=force)
     return PruneReport.of(tags, state, _pinning_keysets(store, tags))
 
 

@@ -47,7 +47,8 @@ from ..progress.bar import Progress
 from ..read.payloads import TRANSPORT
 from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..source.npz import load_npz
-from ..store import Store, open_store
+from ..source.tree import scoped_frame_keys
+from ..store import Store
 from .common import (
     DEFAULT_WORKERS,
     Problem,
@@ -167,6 +168,28 @@ def _source_samples(source: Store, keep_skipped: bool) -> tuple[set[str], set[st
     return expected, optional
 
 
+def _scoped(
+    source: Store, opts: VerifyOptions, expected: set[str], optional: set[str]
+) -> tuple[set[str], set[str]]:
+    """``expected`` and ``optional`` narrowed to ``opts.only_keys``, or to the frames pack's
+    scoping options (``path_list``, ``include``, ``exclude``) select."""
+    if opts.only_keys is not None:
+        wanted = set(opts.only_keys)
+        return expected & wanted, optional & wanted
+    if opts.path_list is None and not opts.include and not opts.exclude:
+        return expected, optional
+    wanted = scoped_frame_keys(
+        expected | optional,
+        # absolute path-list entries map through the tree's own path where it is local
+        source=source.root if source.protocol == "file" else None,
+        path_list=opts.path_list,
+        strip_prefix=opts.strip_prefix,
+        include=opts.include,
+        exclude=opts.exclude,
+    )
+    return expected & wanted, optional & wanted
+
+
 @dataclass(frozen=True)
 class VerifyOptions:
     """How ``verify`` compares a version with its source tree.
@@ -204,25 +227,12 @@ class VerifyOptions:
     executor: ExecutorSpec = None
 
 
-def verify_version(store: Store, source_url: str | Store, options: VerifyOptions) -> VerifyReport:
-    """Compare ``options.version`` with the source tree ``source_url`` (a local path, or an
-    opened store); see :class:`VerifyReport`. One task per partition runs on
-    ``options.executor``."""
+def verify_version(store: Store, source: Store, options: VerifyOptions) -> VerifyReport:
+    """Compare ``options.version`` with the source tree in the opened store ``source``; see
+    :class:`VerifyReport`. One task per partition runs on ``options.executor``."""
     opts = options
     if opts.allow_missing is not None and opts.allow_missing < 0:
         raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
-    source = open_store(source_url)
-    only_keys = opts.only_keys
-    if only_keys is None and isinstance(source_url, str):
-        from ..source.tree import scoped_frame_keys
-
-        only_keys = scoped_frame_keys(
-            source_url,
-            path_list=opts.path_list,
-            strip_prefix=opts.strip_prefix,
-            include=opts.include,
-            exclude=opts.exclude,
-        )
     version, allow_missing = opts.version, opts.allow_missing
     expected_partitions, progress, workers = opts.expected_partitions, opts.progress, opts.workers
     spec = executor_for(store, opts.executor, "verified")
@@ -230,10 +240,7 @@ def verify_version(store: Store, source_url: str | Store, options: VerifyOptions
     ver = load_version(store, version)
     report = VerifyReport(ver.tag, source.url, ver.partition_count, expected_partitions)
     report.allow_missing = allow_missing or 0
-    expected, optional = _source_samples(source, ver.record.keep_skipped)
-    if only_keys is not None:
-        wanted = set(only_keys)
-        expected, optional = expected & wanted, optional & wanted
+    expected, optional = _scoped(source, opts, *_source_samples(source, ver.record.keep_skipped))
     if not expected and not optional:
         raise SourceError(f"{source.url}: no .npz files here; is this the source tree?")
     report.source_samples = len(expected)

@@ -3,7 +3,7 @@
 A version document (``versions/<tag>/<hash>.json``) names every partition revision of one
 dataset version; its hash is the SHA-256 of its bytes. A version is *published* when a commit
 record naming it is created at ``commits/<seq>.json`` with create-if-absent. Each commit record
-carries the whole root state (live tags, retired tags, latest), so reading the highest commit is
+carries the whole root state (live tags, pruned tags, latest), so reading the highest commit is
 enough, and two racing writers can never both take the same sequence number. See
 ``docs/format.md`` for the schema and ``docs/storage.md`` for why this is safe on every backend.
 """
@@ -82,6 +82,7 @@ __all__ = [
     "load_version_bytes",
     "lock_holder_gone",
     "parse_root_marker",
+    "prune_versions",
     "publish_version",
     "read_commit",
     "read_root_marker",
@@ -89,7 +90,6 @@ __all__ = [
     "refresh_index",
     "require_root",
     "resolve_tag",
-    "retire_versions",
     "takeover_note",
     "utc_now",
     "version_of",
@@ -129,7 +129,7 @@ class RootState:
 
     seq: int = 0
     versions: dict[str, str] = field(default_factory=dict)  # live tag -> hash, publish order
-    retired: tuple[str, ...] = ()
+    retired: tuple[str, ...] = ()  # pruned tags, never reusable (the record's key "retired")
     latest: str | None = None  # tag
     # Set while gc deletes objects: publishing is refused meanwhile, so no version can
     # reference a revision gc is deleting (see shardlake.lifecycle.gc).
@@ -632,8 +632,8 @@ def publish_version(
     return StoredVersion.parse(tag, version_hash, data, store.key_url(key), store)
 
 
-def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> RootState:
-    """Retire ``tags`` (prune-version). Retiring the tag ``latest`` names needs ``force``;
+def prune_versions(store: Store, tags: list[str], *, force: bool = False) -> RootState:
+    """Prune ``tags`` (prune-version). Pruning the tag ``latest`` names needs ``force``;
     ``latest`` then moves to the newest remaining version (or none)."""
     base = read_state(store)
     for tag in tags:
@@ -642,7 +642,7 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
     if base.latest in tags and not force:
         # A refusal of valid input (exit 1), not a usage error: the root's state decides it.
         raise ConflictError(
-            f"{store.url}: version {base.latest!r} is what 'latest' points to; retiring it "
+            f"{store.url}: version {base.latest!r} is what 'latest' points to; pruning it "
             "needs force",
             options=("force",),
         )
@@ -651,6 +651,7 @@ def retire_versions(store: Store, tags: list[str], *, force: bool = False) -> Ro
     if latest in tags:
         latest = next(reversed(versions), None)
     new = RootState(base.seq + 1, versions, tuple(base.retired) + tuple(tags), latest, base.gc_lock)
+    # "retire": the op name a prune has had on disk since format 1
     return commit_state(store, base, new, "retire", {"tags": list(tags)})
 
 
@@ -686,9 +687,9 @@ def resolve_tag(
     if tag not in state.versions:
         if not state.versions:
             require_root(store, state)
-        retired = " (it was retired)" if tag in state.retired else ""
+        pruned = " (it was pruned)" if tag in state.retired else ""
         raise VersionNotFoundError(
-            f"{store.url}: unknown version {tag!r}{retired}; {_known_tags(state)}",
+            f"{store.url}: unknown version {tag!r}{pruned}; {_known_tags(state)}",
             hint="all of them: shardlake versions ROOT",
         )
     return tag, state.versions[tag]

@@ -47,7 +47,7 @@ def publish(
                 ) from exc
             if base is not None and base not in state.versions:
                 raise ConflictError(
-                    f"{store.url}: base version {base!r} was retired while this pack ran; "
+                    f"{store.url}: base version {base!r} was pruned while this pack ran; "
                     "nothing was published - re-run (finished revisions are reused)"
                 ) from exc
     raise ConflictError(

@@ -214,22 +214,23 @@ def read_path_list(
 
 
 def scoped_frame_keys(
-    source: str | os.PathLike[str],
+    frames: Iterable[str],
     *,
+    source: str | os.PathLike[str] | None = None,
     path_list: str | os.PathLike[str] | None = None,
     strip_prefix: str | None = None,
     include: Sequence[str] = (),
     exclude: Sequence[str] = (),
-) -> list[str] | None:
-    """The keys of the frames a pack with these scoping options would consider (for ``verify``),
-    or None when no option scopes the source."""
-    if path_list is None and not include and not exclude:
-        return None
+) -> set[str]:
+    """Those of ``frames`` (the keys of a source tree's npz files) that a pack with these
+    scoping options would consider (for ``verify``): named by ``path_list`` (its absolute
+    entries map through ``strip_prefix``, or ``source``, the tree's local path, if it has one)
+    and passing the globs."""
     if path_list is not None:
         rels = read_path_list(path_list, source, strip_prefix=strip_prefix)
-        return [rel[: -len(NPZ)] for rel in rels if _selected(rel, include, exclude)]
-    frames, _sidecars, _others, _unreadable, _excluded = _scan_tree(Path(source), include, exclude)
-    return sorted(frames)
+        listed = {rel[: -len(NPZ)] for rel in rels}
+        frames = [key for key in frames if key in listed]
+    return {key for key in frames if _selected(key + NPZ, include, exclude)}
 
 
 def _selected(rel: str, include: Sequence[str], exclude: Sequence[str]) -> bool:
