@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pyarrow as pa
 
@@ -21,8 +21,12 @@ from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payload
 from ..read.tasks import ExecutorSpec, Task, error_text, run_tasks
 from ..store import Store
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
 __all__ = [
     "DEFAULT_WORKERS",
+    "FieldsJson",
     "Problem",
     "ShardRow",
     "check_shard_payloads",
@@ -40,6 +44,13 @@ __all__ = [
 BATCH_BYTES = 32 * 2**20
 # Shards checked at once by scrub/verify (threads; memory bound is workers x BATCH_BYTES).
 DEFAULT_WORKERS = 4
+
+
+class FieldsJson:
+    """Mixin for a report dataclass whose JSON is exactly its fields (``asdict``)."""
+
+    def to_json(self: DataclassInstance) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -64,6 +64,7 @@ from ..source.source_form import npz_bytes, sidecar_json
 from ..store import Store
 from .common import (
     DEFAULT_WORKERS,
+    FieldsJson,
     ShardRow,
     check_shard_payloads,
     rows_by_shard,
@@ -410,15 +411,12 @@ def _commit_export(src: Store, dest: Store, ver: StoredVersion) -> bool:
 
 
 @dataclass
-class NpzExportReport:
+class NpzExportReport(FieldsJson):
     dest: str
     version: str
     samples: int = 0
     sidecars: int = 0
     bytes_written: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def export_npz(

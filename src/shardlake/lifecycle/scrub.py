@@ -9,7 +9,7 @@ Memory stays bounded: payloads are fetched per shard in multi-range batches of a
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..format.documents import PartitionEntry
@@ -20,6 +20,7 @@ from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..store import Store
 from .common import (
     DEFAULT_WORKERS,
+    FieldsJson,
     Problem,
     check_shard_payloads,
     problem_counts,
@@ -38,14 +39,11 @@ __all__ = [
 
 
 @dataclass
-class PartitionScrub:
+class PartitionScrub(FieldsJson):
     partition: str
     samples: int = 0
     bytes: int = 0
     problems: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass
