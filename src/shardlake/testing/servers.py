@@ -1,7 +1,12 @@
 """The loopback servers for tests: moto's S3 and fake-gcs-server (from
 :mod:`shardlake.tools.loopback`, which the demo uses without the test extra), plus SeaweedFS
 (:mod:`shardlake.testing.seaweedfs`, a real S3-compatible store) and Azurite
-(:mod:`shardlake.testing.azurite`, Azure Blob)."""
+(:mod:`shardlake.testing.azurite`, Azure Blob).
+
+This module adds the two test servers to the kinds :func:`start_store_server` and
+:class:`StoreServers` start, and passes on the server types and starters; the dummy
+credentials, block sizes and ``*_storage_options`` builders stay in
+:mod:`shardlake.tools.loopback`."""
 
 from __future__ import annotations
 
@@ -11,20 +16,12 @@ from types import MappingProxyType
 
 from ..tools.loopback import (
     DEFAULT_BUCKET,
-    DUMMY_KEY,
-    DUMMY_SECRET,
-    GCS_PROJECT,
-    GCS_TEST_BLOCK_SIZE,
-    REGION,
-    S3_TEST_BLOCK_SIZE,
     GCSServer,
     MissingServerError,
     S3Server,
     StoreServer,
     fake_gcs_server,
-    gcs_storage_options,
     moto_s3_server,
-    s3_storage_options,
 )
 from ..tools.loopback import StoreServers as _LoopbackServers
 from ..tools.loopback import start_store_server as _start_loopback_server
@@ -98,13 +95,6 @@ class StoreServers(_LoopbackServers):
 
 
 __all__ = [
-    "DEFAULT_BUCKET",
-    "DUMMY_KEY",
-    "DUMMY_SECRET",
-    "GCS_PROJECT",
-    "GCS_TEST_BLOCK_SIZE",
-    "REGION",
-    "S3_TEST_BLOCK_SIZE",
     "SERVER_KINDS",
     "GCSServer",
     "MissingServerError",
@@ -112,8 +102,6 @@ __all__ = [
     "StoreServer",
     "StoreServers",
     "fake_gcs_server",
-    "gcs_storage_options",
     "moto_s3_server",
-    "s3_storage_options",
     "start_store_server",
 ]
