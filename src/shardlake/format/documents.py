@@ -214,22 +214,15 @@ def _fast_entry(cls: type[PartitionEntry], doc: dict[str, Any]) -> PartitionEntr
         members += count
     if members < samples:
         return None
+    # The string fields go in by the name lists they were checked by (an absent optional: None).
+    strings: dict[str, Any] = {name: get(name) for name in _ENTRY_STRINGS + _ENTRY_OPTIONAL_STRINGS}
     return cls(
-        id=doc["id"],
-        path=doc["path"],
-        data_rev=doc["data_rev"],
-        meta_rev=doc["meta_rev"],
-        manifest_rev=doc["manifest_rev"],
-        manifest=doc["manifest"],
+        **strings,
         samples=samples,
         skipped=skipped,
         payload_bytes=payload,
         shards=tuple(shards),
-        source_fingerprint=get("source_fingerprint"),
-        npz_fingerprint=get("npz_fingerprint"),
-        manifest_sha256=get("manifest_sha256"),
         manifest_size=size,
-        segment=get("segment"),
     )
 
 
