@@ -67,17 +67,26 @@ def payload_size(result: object) -> int:
     return 0
 
 
-class RequestCounter:
+class PerProcessLayer:
+    """Base of a store layer whose counts belong to the process that made them: a pickled copy
+    (a DataLoader worker's, a spawned task's) carries only what ``__getstate__`` returns,
+    the arguments the layer was made with, and is made again from them, its counts at zero."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        type(self).__init__(self, **state)
+
+
+class RequestCounter(PerProcessLayer):
     """Counts requests (attempts) per operation and bytes read/written, in this process; with
     ``log_path``, also appends one JSON line per request to that file, so requests of DataLoader
     workers and other processes that received the pickled store can be summed
     (:func:`summarize_request_log`)."""
 
     def __init__(self, log_path: str | None = None) -> None:
-        self.log_path = log_path
-        self._reset()
-
-    def _reset(self) -> None:
+        self.log_path = log_path  # the one setting a pickled copy keeps: the log spans processes
         self.requests: Counter[str] = Counter()
         # Multi-range reads per client that served them (obstore or fsspec).
         self.read_clients: Counter[str] = Counter()
@@ -88,10 +97,6 @@ class RequestCounter:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"log_path": self.log_path}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.log_path = state["log_path"]
-        self._reset()  # counters are per process; the log file spans processes
 
     @property
     def total_requests(self) -> int:
@@ -171,6 +176,7 @@ def summarize_request_log(path: str) -> dict[str, Any]:
 
 
 __all__ = [
+    "PerProcessLayer",
     "Request",
     "RequestCounter",
     "StoreLayer",

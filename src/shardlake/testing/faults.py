@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, TypeVar, cast
 
 from ..store import Store
-from ..store.layers import Request
+from ..store.layers import PerProcessLayer, Request
 
 T = TypeVar("T")
 
@@ -100,15 +100,12 @@ class FaultPlan:
         return int.from_bytes(digest, "big") / 2**64
 
 
-class FaultInjector:
+class FaultInjector(PerProcessLayer):
     """A store layer injecting the faults of ``plan``; ``injected`` counts them per operation
     (in this process)."""
 
     def __init__(self, plan: FaultPlan) -> None:
         self.plan = plan
-        self._reset()
-
-    def _reset(self) -> None:
         self.injected: Counter[str] = Counter()
         self._seen: Counter[str] = Counter()
         self._streak: Counter[str] = Counter()
@@ -116,10 +113,6 @@ class FaultInjector:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"plan": self.plan}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.plan = state["plan"]
-        self._reset()
 
     def __repr__(self) -> str:
         return f"FaultInjector({self.plan!r})"
