@@ -23,7 +23,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,8 +34,7 @@ from ..tools.loopback import (
     MissingServerError,
     StoreServer,
     _patched_env,
-    start_on_free_port,
-    stop_process,
+    process_server,
 )
 
 ENV_BINARY = "SHARDLAKE_AZURITE_BLOB"
@@ -128,40 +126,34 @@ def azurite_server(
     ``AZURE_STORAGE_CONNECTION_STRING``, put into ``os.environ`` while it runs when ``set_env``.
     """
     script = binary or azurite_binary()
-    with tempfile.TemporaryDirectory(prefix="shardlake-azurite-") as workdir:
-        log_path = os.path.join(workdir, "azurite.log")
 
-        def argv(port: int) -> list[str]:
-            return [
-                script,
-                "--loose",
-                "--skipApiVersionCheck",
-                "--disableTelemetry",
-                "--silent",
-                "--blobHost",
-                LOOPBACK,
-                "--blobPort",
-                str(port),
-                "--location",
-                os.path.join(workdir, "data"),
-            ]
+    def argv(port: int, workdir: str) -> list[str]:
+        return [
+            script,
+            "--loose",
+            "--skipApiVersionCheck",
+            "--disableTelemetry",
+            "--silent",
+            "--blobHost",
+            LOOPBACK,
+            "--blobPort",
+            str(port),
+            "--location",
+            os.path.join(workdir, "data"),
+        ]
 
-        def ready(proc: subprocess.Popen[bytes], port: int) -> bool:
-            deadline = time.monotonic() + startup_timeout
-            while time.monotonic() < deadline and proc.poll() is None and not _listening(port):
-                time.sleep(0.05)
-            return proc.poll() is None and _listening(port)
+    def ready(proc: subprocess.Popen[bytes], port: int) -> bool:
+        deadline = time.monotonic() + startup_timeout
+        while time.monotonic() < deadline and proc.poll() is None and not _listening(port):
+            time.sleep(0.05)
+        return proc.poll() is None and _listening(port)
 
-        proc, port = start_on_free_port("Azurite", argv, ready, log_path, cwd=workdir)
-        try:
-            endpoint = f"http://{LOOPBACK}:{port}"
-            _create_container(endpoint, container)
-            env = {"AZURE_STORAGE_CONNECTION_STRING": connection_string(endpoint)}
-            info = AzuriteServer("azure", endpoint, container, azure_storage_options(endpoint), env)
-            with _patched_env(env, set_env):
-                yield info
-        finally:
-            stop_process(proc)
+    with process_server("Azurite", argv, ready) as endpoint:
+        _create_container(endpoint, container)
+        env = {"AZURE_STORAGE_CONNECTION_STRING": connection_string(endpoint)}
+        info = AzuriteServer("azure", endpoint, container, azure_storage_options(endpoint), env)
+        with _patched_env(env, set_env):
+            yield info
 
 
 __all__ = [

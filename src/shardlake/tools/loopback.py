@@ -57,11 +57,10 @@ __all__ = [
     "fake_gcs_server",
     "gcs_storage_options",
     "moto_s3_server",
+    "process_server",
     "s3_env",
     "s3_storage_options",
-    "start_on_free_port",
     "start_store_server",
-    "stop_process",
 ]
 
 DEFAULT_BUCKET = "shardlake-test"
@@ -272,6 +271,30 @@ def start_on_free_port(
 
 
 @contextlib.contextmanager
+def process_server(
+    name: str,
+    argv: Callable[[int, str], list[str]],
+    ready: Callable[[subprocess.Popen[bytes], int], bool],
+) -> Iterator[str]:
+    """Run the server ``argv(port, workdir)`` on a free loopback port (see
+    :func:`start_on_free_port`) in a new temporary ``workdir``, its working directory, which
+    also keeps its log; yields its ``http://127.0.0.1:PORT`` endpoint. On exit the server is
+    stopped and the workdir removed."""
+    with tempfile.TemporaryDirectory(prefix=f"shardlake-{name.lower()}-") as workdir:
+        proc, port = start_on_free_port(
+            name,
+            lambda port: argv(port, workdir),
+            ready,
+            os.path.join(workdir, "server.log"),
+            cwd=workdir,
+        )
+        try:
+            yield f"http://{LOOPBACK}:{port}"
+        finally:
+            stop_process(proc)
+
+
+@contextlib.contextmanager
 def fake_gcs_server(
     bucket: str = DEFAULT_BUCKET, *, set_env: bool = True, startup_timeout: float = 20.0
 ) -> Iterator[GCSServer]:
@@ -282,50 +305,42 @@ def fake_gcs_server(
     log going to a file.
     """
     binary = _fake_gcs_binary()
-    with tempfile.TemporaryDirectory(prefix="shardlake-fake-gcs-") as workdir:
-        log_path = os.path.join(workdir, "server.log")
 
-        def argv(port: int) -> list[str]:
-            return [
-                binary,
-                "-scheme",
-                "http",
-                "-backend",
-                "memory",
-                "-host",
-                LOOPBACK,
-                "-port",
-                str(port),
-                "-external-url",
-                f"http://{LOOPBACK}:{port}",
-                "-public-host",
-                f"{LOOPBACK}:{port}",
-                "-log-level",
-                "error",
-            ]
+    def argv(port: int, workdir: str) -> list[str]:
+        return [
+            binary,
+            "-scheme",
+            "http",
+            "-backend",
+            "memory",
+            "-host",
+            LOOPBACK,
+            "-port",
+            str(port),
+            "-external-url",
+            f"http://{LOOPBACK}:{port}",
+            "-public-host",
+            f"{LOOPBACK}:{port}",
+            "-log-level",
+            "error",
+        ]
 
-        proc, port = start_on_free_port(
-            "fake-gcs-server",
-            argv,
-            lambda proc, port: _wait_ready(proc, f"http://{LOOPBACK}:{port}", startup_timeout),
-            log_path,
-        )
-        endpoint = f"http://{LOOPBACK}:{port}"
-        try:
-            body = json.dumps({"name": bucket}).encode()
-            _http(f"{endpoint}/storage/v1/b?project={GCS_PROJECT}", method="POST", body=body)
-            env = {
-                "STORAGE_EMULATOR_HOST": endpoint,
-                # gcsfs reads this at import: its experimental filesystem probes bucket types
-                # through APIs the emulator does not have.
-                "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-                "GOOGLE_CLOUD_PROJECT": GCS_PROJECT,
-            }
-            info = GCSServer("gcs", endpoint, bucket, gcs_storage_options(endpoint), env)
-            with _patched_env(env, set_env):
-                yield info
-        finally:
-            stop_process(proc)
+    def ready(proc: subprocess.Popen[bytes], port: int) -> bool:
+        return _wait_ready(proc, f"http://{LOOPBACK}:{port}", startup_timeout)
+
+    with process_server("fake-gcs-server", argv, ready) as endpoint:
+        body = json.dumps({"name": bucket}).encode()
+        _http(f"{endpoint}/storage/v1/b?project={GCS_PROJECT}", method="POST", body=body)
+        env = {
+            "STORAGE_EMULATOR_HOST": endpoint,
+            # gcsfs reads this at import: its experimental filesystem probes bucket types
+            # through APIs the emulator does not have.
+            "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
+            "GOOGLE_CLOUD_PROJECT": GCS_PROJECT,
+        }
+        info = GCSServer("gcs", endpoint, bucket, gcs_storage_options(endpoint), env)
+        with _patched_env(env, set_env):
+            yield info
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], endpoint: str, timeout: float) -> bool:
