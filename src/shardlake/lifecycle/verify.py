@@ -424,19 +424,9 @@ class OffsetsReport:
 
 @dataclass(frozen=True)
 class OffsetsOptions:
-    """What ``verify-offsets`` checks and how.
-
-    Parameters
-    ----------
-    version
-        The version to check (a tag or ``latest``).
-    workers
-        Partitions checked at once.
-    progress
-        Show progress on standard error (``None``: only on a terminal).
-    executor
-        Where the per-partition tasks run: the spec pack takes (default threads).
-    """
+    """What ``verify-offsets`` checks and how: ``version``, ``workers``, ``progress`` and
+    ``executor`` are those of :class:`VerifyOptions` (the version to check; partitions checked
+    at once; progress on standard error; where the per-partition tasks run)."""
 
     version: str = "latest"
     workers: int = DEFAULT_WORKERS

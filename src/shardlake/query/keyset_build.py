@@ -107,17 +107,15 @@ def create_keyset(
     keys: Sequence[str] | None = None,
     key_file: str | None = None,
     strip_prefix: str | None = None,
-    unmapped: Sequence[str] = (),
     allow_unmatched: int | None = None,
-    local_paths: Mapping[str, str] | None = None,
 ) -> Keyset:
     """Select samples of ``version`` by ``where``, ``keys`` or ``key_file`` and publish keyset
     ``name``.
 
     Exactly one of the three (``key_file``: see :meth:`Dataset.keys_from_file`). Refused with
     :class:`ConflictError` if the name is taken (keysets are immutable); nothing is written on
-    any error. ``local_paths`` (key -> listed local npz) lets an unmatched key be named as an
-    ``is_skipped`` frame.
+    any error. An unmatched entry of ``key_file`` that names a local npz marked
+    ``is_skipped`` is named as such.
     """
     check_name("keyset", name)
     if sum(x is not None for x in (where, keys, key_file)) != 1:
@@ -129,6 +127,8 @@ def create_keyset(
     key = keyset_key(name)
     existing = _existing(store, name)
     ds = Dataset(store, resolve_version(store, version))
+    unmapped: Sequence[str] = ()
+    local_paths: Mapping[str, str] = {}
     if key_file is not None:
         listed = ds.keys_from_file(key_file, strip_prefix=strip_prefix)
         keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
