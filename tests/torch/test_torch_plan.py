@@ -262,3 +262,23 @@ def test_plan_shape_2_first_batches_need_the_first_runs_only() -> None:
             assert len(first_batch) <= len(chunks) / 2 and max(first_batch) < len(chunks) / 2
             # ...and still mixes: at least 4 of the 6 partitions in it.
             assert len(set(part[plan.slot_rows[slot][:32]].tolist())) >= 4
+
+
+def test_rows_already_in_shard_order_are_not_sorted_again() -> None:
+    """The plan's (shard, offset) order is a stable lexsort's; rows already in it (a catalog's
+    mostly are) come back as they are, without a sort."""
+    from shardlake.torch.plan import _in_shard_order
+
+    rng = np.random.default_rng(7)
+    shard = np.repeat(np.arange(40), 25)
+    rows = Rows(shard=shard, offset=np.tile(np.arange(25) * 512, 40))
+    ordered = np.arange(len(shard))
+    assert _in_shard_order(rows, ordered) is ordered
+    for ids in (
+        rng.permutation(len(shard)),
+        np.concatenate([ordered, ordered[:30]]),  # repeats
+        ordered[::-1].copy(),
+        rng.choice(len(shard), size=300, replace=True),
+    ):
+        expected = ids[np.lexsort((rows.offset[ids], rows.shard[ids]))]
+        assert np.array_equal(_in_shard_order(rows, ids), expected)

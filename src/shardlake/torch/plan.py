@@ -265,6 +265,20 @@ def _rng(
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
 
 
+def _in_shard_order(rows: Rows, ids: IntArray) -> IntArray:
+    """``ids`` in (shard, offset) order, as a stable ``lexsort`` orders them. Rows already in
+    that order (a catalog's rows mostly are) are found so by one comparison of neighbours
+    and not sorted: at 5M rows the sort was a second of a rank's start-up."""
+    if len(ids) < 2:
+        return ids
+    shard, offset = rows.shard[ids], rows.offset[ids]
+    ahead = shard[1:] > shard[:-1]
+    level = shard[1:] == shard[:-1]
+    if bool(np.all(ahead | (level & (offset[1:] >= offset[:-1])))):
+        return ids
+    return ids[np.lexsort((offset, shard))]
+
+
 def _chunks(
     rows: Rows,
     ids: IntArray,
@@ -278,8 +292,7 @@ def _chunks(
     run costs a request of its own."""
     if len(ids) == 0:
         return []
-    order = np.lexsort((rows.offset[ids], rows.shard[ids]))
-    ids = ids[order]
+    ids = _in_shard_order(rows, ids)
     shard = rows.shard[ids]
     starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
     counts = np.diff(np.r_[starts, len(ids)])
@@ -504,7 +517,7 @@ def _replay(
     if not pad or rng is None:
         return np.zeros(0, dtype=np.int64)
     if rows is not None and pad <= len(ids):
-        ordered = ids[np.lexsort((rows.offset[ids], rows.shard[ids]))]
+        ordered = _in_shard_order(rows, ids)
         start = int(rng.integers(0, len(ids)))
         return ordered[(start + np.arange(pad)) % len(ids)]
     return ids[rng.choice(len(ids), size=pad, replace=pad > len(ids))]

@@ -158,19 +158,28 @@ def key_digest(keys: pa.Array | pa.ChunkedArray) -> str:
 
     Catalog rows come as sorted runs (one per partition, whose keys share its path), so the
     sorted order is usually those runs ordered by their first key: checked by one vectorised
-    comparison of neighbours, with a full string sort only when the runs overlap.
+    comparison of neighbours, then the runs are hashed in that order where they lie (no sorted
+    copy of the keys); a full string sort only when the runs overlap.
     """
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
-    ordered = StringColumn.from_arrow(_sorted_keys(keys))
+    if keys.null_count:
+        raise ValueError("a key column for the digest must not hold nulls")
+    segments = _sorted_segments(keys)
+    if segments is None:
+        keys = pc.take(keys, pc.sort_indices(keys))
+        segments = [(0, len(keys))]
+    data, offsets = _string_buffers(keys)
     h = hashlib.sha256()
-    for begin in range(0, len(ordered), DIGEST_BLOCK):
-        h.update(_framed(ordered, begin, min(begin + DIGEST_BLOCK, len(ordered))))
+    for start, end in segments:
+        for begin in range(start, end, DIGEST_BLOCK):
+            h.update(_framed(data, offsets, begin, min(begin + DIGEST_BLOCK, end)))
     return h.hexdigest()[:32]
 
 
-def _sorted_keys(keys: pa.Array) -> pa.Array:
-    """``keys`` in sorted order (the same as ``take(sort_indices)``, equal keys being equal).
+def _sorted_segments(keys: pa.Array) -> list[tuple[int, int]] | None:
+    """Row ranges of ``keys`` whose concatenation is the keys in sorted order (the same bytes
+    as ``take(sort_indices)``, equal keys being equal), or None when a full sort is needed.
 
     One vectorised comparison of neighbours finds the ascending runs; when there are few, they
     are ordered by their first key and the order checked at the runs' joins only (each run is
@@ -178,41 +187,62 @@ def _sorted_keys(keys: pa.Array) -> pa.Array:
     """
     n = len(keys)
     if n < 2:
-        return keys
+        return [(0, n)]
     descents = pc.greater(keys.slice(0, n - 1), keys.slice(1))
     cuts = np.flatnonzero(descents.to_numpy(zero_copy_only=False)) + 1
     if len(cuts) == 0:
-        return keys
-    if (len(cuts) + 1) * 4 < n:  # few long runs: order the runs by their first key
-        starts = np.concatenate([[0], cuts]).astype(np.int64)
-        ends = np.append(cuts, n).astype(np.int64)
-        firsts = pc.take(keys, pa.array(starts))
-        run_order = pc.sort_indices(firsts).to_numpy()
-        lasts = pc.take(keys, pa.array(ends - 1))
-        joins_ok = pc.all(
-            pc.less_equal(
-                pc.take(lasts, pa.array(run_order[:-1])), pc.take(firsts, pa.array(run_order[1:]))
-            )
-        ).as_py()
-        if joins_ok:
-            lengths = (ends - starts)[run_order]
-            shift = starts[run_order] - (np.cumsum(lengths) - lengths)
-            index = np.arange(n, dtype=np.int64) + np.repeat(shift, lengths)
-            return pc.take(keys, pa.array(index))
-    return pc.take(keys, pc.sort_indices(keys))
+        return [(0, n)]
+    if (len(cuts) + 1) * 4 >= n:  # many short runs: a sort is as cheap
+        return None
+    starts = np.concatenate([[0], cuts]).astype(np.int64)
+    ends = np.append(cuts, n).astype(np.int64)
+    firsts = pc.take(keys, pa.array(starts))
+    run_order = pc.sort_indices(firsts).to_numpy()
+    lasts = pc.take(keys, pa.array(ends - 1))
+    joins_ok = pc.all(
+        pc.less_equal(
+            pc.take(lasts, pa.array(run_order[:-1])), pc.take(firsts, pa.array(run_order[1:]))
+        )
+    ).as_py()
+    if not joins_ok:
+        return None
+    segments: list[tuple[int, int]] = []
+    for run in run_order.tolist():
+        start, end = int(starts[run]), int(ends[run])
+        if segments and segments[-1][1] == start:  # the next run lies right behind: one range
+            segments[-1] = (segments[-1][0], end)
+        else:
+            segments.append((start, end))
+    return segments
 
 
-def _framed(column: StringColumn, begin: int, end: int) -> bytes:
+def _string_buffers(keys: pa.Array) -> tuple[U8Array, np.ndarray[Any, Any]]:
+    """The UTF-8 bytes and the ``n + 1`` offsets of a string column, as views (no copy)."""
+    n = len(keys)
+    _validity, offsets_buf, data_buf = keys.buffers()
+    width = np.int64 if keys.type == pa.large_string() else np.int32
+    if offsets_buf is None or n == 0:
+        return np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=width)
+    offsets = np.frombuffer(offsets_buf, dtype=width)[keys.offset : keys.offset + n + 1]
+    data = (
+        np.frombuffer(data_buf, dtype=np.uint8)
+        if data_buf is not None
+        else np.zeros(0, dtype=np.uint8)
+    )
+    return data, offsets
+
+
+def _framed(data: U8Array, all_offsets: np.ndarray[Any, Any], begin: int, end: int) -> bytes:
     """Keys ``begin:end`` as the digest frames them: 8-byte little-endian length, then UTF-8."""
-    offsets = column.offsets[begin : end + 1].astype(np.int64)
+    offsets = all_offsets[begin : end + 1].astype(np.int64)
     lengths = np.diff(offsets)
     n = len(lengths)
-    data = column.data[int(offsets[0]) : int(offsets[-1])]
+    chunk = data[int(offsets[0]) : int(offsets[-1])]
     starts = np.arange(n, dtype=np.int64) * 8 + (offsets[:-1] - offsets[0])
-    out = np.empty(len(data) + 8 * n, dtype=np.uint8)
+    out = np.empty(len(chunk) + 8 * n, dtype=np.uint8)
     is_data = np.ones(out.shape[0], dtype=bool)
     slots = (starts[:, None] + np.arange(8)).ravel()
     is_data[slots] = False
     out[slots] = lengths.astype("<i8").view(np.uint8)
-    out[is_data] = data
+    out[is_data] = chunk
     return out.tobytes()
