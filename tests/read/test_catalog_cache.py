@@ -224,9 +224,9 @@ def test_ranks_reuse_the_whole_versions_selection_digest(
     calls: list[int] = []
     real = sources_mod.key_digest
 
-    def counted(keys: object) -> str:
+    def counted(keys: object, breaks: object = None) -> str:
         calls.append(1)
-        return real(keys)  # type: ignore[arg-type]
+        return real(keys, breaks)  # type: ignore[arg-type]
 
     monkeypatch.setattr(sources_mod, "key_digest", counted)
     first = ShardDataset(root, "v1", batch_size=1)

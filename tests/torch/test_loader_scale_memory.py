@@ -188,3 +188,34 @@ def test_key_digest_hashes_sorted_runs_where_they_lie(monkeypatch: pytest.Monkey
     assert key_digest(column) == selection_digest(keys)
     assert key_digest(column.slice(7, 140)) == selection_digest(keys[7:147])
     assert key_digest(pa.array(runs)) == selection_digest(runs)  # sorted: one range
+
+
+def test_key_digest_with_partition_breaks_needs_no_sort(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Partitions in hash order (as catalogs hold them): neighbours whose keys happen to ascend
+    would merge into runs that overlap the others, and the keys would be sorted; the
+    partitions' first rows as ``breaks`` keep one run per partition, hashed in place."""
+    import pyarrow.compute as pc
+
+    import shardlake.torch.strings as strings
+
+    per = 9
+    keys = _keys(60, per, seed=8)
+    breaks = np.arange(per, len(keys), per)
+    sorts: list[int] = []
+
+    class CountSorts:
+        def __getattr__(self, name: str) -> object:
+            return getattr(pc, name)
+
+        def sort_indices(self, values: pa.Array) -> pa.Array:
+            sorts.append(len(values))
+            return pc.sort_indices(values)
+
+    monkeypatch.setattr(strings, "pc", CountSorts())
+    assert key_digest(pa.array(keys)) == selection_digest(keys)
+    assert len(keys) in sorts  # without the breaks: a sort of every key
+    sorts.clear()
+    assert key_digest(pa.array(keys), breaks) == selection_digest(keys)
+    assert len(keys) not in sorts
+    odd = np.array([0, 5, 13, len(keys), len(keys) + 7])  # cuts anywhere: the same digest
+    assert key_digest(pa.array(keys), odd) == selection_digest(keys)

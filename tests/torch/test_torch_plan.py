@@ -282,3 +282,48 @@ def test_rows_already_in_shard_order_are_not_sorted_again() -> None:
     ):
         expected = ids[np.lexsort((rows.offset[ids], rows.shard[ids]))]
         assert np.array_equal(_in_shard_order(rows, ids), expected)
+
+
+def _per_member_balanced_cuts(
+    starts: np.ndarray, counts: np.ndarray, chunk_size: int, rng: np.random.Generator | None
+) -> np.ndarray:
+    """Plan shape 2's cuts as the plan computed them member by member (the reference)."""
+    group = np.repeat(np.arange(len(starts)), counts)
+    pos = np.arange(int(counts.sum())) - starts[group]
+    k = np.maximum(1, np.rint(counts / chunk_size)).astype(np.int64)
+    u = rng.random(len(starts)) if rng is not None else np.zeros(len(starts))
+    block = np.floor(pos * k[group] / counts[group] - u[group]).astype(np.int64) + 1
+    low = u < 0.5
+    block = np.where(low[group], np.maximum(block, 1), np.minimum(block, k[group] - 1))
+    return np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (block[1:] != block[:-1])])
+
+
+@pytest.mark.parametrize("chunk_size", [1, 2, 3, 7, 64, 256, 1000])
+def test_shape_2_cuts_per_run_are_the_per_member_cuts(chunk_size: int) -> None:
+    """The run boundaries computed per run (not per member: 0.8 s at 5M rows) cut at exactly
+    the members the per-member form cuts at, phases and clamped end pieces included."""
+    from shardlake.torch.plan import _balanced_cuts
+
+    sizes = np.random.default_rng(chunk_size)
+    for trial in range(20):
+        counts = sizes.integers(1, 5 * chunk_size + 50, size=int(sizes.integers(1, 60)))
+        counts = counts.astype(np.int64)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        for seed in (None, trial):
+            want = _per_member_balanced_cuts(
+                starts, counts, chunk_size, None if seed is None else np.random.default_rng(seed)
+            )
+            got = _balanced_cuts(
+                starts, counts, chunk_size, None if seed is None else np.random.default_rng(seed)
+            )
+            assert np.array_equal(got, want), (chunk_size, trial, seed)
+
+
+def test_emit_order_sort_is_the_stable_sort_with_and_without_ties() -> None:
+    from shardlake.torch.plan import _stable_argsort
+
+    rng = np.random.default_rng(3)
+    distinct = np.arange(5000) + rng.random(5000) * 300
+    tied = np.floor(distinct / 7)  # many equal keys: only the stable sort keeps their order
+    for key in (distinct, tied, np.zeros(0), np.ones(1), np.ones(50)):
+        assert np.array_equal(_stable_argsort(key), np.argsort(key, kind="stable"))

@@ -69,8 +69,8 @@ def tar_urls(
     return urls
 
 
-def _absolute(url: str) -> str:
-    return url if "://" in url else os.path.abspath(os.path.expanduser(url))
+def _absolute(source: str) -> str:
+    return source if "://" in source else os.path.abspath(os.path.expanduser(source))
 
 
 def _stem(name: str) -> str:
@@ -136,8 +136,9 @@ def _add_field(sample: _Sample, name: str, data: bytes, where: str) -> str | Non
     return None
 
 
-def _samples(url: str, store: Store, key: str, problems: list[str]) -> Iterator[_Sample]:
-    """The samples of one tar, in member order; unconvertible members go to ``problems``."""
+def _samples(tar_name: str, store: Store, key: str, problems: list[str]) -> Iterator[_Sample]:
+    """The samples of one tar (``tar_name`` names it in messages), in member order;
+    unconvertible members go to ``problems``."""
     current: _Sample | None = None
     try:
         with (
@@ -147,7 +148,7 @@ def _samples(url: str, store: Store, key: str, problems: list[str]) -> Iterator[
             for member in tar:
                 if not member.isfile():
                     continue
-                where = f"{url}::{member.name}"
+                where = f"{tar_name}::{member.name}"
                 match = _KEY_FIELD.match(member.name)
                 if match is None:
                     problems.append(f"{where}: no extension after the key")
@@ -164,10 +165,10 @@ def _samples(url: str, store: Store, key: str, problems: list[str]) -> Iterator[
                 if reason is not None:
                     problems.append(f"{where}: {reason}")
     except (tarfile.TarError, EOFError) as exc:
-        problems.append(f"{url}: not a readable tar file ({exc})")
+        problems.append(f"{tar_name}: not a readable tar file ({exc})")
         return  # the other tars are still read, so one run names every bad one
     except FileNotFoundError:
-        problems.append(f"{url}: no such tar file")
+        problems.append(f"{tar_name}: no such tar file")
         return
     if current is not None:
         yield current

@@ -271,11 +271,11 @@ class _BatchSlots:
         self.views = {name: t.numpy() for name, t in self.tensors.items()}
         # (destination byte offset of row 0, bytes per row, source offset in the body)
         self.copies: list[tuple[int, int, int]] = []
-        self.dest: memoryview | None = None
+        self.dest: np.ndarray[Any, np.dtype[np.uint8]] | None = None
         if made:
             storage = made[0].untyped_storage()
             whole = torch.empty(0, dtype=torch.uint8).set_(storage, 0, (storage.nbytes(),), (1,))
-            self.dest = whole.numpy().data
+            self.dest = whole.numpy()
             for (_, _, _, start, end), t in zip(numeric, made, strict=True):
                 if end > start:
                     offset = int(t.storage_offset()) * t.element_size()
@@ -283,14 +283,17 @@ class _BatchSlots:
 
     def fill(self, i: int, raw: bytes, body: int) -> None:
         """Row ``i`` from a sample whose header equals the first sample's: plain byte copies."""
-        src = memoryview(raw)
+        src = np.frombuffer(raw, dtype=np.uint8)
         dest = self.dest
         if dest is not None:
+            # NumPy copies without the GIL (a memoryview slice assignment holds it): the
+            # thread engine's builders copy their batches' rows at once.
             for base, size, start in self.copies:
                 at = base + i * size
                 dest[at : at + size] = src[body + start : body + start + size]
         for name, dtype, shape, start, end in self.strings:
-            value = np.frombuffer(src[body + start : body + end], dtype=dtype).reshape(shape)
+            value = np.frombuffer(memoryview(raw)[body + start : body + end], dtype=dtype)
+            value = value.reshape(shape)
             self.lists[name].append(_as_sample_value(value))
 
     def fill_checked(self, i: int, arrays: dict[str, np.ndarray[Any, Any]], where: str) -> None:

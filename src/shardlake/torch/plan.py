@@ -296,27 +296,64 @@ def _chunks(
     shard = rows.shard[ids]
     starts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]])
     counts = np.diff(np.r_[starts, len(ids)])
-    group = np.repeat(np.arange(len(starts)), counts)
-    pos = np.arange(len(ids)) - starts[group]
     if balanced:
-        # k runs of m/k members, the cut points moved by a random phase u (of a run) per
-        # shard every epoch; the piece shorter than half a run (the first when u < 1/2, else
-        # the last) joins its neighbour.
-        k = np.maximum(1, np.rint(counts / chunk_size)).astype(np.int64)
-        u = rng.random(len(starts)) if rng is not None else np.zeros(len(starts))
-        block = np.floor(pos * k[group] / counts[group] - u[group]).astype(np.int64) + 1
-        low = u < 0.5
-        block = np.where(low[group], np.maximum(block, 1), np.minimum(block, k[group] - 1))
+        cuts = _balanced_cuts(starts, counts, chunk_size, rng)
     else:
+        group = np.repeat(np.arange(len(starts)), counts)
+        pos = np.arange(len(ids)) - starts[group]
         if rng is not None:
             # A random phase per shard: the cut points (hence chunk members) move every epoch.
             phase = rng.integers(0, chunk_size, size=len(starts))
             pos = pos + phase[group]
         block = pos // chunk_size
-    cuts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (block[1:] != block[:-1])])
+        cuts = np.flatnonzero(np.r_[True, (group[1:] != group[:-1]) | (block[1:] != block[:-1])])
     # Plain slices: np.split costs ~10 us a piece, and a million rows make ~60,000 chunks.
     ends = [*cuts[1:].tolist(), len(ids)]
     return [ids[a:b] for a, b in zip(cuts.tolist(), ends, strict=True)]
+
+
+def _balanced_cuts(
+    starts: IntArray, counts: IntArray, chunk_size: int, rng: np.random.Generator | None
+) -> IntArray:
+    """Where plan shape 2's runs begin (positions in the shard-ordered ids): each shard's
+    ``m`` members in ``k = round(m / chunk_size)`` near-equal runs, the cut points moved by a
+    random phase ``u`` (of a run) per shard every epoch; the piece shorter than half a run
+    (the first when u < 1/2, else the last) joins its neighbour.
+
+    Member ``p`` of a shard is in run ``floor(p * k / m - u) + 1`` (clamped as just said); the
+    cuts are computed per run, not per member (at 5M rows the per-member form was 0.8 s of a
+    rank's start-up): each run's first member from the formula, then moved onto the exact
+    float boundary of the per-member form, so both cut at the same members.
+    """
+    m = counts.astype(np.int64)
+    k = np.maximum(1, np.rint(m / chunk_size)).astype(np.int64)
+    u = rng.random(len(starts)) if rng is not None else np.zeros(len(starts))
+
+    def run_of(shard: IntArray, p: IntArray) -> IntArray:  # unclamped, as the per-member form
+        return np.floor(p * k[shard] / m[shard] - u[shard]).astype(np.int64) + 1
+
+    every = np.arange(len(starts))
+    first, last = run_of(every, np.zeros(len(starts), np.int64)), run_of(every, m - 1)
+    low = u < 0.5
+    # The runs that begin a new (clamped) block: low shards merge run <= 1 into 1, the
+    # others merge runs >= k - 1 into k - 1.
+    lo = np.where(low, np.maximum(first, 1), first) + 1
+    hi = np.where(low, last, np.minimum(last, k - 1))
+    per = np.maximum(hi - lo + 1, 0)
+    shard = np.repeat(every, per)
+    run = np.repeat(lo, per) + np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
+    # First member with run_of >= run: the formula, then onto the exact boundary.
+    p = np.ceil((run - 1 + u[shard]) * m[shard] / k[shard]).astype(np.int64)
+    p = np.clip(p, 1, m[shard] - 1)
+    for _ in range(4):
+        back = (p > 1) & (run_of(shard, p - 1) >= run)
+        ahead = run_of(shard, p) < run
+        if not (back.any() or ahead.any()):
+            break
+        p = p - back + (ahead & ~back)
+    else:
+        raise PlanError("plan shape 2: run boundaries did not settle")  # float drift > 4
+    return np.unique(np.concatenate([starts, starts[shard] + p]))
 
 
 def _slot_order(
@@ -352,8 +389,18 @@ def _slot_order(
         # come from the first lanes' runs (see the module docstring).
         reach = np.minimum(params.shuffle_buffer, SHUFFLE_RAMP + np.arange(len(read)))
     key = np.arange(len(read)) + rng.random(len(read)) * reach
-    emit_pos = np.argsort(key, kind="stable").astype(np.int64)
+    emit_pos = _stable_argsort(key)
     return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
+
+
+def _stable_argsort(key: np.ndarray[Any, Any]) -> IntArray:
+    """``np.argsort(key, kind="stable")``, by the faster unstable sort where no two keys are
+    equal (then every sort gives the one order): 0.1 s less per slot at 2.5M samples."""
+    order = np.argsort(key)
+    ranked = key[order]
+    if len(ranked) > 1 and bool(np.any(ranked[1:] == ranked[:-1])):
+        order = np.argsort(key, kind="stable")
+    return order.astype(np.int64, copy=False)
 
 
 def _spread(rows: Rows, chunks: list[IntArray], rng: np.random.Generator) -> IntArray:

@@ -333,10 +333,16 @@ def selection_key_digest(rows: SourceRows) -> str:
     (keyed by the version hash and row count): the other ranks of a node skip the sort and
     hashing of every key. Other selections are computed each time."""
     cache = catalog_cache() if rows.selection == {"all": True} else None
+
+    def digest() -> str:
+        partition = rows.columns.partition  # rows of one partition are one sorted run
+        breaks = np.flatnonzero(partition[1:] != partition[:-1]) + 1
+        return key_digest(rows.key_column(), breaks)
+
     if cache is None:
-        return key_digest(rows.key_column())
+        return digest()
     what = f"selection-digest|{rows.version_hash}|all|{rows.rows}"
-    return cache.fetch_derived(what, lambda: key_digest(rows.key_column()))
+    return cache.fetch_derived(what, digest)
 
 
 class SourceStores:

@@ -23,6 +23,7 @@ __all__ = [
 ]
 
 U8Array = np.ndarray[Any, np.dtype[np.uint8]]
+IntArray = np.ndarray[Any, np.dtype[np.integer[Any]]]
 
 
 def _compact(offsets: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -152,32 +153,46 @@ class LazyStrings(Sequence[str]):
 DIGEST_BLOCK = 1 << 16  # keys hashed per block: bounds the digest's scratch memory
 
 
-def key_digest(keys: pa.Array | pa.ChunkedArray) -> str:
+def key_digest(keys: pa.Array | pa.ChunkedArray, breaks: IntArray | None = None) -> str:
     """:func:`shardlake.torch.plan.selection_digest` of an Arrow key column, computed in bulk:
     sha256 over the keys in sorted order, each as 8-byte little-endian length then UTF-8.
 
     Catalog rows come as sorted runs (one per partition, whose keys share its path), so the
     sorted order is usually those runs ordered by their first key: checked by one vectorised
     comparison of neighbours, then the runs are hashed in that order where they lie (no sorted
-    copy of the keys); a full string sort only when the runs overlap.
+    copy of the keys); a full string sort only when the runs overlap. ``breaks`` (e.g. each
+    partition's first row) are where a run may begin although the keys ascend across it: two
+    partitions in a row whose keys happen to ascend are then two runs, not one overlapping the
+    others. They only cut runs, so any ``breaks`` give the same digest.
     """
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
     if keys.null_count:
         raise ValueError("a key column for the digest must not hold nulls")
-    segments = _sorted_segments(keys)
+    segments = _sorted_segments(keys, breaks)
     if segments is None:
         keys = pc.take(keys, pc.sort_indices(keys))
         segments = [(0, len(keys))]
     data, offsets = _string_buffers(keys)
     h = hashlib.sha256()
-    for start, end in segments:
+    pieces: list[U8Array] = []
+    lengths: list[np.ndarray[Any, Any]] = []
+    pending = 0
+    for start, end in segments:  # gathered into blocks: a partition's run is a few hundred keys
         for begin in range(start, end, DIGEST_BLOCK):
-            h.update(_framed(data, offsets, begin, min(begin + DIGEST_BLOCK, end)))
+            bounds = offsets[begin : min(begin + DIGEST_BLOCK, end) + 1].astype(np.int64)
+            pieces.append(data[int(bounds[0]) : int(bounds[-1])])
+            lengths.append(np.diff(bounds))
+            pending += len(bounds) - 1
+            if pending >= DIGEST_BLOCK:
+                h.update(_framed(np.concatenate(pieces), np.concatenate(lengths)))
+                pieces, lengths, pending = [], [], 0
+    if pending:
+        h.update(_framed(np.concatenate(pieces), np.concatenate(lengths)))
     return h.hexdigest()[:32]
 
 
-def _sorted_segments(keys: pa.Array) -> list[tuple[int, int]] | None:
+def _sorted_segments(keys: pa.Array, breaks: IntArray | None) -> list[tuple[int, int]] | None:
     """Row ranges of ``keys`` whose concatenation is the keys in sorted order (the same bytes
     as ``take(sort_indices)``, equal keys being equal), or None when a full sort is needed.
 
@@ -190,6 +205,9 @@ def _sorted_segments(keys: pa.Array) -> list[tuple[int, int]] | None:
         return [(0, n)]
     descents = pc.greater(keys.slice(0, n - 1), keys.slice(1))
     cuts = np.flatnonzero(descents.to_numpy(zero_copy_only=False)) + 1
+    if breaks is not None and len(breaks):
+        inside = breaks[(breaks > 0) & (breaks < n)].astype(np.int64)
+        cuts = np.union1d(cuts, inside)
     if len(cuts) == 0:
         return [(0, n)]
     if (len(cuts) + 1) * 4 >= n:  # many short runs: a sort is as cheap
@@ -232,13 +250,11 @@ def _string_buffers(keys: pa.Array) -> tuple[U8Array, np.ndarray[Any, Any]]:
     return data, offsets
 
 
-def _framed(data: U8Array, all_offsets: np.ndarray[Any, Any], begin: int, end: int) -> bytes:
-    """Keys ``begin:end`` as the digest frames them: 8-byte little-endian length, then UTF-8."""
-    offsets = all_offsets[begin : end + 1].astype(np.int64)
-    lengths = np.diff(offsets)
+def _framed(chunk: U8Array, lengths: np.ndarray[Any, Any]) -> bytes:
+    """Keys (``chunk``: their UTF-8 bytes back to back) as the digest frames them: each its
+    8-byte little-endian length, then its bytes."""
     n = len(lengths)
-    chunk = data[int(offsets[0]) : int(offsets[-1])]
-    starts = np.arange(n, dtype=np.int64) * 8 + (offsets[:-1] - offsets[0])
+    starts = np.arange(n, dtype=np.int64) * 8 + (np.cumsum(lengths) - lengths)
     out = np.empty(len(chunk) + 8 * n, dtype=np.uint8)
     is_data = np.ones(out.shape[0], dtype=bool)
     slots = (starts[:, None] + np.arange(8)).ravel()
