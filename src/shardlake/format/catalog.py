@@ -247,7 +247,9 @@ def decode_segment(
         wanted = None if columns is None else [c for c in columns if c in names]
         read = None if wanted is None else list(dict.fromkeys([*wanted, "partition"]))
         groups = row_groups_for(source.metadata, None if every_row else pids)
-        table = source.read_row_groups(groups, columns=read, use_threads=False)
+        # Columns decoded on Arrow's CPU pool: at 5M rows 0.3 s instead of 0.5-1.4 s, most of
+        # a first rank's start-up (the source is an in-memory BufferReader, not a Python file).
+        table = source.read_row_groups(groups, columns=read, use_threads=True)
     except (pa.ArrowInvalid, OSError) as exc:
         raise FormatError(f"{where}: catalog segment is not readable parquet ({exc})") from exc
     if not every_row:
