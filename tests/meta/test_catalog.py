@@ -239,3 +239,43 @@ def test_versions_reads_record_headers_only(
     infos = shardlake.open(store.with_layers(recorder)).versions()  # what `versions` prints
     assert [i.partitions for i in infos] == [2, 3]
     assert recorder.keys and not [k for k in recorder.keys if k.startswith("catalog/")]
+
+
+def test_a_large_segment_is_decoded_on_threads_in_row_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A segment of many row groups is decoded in contiguous runs, each on its own thread and
+    reader (a first rank's start-up at 5M rows: 0.25 s instead of 0.5-1.4 s), and the rows
+    come back in order, filtered as a single reader filters them."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    import shardlake.format.catalog as format_catalog
+    from shardlake.format.catalog import PARALLEL_ROW_GROUPS, decode_segment
+
+    monkeypatch.setattr(format_catalog.os, "cpu_count", lambda: 4)  # threads on any machine
+    n = 40 * PARALLEL_ROW_GROUPS
+    table = pa.table(
+        {
+            "key": [f"k{i:05d}" for i in range(n)],
+            "partition": [f"p{i // 37:03d}" for i in range(n)],
+            "offset": list(range(n)),
+        }
+    )
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=10)
+    data = pa.py_buffer(sink.getvalue())
+    opened: list[int] = []
+
+    def open_file() -> pq.ParquetFile:
+        opened.append(1)
+        return pq.ParquetFile(pa.BufferReader(data))
+
+    pids = sorted(set(table.column("partition").to_pylist()))
+    whole = decode_segment(open_file, "seg", ["key", "offset"], pids, every_row=True)
+    assert whole.to_pylist() == table.select(["key", "offset"]).to_pylist()
+    assert len(opened) >= 2  # more than one reader: decoded on threads
+    some = decode_segment(open_file, "seg", None, ["p001", "p007"])
+    assert some.column("partition").to_pylist() == ["p001"] * 37 + ["p007"] * 37
+    assert some.column("offset").to_pylist() == [*range(37, 74), *range(259, 296)]

@@ -17,7 +17,7 @@ import contextvars
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -147,14 +147,14 @@ def read_partitions(store: Store, ref: ObjectRef, where: str) -> list[dict[str, 
 
 def _open_segment(
     store: Store, ref: ObjectRef, columns: Sequence[str] | None, pids: Sequence[str]
-) -> pq.ParquetFile:
-    """The segment as a parquet file: whole (digest-checked) or, when a projection or pruning
+) -> Callable[[], pq.ParquetFile]:
+    """What opens the segment as a parquet file (read into memory once): whole (digest-checked) or, when a projection or pruning
     leaves less than half of a large one, only its footer and wanted column chunks (parquet
     page checksums guard those). Empty ``pids``: every row group is wanted. With the catalog
     cache on, always whole: one node-wide read serves every later projection from disk."""
     where = store.key_url(ref.key)
     if ref.size <= WHOLE_READ_BYTES or _cache() is not None:
-        return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
+        return _opener(read_object(store, ref, "segment"))
     tail = min(ref.size, 2**16)
     buf = bytearray(ref.size)  # sparse: only the ranges read are filled
     buf[ref.size - tail :] = store.read_range(ref.key, ref.size - tail, ref.size)
@@ -165,16 +165,20 @@ def _open_segment(
     groups = row_groups_for(meta, pids or None)
     ranges = coalesce(column_ranges(meta, groups, columns), RANGE_GAP_BYTES)
     if sum(e - s for s, e in ranges) > RANGED_MAX_FRACTION * ref.size:
-        return pq.ParquetFile(pa.BufferReader(read_object(store, ref, "segment")))
+        return _opener(read_object(store, ref, "segment"))
     for (start, end), data in zip(
         ranges, store.read_ranges([(ref.key, s, e) for s, e in ranges]), strict=True
     ):
         if len(data) != end - start:
             raise IntegrityError(f"{where}: short read of bytes {start}-{end}")
         buf[start:end] = data
-    return pq.ParquetFile(
-        pa.BufferReader(pa.py_buffer(buf)), metadata=meta, page_checksum_verification=True
-    )
+    return _opener(pa.py_buffer(buf), metadata=meta, page_checksum_verification=True)
+
+
+def _opener(data: bytes | pa.Buffer, **options: Any) -> Callable[[], pq.ParquetFile]:
+    """A parquet reader over ``data`` per call (one per decoding thread)."""
+    buffer = data if isinstance(data, pa.Buffer) else pa.py_buffer(data)
+    return lambda: pq.ParquetFile(pa.BufferReader(buffer), **options)
 
 
 @dataclass
