@@ -219,3 +219,31 @@ def test_key_digest_with_partition_breaks_needs_no_sort(monkeypatch: pytest.Monk
     assert len(keys) not in sorts
     odd = np.array([0, 5, 13, len(keys), len(keys) + 7])  # cuts anywhere: the same digest
     assert key_digest(pa.array(keys), odd) == selection_digest(keys)
+
+
+def test_set_up_collects_only_the_young_generations(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The set-up runs with the collector paused, so its objects are young: collecting
+    generations 0-1 frees its cycles, and a full collection (every object of the process,
+    torch's included: ~80 ms of every start-up, however small the version) is not made."""
+    import gc
+
+    import shardlake
+    from shardlake.testing import synth_corpus
+
+    src = tmp_path / "src"
+    synth_corpus(src, 2, 3, seed=2, neighbors=2, lanes=4)
+    root = str(tmp_path / "root")
+    shardlake.open(root).pack(src, tag="v1")
+    calls: list[int] = []
+    real = gc.collect
+
+    def collect(generation: int = 2) -> int:
+        calls.append(generation)
+        return real(generation)
+
+    monkeypatch.setattr(gc, "collect", collect)
+    ds = ShardDataset(root, batch_size=2, num_workers=0)
+    assert calls and max(calls) <= 1, calls
+    assert next(iter(ds.loader()))  # and the loader works

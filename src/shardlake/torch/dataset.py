@@ -224,7 +224,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self._store_pid = os.getpid()
         # Planned here, once, so that forked DataLoader workers share it rather than each
         # computing (and holding) its own copy; then the set-up's garbage goes back to the OS.
-        with contextlib.suppress(PlanError):  # raised again where the plan is used
+        with paused_gc(), contextlib.suppress(PlanError):  # raised again where it is used
             self.plan(self.layout(self.num_workers))
         release_set_up_memory()
 
