@@ -41,6 +41,14 @@ def test_key_digest_is_the_saved_states_digest(keys: list[str]) -> None:
     assert key_digest(pa.chunked_array([pa.array(keys, pa.string())])) == selection_digest(keys)
 
 
+@pytest.mark.parametrize(
+    "kind", [pa.large_string(), pa.string_view(), pa.dictionary(pa.int32(), pa.string())]
+)
+def test_key_digest_of_other_string_types(kind: pa.DataType) -> None:
+    keys = _keys(20, 4, seed=9)
+    assert key_digest(pa.array(keys).cast(kind)) == selection_digest(keys)
+
+
 def test_key_digest_spans_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     import shardlake.torch.strings as strings
 

@@ -148,9 +148,9 @@ def read_partitions(store: Store, ref: ObjectRef, where: str) -> list[dict[str, 
 def _open_segment(
     store: Store, ref: ObjectRef, columns: Sequence[str] | None, pids: Sequence[str]
 ) -> Callable[[], pq.ParquetFile]:
-    """What opens the segment as a parquet file (read into memory once): whole (digest-checked) or, when a projection or pruning
-    leaves less than half of a large one, only its footer and wanted column chunks (parquet
-    page checksums guard those). Empty ``pids``: every row group is wanted. With the catalog
+    """What opens the segment as a parquet file, its bytes read into memory once: whole
+    (digest-checked) or, when a projection or pruning leaves less than half of a large one,
+    only its footer and wanted column chunks (parquet page checksums guard those). Empty ``pids``: every row group is wanted. With the catalog
     cache on, always whole: one node-wide read serves every later projection from disk."""
     where = store.key_url(ref.key)
     if ref.size <= WHOLE_READ_BYTES or _cache() is not None:

@@ -167,6 +167,8 @@ def key_digest(keys: pa.Array | pa.ChunkedArray, breaks: IntArray | None = None)
     """
     if isinstance(keys, pa.ChunkedArray):
         keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
+    if keys.type not in (pa.string(), pa.large_string()):  # views, dictionaries: plain bytes
+        keys = keys.cast(pa.large_string())
     if keys.null_count:
         raise ValueError("a key column for the digest must not hold nulls")
     segments = _sorted_segments(keys, breaks)
