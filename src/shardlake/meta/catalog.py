@@ -150,8 +150,9 @@ def _open_segment(
 ) -> Callable[[], pq.ParquetFile]:
     """What opens the segment as a parquet file, its bytes read into memory once: whole
     (digest-checked) or, when a projection or pruning leaves less than half of a large one,
-    only its footer and wanted column chunks (parquet page checksums guard those). Empty ``pids``: every row group is wanted. With the catalog
-    cache on, always whole: one node-wide read serves every later projection from disk."""
+    only its footer and wanted column chunks (parquet page checksums guard those). Empty
+    ``pids``: every row group is wanted. With the catalog cache on, always whole: one
+    node-wide read serves every later projection from disk."""
     where = store.key_url(ref.key)
     if ref.size <= WHOLE_READ_BYTES or _cache() is not None:
         return _opener(read_object(store, ref, "segment"))
