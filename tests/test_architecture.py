@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "shardlake"
@@ -106,19 +107,24 @@ BELOW_THE_FACADE = ("format", "lifecycle", "meta", "pack", "query", "read", "sou
 OPENING_PARAMETERS = {"storage_options", "src_options", "dest_options", "dest_storage_options"}
 
 
-def test_no_operation_below_the_facade_takes_storage_options() -> None:
-    found = []
+def _nodes_below_the_facade() -> Iterator[tuple[Path, ast.AST]]:
+    """Every syntax node of every module in the layers below the facade, with its file."""
     for layer in BELOW_THE_FACADE:
         for path in sorted((PACKAGE / layer).rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            for node in ast.walk(tree):
-                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    args = node.args
-                    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
-                    if args.kwarg is not None:
-                        names.add(args.kwarg.arg)
-                    for name in sorted(names & OPENING_PARAMETERS):
-                        found.append(f"{_module(path)}.{node.name}({name})")
+            for node in ast.walk(ast.parse(path.read_text())):
+                yield path, node
+
+
+def test_no_operation_below_the_facade_takes_storage_options() -> None:
+    found = []
+    for path, node in _nodes_below_the_facade():
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+            if args.kwarg is not None:
+                names.add(args.kwarg.arg)
+            for name in sorted(names & OPENING_PARAMETERS):
+                found.append(f"{_module(path)}.{node.name}({name})")
     assert found == []
 
 
@@ -144,20 +150,17 @@ def _takes_a_url_to_open(arg: ast.arg) -> bool:
 
 def test_no_operation_below_the_facade_opens_a_store() -> None:
     found = []
-    for layer in BELOW_THE_FACADE:
-        for path in sorted((PACKAGE / layer).rglob("*.py")):
-            tree = ast.parse(path.read_text())
-            for node in ast.walk(tree):
-                if isinstance(node, ast.Import | ast.ImportFrom):
-                    modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-                    modules.append(getattr(node, "module", None) or "")
-                    if any(m.split(".")[0] == "fsspec" for m in modules):
-                        found.append(f"{_module(path)}:{node.lineno} imports fsspec")
-                elif isinstance(node, ast.Call) and _called_name(node) in OPENERS:
-                    found.append(f"{_module(path)}:{node.lineno} calls {_called_name(node)}")
-                elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                    args = node.args
-                    for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
-                        if _takes_a_url_to_open(arg):
-                            found.append(f"{_module(path)}.{node.name}({arg.arg})")
+    for path, node in _nodes_below_the_facade():
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            modules.append(getattr(node, "module", None) or "")
+            if any(m.split(".")[0] == "fsspec" for m in modules):
+                found.append(f"{_module(path)}:{node.lineno} imports fsspec")
+        elif isinstance(node, ast.Call) and _called_name(node) in OPENERS:
+            found.append(f"{_module(path)}:{node.lineno} calls {_called_name(node)}")
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            args = node.args
+            for arg in [*args.posonlyargs, *args.args, *args.kwonlyargs]:
+                if _takes_a_url_to_open(arg):
+                    found.append(f"{_module(path)}.{node.name}({arg.arg})")
     assert found == []
