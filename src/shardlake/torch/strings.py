@@ -50,19 +50,12 @@ class StringColumn(Sequence[str]):
         array = values if small else values.cast(pa.large_string())
         if array.null_count:
             raise ValueError("a string column for the loader must not hold nulls")
-        n = len(array)
-        if n == 0:
+        if len(array) == 0:
             return cls(np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int32))
-        _validity, offsets_buf, data_buf = array.buffers()
-        width = np.int32 if small else np.int64
-        offsets = np.frombuffer(offsets_buf, dtype=width)[array.offset : array.offset + n + 1]
+        views, offsets = _string_buffers(array)
         offsets = offsets.astype(np.int64)
-        first, last = (int(offsets[0]), int(offsets[-1])) if n else (0, 0)
-        data = (
-            np.frombuffer(data_buf, dtype=np.uint8)[first:last].copy()
-            if data_buf is not None and last > first
-            else np.zeros(0, dtype=np.uint8)
-        )
+        first, last = int(offsets[0]), int(offsets[-1])
+        data = views[first:last].copy() if last > first else np.zeros(0, dtype=np.uint8)
         return cls(data, _compact(offsets - first))
 
     @classmethod
