@@ -513,8 +513,11 @@ def engines_run(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Issue #31: both engines side by side in one run, interleaved round by round with the
     decode limit so that other jobs' load weighs on all alike: per round the decode limit,
-    then one local epoch of each engine and (``s3``) one S3 epoch of each engine. Each epoch
-    row has its rate, client CPU per sample (main process + workers), time to first batch and
+    then for each engine (and, with ``s3``, each path) one epoch of a loader opened before the
+    rounds (what a training run pays per epoch: the epoch's plan, thread or worker start,
+    the pipeline filling up) and one cold epoch of a freshly opened dataset (opening the
+    version, planning, first batch: what a run pays once). Each epoch row has its rate,
+    client CPU per sample (main process + workers), time to first batch and, for cold epochs,
     peak PSS of the process tree. The ratios are medians over the rounds of ratios taken
     within a round. One warm-up epoch per engine and path comes first (not counted)."""
     import s3path
@@ -522,36 +525,45 @@ def engines_run(
     cores = os.cpu_count() or 1
     table = ShardDataset(str(root), batch_size=b, num_workers=w).table
 
-    def loader(engine: str, s3_path: bool) -> Callable[[], Iterable[Any]]:
+    def open_loader(engine: str, s3_path: bool) -> Any:
         url: Any = str(root)
         opts = None
         if s3_path and s3 is not None:
             url, opts = s3[0], s3[1]
-        return lambda: ShardDataset(
-            url, batch_size=b, num_workers=w, engine=engine, storage_options=opts
-        ).loader()
+        ds = ShardDataset(url, batch_size=b, num_workers=w, engine=engine, storage_options=opts)
+        return ds.loader()
 
     paths = [False, True] if s3 is not None else [False]
     server = s3[2] if s3 is not None else None
 
-    def epoch(name: str, engine: str, s3_path: bool) -> dict[str, Any]:
+    def epoch(name: str, engine: str, s3_path: bool, loader: Any = None) -> dict[str, Any]:
+        cold = loader is None
+
+        def make() -> Any:
+            return open_loader(engine, s3_path) if cold else loader
+
         with MemorySampler() as mem:
-            row = s3path.timed_epoch(name, loader(engine, s3_path),
-                                     server_pid=server if s3_path else None, log=None,
-                                     count=batch_len, cores=cores)  # fmt: skip
-        row["peak_pss_mb"] = round(mem.peak_pss / 2**20)
+            row = s3path.timed_epoch(name, make, server_pid=server if s3_path else None,
+                                     log=None, count=batch_len, cores=cores)  # fmt: skip
+        if cold:  # an open loader's row would count the other open loaders' memory too
+            row["peak_pss_mb"] = round(mem.peak_pss / 2**20)
         row["engine"], row["path"] = engine, "s3" if s3_path else "local"
-        # After the first batch: a 1,200-sample epoch spends a third of its time opening the
-        # version, planning and starting (a training run pays that once, not every epoch).
+        row["epoch"] = "cold" if cold else "open loader"
+        # After the first batch: the pipeline has filled up.
         row["steady_per_s"] = round(
             (row["samples"] - b) / max(row["seconds"] - row["ttfb_s"], 1e-9), 1
         )
         return row
 
-    rows: list[dict[str, Any]] = []
+    def key(engine: str, s3_path: bool) -> str:
+        return f"{engine} {'s3' if s3_path else 'local'}"
+
+    loaders: dict[str, Any] = {}
     for engine in ENGINES:
         for s3_path in paths:
-            epoch(f"{engine} {'s3' if s3_path else 'local'} warm-up", engine, s3_path)
+            loaders[key(engine, s3_path)] = open_loader(engine, s3_path)
+            epoch(f"{key(engine, s3_path)} warm-up", engine, s3_path, loaders[key(engine, s3_path)])
+    rows: list[dict[str, Any]] = []
     per_round: list[dict[str, dict[str, Any]]] = []
     for i in range(rounds):
         got: dict[str, dict[str, Any]] = {}
@@ -561,9 +573,11 @@ def engines_run(
         rows.append(limit)
         for engine in ENGINES:
             for s3_path in paths:
-                key = f"{engine} {'s3' if s3_path else 'local'}"
-                got[key] = epoch(f"round {i + 1}: {key}", engine, s3_path)
-                rows.append(got[key])
+                k = key(engine, s3_path)
+                loaders[k].set_epoch(i + 1)
+                got[k] = epoch(f"round {i + 1}: {k}", engine, s3_path, loaders[k])
+                got[k + " cold"] = epoch(f"round {i + 1}: {k}, cold", engine, s3_path)
+                rows += [got[k], got[k + " cold"]]
         per_round.append(got)
 
     def med(f: Callable[[dict[str, dict[str, Any]]], float]) -> float:
@@ -577,6 +591,9 @@ def engines_run(
         )
         ratios[f"{engine}: the same, after the first batch (steady rate)"] = med(
             lambda g, k=loc: g[k]["steady_per_s"] / g["decode"]["samples_per_s"]
+        )
+        ratios[f"{engine}: the same, cold epoch (dataset opened in it)"] = med(
+            lambda g, k=loc + " cold": g[k]["samples_per_s"] / g["decode"]["samples_per_s"]
         )
         ratios[f"{engine}: decode CPU / loader CPU per sample"] = med(
             lambda g, k=loc: g["decode"]["cpu_ms_per_sample"] / g[k]["client_cpu_ms_per_sample"]
@@ -593,6 +610,11 @@ def engines_run(
             ratios[f"{engine}: the same, after the first batch (steady rates)"] = med(
                 lambda g, a=rem, c=loc: g[a]["steady_per_s"] / g[c]["steady_per_s"]
             )
+            ratios[f"{engine}: the same, cold epochs"] = med(
+                lambda g, a=rem + " cold", c=loc + " cold": (
+                    g[a]["samples_per_s"] / g[c]["samples_per_s"]
+                )
+            )
             ratios[f"{engine}: client CPU per sample s3 / local (goal <= 1.15)"] = med(
                 lambda g, a=rem, c=loc: (
                     g[a]["client_cpu_ms_per_sample"] / g[c]["client_cpu_ms_per_sample"]
@@ -602,11 +624,14 @@ def engines_run(
             lambda g: g["threads s3"]["samples_per_s"] / g["processes s3"]["samples_per_s"]
         )
     for engine in ENGINES:
-        ratios[f"{engine}: first batch s (local, median)"] = med(
+        ratios[f"{engine}: first batch s (local, open loader, median)"] = med(
             lambda g, k=f"{engine} local": g[k]["ttfb_s"]
         )
-        ratios[f"{engine}: peak PSS MB (local, median; {len(table)} samples)"] = med(
-            lambda g, k=f"{engine} local": g[k]["peak_pss_mb"]
+        ratios[f"{engine}: first batch s (local, cold: open + plan + batch, median)"] = med(
+            lambda g, k=f"{engine} local cold": g[k]["ttfb_s"]
+        )
+        ratios[f"{engine}: peak PSS MB (local, cold, median; {len(table)} samples)"] = med(
+            lambda g, k=f"{engine} local cold": g[k]["peak_pss_mb"]
         )
     return rows, ratios
 

@@ -16,11 +16,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import PlanError, UsageError
-from .collate import BUFFER_KEY, BufferPool
+from .collate import BUFFER_KEY, BufferPool, LocalBufferPool
 from .ddp import RankSync, distributed
 from .options import check_engine
 from .plan import Cursor, Layout, Leg
-from .threads import ThreadBatches, default_threads
+from .threads import ThreadBatches, batch_buffers, default_threads
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset  # which builds this loader (ShardDataset.loader)
@@ -180,6 +180,7 @@ class ShardLoader:
         self.cursor = ds.cursor
         self._ranks = RankSync()
         self._checked = False
+        self._buffers: LocalBufferPool | None = None  # the thread engine's batch buffers
 
     # --- cursor ------------------------------------------------------------------------------
 
@@ -257,16 +258,22 @@ class ShardLoader:
         """The engine's batch iterator for this pass, and the process engine's buffer flags."""
         if self.engine == "threads":
             opts = self.options
-            ahead = int(opts.get("prefetch_factor") or 2) * self.layout.slots_per_rank
+            ahead = max(
+                int(opts.get("prefetch_factor") or 2) * self.layout.slots_per_rank,
+                2 * self.threads,
+            )
+            pin = bool(opts.get("pin_memory", False))
+            if self._buffers is None:  # kept from pass to pass (see batch_buffers)
+                self._buffers = batch_buffers(self.threads, ahead, pin, self.reuse_buffers)
             threads = ThreadBatches(
                 self.ds,
                 self.layout,
                 self.cursor,
                 threads=self.threads,
-                ahead=max(ahead, 2 * self.threads),
-                pin_memory=bool(opts.get("pin_memory", False)),
+                ahead=ahead,
+                pin_memory=pin,
                 timeout=opts.get("timeout"),
-                reuse_buffers=self.reuse_buffers,
+                pool=self._buffers,
             )
             return iter(threads), None
         # Buffer release flags shared with the workers (see collate.BufferPool).

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ThreadBatches",
+    "batch_buffers",
     "default_threads",
     "ordered_map",
 ]
@@ -66,6 +67,14 @@ def buffer_allocator(pin_memory: bool) -> Callable[[int], torch.UntypedStorage]:
     return torch.UntypedStorage
 
 
+def batch_buffers(threads: int, ahead: int, pin_memory: bool, reuse: bool) -> LocalBufferPool:
+    """The batch buffers of a thread-engine loader: those in flight (``ahead`` batches, one
+    per builder thread) plus a few the training loop may still hold. A loader keeps them from
+    one pass to the next: a fresh batch buffer costs a page fault per page on first touch."""
+    size = max(1, ahead) + max(1, threads) + 4 if reuse else 0
+    return LocalBufferPool(size, buffer_allocator(pin_memory))
+
+
 class ThreadBatches:
     """Iterating yields the batches of ``layout``'s slots of this rank from ``cursor`` on.
 
@@ -85,6 +94,7 @@ class ThreadBatches:
         pin_memory: bool = False,
         timeout: float | None = None,
         reuse_buffers: bool = True,
+        pool: LocalBufferPool | None = None,
     ) -> None:
         self.ds = ds
         self.layout = layout
@@ -92,9 +102,9 @@ class ThreadBatches:
         self.threads = max(1, threads)
         self.ahead = max(1, ahead)
         self.timeout = timeout or None
-        # Buffers: those in flight, plus a few the training loop may still hold.
-        size = self.ahead + self.threads + 4 if reuse_buffers else 0
-        self.pool = LocalBufferPool(size, buffer_allocator(pin_memory))
+        if pool is None:
+            pool = batch_buffers(self.threads, self.ahead, pin_memory, reuse_buffers)
+        self.pool = pool
         self._stop = threading.Event()
 
     def __iter__(self) -> Iterator[Any]:
