@@ -413,6 +413,35 @@ def test_thread_engine_keeps_its_batch_buffers_from_one_pass_to_the_next(
     assert second & first  # refilled, not allocated anew
 
 
+def test_thread_engine_splits_a_batch_among_idle_builders(
+    corpus: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from shardlake.torch.collate import PayloadDecoder
+
+    source, root = corpus
+    decoded_by: dict[int, str] = {}
+    plain_raw = PayloadDecoder.raw
+
+    def raw(self: PayloadDecoder, row: int, payload: bytes | memoryview) -> bytes:
+        decoded_by[row] = threading.current_thread().name
+        time.sleep(0.005)  # every builder thread has started before the first range is done
+        return plain_raw(self, row, payload)
+
+    monkeypatch.setattr(PayloadDecoder, "raw", raw)
+    ds = ShardDataset(str(root), batch_size=16, engine="threads", include_index=True)
+    batches = list(ds.loader(threads=2))
+    # The first batch of the pass had idle builders: both threads decoded some of its rows
+    # (the rows keep their order and values).
+    first = batches[0]["__index__"].tolist()
+    assert len({decoded_by[r] for r in first}) == 2
+    keys = ds.keys_of(batches[0]["__index__"])
+    assert_batch_equal(
+        {k: v for k, v in batches[0].items() if k != "__index__"}, reference_batch(source, keys)
+    )
+
+
 def test_thread_engine_pin_memory_without_cuda_warns_and_yields_the_same_batches(
     corpus: tuple[Path, Path],
 ) -> None:

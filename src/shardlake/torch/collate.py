@@ -25,6 +25,7 @@ from ..format.codec import Decoder, TensorSpec, decode_safetensors, safetensors_
 __all__ = [
     "BUFFER_KEY",
     "BatchBuilder",
+    "BatchJob",
     "BufferPool",
     "LocalBufferPool",
     "PayloadDecoder",
@@ -255,12 +256,14 @@ class _BatchSlots:
         self.specs = specs
         kept = [spec for spec in specs if spec[0] not in drop_keys]
         self.order = [spec[0] for spec in kept]
+        # Rows may be filled by several threads at once (a batch built in parts): string
+        # lists are filled by index, never appended to.
         self.lists: dict[str, list[Any]] = {}
         self.strings: list[TensorSpec] = []
         numeric: list[TensorSpec] = []
         for spec in kept:
             if spec[1].kind in "US":
-                self.lists[spec[0]] = []
+                self.lists[spec[0]] = [None] * n
                 self.strings.append(spec)
             else:
                 numeric.append(spec)
@@ -294,7 +297,7 @@ class _BatchSlots:
         for name, dtype, shape, start, end in self.strings:
             value = np.frombuffer(memoryview(raw)[body + start : body + end], dtype=dtype)
             value = value.reshape(shape)
-            self.lists[name].append(_as_sample_value(value))
+            self.lists[name][i] = _as_sample_value(value)
 
     def fill_checked(self, i: int, arrays: dict[str, np.ndarray[Any, Any]], where: str) -> None:
         """Row ``i`` from a sample with another header: array by array, checking each."""
@@ -307,7 +310,7 @@ class _BatchSlots:
                     "custom collate_fn"
                 )
             if name in self.lists:
-                self.lists[name].append(_as_sample_value(array))
+                self.lists[name][i] = _as_sample_value(array)
                 continue
             out = self.views[name]
             if array.shape != out.shape[1:] or array.dtype != out.dtype:
@@ -350,23 +353,102 @@ class BatchBuilder:
         keys: Sequence[str] | None,
         meta: dict[str, Sequence[Any]],
     ) -> dict[str, Any]:
-        slots: _BatchSlots | None = None
-        for i, (row, payload) in enumerate(items):
-            raw = decoder.raw(row, payload)
-            body, specs = decoder.layout(row, raw)
-            if slots is None:
-                slots = _BatchSlots(len(items), specs, self.drop_keys, self.shared, self.pool)
-            if specs is slots.specs or specs == slots.specs:
-                slots.fill(i, raw, body)
-            else:
-                slots.fill_checked(i, decoder.arrays_of(row, raw), decoder.where(row))
+        job = self.job(decoder, items, keys, meta)
+        job.fill(0, len(items))
+        return job.finish()
+
+    def job(
+        self,
+        decoder: PayloadDecoder,
+        items: Sequence[tuple[int, bytes | memoryview]],
+        keys: Sequence[str] | None,
+        meta: dict[str, Sequence[Any]],
+        extras: dict[str, Any] | None = None,
+    ) -> BatchJob:
+        """The batch as work to split: :meth:`BatchJob.fill` of row ranges (on any threads,
+        the range holding row 0 submitted first), then :meth:`BatchJob.finish`. ``extras``:
+        entries the batch ends with."""
+        return BatchJob(self, decoder, items, keys, meta, extras or {})
+
+
+class BatchJob:
+    """One batch being built, possibly by several threads at once (the thread engine splits
+    a batch among its threads so that the first batch of a pass, and the last, use every
+    core). The rows' order, values and checks are those of a one-thread build.
+
+    The range holding row 0 shapes the batch (the first sample's header gives the tensors);
+    every other range decompresses its first sample, then waits for that.
+    """
+
+    def __init__(
+        self,
+        builder: BatchBuilder,
+        decoder: PayloadDecoder,
+        items: Sequence[tuple[int, bytes | memoryview]],
+        keys: Sequence[str] | None,
+        meta: dict[str, Sequence[Any]],
+        extras: dict[str, Any],
+    ) -> None:
+        self.builder = builder
+        self.decoder = decoder
+        self.items = items
+        self.keys = keys
+        self.meta = meta
+        self.extras = extras
+        self.slots: _BatchSlots | None = None
+        self._shaped = threading.Event()  # set once row 0's range has made (or failed) slots
+        self._abandoned = False
+
+    def abandon(self) -> None:
+        """Nobody wants the batch (its ranges may be cancelled): ranges waiting for row 0's,
+        and those yet to start, return at once."""
+        self._abandoned = True
+        self._shaped.set()
+
+    def _put(self, slots: _BatchSlots, i: int, raw: bytes) -> None:
+        decoder, row = self.decoder, self.items[i][0]
+        body, specs = decoder.layout(row, raw)
+        if specs is slots.specs or specs == slots.specs:
+            slots.fill(i, raw, body)
+        else:
+            slots.fill_checked(i, decoder.arrays_of(row, raw), decoder.where(row))
+
+    def fill(self, lo: int, hi: int) -> None:
+        """Decode rows ``[lo, hi)`` into the batch."""
+        if lo >= hi:
+            return
+        decoder, items = self.decoder, self.items
+        if lo == 0:
+            try:
+                raw = decoder.raw(*items[0])
+                _, specs = decoder.layout(items[0][0], raw)
+                b = self.builder
+                self.slots = _BatchSlots(len(items), specs, b.drop_keys, b.shared, b.pool)
+            finally:
+                self._shaped.set()  # a failure here is the batch's; the other ranges stop
+        else:
+            raw = decoder.raw(*items[lo])
+            self._shaped.wait()
+        slots = self.slots
+        if self._abandoned:
+            return
+        if slots is None:
+            return
+        self._put(slots, lo, raw)
+        for i in range(lo + 1, hi):
+            self._put(slots, i, decoder.raw(*items[i]))
+
+    def finish(self) -> dict[str, Any]:
+        """The batch, once every row range is filled."""
+        slots = self.slots
         batch = slots.batch() if slots is not None else {}
-        if keys is not None:
-            batch["__key__"] = list(keys)
-        for name, values in meta.items():
+        if self.keys is not None:
+            batch["__key__"] = list(self.keys)
+        for name, values in self.meta.items():
             batch[name] = default_collate(list(values))
         if slots is not None and slots.buffer >= 0:
             batch[BUFFER_KEY] = slots.buffer
+        batch.update(self.extras)
         return batch
 
 

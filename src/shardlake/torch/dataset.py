@@ -26,7 +26,14 @@ from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..read.catalog_cache import DerivedArrays, catalog_cache
 from ..store import Store
-from .collate import BatchBuilder, BufferPool, PayloadDecoder, collate_samples, make_sample
+from .collate import (
+    BatchBuilder,
+    BatchJob,
+    BufferPool,
+    PayloadDecoder,
+    collate_samples,
+    make_sample,
+)
 from .ddp import dist_info
 from .heap import trim_heap
 from .options import LoaderOptions
@@ -618,23 +625,35 @@ class SlotBatches:
 
     def build(self, work: tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]) -> Any:
         """The collated batch of one unit of work."""
-        pending, ok = work
-        ds, decoder = self.ds, self.decoder
-        rows = [r for r, _ in pending]
-        if ds.out.transform is not None:
+        job = self.job(work)
+        if job is None:
+            pending, ok = work
+            ds, decoder = self.ds, self.decoder
             samples = [ds._sample(decoder, r, p, v) for (r, p), v in zip(pending, ok, strict=True)]
             return collate_samples(samples)
-        batch = self.builder.build(
-            decoder,
+        job.fill(0, len(work[0]))
+        return job.finish()
+
+    def job(self, work: tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]) -> BatchJob | None:
+        """One unit of work as a batch to build in parts (see :class:`BatchJob`); None with a
+        ``transform``, whose samples :meth:`build` collates one by one."""
+        pending, ok = work
+        ds = self.ds
+        if ds.out.transform is not None:
+            return None
+        rows = [r for r, _ in pending]
+        extras: dict[str, Any] = {}
+        if ds.out.include_index:
+            extras[INDEX_KEY] = torch.tensor(rows, dtype=torch.int64)
+        if ds.exact:
+            extras[VALID_KEY] = torch.from_numpy(np.ascontiguousarray(ok))
+        return self.builder.job(
+            self.decoder,
             pending,
             [ds.table.keys[r] for r in rows] if ds.out.include_key else None,
             {c: [values[r] for r in rows] for c, values in ds.meta.items()},
+            extras,
         )
-        if ds.out.include_index:
-            batch[INDEX_KEY] = torch.tensor(rows, dtype=torch.int64)
-        if ds.exact:
-            batch[VALID_KEY] = torch.from_numpy(np.ascontiguousarray(ok))
-        return batch
 
 
 def train_valid(

@@ -17,6 +17,7 @@ transform, the process engine scales better.
 from __future__ import annotations
 
 import collections
+import itertools
 import os
 import queue
 import threading
@@ -27,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .collate import LocalBufferPool
+from .collate import BatchJob, LocalBufferPool
 from .heap import trim_heap
 from .plan import Cursor, Layout
 
@@ -43,6 +44,7 @@ __all__ = [
 
 _END = object()  # the feeder's last item
 _POLL_S = 0.1  # how often a blocked feeder looks whether the consumer has gone
+MIN_PART_ROWS = 4  # a batch is split among the builders in row ranges of at least this many
 
 
 def default_threads() -> int:
@@ -128,7 +130,7 @@ class ThreadBatches:
             while feeder.is_alive():  # unblock a feeder waiting on a full queue
                 try:
                     item = done.get(timeout=_POLL_S)
-                    if isinstance(item, Future):
+                    if isinstance(item, (Future, _BatchParts)):
                         item.cancel()
                 except queue.Empty:
                     pass
@@ -143,6 +145,27 @@ class ThreadBatches:
                 continue
         return False
 
+    def _submit(
+        self, builders: ThreadPoolExecutor, slot: SlotBatches, items: Any, busy: list[Future[Any]]
+    ) -> Any:
+        """One batch's work on the builders. While builders are idle (the first batch of a
+        pass, the last ones) a batch is split into row ranges, one per thread, so that it
+        uses every core; otherwise whole batches keep the builders busy at less cost.
+        ``busy``: the builders' unfinished work, kept up to date here."""
+        busy[:] = [f for f in busy if not f.done()]
+        n = len(items[0])
+        parts = min(self.threads - len(busy), n // MIN_PART_ROWS)
+        job = slot.job(items) if parts > 1 else None
+        if job is None:
+            future = builders.submit(slot.build, items)
+            busy.append(future)
+            return future
+        bounds = [n * k // parts for k in range(parts + 1)]
+        # Row 0's range first: the other ranges wait for the batch it shapes.
+        futures = [builders.submit(job.fill, lo, hi) for lo, hi in itertools.pairwise(bounds)]
+        busy += futures
+        return _BatchParts(job, futures)
+
     def _feed(self, done: queue.Queue[Any], builders: ThreadPoolExecutor) -> None:
         """Walk the slots in step order and submit each batch's work (runs in its own thread,
         which also closes the slots' readers: a generator is closed where it runs)."""
@@ -154,6 +177,7 @@ class ThreadBatches:
                 slots.append(work)
                 iters.append(iter(work))
             rounds = 0
+            busy: list[Future[Any]] = []
             while any(it is not None for it in iters) and not self._stop.is_set():
                 if rounds == 1:
                     # Every slot has started reading: the readers' set-up temporaries (a few
@@ -167,7 +191,7 @@ class ThreadBatches:
                     if items is None:
                         iters[j] = None
                         continue
-                    if not self._put(done, builders.submit(slots[j].build, items)):
+                    if not self._put(done, self._submit(builders, slots[j], items, busy)):
                         return
             self._put(done, _END)
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
@@ -177,6 +201,24 @@ class ThreadBatches:
                 close = getattr(it, "close", None)
                 if close is not None:
                     close()
+
+
+class _BatchParts:
+    """A batch being built in row ranges on the builder pool (see :class:`BatchJob`)."""
+
+    def __init__(self, job: BatchJob, futures: list[Future[None]]) -> None:
+        self.job = job
+        self.futures = futures
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        for future in self.futures:  # in row order: the first failing row's error is raised
+            future.result(timeout=timeout)
+        return self.job.finish()
+
+    def cancel(self) -> None:
+        self.job.abandon()
+        for future in self.futures:
+            future.cancel()
 
 
 def ordered_map(
