@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
+
+import pytest
 
 from shardlake.store import open_store
 
@@ -23,3 +26,18 @@ def test_local_views_map_the_file_and_clip_at_its_end(tmp_path: Path) -> None:
     # Shards are never rewritten in place; removing one leaves the mapped bytes readable.
     store.delete("a/shard.tar")
     assert bytes(views[0]) == data[4095:4200]
+
+
+def test_local_views_fall_back_to_copies_where_files_cannot_be_mapped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = open_store(str(tmp_path))
+    data = bytes(range(256)) * 40
+    store.write("a/shard.tar", data)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(19, "No such device")  # ENODEV: what a FUSE mount without mmap says
+
+    monkeypatch.setattr(mmap, "mmap", refuse)
+    got = store.read_ranges([("a/shard.tar", 4095, 4200), ("a/shard.tar", 9000, 20000)], views=True)
+    assert [bytes(v) for v in got] == [data[4095:4200], data[9000:]]

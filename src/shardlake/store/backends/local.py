@@ -201,10 +201,16 @@ def _mapped_range(f: BinaryIO, start: int, end: int) -> memoryview | bytes:
         return b""
     base = start - start % mmap.ALLOCATIONGRANULARITY
     flags = getattr(mmap, "MAP_SHARED", 0) | getattr(mmap, "MAP_POPULATE", 0)
-    if flags:
-        mapped = mmap.mmap(f.fileno(), end - base, flags=flags, prot=mmap.PROT_READ, offset=base)
-    else:  # Windows
-        mapped = mmap.mmap(f.fileno(), end - base, access=mmap.ACCESS_READ, offset=base)
+    try:
+        if flags:
+            mapped = mmap.mmap(
+                f.fileno(), end - base, flags=flags, prot=mmap.PROT_READ, offset=base
+            )
+        else:  # Windows
+            mapped = mmap.mmap(f.fileno(), end - base, access=mmap.ACCESS_READ, offset=base)
+    except OSError:  # a filesystem that cannot map files (some FUSE mounts): read a copy
+        f.seek(start)
+        return f.read(end - start)
     return memoryview(mapped)[start - base :]
 
 
