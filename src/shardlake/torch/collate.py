@@ -421,20 +421,23 @@ class BatchJob:
         if lo == 0:
             try:
                 raw = decoder.raw(*items[0])
-                _, specs = decoder.layout(items[0][0], raw)
+                body, specs = decoder.layout(items[0][0], raw)
                 b = self.builder
-                self.slots = _BatchSlots(len(items), specs, b.drop_keys, b.shared, b.pool)
+                slots = _BatchSlots(len(items), specs, b.drop_keys, b.shared, b.pool)
+                self.slots = slots
             finally:
                 self._shaped.set()  # a failure here is the batch's; the other ranges stop
+            if self._abandoned:
+                return
+            slots.fill(0, raw, body)
         else:
             raw = decoder.raw(*items[lo])
             self._shaped.wait()
-        slots = self.slots
-        if self._abandoned:
-            return
-        if slots is None:
-            return
-        self._put(slots, lo, raw)
+            found = self.slots
+            if self._abandoned or found is None:
+                return
+            slots = found
+            self._put(slots, lo, raw)
         for i in range(lo + 1, hi):
             self._put(slots, i, decoder.raw(*items[i]))
 
