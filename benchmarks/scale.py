@@ -195,6 +195,14 @@ def _wait_for(barrier: Path, name: str, count: int) -> None:
         time.sleep(0.05)
 
 
+def _read_every_row(ds: Any) -> None:
+    """Read the row-table columns an epoch reads, every row (the first batch has read only
+    a few pages of a mapped table): PSS then is what the rank holds through its epoch."""
+    t = ds.table
+    for column in (t.shard, t.offset, t.size, t.crc32):
+        int(column.sum(dtype="int64"))
+
+
 def child_startup(url: str, options: dict[str, Any] | None, rank_doc: str = "") -> dict[str, Any]:
     """``ShardDataset`` -> first batch of a 2-slot loader; requests before the first shard
     read; PSS of the process tree after the first batch. ``rank_doc`` (JSON: engine, rank,
@@ -224,6 +232,10 @@ def child_startup(url: str, options: dict[str, Any] | None, rank_doc: str = "") 
         _wait_for(barrier, "first", world)
         out["pss_bytes"] = _pss_tree()
         _wait_for(barrier, "measured", world)
+        _read_every_row(ds)
+        _wait_for(barrier, "read", world)
+        out["pss_read_bytes"] = _pss_tree()
+        _wait_for(barrier, "measured-read", world)
     else:
         out["pss_bytes"] = _pss_tree()
     del batches
@@ -282,13 +294,16 @@ def ranks_rows(
         for world in worlds:
             # The baseline: as many ranks over a 1-partition root (the ranks share library
             # pages, so one rank's baseline times ``world`` would be too high).
-            empty = sum(r["pss_bytes"] for r in run_ranks(empty_url, options, world, engine))
+            empty_ranks = run_ranks(empty_url, options, world, engine)
+            empty = sum(r["pss_bytes"] for r in empty_ranks)
             got = run_ranks(url, options, world, engine)
             total = sum(r["pss_bytes"] for r in got)
             # Started again: this layout's plan is now in the node-local cache too (the first
             # start computed it on one rank while the others waited for its file).
             again = run_ranks(url, options, world, engine)
             total_again = sum(r["pss_bytes"] for r in again)
+            total_read = sum(r["pss_read_bytes"] for r in again)
+            empty_read = sum(r["pss_read_bytes"] for r in empty_ranks)
             rows.append(
                 {
                     "engine": engine,
@@ -299,6 +314,10 @@ def ranks_rows(
                     "pss_b_per_sample_per_rank": round((total - empty) / samples / world, 1),
                     "slowest_first_batch_s": round(max(r["startup_s"] for r in got), 2),
                     "again_pss_b_per_sample": round((total_again - empty) / samples, 1),
+                    # Started again, then every row of the columns an epoch reads read.
+                    "again_rows_read_pss_b_per_sample": round(
+                        (total_read - empty_read) / samples, 1
+                    ),
                     "again_slowest_first_batch_s": round(max(r["startup_s"] for r in again), 2),
                 }
             )

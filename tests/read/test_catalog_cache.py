@@ -237,3 +237,34 @@ def test_ranks_reuse_the_whole_versions_selection_digest(
     monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", "off")
     plain = ShardDataset(root, "v1", batch_size=1)
     assert plain.selection_digest == first.selection_digest and len(calls) == 3
+
+
+def _resident_kb(path: Path) -> int:
+    """Resident KB of this process's mappings of ``path`` (Linux ``/proc/self/smaps``)."""
+    total, mine = 0, False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if fields and "-" in fields[0] and len(fields) >= 5:
+            mine = len(fields) >= 6 and fields[-1] == str(path)
+        elif mine and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's smaps")
+def test_checking_mapped_arrays_leaves_their_pages_unmapped(tmp_path: Path) -> None:
+    import numpy as np
+
+    from shardlake.read.catalog_cache import ARRAYS_SUFFIX
+
+    cache = CatalogCache(tmp_path)
+    unread = np.arange(2_000_000, dtype=np.int32)  # 8 MB this process never reads
+    cache.put_arrays("columns/1", {"n": 1}, {"unread": unread, "small": np.arange(4)})
+    (path,) = tmp_path.rglob(f"*{ARRAYS_SUFFIX}")
+    found = cache.get_arrays("columns/1")  # sha256 checked
+    assert found is not None and found[0] == {"n": 1}
+    # The check read the file, not the mapping: the 8 MB column is mapped but not resident
+    # here (it would count in this process's PSS, and every rank's).
+    assert _resident_kb(path) < 1024
+    assert np.array_equal(found[1]["unread"], unread)
+    assert _resident_kb(path) >= 7 * 1024

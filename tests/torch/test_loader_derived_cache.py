@@ -129,10 +129,14 @@ def test_selections_and_meta_columns_build_their_own_columns(
 
 
 def _plan_mapped(ds: ShardDataset) -> bool:
+    """The rank's plan arrays are pages of the cached file, not copies (its emits' chunk
+    numbers too, which are uint16)."""
     plan = ds.plan(ds.layout(2))
-    rows = plan.slot_rows[plan.slot(ds.rank, 0)]
-    base = rows.base
-    return isinstance(base, memoryview) and isinstance(base.obj, mmap.mmap)
+    slot = plan.slot(ds.rank, 0)
+    rows, emits = plan.slot_rows[slot], plan.slot_emit_chunk[slot]
+    bases = [rows.base, emits.base]
+    mapped = all(isinstance(b, memoryview) and isinstance(b.obj, mmap.mmap) for b in bases)
+    return mapped and emits.dtype == np.uint16
 
 
 @pytest.mark.parametrize("engine", ["threads", "processes"])

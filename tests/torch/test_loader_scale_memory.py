@@ -87,6 +87,11 @@ def test_row_table_columns_are_compact(tmp_path: Path) -> None:
         np.uint32,
     ]
     assert ds.source_of.dtype == np.int8 and ds.partition_of.dtype == np.int8
+    # The plan: rows int32, each emit's chunk number uint16 (a slot's chunks are fewer than
+    # 65,536 here), the same emits as int64 would give.
+    plan = ds.plan(ds.layout(2), ds.cursor)
+    assert {a.dtype for a in plan.slot_rows} == {np.dtype(np.int32)}
+    assert {a.dtype for a in plan.slot_emit_chunk} == {np.dtype(np.uint16)}
     seen = [k for batch in ds.loader() for k in ds.keys_of(batch["__index__"])]
     assert sorted(seen) == sorted(t.keys) and len(seen) == 20
 
@@ -255,3 +260,23 @@ def test_set_up_collects_only_the_young_generations(
     ds = ShardDataset(root, batch_size=2, num_workers=0)
     assert calls and max(calls) <= 1, calls
     assert next(iter(ds.loader()))  # and the loader works
+
+
+def test_int32_columns_are_kept_without_a_scan() -> None:
+    from shardlake.torch.sources import compact_int
+
+    class Unscanned(np.ndarray):
+        """A column whose pages must stay untouched (mapped from the node-local cache)."""
+
+        def max(self, *args: object, **kwargs: object) -> None:  # type: ignore[override]
+            raise AssertionError("scanned")
+
+        min = max  # type: ignore[assignment]
+
+    mapped = np.arange(10, dtype=np.int32).view(Unscanned)
+    assert compact_int(mapped) is mapped
+    assert compact_int(mapped, upper=2**20) is mapped
+    # What does not fit is still widened (offsets whose ends pass 2 GiB).
+    assert compact_int(np.arange(3, dtype=np.int32), upper=2**31).dtype == np.int64
+    assert compact_int(np.array([1, 2**33], dtype=np.int64)).dtype == np.int64
+    assert compact_int(np.array([1, 2], dtype=np.int64)).dtype == np.int32

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import mmap
 import os
@@ -227,20 +228,24 @@ class CatalogCache:
         the file this process has just written."""
         path = self.root / _arrays_name(what)
         try:
-            with open(path, "rb") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if size == 0:
-                    raise ValueError("empty")
-                view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            fh = open(path, "rb")  # noqa: SIM115 - closed below, after the check reads it
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
+        except OSError:
             self._discard(path)
             return None
-        try:
-            found = _decode_arrays(view, what, verify)
-        except (ValueError, KeyError, TypeError, struct.error):
-            found = None
+        with fh:
+            try:
+                if os.fstat(fh.fileno()).st_size == 0:
+                    raise ValueError("empty")
+                view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            except (OSError, ValueError):
+                self._discard(path)
+                return None
+            try:
+                found = _decode_arrays(view, what, fh if verify else None)
+            except (OSError, ValueError, KeyError, TypeError, struct.error):
+                found = None
         if found is None:
             with contextlib.suppress(BufferError):
                 view.close()
@@ -363,9 +368,25 @@ def _encode_arrays(what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any])
     return [head + b"\0" * (_aligned(len(head)) - len(head)), *parts]
 
 
-def _decode_arrays(view: mmap.mmap, what: str, verify: bool = True) -> DerivedArrays | None:
+def _file_sha256(fh: io.BufferedReader, start: int) -> str:
+    """sha256 of an open file from ``start`` on, read through a small buffer. Hashing the
+    mapping instead would make every page of it resident in this process, and count in its
+    PSS, including columns the process never reads."""
+    digest = hashlib.sha256()
+    buffer = bytearray(1 << 20)
+    view = memoryview(buffer)
+    fh.seek(start)
+    while n := fh.readinto(buffer):
+        digest.update(view[:n])
+    return digest.hexdigest()
+
+
+def _decode_arrays(
+    view: mmap.mmap, what: str, verify: io.BufferedReader | None = None
+) -> DerivedArrays | None:
     """The document and arrays of a mapped arrays file (views into ``view``), or ``None``
-    when the file is not whole or not of ``what``."""
+    when the file is not whole or not of ``what``. ``verify``: the file, open, whose data
+    must match the header's sha256 (None: not checked)."""
     if view[: len(ARRAYS_MAGIC)] != ARRAYS_MAGIC:
         return None
     (length,) = struct.unpack_from("<Q", view, len(ARRAYS_MAGIC))
@@ -381,19 +402,16 @@ def _decode_arrays(view: mmap.mmap, what: str, verify: bool = True) -> DerivedAr
         or len(view) != base + int(header["data_bytes"])
     ):
         return None
-    data = memoryview(view)[base:]
-    try:
-        if verify and hashlib.sha256(data).hexdigest() != header["data_sha256"]:
+    if verify is not None and _file_sha256(verify, base) != header["data_sha256"]:
+        return None
+    data_bytes = len(view) - base
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for spec in header["arrays"]:
+        dtype = np.dtype(spec["dtype"])
+        count, at = int(spec["count"]), int(spec["at"])
+        if at < 0 or at + count * dtype.itemsize > data_bytes:
             return None
-        arrays: dict[str, np.ndarray[Any, Any]] = {}
-        for spec in header["arrays"]:
-            dtype = np.dtype(spec["dtype"])
-            count, at = int(spec["count"]), int(spec["at"])
-            if at < 0 or at + count * dtype.itemsize > len(data):
-                return None
-            arrays[spec["name"]] = np.frombuffer(view, dtype, count, base + at)
-    finally:
-        data.release()
+        arrays[spec["name"]] = np.frombuffer(view, dtype, count, base + at)
     doc = header["doc"]
     return (doc, arrays) if isinstance(doc, dict) else None
 

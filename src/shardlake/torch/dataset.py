@@ -712,32 +712,47 @@ def train_valid(
     return train, valid
 
 
-def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
-    """``plan`` with int32 arrays where every value fits and chunks as :class:`ChunkList`: it
-    is computed once before the workers fork and shared by them (~13 instead of ~32 bytes a
-    sample). Arrays that were one object stay one object. ``keep``: the slots to keep (the
-    others become empty; so do the plan ids, which only whole-plan reports use)."""
-    kept = range(len(plan.slot_rows)) if keep is None else keep
-    arrays = [a for field in (plan.slot_rows, plan.slot_emit_chunk, plan.slot_ids)
-              for i, a in enumerate(field) if i in kept]  # fmt: skip
-    top = max((int(a.max()) for a in arrays if len(a)), default=0)
-    low = min((int(a.min()) for a in arrays if len(a)), default=0)
+def _plan_dtypes(
+    ints: list[np.ndarray[Any, Any]], emits: list[np.ndarray[Any, Any]]
+) -> tuple[Any, Any]:
+    """The dtypes of a compact plan's integer arrays, and of its emits' chunk numbers: int32
+    where every value fits (else int64). Emits name a chunk of their own slot: under 65,536
+    chunks a slot (1M samples of driving frames: ~22,000 a slot) they are uint16."""
+    chunk_bounds = [(int(a.min()), int(a.max())) for a in emits if len(a)]
+    bounds = [(int(a.min()), int(a.max())) for a in ints if len(a)] + chunk_bounds
+    low = min((lo for lo, _ in bounds), default=0)
+    top = max((hi for _, hi in bounds), default=0)
     dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
-    done: dict[int, np.ndarray[Any, Any]] = {}
+    small = all(lo >= 0 and hi < 2**16 for lo, hi in chunk_bounds)
+    return dtype, np.uint16 if small else dtype
+
+
+def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
+    """``plan`` with int32 arrays where every value fits (chunk numbers uint16, see
+    :func:`_plan_dtypes`) and chunks as :class:`ChunkList`: it is computed once before the
+    workers fork and shared by them (~11 instead of ~32 bytes a sample). Arrays that were one
+    object stay one object. ``keep``: the slots to keep (the others become empty; so do the
+    plan ids, which only whole-plan reports use)."""
+    kept = range(len(plan.slot_rows)) if keep is None else keep
+    dtype, emit_dtype = _plan_dtypes(
+        [a for field in (plan.slot_rows, plan.slot_ids) for i, a in enumerate(field) if i in kept],
+        [a for i, a in enumerate(plan.slot_emit_chunk) if i in kept],
+    )
+    done: dict[tuple[int, Any], np.ndarray[Any, Any]] = {}
     none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
 
-    def small(i: int, a: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    def small(i: int, a: np.ndarray[Any, Any], to: Any = dtype) -> np.ndarray[Any, Any]:
         if i not in kept:
             return none
-        if id(a) not in done:
-            done[id(a)] = a.astype(dtype, copy=False)
-        return done[id(a)]
+        if (id(a), to) not in done:
+            done[id(a), to] = a.astype(to, copy=False)
+        return done[id(a), to]
 
     chunks = [ChunkList(c if i in kept else []) for i, c in enumerate(plan.slot_chunks)]
     return replace(
         plan,
         slot_rows=[small(i, a) for i, a in enumerate(plan.slot_rows)],
-        slot_emit_chunk=[small(i, a) for i, a in enumerate(plan.slot_emit_chunk)],
+        slot_emit_chunk=[small(i, a, emit_dtype) for i, a in enumerate(plan.slot_emit_chunk)],
         # Epoch positions of the emits: nothing reads them from a rank's cached plan.
         slot_ids=[small(i, a) if keep is None else none for i, a in enumerate(plan.slot_ids)],
         slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
@@ -776,14 +791,13 @@ def plan_from_arrays(
     arrays in the dtype :func:`compact_plan` would give them (views where it is the same)."""
     slots = int(doc["slots"])
     kept = [i for i in range(slots) if i in keep]
-    mine = [arrays[f"{name}{i}"] for name in ("rows", "emit") for i in kept]
-    top = max((int(a.max()) for a in mine if len(a)), default=0)
-    low = min((int(a.min()) for a in mine if len(a)), default=0)
-    dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
+    dtype, emit_dtype = _plan_dtypes(
+        [arrays[f"rows{i}"] for i in kept], [arrays[f"emit{i}"] for i in kept]
+    )
     none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
 
-    def slot(name: str, i: int) -> np.ndarray[Any, Any]:
-        return arrays[f"{name}{i}"].astype(dtype, copy=False) if i in keep else none
+    def slot(name: str, i: int, to: Any = dtype) -> np.ndarray[Any, Any]:
+        return arrays[f"{name}{i}"].astype(to, copy=False) if i in keep else none
 
     chunks = [
         ChunkList.from_flat(arrays[f"flat{i}"], arrays[f"bounds{i}"])
@@ -798,7 +812,7 @@ def plan_from_arrays(
         int(doc["replays"]),
         slot_rows=[slot("rows", i) for i in range(slots)],
         slot_chunks=cast(list[list[IntArrayT]], chunks),
-        slot_emit_chunk=[slot("emit", i) for i in range(slots)],
+        slot_emit_chunk=[slot("emit", i, emit_dtype) for i in range(slots)],
         slot_valid=[arrays[f"valid{i}"] if i in keep else np.zeros(0, bool) for i in range(slots)],
         slot_ids=[none] * slots,
     )

@@ -261,11 +261,9 @@ class _FirstNeeds:
     """Where in the emit order each unit is first needed, to ask for every unit the next
     rows need at once (a slot's first batch draws from several runs)."""
 
-    def __init__(self, unit_of_emit: np.ndarray[Any, Any], units: int) -> None:
-        first = np.full(units, len(unit_of_emit), dtype=np.int64)
-        if len(unit_of_emit):
-            seen, at = np.unique(unit_of_emit, return_index=True)
-            first[seen] = at
+    def __init__(self, first: np.ndarray[Any, Any]) -> None:
+        """``first``: per unit, the emit position of its first row."""
+        units = len(first)
         by_first = np.argsort(first, kind="stable")
         self._first: list[int] = first[by_first].tolist()
         self._reach: list[int] = (np.maximum.accumulate(by_first) if units else by_first).tolist()
@@ -309,7 +307,9 @@ class SlotReader:
         # Only the rows still to be emitted are fetched (after a resume, a chunk may be
         # partial). Computed with NumPy: per-row Python sets and lists cost a worker ~70 bytes
         # a sample at 1M samples; units are turned into row lists only when fetched.
-        order, counts = np.unique(self.emit_chunk, return_counts=True)
+        # Every unit has an emit: ``first`` is each one's first emit position.
+        order, first, counts = np.unique(self.emit_chunk, return_index=True, return_counts=True)
+        self._first_emits = first
         self._unit_of_chunk = _UnitOfChunk(order)
         self._remaining = counts.astype(np.int64)
         self._units = _Units(chunks, order, self.emit_rows, self.emit_chunk, counts)
@@ -427,9 +427,7 @@ class SlotReader:
         # unit as each one opens, instead of waiting for a whole set of runs to end.
         ahead_bytes = 0
         next_unit = 0
-        firsts = _FirstNeeds(
-            np.searchsorted(self._unit_of_chunk.order, self.emit_chunk), len(self._units)
-        )
+        firsts = _FirstNeeds(self._first_emits)
 
         def submit(unit: int) -> None:
             nonlocal next_unit, ahead_bytes

@@ -52,7 +52,12 @@ INT32_MAX = 2**31 - 1
 
 def compact_int(values: np.ndarray[Any, Any], upper: int | None = None) -> np.ndarray[Any, Any]:
     """``values`` (non-negative) as int32 when they, and ``upper`` (a bound derived values must
-    stay under, e.g. offset + size), fit; else int64. Halves the row table's resident bytes."""
+    stay under, e.g. offset + size), fit; else int64. Halves the row table's resident bytes.
+    Columns already int32 (mapped from the node-local cache) are not scanned: a scan would
+    bring every page of a column into this process, a column the loader never reads
+    (``raw_size``) included."""
+    if values.dtype == np.int32 and (upper or 0) <= INT32_MAX:
+        return values
     top = max(int(values.max()) if len(values) else 0, upper or 0)
     low = int(values.min()) if len(values) else 0
     dtype = np.int32 if low >= 0 and top <= INT32_MAX else np.int64
