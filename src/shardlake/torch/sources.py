@@ -35,6 +35,7 @@ from .strings import LazyStrings, StringColumn, key_digest
 __all__ = [
     "MixMember",
     "combine",
+    "compact_int",
     "epoch_counts",
     "epoch_rows",
     "load_keys",
