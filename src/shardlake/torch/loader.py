@@ -262,8 +262,8 @@ class ShardLoader:
                 int(opts.get("prefetch_factor") or 2) * self.layout.slots_per_rank,
                 2 * self.threads,
             )
-            pin = bool(opts.get("pin_memory", False))
             if self._buffers is None:  # kept from pass to pass (see batch_buffers)
+                pin = bool(opts.get("pin_memory", False))
                 self._buffers = batch_buffers(self.threads, ahead, pin, self.reuse_buffers)
             threads = ThreadBatches(
                 self.ds,
@@ -271,9 +271,8 @@ class ShardLoader:
                 self.cursor,
                 threads=self.threads,
                 ahead=ahead,
-                pin_memory=pin,
-                timeout=opts.get("timeout"),
                 pool=self._buffers,
+                timeout=opts.get("timeout"),
             )
             return iter(threads), None
         # Buffer release flags shared with the workers (see collate.BufferPool).

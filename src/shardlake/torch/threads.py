@@ -93,10 +93,8 @@ class ThreadBatches:
         *,
         threads: int,
         ahead: int,
-        pin_memory: bool = False,
+        pool: LocalBufferPool,
         timeout: float | None = None,
-        reuse_buffers: bool = True,
-        pool: LocalBufferPool | None = None,
     ) -> None:
         self.ds = ds
         self.layout = layout
@@ -104,9 +102,7 @@ class ThreadBatches:
         self.threads = max(1, threads)
         self.ahead = max(1, ahead)
         self.timeout = timeout or None
-        if pool is None:
-            pool = batch_buffers(self.threads, self.ahead, pin_memory, reuse_buffers)
-        self.pool = pool
+        self.pool = pool  # the loader's, kept from pass to pass (see batch_buffers)
         self._stop = threading.Event()
 
     def __iter__(self) -> Iterator[Any]:
