@@ -214,14 +214,20 @@ class Catalog:
             if digest:
                 by_segment.setdefault(digest, []).append(pid)
         samples = {e.id: e.samples for e in self.entries}
+        # The partition column is read even when not asked for: rows of several segments are
+        # put in one order by it (partition, then manifest order), whatever columns are wanted.
+        read = None if columns is None else list(dict.fromkeys([*columns, "partition"]))
         tables = []
         for digest, seg_pids in sorted(by_segment.items()):
             ref = self.ref.segment(digest, self.label)
             every_row = sum(samples[p] for p in seg_pids) == ref.rows
-            source = _open_segment(self.store, ref, columns, [] if every_row else seg_pids)
+            source = _open_segment(self.store, ref, read, [] if every_row else seg_pids)
             url = self.store.key_url(ref.key)
-            tables.append(decode_segment(source, url, columns, seg_pids, every_row))
-        return _ordered(tables, columns)
+            tables.append(decode_segment(source, url, read, seg_pids, every_row))
+        table = _ordered(tables, read)
+        if columns is None:
+            return table
+        return table.select([c for c in columns if c in table.column_names])
 
 
 def _ordered(tables: list[pa.Table], columns: Sequence[str] | None) -> pa.Table:

@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SelectionError, UsageError
+from ..errors import IntegrityError, SelectionError, UsageError
 from ..meta.catalog import node_catalog_cache
 from ..query.dataset import Dataset
 from ..read.catalog_cache import catalog_cache
@@ -294,8 +294,25 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str], cached: bool) -
         columns,
         table,
         ds.shard_key,
-        read_keys=lambda: ds.manifests(["key"]).column("key"),
+        read_keys=functools.partial(_checked_keys, ds, columns),
     )
+
+
+def _checked_keys(ds: Dataset, columns: SourceColumns) -> pa.ChunkedArray:
+    """The version's keys, read apart from its row columns (those came from the node-local
+    cache): refused unless they come in the rows' order, partition by partition, so a key
+    never labels another sample's arrays."""
+    table = ds.manifests(["key", "partition"])
+    names = pa.array(columns.partition_names, pa.string())
+    part = pc.index_in(table.column("partition"), value_set=names)
+    got = part.to_numpy(zero_copy_only=False) if len(table) else np.zeros(0, np.int64)
+    if len(got) != len(columns) or not np.array_equal(got, columns.partition):
+        raise IntegrityError(
+            f"{ds.store.url}: version {ds.version.tag!r}: its keys do not come in the order of "
+            "its cached row columns; remove the node-local catalog cache "
+            "($SHARDLAKE_CATALOG_CACHE) and report this"
+        )
+    return table.column("key")
 
 
 def _read_rows(
