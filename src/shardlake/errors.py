@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -66,6 +67,11 @@ class ConflictError(ShardlakeError, FileExistsError):
 
 class UsageError(ShardlakeError, ValueError):
     """Invalid arguments or a combination of options that cannot work together."""
+
+
+class UnknownOptionError(UsageError, TypeError):
+    """A keyword that is no setting of the call or options object (a typo): the message names
+    the nearest valid one. A ``TypeError`` too, as Python's own unknown keyword is."""
 
 
 class InvalidURLError(UsageError):
@@ -182,7 +188,25 @@ def check_keywords(given: Iterable[str], valid: Collection[str], where: str) -> 
     for name in sorted(set(given) - set(valid)):
         near = difflib.get_close_matches(name, sorted(valid), n=1)
         hint = f" (did you mean {near[0]!r}?)" if near else f"; valid: {', '.join(sorted(valid))}"
-        raise UsageError(f"{where}: unknown keyword {name!r}{hint}")
+        raise UnknownOptionError(f"{where}: unknown keyword {name!r}{hint}")
+
+
+def options_class(cls: type[_T]) -> type[_T]:
+    """Make an options dataclass refuse an unknown keyword at construction with "did you
+    mean" (:class:`UnknownOptionError`), as ``Root``'s keyword overrides do, instead of the
+    dataclass ``__init__``'s plain ``TypeError``. Apply it above ``@dataclass``."""
+    if not dataclasses.is_dataclass(cls):
+        raise TypeError(f"{cls!r} is no dataclass")
+    init = cls.__init__
+    names = tuple(f.name for f in dataclasses.fields(cls))
+
+    @functools.wraps(init)
+    def checked_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        check_keywords(kwargs, names, cls.__name__)
+        init(self, *args, **kwargs)
+
+    setattr(cls, "__init__", checked_init)  # noqa: B010 - mypy refuses assigning a method
+    return cls
 
 
 # Every operation with more than a few settings has an options object (PackOptions,
@@ -242,8 +266,10 @@ __all__ = [
     "StoreError",
     "StorePermissionError",
     "TransientStoreError",
+    "UnknownOptionError",
     "UsageError",
     "VersionNotFoundError",
     "build_options",
     "check_keywords",
+    "options_class",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 import shardlake
 from shardlake import VerifyOptions
 from shardlake.cli.main import main
-from shardlake.errors import UsageError
+import shardlake.torch
+from shardlake.errors import UnknownOptionError, UsageError
 
 
 @pytest.fixture(scope="module")
@@ -40,3 +42,32 @@ def test_unknown_keywords_fail_at_the_call_naming_the_nearest(packed: tuple[Path
         lake.verify(src, allow_mising=1)
     with pytest.raises(UsageError, match="did you mean 'partition_depth'"):
         shardlake.open(root).pack(src, tag="v2", partiton_depth=1)
+
+
+@pytest.mark.parametrize(
+    ("cls", "typo", "field"),
+    [
+        (shardlake.WriteOptions, "shard_sise", "shard_size"),
+        (shardlake.PackOptions, "partiton_depth", "partition_depth"),
+        (shardlake.VerifyOptions, "allow_mising", "allow_missing"),
+        (shardlake.OffsetsOptions, "worker", "workers"),
+        (shardlake.ScrubOptions, "worker", "workers"),
+        (shardlake.ExportOptions, "worker", "workers"),
+        (shardlake.GcOptions, "grace_sec", "grace_s"),
+        (shardlake.RemoveOptions, "partitons", "partitions"),
+        (shardlake.torch.LoaderOptions, "sede", "seed"),
+        (shardlake.torch.ReadOptions, "request_byte", "request_bytes"),
+    ],
+)
+def test_every_options_class_names_the_nearest_field_when_built_directly(
+    cls: type, typo: str, field: str
+) -> None:
+    assert field in {f.name for f in dataclasses.fields(cls)}
+    # A TypeError still (what Python raises for an unknown keyword), and a shardlake error.
+    for caught in (UnknownOptionError, TypeError, UsageError):
+        with pytest.raises(
+            caught,
+            match=f"{cls.__name__}: unknown keyword {typo!r} \\(did you mean {field!r}\\?\\)",
+        ):
+            cls(**{typo: 1})
+    assert cls() == cls()  # the right fields still build it

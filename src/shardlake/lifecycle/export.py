@@ -35,6 +35,7 @@ from ..errors import (
     NotFoundError,
     ShardlakeError,
     UsageError,
+    options_class,
 )
 from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
@@ -267,6 +268,7 @@ def _export_shard(
     raise IntegrityError(f"export of {src.key_url(key)} failed verification ({where}): {detail}")
 
 
+@options_class
 @dataclass(frozen=True)
 class ExportOptions:
     """What ``export`` copies and how.

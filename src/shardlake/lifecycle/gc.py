@@ -48,7 +48,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
+from ..errors import (
+    ConflictError,
+    FormatError,
+    IntegrityError,
+    KeyNotFoundError,
+    UsageError,
+    options_class,
+)
 from ..format.documents import GcLock
 from ..format.layout import (
     COMMITS_DIR,
@@ -103,6 +110,7 @@ def parse_duration(text: str) -> float:
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
+@options_class
 @dataclass(frozen=True)
 class GcOptions:
     """How ``gc`` runs.

@@ -15,7 +15,14 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import SHOW_MAX, AlreadyExistsError, NotFoundError, SelectionError, UsageError
+from ..errors import (
+    SHOW_MAX,
+    AlreadyExistsError,
+    NotFoundError,
+    SelectionError,
+    UsageError,
+    options_class,
+)
 from ..format.documents import PartitionEntry
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
@@ -95,6 +102,7 @@ class RemoveReport(NamedTuple):
         )
 
 
+@options_class
 @dataclass(frozen=True)
 class RemoveOptions:
     """What ``remove`` leaves out of the new version: exactly one of ``partitions``, ``keys``,

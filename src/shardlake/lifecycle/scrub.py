@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import options_class
 from ..format.documents import PartitionEntry
 from ..meta.rootindex import index_problems
 from ..meta.versions import read_state, versions_for
@@ -109,6 +110,7 @@ def _scrub_partition(
     return part, problems
 
 
+@options_class
 @dataclass(frozen=True)
 class ScrubOptions:
     """What ``scrub`` re-reads and how.

@@ -31,6 +31,7 @@ from ..errors import (
     ShardlakeError,
     SourceError,
     UsageError,
+    options_class,
 )
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.documents import PartitionEntry, ShardEntry
@@ -190,6 +191,7 @@ def _scoped(
     return expected & wanted, optional & wanted
 
 
+@options_class
 @dataclass(frozen=True)
 class VerifyOptions:
     """How ``verify`` compares a version with its source tree.
@@ -422,6 +424,7 @@ class OffsetsReport:
         }
 
 
+@options_class
 @dataclass(frozen=True)
 class OffsetsOptions:
     """What ``verify-offsets`` checks and how: ``version``, ``workers``, ``progress`` and

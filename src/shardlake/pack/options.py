@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..errors import options_class
 from ..progress.bar import DEFAULT_HEARTBEAT_S
 from ..read.tasks import ExecutorSpec as ExecutorSpec
 
@@ -15,6 +16,7 @@ __all__ = [
 ]
 
 
+@options_class
 @dataclass(frozen=True)
 class PackOptions:
     """How to pack: partitioning, scope, recipe, skip policy and execution.

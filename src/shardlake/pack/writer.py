@@ -37,7 +37,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import IntegrityError, SourceError, UsageError
+from ..errors import IntegrityError, SourceError, UsageError, options_class
 from ..format.codec import Decoder, Encoder, check_array
 from ..format.documents import PartitionEntry
 from ..format.layout import partition_id
@@ -79,6 +79,7 @@ DEFAULT_BUILD_WORKERS = 4
 MAX_OPEN_SPILLS = 64
 
 
+@options_class
 @dataclass(frozen=True)
 class WriteOptions:
     """How :meth:`Root.writer <shardlake.Root.writer>` and ``write_bag`` write.

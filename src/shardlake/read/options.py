@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..errors import options_class
+
 __all__ = [
     "DEFAULT_REQUEST_BYTES",
     "ReadOptions",
@@ -14,6 +16,7 @@ MiB = 1 << 20
 DEFAULT_REQUEST_BYTES = 8 * MiB
 
 
+@options_class
 @dataclass(frozen=True)
 class ReadOptions:
     """I/O knobs of a slot reader.

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError, build_options
+from ..errors import UsageError, build_options, options_class
 from ..read.options import ReadOptions
 from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
 
@@ -29,6 +29,7 @@ def check_engine(engine: str, name: str) -> str:
     return engine
 
 
+@options_class
 @dataclass(frozen=True)
 class LoaderOptions:
     """Every setting of a :class:`~shardlake.torch.ShardDataset` besides what to read.
