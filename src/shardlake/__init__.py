@@ -23,7 +23,6 @@ from .errors import (
     UsageError,
     VersionNotFoundError,
 )
-from .store import RetryPolicy, Store, open_store
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
@@ -39,10 +38,12 @@ if TYPE_CHECKING:
     from .query.dataset import Dataset
     from .query.selection import Selection
     from .root import Root, open
+    from .store import RetryPolicy, Store, open_store
     from .store.check import StoreReport, check_store
 
-# Imported on first use: ``import shardlake`` stays cheap (no pyarrow compute, DuckDB or pack
-# machinery until a root is opened), which every CLI call and worker process pays.
+# Imported on first use: ``import shardlake`` stays cheap (no fsspec, pyarrow, DuckDB or pack
+# machinery until a root is opened), which every CLI call and worker process pays; the CLI
+# takes Ctrl-C from its first moment (``cli.run``) only after this package is imported.
 _LAZY = {
     "Dataset": "query.dataset",
     "ExportOptions": "lifecycle.export",
@@ -63,14 +64,17 @@ _LAZY = {
     "Keyset": "meta.keysets",
     "PackOptions": "pack",
     "PackReport": "pack",
+    "RetryPolicy": "store",
     "Root": "root",
     "Selection": "query.selection",
+    "Store": "store",
     "StoreReport": "store.check",
     "Version": "meta.versions",
     "WriteOptions": "pack.writer",
     "Writer": "pack.writer",
     "check_store": "store.check",
     "open": "root",
+    "open_store": "store",
 }
 
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import shardlake
+import shardlake.torch
 from shardlake import VerifyOptions
 from shardlake.cli.main import main
-import shardlake.torch
 from shardlake.errors import UnknownOptionError, UsageError
 
 

@@ -24,6 +24,8 @@ from typing import Any
 from .. import __version__
 from ..errors import ShardlakeError, UsageError
 from . import (
+    INTERRUPTED_EXIT,
+    INTERRUPTED_TEXT,
     catalog_cmds,
     dataset_cmds,
     lifecycle_cmds,
@@ -84,10 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
-    _Parser.json_errors = "--json" in argv
-    args, extras = parser.parse_known_args(argv)
+    try:
+        parser = build_parser()
+        _Parser.json_errors = "--json" in argv
+        args, extras = parser.parse_known_args(argv)
+    except KeyboardInterrupt:
+        print(f"{' '.join(['shardlake', *argv[:1]])}: {INTERRUPTED_TEXT}", file=sys.stderr)
+        return INTERRUPTED_EXIT
     if extras:
         _reject_unknown(parser, args, extras)
     resolve_local_paths(args)
@@ -114,8 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = _with_advice(exc, parser, args)
         return fail(type(exc).__name__, text, 2 if isinstance(exc, UsageError) else 1)
     except KeyboardInterrupt:
-        text = "interrupted; nothing was published"
-        return fail("KeyboardInterrupt", text, 130, text)
+        return fail("KeyboardInterrupt", INTERRUPTED_TEXT, INTERRUPTED_EXIT, INTERRUPTED_TEXT)
     except (OSError, ValueError) as exc:
         if os.environ.get("SHARDLAKE_DEBUG"):
             raise
@@ -230,4 +235,4 @@ def _with_advice(
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main())  # `python -m shardlake.cli` also covers Ctrl-C during the imports

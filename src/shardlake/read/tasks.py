@@ -57,9 +57,33 @@ def mp_context(name: str | None, preload: Sequence[str] = ()) -> Any:
         # forkserver: workers do not inherit the parent's threads (s3fs loops, servers) or locks.
         name = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
     ctx = multiprocessing.get_context(name)
-    if name == "forkserver" and preload:
-        ctx.set_forkserver_preload(list(preload))
+    if name == "forkserver":
+        if preload:
+            ctx.set_forkserver_preload(list(preload))
+        _start_forkserver_deaf_to_ctrl_c()
     return ctx
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the fork server with SIGINT ignored (an ignore survives its exec).
+
+    Ctrl-C reaches the whole process group: a fork server still importing its preload modules
+    would die with a traceback, and the pool would fail with EOFError instead of the clean
+    interrupt. Its workers inherit the ignore; the parent stops them on Ctrl-C (run_tasks).
+    SIGINT is blocked here meanwhile, so a Ctrl-C in that moment is delivered afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal.signal works in the main thread only; the server starts on first use
+    from multiprocessing import forkserver
+
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, handler)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def is_dask(spec: ExecutorSpec) -> bool:

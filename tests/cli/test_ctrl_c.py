@@ -1,0 +1,76 @@
+"""Ctrl-C at any moment of ``shardlake pack``: exit 130, one line, nothing published.
+
+A terminal's Ctrl-C reaches the whole process group (the fork server and pool workers too), so
+the test signals the group, as a terminal does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from shardlake import open_store
+from shardlake.tools.synth import synth_corpus
+
+# The console script (``shardlake = shardlake.cli:run``), announcing that it is about to run.
+_CLI = "from shardlake.cli import run; import sys; print('go', file=sys.stderr, flush=True); run()"
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    src = tmp_path_factory.mktemp("ctrl_c") / "src"
+    synth_corpus(src, 6, [40] * 6, seed=3, neighbors=8, lanes=16)
+    return src
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
+@pytest.mark.parametrize("when", ["at-once", "0.3", "1.0", "workers-start", "2.0"])
+def test_ctrl_c_at_any_moment_of_pack_exits_130_with_one_line(
+    source: Path, tmp_path: Path, when: str
+) -> None:
+    root = tmp_path / "root"
+    argv = ["pack", str(source), str(root), "--tag", "v1", "--quiet", "--workers", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CLI, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group: the signal reaches it and its children only
+    )
+    assert proc.stderr is not None
+    try:
+        assert proc.stderr.readline() == "go\n"
+        if when == "workers-start":  # the moment the fork server starts (an EOFError once)
+            deadline = time.monotonic() + 60
+            while not _children(proc.pid) and proc.poll() is None:
+                assert time.monotonic() < deadline
+                time.sleep(0.002)
+        elif when != "at-once":
+            time.sleep(float(when))
+        assert proc.poll() is None, "pack finished before the Ctrl-C: make the corpus larger"
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert (proc.returncode, err.splitlines()) == (
+        130,
+        ["shardlake pack: interrupted; nothing was published"],
+    )
+    if root.exists():
+        store = open_store(str(root))
+        assert store.list("commits/") == [] and store.list("versions/") == []
