@@ -12,10 +12,9 @@ import sys
 import threading
 from typing import NoReturn
 
-__all__ = ["INTERRUPTED_EXIT", "INTERRUPTED_TEXT", "run"]
+from .interrupt import INTERRUPTED_EXIT, INTERRUPTED_TEXT
 
-INTERRUPTED_EXIT = 130  # 128 + SIGINT
-INTERRUPTED_TEXT = "interrupted; nothing was published"
+__all__ = ["run"]
 
 
 def run() -> NoReturn:

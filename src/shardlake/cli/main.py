@@ -24,8 +24,6 @@ from typing import Any
 from .. import __version__
 from ..errors import ShardlakeError, UsageError
 from . import (
-    INTERRUPTED_EXIT,
-    INTERRUPTED_TEXT,
     catalog_cmds,
     dataset_cmds,
     lifecycle_cmds,
@@ -36,6 +34,7 @@ from . import (
 )
 from .common import flag_advice, resolve_local_paths
 from .flags import add_command
+from .interrupt import INTERRUPTED_EXIT, INTERRUPTED_TEXT
 
 __all__ = [
     "build_parser",
