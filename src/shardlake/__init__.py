@@ -22,10 +22,12 @@ from .errors import (
     StoreError,
     UsageError,
     VersionNotFoundError,
+    VersionRedactedError,
 )
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
+    from .lifecycle.forget import ForgetCheckReport, ForgetOptions, ForgetReport
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveOptions, RemoveReport
@@ -48,6 +50,9 @@ _LAZY = {
     "Dataset": "query.dataset",
     "ExportOptions": "lifecycle.export",
     "ExportReport": "lifecycle.export",
+    "ForgetCheckReport": "lifecycle.forget",
+    "ForgetOptions": "lifecycle.forget",
+    "ForgetReport": "lifecycle.forget",
     "GcOptions": "lifecycle.gc",
     "GcReport": "lifecycle.gc",
     "NpzExportReport": "lifecycle.export",
@@ -105,6 +110,9 @@ __all__ = [
     "Dataset",
     "ExportOptions",
     "ExportReport",
+    "ForgetCheckReport",
+    "ForgetOptions",
+    "ForgetReport",
     "FormatError",
     "GcOptions",
     "GcReport",
@@ -135,6 +143,7 @@ __all__ = [
     "VerifyReport",
     "Version",
     "VersionNotFoundError",
+    "VersionRedactedError",
     "WriteOptions",
     "Writer",
     "__version__",

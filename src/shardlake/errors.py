@@ -172,6 +172,23 @@ class VersionNotFoundError(NotFoundError):
     """The version tag is unknown in this root."""
 
 
+class VersionRedactedError(VersionNotFoundError):
+    """The version was redacted by ``forget``; the message names the forget and the successor
+    version (``forget_id``, ``successor``: ``tag@hash``)."""
+
+    def __init__(
+        self,
+        *args: object,
+        forget_id: str = "",
+        successor: str = "",
+        options: Sequence[str] = (),
+        hint: str = "",
+    ) -> None:
+        super().__init__(*args, options=options, hint=hint)
+        self.forget_id = forget_id
+        self.successor = successor
+
+
 class IntegrityError(ShardlakeError, OSError):
     """Stored bytes do not match their checksum; the message names store, shard, key and offset."""
 
@@ -269,6 +286,7 @@ __all__ = [
     "UnknownOptionError",
     "UsageError",
     "VersionNotFoundError",
+    "VersionRedactedError",
     "build_options",
     "check_keywords",
     "options_class",

@@ -22,6 +22,7 @@ from .store.url import location
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
+    from .lifecycle.forget import ForgetCheckReport, ForgetOptions, ForgetReport
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveOptions, RemoveReport
@@ -275,6 +276,26 @@ class Root:
         from .lifecycle.remove import RemoveOptions, remove
 
         return remove(self.store, tag, build_options(RemoveOptions, options, overrides, "remove"))
+
+    @_writes
+    def forget(self, /, options: ForgetOptions | None = None, **overrides: Any) -> ForgetReport:
+        """Erase samples from every retained version and keyset, in one commit, with a receipt.
+
+        Each affected tag gets a redacted successor (same tag, new hash); only the shards that
+        held the samples are rewritten; superseded objects are deleted at once. Settings are
+        :class:`~shardlake.ForgetOptions` (exactly one of ``keys``, ``key_file`` and
+        ``where``; ``reason`` (required); ``dry_run``; ``executor``, ``workers``), as an object
+        or as keywords."""
+        from .lifecycle.forget import ForgetOptions, forget
+
+        return forget(self.store, build_options(ForgetOptions, options, overrides, "forget"))
+
+    def check_forget(self, forget_id: str | None = None) -> ForgetCheckReport:
+        """Re-read every object under the root and prove that none holds a key or payload a
+        forget erased (that forget's receipt only, with ``forget_id``)."""
+        from .lifecycle.forget import check_forget
+
+        return check_forget(self.store, forget_id)
 
     @_writes
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:

@@ -1,4 +1,4 @@
-"""Commands: remove, prune-version, gc, scrub, export, verify, verify-offsets."""
+"""Commands: remove, forget, prune-version, gc, scrub, export, verify, verify-offsets."""
 
 from __future__ import annotations
 
@@ -48,6 +48,32 @@ def _remove_flags(p: argparse.ArgumentParser) -> None:
     flags.keys_file(what, "file of keys to drop")
     what.add_argument("--where", metavar="SQL", help="drop the samples matching this expression")
     flags.strip_prefix(p)
+
+
+def _forget_flags(p: argparse.ArgumentParser) -> None:
+    flags.root(p)
+    p.add_argument(
+        "forget_id", nargs="?", metavar="ID", help="with --check: only this forget's receipt"
+    )
+    what = p.add_mutually_exclusive_group()
+    flags.keys_file(what, "file of keys to forget")
+    what.add_argument("--where", metavar="SQL", help="forget the samples matching this expression")
+    what.add_argument(
+        "--check",
+        action="store_true",
+        help="re-read every object under ROOT and prove no forgotten key or payload is left "
+        "(exit 1 naming the objects that hold one)",
+    )
+    p.add_argument(
+        "--reason",
+        metavar="TEXT",
+        help="why (recorded verbatim in the commit log and the receipt: no personal data)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="list what would be rewritten; change nothing"
+    )
+    flags.strip_prefix(p)
+    _task_flags(p)
 
 
 def _prune_version_flags(p: argparse.ArgumentParser) -> None:
@@ -128,6 +154,26 @@ def cmd_remove(args: argparse.Namespace) -> int:
         partitions=args.partition,
         key_file=args.keys_file,
         **flag_values(args, "base", "strip_prefix", "where"),
+    )
+    return print_report(args, report.to_json(), report.summary())
+
+
+def cmd_forget(args: argparse.Namespace) -> int:
+    from ..errors import UsageError
+
+    root = open_root(args)
+    if args.check:
+        check = root.check_forget(args.forget_id)
+        return print_report(args, check.to_json(), check.summary(), ok=check.ok)
+    if args.forget_id is not None:
+        raise UsageError("a forget ID is taken only with --check")
+    if args.keys_file is None and args.where is None:
+        raise UsageError("forget needs --keys FILE or --where SQL (or --check)")
+    report = root.forget(
+        key_file=args.keys_file,
+        reason=args.reason or "",
+        **flag_values(args, "where", "dry_run", "strip_prefix"),
+        **_task_options(args),
     )
     return print_report(args, report.to_json(), report.summary())
 
@@ -323,6 +369,17 @@ COMMANDS = (
         help="publish a new version without some partitions or samples",
         description="Publish TAG: the base version without the given partitions or samples. "
         "Removing samples writes a new manifest revision, never new shards.",
+    ),
+    Command(
+        "forget",
+        cmd_forget,
+        _forget_flags,
+        help="erase samples from every retained version, with a receipt",
+        description="Erase the samples --keys or --where select from every retained version "
+        "and keyset in one commit: each affected tag gets a redacted successor (same tag, new "
+        "hash), only the shards that held them are rewritten, and the superseded objects are "
+        "deleted at once. A receipt is stored under receipts/. --check re-reads every object "
+        "and proves no forgotten key or payload is left.",
     ),
     Command(
         "prune-version",

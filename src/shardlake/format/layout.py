@@ -12,6 +12,7 @@
     catalog/versions/<tag>/<version_hash>.json       catalog attached to a format-1 version
     commits/<seq:012d>.json                          commit log; the highest seq is "latest"
     keysets/<name>.parquet                           keysets (immutable, create-if-absent)
+    receipts/<forget_id>.json                        forget receipts (never deleted by gc)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "DATA_DIR",
     "FORMAT_VERSION",
     "KEYSETS_DIR",
+    "MEMBER_SUFFIX",
     "PROBE_DIR",
     "RECORD_FORMAT_VERSION",
     "ROOT_INDEX",
@@ -41,6 +43,8 @@ __all__ = [
     "member_name",
     "natural_key",
     "partition_id",
+    "RECEIPTS_DIR",
+    "receipt_key",
     "revision_dir",
     "shard_key",
     "short_hash",
@@ -59,6 +63,7 @@ DATA_DIR = "data"
 VERSIONS_DIR = "versions"
 COMMITS_DIR = "commits"
 KEYSETS_DIR = "keysets"
+RECEIPTS_DIR = "receipts"
 PROBE_DIR = "_shardlake"
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -78,6 +83,7 @@ _OWNED_RE = re.compile(
             rf"catalog/versions/{_NAME}/[0-9a-f]{{1,64}}\.json",
             rf"{COMMITS_DIR}/\d{{12}}\.json",
             rf"{KEYSETS_DIR}/{_NAME}\.(?:parquet|json)",
+            rf"{RECEIPTS_DIR}/[0-9a-f]{{32}}\.json",
             rf"{PROBE_DIR}/.+",
         )
     )
@@ -152,6 +158,10 @@ def commit_seq(key: str) -> int | None:
 
 def keyset_key(name: str) -> str:
     return f"{KEYSETS_DIR}/{name}.parquet"
+
+
+def receipt_key(forget_id: str) -> str:
+    return f"{RECEIPTS_DIR}/{forget_id}.json"
 
 
 def escape_member_key(key: str) -> str:

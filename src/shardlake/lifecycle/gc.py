@@ -5,7 +5,7 @@ Garbage is an object whose name has one of the shapes shardlake writes under ``d
 outside the closure of the live versions (and of versions a keyset is bound to, pruned or not),
 plus staging left by killed writers (local ``.shardlake-tmp-*`` files, unfinished S3 multipart
 uploads; see :meth:`Store.leftovers`). The root marker, the commit log, keysets and the
-capability-probe area are never touched. Every other object under the root is *foreign*: it is
+capability-probe area and forget receipts are never touched. Every other object under the root is *foreign*: it is
 counted and shown, never deleted, at any grace.
 
 Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock there is):
@@ -61,6 +61,7 @@ from ..format.layout import (
     COMMITS_DIR,
     KEYSETS_DIR,
     PROBE_DIR,
+    RECEIPTS_DIR,
     ROOT_INDEX,
     ROOT_MARKER,
     is_owned_key,
@@ -95,7 +96,8 @@ DEFAULT_GRACE_S = 6 * 3600.0
 LOCK_TTL_S = 60.0
 LOCK_RENEW_S = 20.0  # the holder renews this often while it works
 LOCK_MARGIN_S = 15.0  # no deletion this close to the lease's expiry
-_KEEP_PREFIXES = (COMMITS_DIR + "/", KEYSETS_DIR + "/", PROBE_DIR + "/")
+# Forget receipts are the root's history, like the commit log: never garbage.
+_KEEP_PREFIXES = (COMMITS_DIR + "/", KEYSETS_DIR + "/", PROBE_DIR + "/", RECEIPTS_DIR + "/")
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 FENCE_ATTEMPTS = 5

@@ -17,7 +17,7 @@ import contextvars
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -350,6 +350,8 @@ def publish_catalog(
     entries: Sequence[PartitionEntry],
     base: Catalog | None,
     fresh: Mapping[str, pa.Table],
+    *,
+    avoid: Collection[str] = (),
 ) -> tuple[CatalogRef, list[PartitionEntry]]:
     """Write the catalog of a version of ``entries`` (manifest digests set); return its
     reference and the entries with ``segment`` set.
@@ -357,19 +359,27 @@ def publish_catalog(
     Rows of partitions the ``base`` catalog holds at the same manifest are reused; the others
     come from ``fresh`` (manifest tables publish already read) or their manifests, and go into
     one new segment. Above :data:`MAX_LIVE_SEGMENTS` every segment but the largest is merged.
+    Segments whose sha256 is in ``avoid`` are not reused (forget: they hold forgotten rows);
+    the rows of unchanged partitions there are copied into the new segment.
     """
     base_by_id = {e.id: e for e in base.entries} if base is not None and base.ref else {}
     segment_of: dict[str, str | None] = {}  # partition id -> segment holding its rows
     new = []
+    moved = []
     for entry in entries:
         old = base_by_id.get(entry.id)
-        if _reusable(entry, old):
+        if _reusable(entry, old) and old is not None and old.segment in avoid:
+            moved.append(entry)
+        elif _reusable(entry, old):
             segment_of[entry.id] = old.segment if old is not None else None
         elif entry.manifest:
             new.append(entry)
         else:
             segment_of[entry.id] = None  # no manifest, no rows
     tables = _fresh_rows(store, new, fresh)
+    if moved and base is not None:
+        tables.append(base.rows(None, [e.id for e in moved]))
+        new.extend(moved)
     live: dict[str, ObjectRef] = {}
     if base is not None and base.ref is not None:
         used = {s for s in segment_of.values() if s}

@@ -59,6 +59,7 @@ __all__ = [
     "load_keyset_bytes",
     "publish_keyset",
     "read_key_list",
+    "redact_keyset",
     "referenced_versions",
     "tombstone_key",
 ]
@@ -205,6 +206,30 @@ def publish_keyset(
         ) from exc
     refresh_index(store)
     return decode_keyset(data, name, store.key_url(key))
+
+
+def redact_keyset(
+    store: Store, keyset: Keyset, version: StoredVersion, forgotten: set[str]
+) -> Keyset:
+    """Rewrite keyset ``keyset.name`` in place (one atomic overwrite): bound to ``version``
+    (the redacted successor of its version), without the ``forgotten`` keys. The one case a
+    keyset is overwritten: ``forget`` must not leave a forgotten key in any object."""
+    pairs = [
+        (k, p) for k, p in zip(keyset.keys, keyset.partitions, strict=True) if k not in forgotten
+    ]
+    rows = pa.table(
+        {
+            "key": pa.array([k for k, _ in pairs], pa.string()),
+            "partition": pa.array([p for _, p in pairs], pa.string()),
+        }
+    )
+    origin = f"{keyset.name}@{keyset.version_hash}"
+    recipe = {**keyset.recipe, "redacted_from": origin}
+    data = _encode(keyset.name, rows, version, keyset.dataset_id, recipe, keyset.rebased_from)
+    key = keyset_key(keyset.name)
+    store.write(key, data)
+    refresh_index(store)
+    return decode_keyset(data, keyset.name, store.key_url(key))
 
 
 # The keyset's digest over its own content (docs/format.md, "Integrity"); older keysets lack it.

@@ -33,6 +33,7 @@ from ..errors import (
     KeyNotFoundError,
     NotFoundError,
     VersionNotFoundError,
+    VersionRedactedError,
 )
 from ..format.catalog import CatalogRef, ObjectRef
 from ..format.documents import (
@@ -58,6 +59,7 @@ from ..format.layout import (
 from ..format.manifest import entry_mismatches, parse_manifest
 from ..format.rootindex import RootIndex
 from ..read.payloads import TRANSPORT
+from ..read.receipts import find_redaction
 from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
 from .catalog import Catalog, load_catalog, publish_catalog, read_partitions
@@ -718,6 +720,13 @@ def load_version_bytes(store: Store, tag: str, version_hash: str) -> tuple[Store
             store, key, lambda data: StoredVersion.parse(tag, version_hash, data, where, store)
         )
     except KeyNotFoundError as exc:
+        redaction = find_redaction(store, version_hash)
+        if redaction is not None:
+            raise VersionRedactedError(
+                f"{store.url}: {redaction.describe()}",
+                forget_id=redaction.forget_id,
+                successor=f"{redaction.tag}@{redaction.new}",
+            ) from exc
         raise FormatError(f"{where}: version document missing") from exc
 
 
