@@ -359,7 +359,11 @@ class Root:
                 "dest_storage_options go with a URL; an opened destination has its own",
                 options=("dest_storage_options",),
             )
-        target = dest.store if isinstance(dest, Root) else _opened(dest, dest_storage_options)
+        target = (
+            dest.store
+            if isinstance(dest, Root)
+            else _opened(dest, dest_storage_options, "export(dest)")
+        )
         opts = build_options(ExportOptions, options, overrides, "export")
         return export(self.store, target, opts)
 
@@ -380,7 +384,7 @@ class Root:
         from .lifecycle.verify import VerifyOptions, verify_version
 
         opts = build_options(VerifyOptions, options, overrides, "verify")
-        return verify_version(self.store, _opened(source), opts)
+        return verify_version(self.store, _opened(source, name="verify(source)"), opts)
 
     @_writes
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
@@ -433,10 +437,15 @@ def _build(
 
 
 def _opened(
-    url: str | os.PathLike[str] | Store, storage_options: dict[str, Any] | None = None
+    url: str | os.PathLike[str] | Store,
+    storage_options: dict[str, Any] | None = None,
+    name: str = "url",
 ) -> Store:
-    """``url`` as an opened store (the operations below the facade take no URL)."""
-    return url if isinstance(url, Store) else open_store(location(url), storage_options or None)
+    """``url`` as an opened store (the operations below the facade take no URL); ``name``:
+    the argument a blank ``url`` is refused as."""
+    if isinstance(url, Store):
+        return url
+    return open_store(location(url, name), storage_options or None)
 
 
 def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  # noqa: A001
@@ -458,7 +467,7 @@ def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  
         The root; opening makes no request (a missing bucket or bad credentials surface on
         first use).
     """
-    return Root(_opened(url, storage_options))
+    return Root(_opened(url, storage_options, "shardlake.open(url)"))
 
 
 __all__ = [

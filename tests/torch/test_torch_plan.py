@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -99,13 +101,82 @@ def test_reads_stay_sequential_within_shards() -> None:
         assert np.all(np.abs(emit_pos - np.arange(len(emit_pos))) < PARAMS.shuffle_buffer + 1)
 
 
-def test_pad_cap_names_the_flags() -> None:
+def test_large_padding_warns_naming_the_flags_and_still_plans() -> None:
     rows, _ = make_rows([10])
-    with pytest.raises(PlanError, match="batch_size.*max_pad_fraction"):
-        plan_leg(rows, PARAMS, 0, Layout(4, 1, 8))
+    with pytest.warns(UserWarning, match="batch_size.*max_pad_fraction.*drop_last"):
+        plan = plan_leg(rows, PARAMS, 0, Layout(4, 1, 8))
+    assert plan.replays == 22 and plan.steps == 1
     loose = PlanParams(version_hash="v", selection_digest="s", max_pad_fraction=5.0)
-    plan = plan_leg(rows, loose, 0, Layout(4, 1, 8))
-    assert plan.replays == 22
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert plan_leg(rows, loose, 0, Layout(4, 1, 8)).replays == 22
+
+
+# Sizes DistributedSampler + DataLoader accept and a capped plan refused (issue 50): 40 frames
+# at batch 16, 74 at batch 32, and a few more awkward ones.
+AWKWARD = [
+    (40, Layout(1, 2, 16)),
+    (74, Layout(1, 2, 32)),
+    (40, Layout(2, 2, 16)),
+    (7, Layout(3, 1, 4)),
+    (1, Layout(2, 0, 8)),
+    (101, Layout(3, 2, 5)),
+]
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("n,layout", AWKWARD)
+def test_any_size_plans_equal_steps_and_drop_last_drops_the_remainder(
+    n: int, layout: Layout, shuffle: bool
+) -> None:
+    rows, _ = make_rows([n // 2, n - n // 2] if n > 1 else [1])
+    params = PlanParams(version_hash="v", selection_digest="s", seed=3, shuffle=shuffle)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        padded = plan_leg(rows, params, 1, layout)
+    batches = all_rank_batches(padded)
+    assert padded.steps == -(-n // layout.global_batch)
+    assert all(len(b) == layout.batch_size for rb in batches for b in rb)
+    assert {int(i) for rb in batches for b in rb for i in b} == set(range(n))
+    dropping = PlanParams(
+        version_hash="v", selection_digest="s", seed=3, shuffle=shuffle, drop_last=True
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # dropping never warns
+        dropped = plan_leg(rows, dropping, 1, layout)
+    batches = all_rank_batches(dropped)
+    seen = [int(i) for rb in batches for b in rb for i in b]
+    assert dropped.steps == n // layout.global_batch and dropped.replays == 0
+    assert len(seen) == len(set(seen)) == dropped.steps * layout.global_batch  # never a repeat
+    assert all(len(b) == layout.batch_size for rb in batches for b in rb)
+    if not shuffle:  # the remainder dropped is the tail
+        assert sorted(seen) == list(range(len(seen)))
+
+
+@pytest.mark.parametrize("layout", [Layout(1, 0, 4), Layout(1, 2, 4), Layout(1, 3, 4)])
+def test_unshuffled_order_is_the_rows_order_whatever_the_workers(layout: Layout) -> None:
+    rows, _ = make_rows([13, 9], shard_size=5)
+    # Rows listed out of shard order (a key list's order): the plan keeps it.
+    perm = np.random.default_rng(0).permutation(len(rows))
+    listed = Rows(rows.shard[perm], rows.offset[perm])
+    params = PlanParams(version_hash="v", selection_digest="s", shuffle=False, max_pad_fraction=1)
+    plan = plan_leg(listed, params, 4, layout)
+    flat = [int(i) for b in plan.rank_batches(0) for i in b]
+    assert flat == list(range(22)) + [0, 1]  # the padding repeats the first ids
+    for chunks in plan.slot_chunks:  # each read: one shard, ascending offsets
+        for chunk in chunks:
+            assert len(set(listed.shard[chunk].tolist())) == 1
+            assert np.all(np.diff(listed.offset[chunk]) >= 0)
+    # Two ranks: step after step, rank after rank.
+    two = plan_leg(listed, params, 0, Layout(2, layout.num_workers, 4))
+    steps = zip(two.rank_batches(0), two.rank_batches(1), strict=True)
+    assert [int(i) for a, b in steps for i in [*a, *b]] == list(range(22)) + [0, 1]
+    # Exact: the padding is marked, not replayed as a sample.
+    exact = replace(params, exact=True)
+    marked = plan_leg(listed, exact, 0, layout)
+    assert [int(i) for b in marked.rank_batches(0) for i in b] == list(range(24))
+    assert marked.pad_base == 22 and marked.pad_rows is not None
+    assert marked.pad_rows.tolist() == [0, 1]
 
 
 def test_no_shuffle_is_manifest_order() -> None:

@@ -98,7 +98,10 @@ def open_root(args: argparse.Namespace, url: str | None = None) -> Root:
     import shardlake
 
     pairs = getattr(args, "storage_options", None) or []
-    return shardlake.open(url if url is not None else args.root, **parse_storage_options(pairs))
+    target = url if url is not None else args.root
+    if isinstance(target, str) and not target.strip():
+        raise UsageError(f"ROOT is empty ({target!r}): give a path or a URL, never ''")
+    return shardlake.open(target, **parse_storage_options(pairs))
 
 
 # Library option names whose flag is spelled otherwise.

@@ -1,6 +1,7 @@
 """Keysets: named, immutable sample selections bound to one version's hash.
 
-A keyset is ``keysets/<name>.parquet`` with columns ``key`` and ``partition`` (sorted by key) and
+A keyset is ``keysets/<name>.parquet`` with columns ``key`` and ``partition`` (in the order of
+the key list it was made from; made by ``where``, sorted by key) and
 ``shardlake.*`` key-value metadata naming the dataset, the version tag and hash it was made
 from, and how it was made. It is published with create-if-absent, so it is never overwritten,
 and using it with any other version is refused (:meth:`Keyset.check_version`).
@@ -158,7 +159,7 @@ def _encode(
     recipe: dict[str, Any],
     rebased_from: str = "",
 ) -> bytes:
-    rows = rows.select(["key", "partition"]).sort_by("key")
+    rows = rows.select(["key", "partition"])  # in the caller's order (a key list's is kept)
     meta = {
         "format": KEYSET_SCHEMA,
         "name": name,

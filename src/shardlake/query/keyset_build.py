@@ -24,6 +24,7 @@ from ..meta.versions import load_version, load_version_by_hash
 from ..source import pathlists
 from ..store import Store
 from .dataset import Dataset, resolve_version
+from .selection import in_listed_order
 
 __all__ = [
     "DisjointReport",
@@ -56,7 +57,10 @@ def match_keys(
             _unmatched_message(ds, unmatched, allow_unmatched, local_paths or {}),
             options=("allow_unmatched",),
         )
-    return selection.rows(["key", "partition"], allow_missing=None)
+    # In the list's order: a keyset keeps it (the loader's unshuffled and "torch" orders).
+    return in_listed_order(
+        selection.rows(["key", "partition"], allow_missing=None), selection.wanted_keys()
+    )
 
 
 def _unmatched_message(
@@ -133,7 +137,7 @@ def create_keyset(
         listed = ds.keys_from_file(key_file, strip_prefix=strip_prefix)
         keys, unmapped, local_paths = listed.keys, listed.unmapped, listed.local_paths
     if where is not None:
-        rows = ds.select(where=where).rows(["key", "partition"])
+        rows = ds.select(where=where).rows(["key", "partition"]).sort_by("key")
         recipe: dict[str, Any] = {"where": where}
     else:
         keys = keys or []
@@ -167,12 +171,15 @@ def _existing(store: Store, name: str) -> Keyset | None:
 
 
 def _same(keyset: Keyset, rows: pa.Table, version_hash: str) -> bool:
+    """Whether ``rows`` select what ``keyset`` holds (in any order: one made before keysets
+    kept their list's order is sorted by key)."""
     if keyset.version_hash != version_hash or len(keyset) != rows.num_rows:
         return False
     ordered = rows.select(["key", "partition"]).sort_by("key")
     keys: list[str] = ordered.column("key").to_pylist()
     parts: list[str] = ordered.column("partition").to_pylist()
-    return keys == keyset.keys and parts == keyset.partitions
+    held = sorted(zip(keyset.keys, keyset.partitions, strict=True))
+    return list(zip(keys, parts, strict=True)) == held
 
 
 @dataclass(frozen=True)

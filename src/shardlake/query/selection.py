@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Selection",
+    "in_listed_order",
     "require_disjoint",
 ]
 
@@ -165,6 +167,20 @@ class Selection:
     def _version_name(self) -> str:
         version = self.dataset.version
         return f"version {version.tag!r} of {self.dataset.store.url}"
+
+
+def in_listed_order(table: pa.Table, listed: Sequence[str] | None) -> pa.Table:
+    """The rows of ``table`` (with a ``key`` column) in the order of ``listed`` (a key list's
+    or a keyset's order, first occurrences) instead of the manifest's; unchanged when
+    ``listed`` is None. Keys ``listed`` lacks go last, in their order."""
+    if not listed or table.num_rows < 2:
+        return table
+    place = {key: i for i, key in enumerate(listed)}
+    keys = table.column("key").to_pylist()
+    ranks = np.fromiter((place.get(k, len(place)) for k in keys), dtype=np.int64, count=len(keys))
+    if bool(np.all(ranks[1:] > ranks[:-1])):
+        return table
+    return table.take(pa.array(np.argsort(ranks, kind="stable")))
 
 
 def require_disjoint(a: Selection, b: Selection, what: str = "the two selections") -> None:

@@ -91,9 +91,17 @@ def parse_url(url: str) -> ParsedURL:
     return ParsedURL(protocol, root, f"{protocol}://{root}")
 
 
-def location(url: str | os.PathLike[str]) -> str:
-    """``url`` as the store layer takes it: a local path made absolute, a URL unchanged."""
+def location(url: str | os.PathLike[str], name: str = "url") -> str:
+    """``url`` as the store layer takes it: a local path made absolute, a URL unchanged.
+
+    An empty or blank ``url`` is refused naming the argument ``name``: made absolute it would
+    be the current directory, which no caller means (an unset config field, usually)."""
     url = os.fspath(url)
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidURLError(
+            f"{name} is empty ({url!r}): give the dataset root as an absolute path or a URL "
+            "like s3://bucket/prefix (an empty root is never the current directory)"
+        )
     if "://" not in url:
         url = os.path.abspath(os.path.expanduser(url))
     return url

@@ -26,6 +26,7 @@ from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..read.catalog_cache import DerivedArrays, catalog_cache
 from ..store import Store
+from ..store.url import location
 from .collate import (
     BatchBuilder,
     BatchJob,
@@ -45,10 +46,12 @@ from .plan import (
     Cursor,
     Layout,
     Leg,
+    LegPlan,
     PlanParams,
     ReadPlan,
     Rows,
     plan_epoch,
+    plan_torch_leg,
     resolve,
 )
 from .reader import ChunkList, Payload, SlotReader, iter_ints, request_chunk_size, selection_members
@@ -145,6 +148,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         **overrides: Any,
     ) -> None:
         opts = LoaderOptions.build(options, overrides, where="ShardDataset")
+        if not isinstance(url, Store):
+            location(url, "ShardDataset(url)")  # a blank URL names this argument, not MixMember's
         source = MixMember(
             url, version, keyset=keyset, where=where, keys=keys, storage_options=storage_options
         )
@@ -222,7 +227,17 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             interleave=1,
             shuffle_buffer=shuffle_buffer,
             exact=exact,
+            drop_last=opts.drop_last,
+            order=opts.order,
+            sampler_drop_last=opts.sampler_drop_last,
         )
+        if opts.order == "torch" and (
+            len(self.sources) != 1 or self.source_counts != self.source_sizes
+        ):
+            raise UsageError(
+                "order='torch' is DistributedSampler's order over one selection; a mix has no "
+                "such order (use the default order)"
+            )
         self.params = self._shaped(PLAN_SHAPE)
         self.cursor = Cursor()  # where plain iteration (DataLoader, StatefulDataLoader) starts
         self._resume_samples = 0  # samples this worker already yielded (StatefulDataLoader)
@@ -316,8 +331,17 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     # --- plan ------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Samples this rank yields per epoch (whole batches, padding included)."""
-        return self.plan(self.layout(self.num_workers)).steps * self.batch_size
+        """Samples this rank yields per epoch (padding included): what a plain ``DataLoader``
+        batches. The selection's size is :attr:`samples`."""
+        plan = self.plan(self.layout(self.num_workers))
+        slots = range(plan.slot(self.rank, 0), plan.slot(self.rank + 1, 0))
+        return sum(len(plan.slot_rows[s]) for s in slots)
+
+    @property
+    def samples(self) -> int:
+        """Distinct selected samples, over all ranks (what ``len()`` of a map-style dataset of
+        the same frames is; ``len(ds)`` is this rank's share of an epoch, padding included)."""
+        return len(self.table)
 
     @property
     def epoch(self) -> int:
@@ -357,8 +381,25 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             if mapping is None
             else Rows(t.shard[mapping], t.offset[mapping])
         )
+        if self.params.order == "torch":
+            return resolve(self._torch_leg(rows, layout, cursor), mapping)
         leg = plan_epoch(rows, self.params, cursor.epoch, layout, cursor.legs)
         return resolve(leg, mapping)
+
+    def _torch_leg(self, rows: Rows, layout: Layout, cursor: Cursor) -> LegPlan:
+        """Order "torch": DistributedSampler's permutation for this epoch, drawn as it draws it
+        (a generator seeded ``seed + epoch``), then its padding, rank split and batching."""
+        if cursor.legs:
+            raise PlanError(
+                "order='torch' resumes with the world size, workers and batch size it was "
+                "saved with (DistributedSampler's order depends on them)"
+            )
+        perm = None
+        if self.params.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.params.seed + cursor.epoch)
+            perm = torch.randperm(len(rows), generator=g).numpy()
+        return plan_torch_leg(rows, self.params, layout, perm)
 
     def _rank_plan(self, layout: Layout, cursor: Cursor, mine: range) -> ReadPlan:
         """This rank's share of the leg's plan. With the node-local catalog cache on, the whole
@@ -366,7 +407,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         name the version and selection, the layout, the epoch and its legs): the node's first
         rank computes and writes it, the others (and later runs) map their slots from it."""
         cache = catalog_cache()
-        if cache is None:
+        if cache is None or self.params.order == "torch":  # torch's permutation: not cached
             return compact_plan(self._whole_plan(layout, cursor), keep=mine)
         from .. import __version__
 
@@ -622,6 +663,9 @@ class SlotBatches:
             self._done += len(pending)
             yield pending, ok
             pending = []
+        if pending:  # order "torch": DataLoader's short last batch (drop_last=False)
+            yield pending, self.valid[self._done : self._done + len(pending)]
+            self._done += len(pending)
 
     def build(self, work: tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]) -> Any:
         """The collated batch of one unit of work."""
@@ -646,7 +690,8 @@ class SlotBatches:
         if ds.out.include_index:
             extras[INDEX_KEY] = torch.tensor(rows, dtype=torch.int64)
         if ds.exact:
-            extras[VALID_KEY] = torch.from_numpy(np.ascontiguousarray(ok))
+            # A copy: `ok` may view a read-only mapped plan (torch warns on those).
+            extras[VALID_KEY] = torch.from_numpy(np.array(ok, dtype=np.bool_))
         return self.builder.job(
             self.decoder,
             pending,
@@ -688,10 +733,10 @@ def train_valid(
     from ..query.dataset import Dataset
     from ..query.selection import require_disjoint
     from ..store import open_store
-    from ..store.url import location
 
     store = open_store(
-        url if isinstance(url, Store) else location(url), options.get("storage_options")
+        url if isinstance(url, Store) else location(url, "train_valid(url)"),
+        options.get("storage_options"),
     )
     version_ds = Dataset.open(store, valid.version_tag)
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import UsageError, build_options, options_class
 from ..read.options import ReadOptions
-from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER
+from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER, ORDERS
 
 __all__ = [
     "ENGINES",
@@ -59,7 +59,22 @@ class LoaderOptions:
         What a sample holds: a per-sample callable; its key; its table index; manifest
         columns to add; array names to leave out.
     max_pad_fraction
-        Largest share of padded samples a rank may get before the plan is refused.
+        Share of the epoch replayed to fill the last step above which the loader warns
+        (any size still plans, as ``DistributedSampler`` pads any size).
+    drop_last
+        Drop the remainder that does not fill a step on every rank instead of replaying
+        samples, as ``DistributedSampler`` + ``DataLoader(drop_last=True)`` do: no sample is
+        seen twice in an epoch (shuffled, which ones sit out changes every epoch). Not with
+        ``exact`` (which yields every sample). With ``order="torch"``: DataLoader's
+        ``drop_last``.
+    order
+        ``"shardlake"`` (default): the plan's fast order (shard runs, lanes, bounded shuffle).
+        ``"torch"``: exactly the order of ``DataLoader(batch_size, drop_last)`` over
+        ``DistributedSampler(shuffle, seed, drop_last=sampler_drop_last)`` and the selection's
+        key order, epoch by epoch, on any world size; one ranged read per sample, for proving
+        a switch from such a script bit for bit, not for speed (docs/migration.md).
+    sampler_drop_last
+        ``order="torch"`` only: ``DistributedSampler``'s ``drop_last``.
     chunk_size, interleave, shuffle_buffer
         Plan shape: samples per read chunk (default: about ``read_options.request_bytes`` of
         payload), runs open at once per worker (default: 32, the lanes of plan shape 2),
@@ -84,6 +99,9 @@ class LoaderOptions:
     meta_columns: Sequence[str] = ()
     drop_keys: Sequence[str] = ("version",)
     max_pad_fraction: float = DEFAULT_MAX_PAD_FRACTION
+    drop_last: bool = False
+    order: str = "shardlake"
+    sampler_drop_last: bool = False
     chunk_size: int | None = None
     interleave: int | None = None
     shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER
@@ -94,6 +112,16 @@ class LoaderOptions:
     def __post_init__(self) -> None:
         if self.engine is not None:
             check_engine(self.engine, "engine")
+        if self.order not in ORDERS:
+            raise UsageError(
+                f"order={self.order!r}: choose one of {', '.join(repr(o) for o in ORDERS)}"
+            )
+        if self.exact and self.drop_last:
+            raise UsageError(
+                "exact=True yields every sample once and drop_last=True drops some: choose one"
+            )
+        if self.sampler_drop_last and self.order != "torch":
+            raise UsageError("sampler_drop_last applies to order='torch' only; use drop_last")
 
     @property
     def resolved_engine(self) -> str:

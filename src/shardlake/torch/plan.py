@@ -48,7 +48,9 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import itertools
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -58,6 +60,7 @@ import numpy as np
 from ..errors import PlanError
 
 __all__ = [
+    "ORDERS",
     "DEFAULT_CHUNK_SIZE",
     "DEFAULT_INTERLEAVE",
     "DEFAULT_MAX_PAD_FRACTION",
@@ -74,6 +77,7 @@ __all__ = [
     "Rows",
     "plan_epoch",
     "plan_leg",
+    "plan_torch_leg",
     "resolve",
     "selection_digest",
 ]
@@ -87,6 +91,8 @@ PLAN_SHAPE = 2
 MIN_SLOT_RUNS = 16  # plan shape 2: runs per slot at least (shorter runs in a small epoch)
 MIN_RUN_SAMPLES = 4  # plan shape 2: the shortest run a small epoch gets
 SHUFFLE_RAMP = 64  # plan shape 2: the shuffle's reach at a slot's first sample
+# "shardlake": the plan above (fast); "torch": DistributedSampler + DataLoader's exact order
+ORDERS = ("shardlake", "torch")
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
@@ -135,8 +141,17 @@ class PlanParams:
     shape: int = PLAN_SHAPE
     # Shape 2: shorter runs where a slot would get fewer (0: chunk_size as given).
     min_slot_runs: int = MIN_SLOT_RUNS
+    # Drop the remainder that does not fill a step on every rank, instead of replaying samples
+    # (DistributedSampler + DataLoader(drop_last=True)); in order "torch": DataLoader's own.
+    drop_last: bool = False
+    order: str = "shardlake"
+    # Order "torch" only: DistributedSampler(drop_last=...) (drop the tail that does not
+    # divide among the ranks, instead of padding it).
+    sampler_drop_last: bool = False
 
     def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise PlanError(f"order={self.order!r}: choose one of {', '.join(map(repr, ORDERS))}")
         if self.chunk_size < 1 or self.interleave < 1 or self.shuffle_buffer < 1:
             raise PlanError("chunk_size, interleave and shuffle_buffer must be >= 1")
         if self.min_slot_runs < 0:
@@ -474,15 +489,27 @@ def plan_leg(
     """Plan one leg of ``epoch`` over ``rows`` minus ``exclude`` (rows earlier legs consumed).
 
     ``epoch_samples`` (default: all rows) is what ``max_pad_fraction`` is measured against.
+    Unshuffled, the leg keeps the rows' own order (see :func:`_ordered_leg`).
     """
     n_all = len(rows)
     ids = _leg_ids(n_all, exclude)
-    n = len(ids)
     per_step = layout.global_batch
+    rng = _rng(params, epoch, layout, leg, "order") if params.shuffle else None
+    if params.drop_last:
+        # DistributedSampler + DataLoader(drop_last=True): only whole steps, nothing replayed;
+        # shuffled, which samples sit out changes every epoch.
+        keep = len(ids) // per_step * per_step
+        if keep < len(ids) and rng is not None:
+            drop_rng = _rng(params, epoch, layout, leg, "drop")
+            ids = np.sort(drop_rng.permutation(ids)[:keep])
+        else:
+            ids = ids[:keep]
+    n = len(ids)
     steps = math.ceil(n / per_step) if n else 0
     pad = steps * per_step - n
     _check_padding(n, pad, epoch_samples if epoch_samples is not None else n_all, params, layout)
-    rng = _rng(params, epoch, layout, leg, "order") if params.shuffle else None
+    if rng is None:
+        return _ordered_leg(rows, ids, params, layout, steps, pad)
     replay_rng = _rng(params, epoch, layout, leg, "replay") if pad else None
     shaped = params.shape >= 2
     replay = _replay(ids, pad, replay_rng, rows if shaped else None)
@@ -503,9 +530,8 @@ def plan_leg(
         per_slot = math.ceil(n / (slots * params.min_slot_runs))
         size = min(size, max(MIN_RUN_SAMPLES, per_slot))
     chunks = _chunks(rows, ids, size, rng, shaped) + _chunks(rows, replay, size, rng, shaped)
-    if rng is not None:
-        order = _spread(rows, chunks, rng) if shaped else rng.permutation(len(chunks))
-        chunks = [chunks[i] for i in order]
+    order = _spread(rows, chunks, rng) if shaped else rng.permutation(len(chunks))
+    chunks = [chunks[i] for i in order]
     # Split the chunk sequence into one contiguous segment per slot (rank-major), sized to
     # each slot's whole batches; a chunk straddling a boundary is split.
     segments = _split_segments(chunks, _slot_sizes(layout, steps))
@@ -531,6 +557,161 @@ def plan_leg(
     )
 
 
+def _from_start(ids: IntArray, pad: int) -> IntArray:
+    """``pad`` ids repeated from the start of ``ids`` (cyclically), as DistributedSampler pads."""
+    if not pad or not len(ids):
+        return np.zeros(0, dtype=np.int64)
+    return ids[np.arange(pad) % len(ids)]
+
+
+def _ordered_leg(
+    rows: Rows, ids: IntArray, params: PlanParams, layout: Layout, steps: int, pad: int
+) -> LegPlan:
+    """The unshuffled leg: ``ids`` in their own order (the selection's: a key list's or a
+    keyset's order, else the manifest's), step after step and within a step rank after rank,
+    whatever the workers. The padding repeats the first ids (marked invalid when exact)."""
+    n_all = len(rows)
+    replay = _from_start(ids, pad)
+    pad_rows = None
+    if params.exact:
+        pad_rows, replay = replay, n_all + np.arange(pad, dtype=np.int64)
+    seq = np.concatenate([ids, replay]).astype(np.int64, copy=False)
+    b, world = layout.batch_size, layout.world_size
+    rank_batches = [
+        [seq[(t * world + r) * b : (t * world + r + 1) * b] for t in range(steps)]
+        for r in range(world)
+    ]
+    return _batches_leg(
+        rows, layout, rank_batches, len(ids), pad, pad_rows, one_per_chunk=False, exact=params.exact
+    )
+
+
+def plan_torch_leg(
+    rows: Rows, params: PlanParams, layout: Layout, permutation: IntArray | None
+) -> LegPlan:
+    """Order "torch": the batches ``DataLoader(batch_size=B, drop_last=params.drop_last)``
+    over ``DistributedSampler(num_replicas=R, rank=r, shuffle, seed,
+    drop_last=params.sampler_drop_last)`` gives each rank, over the rows' own order.
+
+    ``permutation`` is the sampler's ``torch.randperm(n)`` for this epoch (seeded with
+    ``seed + epoch``; computed by the caller, this module imports no torch), or None unshuffled.
+    Every sample is its own read (one ranged request), so emits need no reorder buffer.
+    The sampler's padding repeats indices from the start of the (shuffled) list; with
+    ``exact`` those repeats are marked invalid. The last batch may be short (DataLoader
+    keeps it unless ``drop_last``), on every rank alike.
+    """
+    n = len(rows)
+    world, b = layout.world_size, layout.batch_size
+    indices = (
+        np.arange(n, dtype=np.int64)
+        if permutation is None
+        else np.asarray(permutation, dtype=np.int64)
+    )
+    if len(indices) != n:
+        raise PlanError(f"order='torch': permutation of {len(indices)} for {n} rows")
+    if params.sampler_drop_last and n % world:
+        per_rank = math.ceil((n - world) / world)
+    else:
+        per_rank = math.ceil(n / world)
+    total = per_rank * world
+    pad = max(0, total - n)
+    padding = _from_start(indices, pad)
+    pad_rows = None
+    if params.exact and pad:
+        pad_rows, padding = padding, n + np.arange(pad, dtype=np.int64)
+    seq = np.concatenate([indices, padding])[:total]
+    whole = per_rank // b
+    steps = whole if params.drop_last or per_rank % b == 0 else whole + 1
+    rank_batches = []
+    for r in range(world):
+        mine = seq[r:total:world]
+        rank_batches.append([mine[t * b : (t + 1) * b] for t in range(steps)])
+    samples = min(n, total)
+    return _batches_leg(
+        rows, layout, rank_batches, samples, pad, pad_rows, one_per_chunk=True, exact=params.exact
+    )
+
+
+def _batches_leg(
+    rows: Rows,
+    layout: Layout,
+    rank_batches: list[list[IntArray]],
+    samples: int,
+    replays: int,
+    pad_rows: IntArray | None,
+    *,
+    one_per_chunk: bool,
+    exact: bool,
+) -> LegPlan:
+    """A leg whose batches are given (per rank, in step order): slot ``(r, k)`` yields rank
+    ``r``'s steps ``k, k + W, ...``. Each batch is read as one chunk per shard it touches
+    (its members in offset order), or ``one_per_chunk`` a chunk per sample."""
+    n_all = len(rows)
+    if pad_rows is not None and len(pad_rows):
+        rows = Rows(
+            np.concatenate([rows.shard, rows.shard[pad_rows]]),
+            np.concatenate([rows.offset, rows.offset[pad_rows]]),
+        )
+    w = layout.slots_per_rank
+    steps = len(rank_batches[0]) if rank_batches else 0
+    empty = np.zeros(0, dtype=np.int64)
+    slot_rows, slot_chunks, slot_emit = [], [], []
+    for batches in rank_batches:
+        for k in range(w):
+            mine = batches[k:steps:w]
+            emit = np.concatenate(mine).astype(np.int64, copy=False) if mine else empty
+            chunks: list[IntArray] = []
+            chunk_of: list[IntArray] = []
+            for batch in mine:
+                if one_per_chunk:
+                    chunk_of.append(len(chunks) + np.arange(len(batch), dtype=np.int64))
+                    chunks.extend(batch[i : i + 1] for i in range(len(batch)))
+                    continue
+                order = np.lexsort((rows.offset[batch], rows.shard[batch]))
+                ordered = batch[order]
+                shard = rows.shard[ordered]
+                cuts = np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]]).tolist()
+                bounds = [*cuts, len(ordered)]
+                which = np.empty(len(batch), dtype=np.int64)
+                for c, (lo, hi) in enumerate(itertools.pairwise(bounds)):
+                    which[order[lo:hi]] = len(chunks) + c
+                chunks.extend(ordered[lo:hi] for lo, hi in itertools.pairwise(bounds))
+                chunk_of.append(which)
+            slot_rows.append(emit)
+            slot_chunks.append(chunks)
+            slot_emit.append(np.concatenate(chunk_of) if chunk_of else empty)
+    read = [np.concatenate(c) if c else empty for c in slot_chunks]
+    read_pos = [
+        _read_positions(c, r, e) for c, r, e in zip(slot_chunks, slot_rows, slot_emit, strict=True)
+    ]
+    return LegPlan(
+        layout,
+        steps,
+        samples,
+        replays,
+        slot_rows,
+        read,
+        read_pos,
+        slot_chunks,
+        slot_emit,
+        n_all if exact else None,
+        pad_rows if exact else None,
+    )
+
+
+def _read_positions(chunks: list[IntArray], emit: IntArray, emit_chunk: IntArray) -> IntArray:
+    """For each emitted sample, its position in the slot's read order (the chunks in turn):
+    emits and reads sorted alike by (chunk, row) pair up, as they are the same multiset."""
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    lengths = np.fromiter((len(c) for c in chunks), dtype=np.int64, count=len(chunks))
+    read_rows = np.concatenate(chunks)
+    read_chunk = np.repeat(np.arange(len(chunks)), lengths)
+    pos = np.empty(len(emit), dtype=np.int64)
+    pos[np.lexsort((emit, emit_chunk))] = np.lexsort((read_rows, read_chunk))
+    return pos
+
+
 def _leg_ids(n_all: int, exclude: IntArray | None) -> IntArray:
     """Row ids ``0..n_all-1`` without ``exclude``."""
     ids = np.arange(n_all, dtype=np.int64)
@@ -542,15 +723,16 @@ def _leg_ids(n_all: int, exclude: IntArray | None) -> IntArray:
 
 
 def _check_padding(n: int, pad: int, basis: int, params: PlanParams, layout: Layout) -> None:
-    """Refuse a leg whose padding (replayed samples) exceeds ``max_pad_fraction`` of ``basis``."""
+    """Warn when a leg's padding (replayed samples) exceeds ``max_pad_fraction`` of ``basis``.
+    Any size plans, as DistributedSampler pads any size: a large share is a warning only."""
     if pad and not params.exact and pad > params.max_pad_fraction * basis:
-        raise PlanError(
+        warnings.warn(
             f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
-            f"{layout.batch_size} leave {pad} slots to fill by replaying samples "
-            f"({pad / max(basis, 1):.1%} of the epoch), more than max_pad_fraction="
-            f"{params.max_pad_fraction:g}; use a smaller batch_size or fewer ranks, or raise "
-            "max_pad_fraction",
-            options=("batch_size", "max_pad_fraction"),
+            f"{layout.batch_size} leave {pad} slots filled by replaying samples "
+            f"({pad / max(basis, 1):.1%} of the epoch, more than max_pad_fraction="
+            f"{params.max_pad_fraction:g}); drop_last=True drops the remainder instead, and a "
+            "smaller batch_size or fewer ranks replay less",
+            stacklevel=2,
         )
 
 

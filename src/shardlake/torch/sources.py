@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from ..errors import IntegrityError, SelectionError, UsageError
 from ..meta.catalog import node_catalog_cache
 from ..query.dataset import Dataset
+from ..query.selection import in_listed_order
 from ..read.catalog_cache import catalog_cache
 from ..store import Store, open_store
 from ..store.url import location
@@ -105,6 +106,8 @@ class MixMember:
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.url, Store):
+            location(self.url, f"{type(self).__name__}(url)")  # a blank URL: refused here
         if sum(x is not None for x in (self.keyset, self.where, self.keys)) > 1:
             raise SelectionError("pass at most one of keyset=, where= and keys=")
         if sum(x is not None for x in (self.weight, self.repeat, self.choose)) > 1:
@@ -339,6 +342,7 @@ def _read_rows(
                 f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
             )
         table = selected.rows(None if source.where else [c for c in wanted if c in columns])
+        table = in_listed_order(table, selected.wanted_keys())
     return table
 
 
