@@ -414,3 +414,32 @@ def test_example_script_npz_and_shard_records_are_comparable(tmp_path: Path):
     result = compare_runs(base, cand, plateau=5)
     assert result.passed and all(d.ignored for d in result.arg_differences)
     assert {"valid_num_workers", "valid_batch_size", "lr", "hidden"} <= set(result.checked_args)
+
+
+def test_strict_says_identical_only_when_every_cell_is(baseline: Path, tmp_path: Path, capsys):
+    """--strict: for a switch that must change nothing (order='torch', issue 50)."""
+    same = write_run(tmp_path / "same", BASE_VALID)
+    assert main(["compare-runs", str(baseline), str(same), "--strict"]) == 0
+    out = capsys.readouterr().out
+    assert "identical: every cell" in out and "8 epoch row(s) x 3 column(s)" in out
+    # One last-digit difference in one cell is a failure naming the cell (the band would pass).
+    valid = [*BASE_VALID[:-1], 0.4900001]
+    near = write_run(tmp_path / "near", valid)
+    assert main(["compare-runs", str(baseline), str(near), "--strict"]) == 1
+    out = capsys.readouterr().out
+    assert "differs: epoch 7, valid_loss: baseline 0.49 != candidate 0.4900001" in out
+    assert "DIFFERENT: 1 cell(s)" in out
+    assert main(["compare-runs", str(baseline), str(near)]) == 0  # the band: inside
+    capsys.readouterr()
+    # --metric narrows the cells compared; --json carries the verdict.
+    assert (
+        main(["compare-runs", str(baseline), str(near), "--strict", "--metric", "train_loss"]) == 0
+    )
+    capsys.readouterr()
+    assert main(["compare-runs", str(baseline), str(near), "--strict", "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["identical"] is False and doc["differences"][0]["column"] == "valid_loss"
+    # Settings that may shift a loss are refused, as without --strict.
+    other = write_run(tmp_path / "other", BASE_VALID, args={**ARGS, "lr": 0.02})
+    assert main(["compare-runs", str(baseline), str(other), "--strict"]) == 1
+    assert "lr: baseline 0.01 != candidate 0.02" in capsys.readouterr().err

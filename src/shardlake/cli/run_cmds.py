@@ -14,8 +14,17 @@ __all__ = ["COMMANDS"]
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
-    from ..tools.compare_runs import compare_runs
+    from ..tools.compare_runs import compare_runs, compare_runs_strict
 
+    if args.strict:
+        strict = compare_runs_strict(
+            args.baseline,
+            args.candidate,
+            metrics=args.metric,
+            ignore_args=args.ignore_arg or (),
+            check_args=args.check_arg or (),
+        )
+        return print_report(args, strict.to_json(), strict.report(), ok=strict.passed)
     result = compare_runs(
         args.baseline,
         args.candidate,
@@ -111,10 +120,17 @@ def _compare_runs_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--k", type=float, default=2.0, help="band half-width in baseline sds (> 0)")
     p.add_argument(
+        "--strict",
+        action="store_true",
+        help="require every cell of the two train_log.tsv to be equal (a switch that must change "
+        "nothing, e.g. order='torch'); says 'identical' or names the cells that differ",
+    )
+    p.add_argument(
         "--metric",
         action="append",
         metavar="COLUMN",
-        help="train_log.tsv column to compare (repeatable; default: every column named *loss*)",
+        help="train_log.tsv column to compare (repeatable; default: every column named *loss*, "
+        "with --strict every column)",
     )
     p.add_argument(
         "--check-arg",
