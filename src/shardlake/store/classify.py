@@ -84,8 +84,12 @@ _MAYBE_ACTED_TYPES = {
 }
 # S3 error codes of a request the server refused without acting, whatever their status (409
 # OperationAborted / ConditionalRequestConflict: a competing operation is in flight, retry;
-# 400 RequestTimeout: the body did not arrive in time).
+# 400 RequestTimeout: the body did not arrive in time; 400 BadDigest and the checksum
+# mismatches: the body was damaged in transit and nothing was stored, send it again).
 _REFUSED_S3_CODES = {
+    "BadDigest",
+    "XAmzContentChecksumMismatch",
+    "XAmzContentSHA256Mismatch",
     "SlowDown",
     "ServiceUnavailable",
     "OperationAborted",

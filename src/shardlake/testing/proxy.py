@@ -20,6 +20,10 @@ Fault kinds (:data:`FAULT_KINDS`):
 * ``delay``: wait ``delay_s`` seconds, then forward normally.
 * ``stall``: accept the request and never answer (until ``stall_s`` passes or the proxy stops).
 * ``flip``: forward, then flip one byte of a 200/206 body.
+* ``flip_request``: flip one byte of the request's body (a PUT or POST: an upload damaged on
+  its way to the store), then forward it.  Never drawn by the seeded schedule (aim it with
+  :meth:`FaultProxy.inject` or name it in ``kinds``); a request without a body is forwarded
+  untouched.
 
 Body faults (``reset``, ``truncate``, ``flip``) need a response body; a request without one
 gets a ``503`` instead. Decisions are deterministic for a seed: the n-th request with the same
@@ -59,6 +63,8 @@ from urllib.parse import urlsplit
 from ..tools.localhost import LOOPBACK
 
 FAULT_KINDS = ("500", "503", "lost_reply", "reset", "truncate", "delay", "stall", "flip")
+# Faults only ever aimed or named: adding them to FAULT_KINDS would change every seeded schedule.
+AIMED_KINDS = ("flip_request",)
 BODY_FAULTS = frozenset({"reset", "truncate", "flip"})
 _HOP_BY_HOP = frozenset(
     {
@@ -106,9 +112,11 @@ class FaultProxy:
         delay_s: float = 0.5,
         stall_s: float = 600.0,
     ) -> None:
-        unknown = set(kinds) - set(FAULT_KINDS)
+        unknown = set(kinds) - set(FAULT_KINDS + AIMED_KINDS)
         if unknown or not kinds:
-            raise ValueError(f"unknown fault kinds {sorted(unknown)}; use {FAULT_KINDS}")
+            raise ValueError(
+                f"unknown fault kinds {sorted(unknown)}; use {FAULT_KINDS + AIMED_KINDS}"
+            )
         parts = urlsplit(upstream)
         self.upstream = (parts.hostname or LOOPBACK, parts.port or 80)
         self.rate, self.seed, self.kinds = rate, seed, tuple(kinds)
@@ -157,8 +165,8 @@ class FaultProxy:
         """Give the next ``times`` requests whose path contains ``path_contains`` (and whose
         method is ``method``, if given) the fault ``kind``. Aimed faults apply in the order
         they were aimed: one starts only when the one before it is used up."""
-        if kind not in FAULT_KINDS:
-            raise ValueError(f"unknown fault kind {kind!r}; use {FAULT_KINDS}")
+        if kind not in FAULT_KINDS + AIMED_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}; use {FAULT_KINDS + AIMED_KINDS}")
         with self._lock:
             self._aimed.append(_Aimed(kind, method, path_contains, times))
 
@@ -285,6 +293,10 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if kind == "delay":
             proxy.wait_or_stop(proxy.delay_s)
+        if kind == "flip_request" and body:
+            damaged = bytearray(body)
+            damaged[len(damaged) // 2] ^= 0x01
+            body = bytes(damaged)
         status, reason, headers, data = self._forward(proxy, body)
         if kind == "lost_reply":
             self._drop()
@@ -444,6 +456,7 @@ def check_then_write_gateway(upstream: str, **options: Any) -> Iterator[CheckThe
 
 
 __all__ = [
+    "AIMED_KINDS",
     "BODY_FAULTS",
     "CheckThenWriteGateway",
     "FAULT_KINDS",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import functools
+import hashlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -107,7 +109,7 @@ class S3Backend(BucketBackend):
         }
         one_try = {"retries": {"total_max_attempts": 1, "mode": "standard"}}
         options = nested_options(storage_options, "config_kwargs", timeouts, one_try)
-        fs = fsspec.filesystem(protocol, **options)
+        fs: fsspec.AbstractFileSystem = _checksumming_class()(**options)
         fs.retries = 1
         return fs
 
@@ -171,6 +173,49 @@ def _from_s3(exc: BaseException) -> bool:
             code = str(response.get("Error", {}).get("Code") or "")
             return (bool(code) and not code.isdigit()) or _s3_headers(response)
     return True  # not an HTTP reply at all (no credentials, connection): nothing to say
+
+
+# The requests that carry an object's bytes: each gets the body's Content-MD5, which S3 (and
+# every S3-compatible server shardlake is tested on) checks before it stores anything.
+_UPLOADS = frozenset({"put_object", "upload_part"})
+
+
+def _with_content_md5(method: str, akwarglist: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Add ``ContentMD5`` of the body to an upload that does not name one already.
+
+    botocore's own checksums depend on the client's configuration
+    (``AWS_REQUEST_CHECKSUM_CALCULATION=when_required`` turns them off, and many S3-compatible
+    deployments set it); without one the server stores a body damaged in transit and answers
+    200.  A mismatch is refused (400 ``BadDigest``), which the store retries as transient.
+    """
+    if method not in _UPLOADS or "ContentMD5" in kwargs:
+        return
+    if any(isinstance(extra, Mapping) and "ContentMD5" in extra for extra in akwarglist):
+        return
+    body = kwargs.get("Body")
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        digest = hashlib.md5(body, usedforsecurity=False).digest()
+        kwargs["ContentMD5"] = base64.b64encode(digest).decode("ascii")
+
+
+@functools.cache
+def _checksumming_class() -> type[Any]:
+    """s3fs' filesystem whose every upload request carries the body's Content-MD5 (see
+    :func:`_with_content_md5`): single PUTs, create-if-absent PUTs and multipart parts, from
+    ``pipe_file`` and from streaming writes alike (``S3File`` sends through ``call_s3``)."""
+    from fsspec.asyn import sync_wrapper
+    from s3fs import S3FileSystem
+
+    async def _call_s3(self: Any, method: str, *akwarglist: Any, **kwargs: Any) -> Any:
+        _with_content_md5(method, akwarglist, kwargs)
+        return await S3FileSystem._call_s3(self, method, *akwarglist, **kwargs)
+
+    made: type[Any] = type(
+        "ChecksummingS3FileSystem",
+        (S3FileSystem,),
+        {"_call_s3": _call_s3, "call_s3": sync_wrapper(_call_s3)},
+    )
+    return made
 
 
 @functools.cache
