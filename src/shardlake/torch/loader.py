@@ -254,7 +254,7 @@ class ShardLoader:
             )
         )
 
-    def _batches(self) -> tuple[Iterator[Any], torch.Tensor | None]:
+    def _batches(self, seeds: torch.Generator) -> tuple[Iterator[Any], torch.Tensor | None]:
         """The engine's batch iterator for this pass, and the process engine's buffer flags."""
         if self.engine == "threads":
             opts = self.options
@@ -284,17 +284,34 @@ class ShardLoader:
         if self.num_workers > 0:
             options.setdefault("prefetch_factor", 2)
         loader = DataLoader(
-            stream, batch_size=None, num_workers=self.num_workers, collate_fn=_identity, **options
+            stream,
+            batch_size=None,
+            num_workers=self.num_workers,
+            collate_fn=_identity,
+            generator=seeds,  # its workers' base seed: the draw __iter__ made (not a second)
+            **options,
         )
         return _start_workers(loader), flags
 
     def __iter__(self) -> Iterator[Any]:
+        """One pass (an epoch, or its rest). Like a ``DataLoader``'s iterator, it draws once
+        from torch's global generator when made (whichever engine): a training moved from
+        ``DataLoader`` + ``DistributedSampler`` keeps its random stream (dropout masks,
+        augmentations)."""
+        # DataLoader's _BaseDataLoaderIter draws its workers' base seed so; the process engine's
+        # DataLoader draws the same value again from a copy of the state taken before.
+        seeds = torch.Generator()
+        seeds.set_state(torch.default_generator.get_state())
+        torch.empty((), dtype=torch.int64).random_()
+        return self._iterate(seeds)
+
+    def _iterate(self, seeds: torch.Generator) -> Iterator[Any]:
         synced = self.sync and distributed()
         if synced and not self._checked:
             self._check_ranks()
             self._checked = True
         held: list[tuple[StorageWeakRef, int]] = []
-        it, flags = self._batches()
+        it, flags = self._batches(seeds)
         try:
             while True:
                 error: BaseException | None = None
