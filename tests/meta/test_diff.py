@@ -149,3 +149,84 @@ def test_diff_of_a_version_with_itself_reads_no_rows(tmp_path: Path) -> None:
         "changed_keys": [],
         "meta_changed_keys": [],
     }
+
+
+def _small_tree(src: Path, parts: dict[str, int]) -> dict[str, tuple[dict[str, np.ndarray], dict]]:
+    """npz files written compressed (not the canonical form) with sidecars; key -> sample."""
+    samples = {}
+    for part, count in parts.items():
+        (src / part).mkdir(parents=True)
+        for i in range(count):
+            key = f"{part}/f{i:02d}"
+            arrays = {"x": np.arange(i, i + 4, dtype=np.float32), "y": np.array([i], np.int64)}
+            meta = {"label": i % 3, "name": key}
+            np.savez_compressed(src / f"{key}.npz", **arrays)
+            (src / f"{key}.json").write_text(json.dumps(meta))
+            samples[key] = (arrays, meta)
+    return samples
+
+
+@pytest.mark.parametrize("how", ["keys", "where"])
+def test_diff_and_rebase_see_samples_remove_dropped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """``remove --keys`` / ``--where`` keeps the partitions' revisions: diff still names every
+    dropped sample and the partitions that lost them (issue #43)."""
+    _small_tree(tmp_path / "src", {"a": 4, "b": 3, "c": 2})
+    root = str(tmp_path / "root")
+    assert main(["pack", str(tmp_path / "src"), root, "--tag", "v1", "--quiet"]) == 0
+    (tmp_path / "drop.txt").write_text("a/f01\nb/f02\n")
+    drop = ["--keys", str(tmp_path / "drop.txt")]
+    select = drop if how == "keys" else ["--where", "name IN ('a/f01', 'b/f02')"]
+    assert main(["remove", root, "--tag", "v2", "--base", "v1", *select]) == 0
+    capsys.readouterr()
+    assert main(["diff", root, "v1", "v2", "--json", "--samples"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["partitions"] == {
+        "added": [],
+        "removed": [],
+        "data_changed": ["a", "b"],
+        "meta_changed": [],
+        "unchanged": 1,
+    }
+    assert doc["samples"]["removed_keys"] == ["a/f01", "b/f02"]
+    assert (doc["samples"]["added"], doc["samples"]["changed"]) == (0, 0)
+    # The other way round they come back; a keyset of v1 rebased onto v2 loses them.
+    back = shardlake.open(root).diff("v2", "v1", samples=True)
+    assert back.added_keys == ["a/f01", "b/f02"] and back.data_changed == ["a", "b"]
+    r = shardlake.open(root)
+    r.create_keyset("all", version="v1", where="true")
+    report = r.rebase_keyset("all", "v2", new_name="all2")
+    assert (report.dropped, report.dropped_keys) == (2, ["a/f01", "b/f02"])
+
+
+def test_same_payloads_from_other_files_are_not_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A writer rewriting the arrays and sidecars pack read from compressed npz files: only
+    ``source_sha256`` differs (the writer hashes its canonical npz form), so no sample or
+    partition changed and ``keyset rebase --strict`` carries every key (issue #43)."""
+    samples = _small_tree(tmp_path / "src", {"a": 3, "b": 2})
+    root = str(tmp_path / "root")
+    r = shardlake.open(root)
+    r.pack(tmp_path / "src", tag="v1")
+    with r.writer("v2", base="v1") as w:
+        for key, (arrays, meta) in samples.items():
+            w.write(key, arrays, meta)
+    shas = [r.dataset(v).manifests(["source_sha256"]).column(0).to_pylist() for v in ("v1", "v2")]
+    assert all(a != b for a, b in zip(*shas, strict=True))  # other files, same payloads
+    diff = r.diff("v1", "v2", samples=True)
+    assert (diff.samples_changed, diff.samples_meta_changed, diff.changed_keys) == (0, 0, [])
+    assert diff.identical and diff.unchanged == 2
+    r.create_keyset("all", version="v1", where="true")
+    assert r.rebase_keyset("all", "v2", new_name="all2", strict=True).changed == 0
+    # One array really changed: that sample, and only it, is changed.
+    arrays, meta = samples["b/f01"]
+    with r.writer("v3", base="v2") as w:
+        for key, (arr, m) in samples.items():
+            if key.startswith("b/"):
+                w.write(key, {**arr, "x": arr["x"] + 1} if key == "b/f01" else arr, m)
+    diff = r.diff("v1", "v3", samples=True)
+    assert diff.changed_keys == ["b/f01"] and diff.data_changed == ["b"]
+    assert main(["keyset", root, "rebase", "all", "--version", "v3", "--as", "s3", "--strict"]) == 1
+    assert "0 key(s) dropped, 1 changed" in capsys.readouterr().err

@@ -441,9 +441,10 @@ COMMANDS = (
         cmd_diff,
         _diff_flags,
         help="what changed between two versions (partitions and samples)",
-        description="Compare version A with version B: partitions added, removed, with new "
-        "data (data_changed) or only new sidecars (meta_changed), and samples added, removed, "
-        "with different payload bytes (changed) or only a different sidecar (meta_changed). "
-        "Reads only the catalog objects that differ.",
+        description="Compare version A with version B: partitions added, removed, with "
+        "samples added, removed or changed (data_changed) or only new sidecars (meta_changed), "
+        "and samples added, removed (remove --keys/--where included), with different payload "
+        "bytes (changed; not a different source file) or only a different sidecar "
+        "(meta_changed). Reads only the catalog objects that differ.",
     ),
 )

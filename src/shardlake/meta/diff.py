@@ -1,10 +1,13 @@
 """What changed between two versions (``shardlake diff``), read from their catalogs.
 
-Partitions are compared by ``data_rev``/``meta_rev`` in the two partitions tables; catalog rows
-are read only for partitions added, removed or with a different ``data_rev`` or ``meta_rev`` (the
-same ``data_rev`` means the same samples and payload bytes; a different ``meta_rev`` is read to
-name the samples whose sidecar changed). Two versions sharing one partitions table cost no row
-read at all.
+Partitions are compared in the two partitions tables; catalog rows are read only for partitions
+added, removed or whose manifest differs (another ``data_rev``, ``meta_rev``, or the same
+revision with samples removed by ``remove``). Then one rule classifies, partition and sample
+alike: a sample is **changed** when its payload bytes differ (``size``, ``crc32``, ``raw_size``;
+not the source file's ``source_sha256``), **meta-changed** when only its sidecar differs; a
+partition is **data-changed** when it gained, lost or changed a sample, **meta-changed** when
+only sidecars differ, else unchanged. Two versions sharing one partitions table cost no row read
+at all.
 """
 
 from __future__ import annotations
@@ -27,21 +30,24 @@ __all__ = [
     "diff_tags",
 ]
 
-# The per-sample columns that identify its payload bytes (source_sha256 when recorded).
-_PAYLOAD_COLUMNS = ["key", "partition", "source_sha256", "crc32", "raw_size"]
+# The per-sample columns that identify its payload bytes: a sample is "changed" when they
+# differ. Not source_sha256: the same arrays from another file (a writer's canonical npz, a
+# re-saved npz) are the same payload.
+_PAYLOAD_COLUMNS = ["key", "partition", "size", "crc32", "raw_size"]
 # Where the payload lies: differs when a partition is rebuilt, whatever changed. Every other
 # column comes from the sidecar (``has_sidecar`` included).
-_PLACE_COLUMNS = {"shard", "member", "offset", "size"}
+_PLACE_COLUMNS = {"shard", "member", "offset", "size", "source_sha256"}
 
 
 @dataclass(frozen=True)
 class VersionDiff:
     """What changed from version ``from_tag`` to ``to_tag``.
 
-    Partitions are named by path; ``data_changed``: a different ``data_rev``; ``meta_changed``:
-    the same ``data_rev``, a different ``meta_rev``. Samples ``changed``: the same key with
-    different payload bytes; ``meta_changed``: the same payload bytes, a different sidecar. The
-    key lists are filled only when asked for (``samples=True``).
+    Partitions are named by path; ``data_changed``: a sample added, removed (``remove``
+    included) or changed in it; ``meta_changed``: only sidecars differ. Samples ``changed``: the
+    same key with different payload bytes (``size``, ``crc32``, ``raw_size``; not the source
+    file); ``meta_changed``: the same payload bytes, a different sidecar. The key lists are
+    filled only when asked for (``samples=True``).
     """
 
     from_tag: str
@@ -115,18 +121,18 @@ def _payloads(table: pa.Table) -> dict[str, tuple[str, Any]]:
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
     n = table.num_rows
     keys, parts = cols["key"], cols["partition"]
-    sha = cols.get("source_sha256", [None] * n)
+    size = cols.get("size", [None] * n)
     crc = cols.get("crc32", [None] * n)
     raw = cols.get("raw_size", [None] * n)
-    return {keys[i]: (parts[i], sha[i] if sha[i] else (crc[i], raw[i])) for i in range(n)}
+    return {keys[i]: (parts[i], (size[i], crc[i], raw[i])) for i in range(n)}
 
 
 def compare_versions(
     store: Store, a: StoredVersion, b: StoredVersion, *, meta: bool = False
 ) -> Comparison:
     """Compare ``a`` (older) with ``b``: partition entries, then rows of the differing ones
-    (with ``meta``, every column of the partitions whose data or sidecars changed, for
-    ``meta_changed_keys``)."""
+    (with ``meta``, every column of the partitions whose manifests differ, for
+    ``meta_changed_keys`` and to tell a sidecar change from none)."""
     out = Comparison()
     ref_a, ref_b = a.header.catalog, b.header.catalog
     if (
@@ -138,19 +144,18 @@ def compare_versions(
         return out
     old = {e.id: e for e in a.entries}
     new = {e.id: e for e in b.entries}
+    pairs: list[tuple[PartitionEntry, PartitionEntry]] = []
     for pid, entry in new.items():
         before = old.get(pid)
         if before is None:
             out.added.append(entry)
-        elif before.data_rev != entry.data_rev:
-            out.data_changed.append((before, entry))
-        elif before.meta_rev != entry.meta_rev:
-            out.meta_changed.append((before, entry))
-        else:
+        elif _same_rows(before, entry):
             out.unchanged += 1
+        else:
+            pairs.append((before, entry))
     out.removed = [e for pid, e in old.items() if pid not in new]
-    old_pids = [e.id for e in out.removed] + [o.id for o, _ in out.data_changed]
-    new_pids = [e.id for e in out.added] + [n.id for _, n in out.data_changed]
+    old_pids = [e.id for e in out.removed] + [o.id for o, _ in pairs]
+    new_pids = [e.id for e in out.added] + [n.id for _, n in pairs]
     before_rows = _rows(store, a, old_pids)
     after_rows = _rows(store, b, new_pids)
     out.new_partition_of = {k: part for k, (part, _) in after_rows.items()}
@@ -159,15 +164,44 @@ def compare_versions(
     out.changed_keys = {
         k for k, (_, pay) in after_rows.items() if k in before_rows and before_rows[k][1] != pay
     }
+    # A partition's data changed when its keys or their payloads differ (a key moved to
+    # another partition changes both).
+    was, now = _grouped(before_rows), _grouped(after_rows)
+    touched = {n.id for o, n in pairs if was.get(o.id, {}) != now.get(n.id, {})}
     if meta:
-        pids = [o.id for o, _ in out.data_changed] + [o.id for o, _ in out.meta_changed]
+        pids = [o.id for o, _ in pairs]
         before_meta, after_meta = _sidecars(store, a, pids), _sidecars(store, b, pids)
         out.meta_changed_keys = {
             k
             for k, row in after_meta.items()
             if k in before_meta and k not in out.changed_keys and not _same(before_meta[k], row)
         }
+        sidecars = {after_rows[k][0] for k in out.meta_changed_keys}
+    else:
+        sidecars = {n.id for o, n in pairs if o.meta_rev != n.meta_rev}
+    for before, entry in pairs:
+        if entry.id in touched:
+            out.data_changed.append((before, entry))
+        elif entry.id in sidecars:
+            out.meta_changed.append((before, entry))
+        else:
+            out.unchanged += 1  # another revision of the same payloads and sidecars
     return out
+
+
+def _grouped(rows: dict[str, tuple[str, Any]]) -> dict[str, dict[str, Any]]:
+    """partition id -> {key: payload identity}."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, (part, pay) in rows.items():
+        out.setdefault(part, {})[key] = pay
+    return out
+
+
+def _same_rows(a: PartitionEntry, b: PartitionEntry) -> bool:
+    """Whether two entries name the same manifest (so the same rows): no row read needed."""
+    return a.manifest == b.manifest and (
+        a.manifest_sha256 == b.manifest_sha256 or not (a.manifest_sha256 and b.manifest_sha256)
+    )
 
 
 def _sidecars(
