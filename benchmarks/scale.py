@@ -147,7 +147,8 @@ def build_root(
     url: str, partitions: int, per_partition: int, options: dict[str, Any] | None = None
 ) -> Store:
     """A root with version ``v1`` of ``partitions`` x ``per_partition`` tiny samples."""
-    from shardlake.meta.versions import publish_version, read_state
+    from shardlake.meta.commits import read_state
+    from shardlake.meta.publish import publish_version
 
     store = open_store(url, options)
     sample = encoded_sample()
@@ -336,7 +337,9 @@ def measure(
     empty_pss: int,
     ranks: tuple[list[int], list[str]] = ([], []),
 ) -> dict[str, Any]:
-    from shardlake.meta.versions import load_version, publish_version, read_state
+    from shardlake.meta.commits import read_state
+    from shardlake.meta.publish import publish_version
+    from shardlake.meta.versions import load_version
 
     started = time.perf_counter()
     store = reuse_or_build(url, n, per_partition, options)

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 from .errors import build_options
 from .format.documents import GcLock
 from .format.layout import natural_key
-from .meta.versions import Version, live_versions, read_state, version_of, versions_for
+from .meta.commits import read_state
+from .meta.versions import Version, live_versions, version_of, versions_for
 from .query.dataset import Dataset
 from .store import Store, open_store
 from .store.url import location
@@ -401,7 +402,7 @@ class Root:
         before the index existed needs before it can be served over HTTP (every publish, keyset
         change and prune rewrites it since). Returns what it names: ``commit``, ``versions``
         (``[tag, hash]`` pairs), ``latest``, ``keysets`` (names)."""
-        from .meta.versions import refresh_index
+        from .meta.commits import refresh_index
 
         index = refresh_index(self.store, strict=True)
         return {

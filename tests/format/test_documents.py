@@ -12,7 +12,9 @@ import pytest
 import shardlake
 from shardlake.errors import FormatError
 from shardlake.format.documents import CommitRecord, PartitionEntry, VersionRecord
-from shardlake.meta.versions import hash_bytes, load_version, read_state
+from shardlake.meta.commits import read_state
+from shardlake.meta.state import hash_bytes
+from shardlake.meta.versions import load_version
 from shardlake.store import open_store
 
 GOLDEN = Path(__file__).parents[1] / "data" / "golden" / "v1" / "root"

@@ -20,7 +20,8 @@ from support.lifecycle import pack_small
 import shardlake
 from shardlake.errors import FormatError, IntegrityError
 from shardlake.format.layout import ROOT_INDEX, commit_key, keyset_key, version_key
-from shardlake.meta.versions import RECORD_DIGEST, load_version, read_state
+from shardlake.meta.commits import RECORD_DIGEST, read_state
+from shardlake.meta.versions import load_version
 from shardlake.read import CORRUPT_AT_REST, TRANSPORT
 from shardlake.store import Store
 from shardlake.testing import synth_corpus
@@ -254,7 +255,7 @@ def test_keyset_digest_fast_path_equals_canonical_json() -> None:
     import random
 
     from shardlake.meta.keysets import content_digest
-    from shardlake.meta.versions import canonical_json
+    from shardlake.meta.state import canonical_json
 
     rng = random.Random(1)
     alphabet = ["a", "/", "é", '"', "\\", "\x01", "\u2028", "\U0001f600", ".", "\x7f", "\t"]

@@ -19,7 +19,8 @@ from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackW
 from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
-from shardlake.meta.versions import load_version, read_commit, read_state
+from shardlake.meta.commits import read_commit, read_state
+from shardlake.meta.versions import load_version
 from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 
@@ -259,7 +260,8 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
 
 def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     from shardlake.format.documents import GcLock
-    from shardlake.meta.versions import RootState, commit_state
+    from shardlake.meta.commits import commit_state
+    from shardlake.meta.state import RootState
 
     location = StoreLocation("local", str(tmp_path / "root"))
     src = tmp_path / "src"

@@ -17,7 +17,8 @@ from shardlake.cli.main import main
 from shardlake.errors import AlreadyExistsError, ConflictError
 from shardlake.format.layout import COMMITS_DIR
 from shardlake.lifecycle.gc import new_lock
-from shardlake.meta.versions import RootState, commit_state, read_commit, read_state
+from shardlake.meta.commits import commit_state, read_commit, read_state
+from shardlake.meta.state import RootState
 from shardlake.testing import synth_corpus
 from shardlake.testing.fixtures import StoreLocation
 

@@ -26,7 +26,9 @@ from shardlake.format.catalog import (
     row_groups_for,
 )
 from shardlake.meta.catalog import catalog_rows, load_catalog
-from shardlake.meta.versions import load_version, publish_version, read_state
+from shardlake.meta.commits import read_state
+from shardlake.meta.publish import publish_version
+from shardlake.meta.versions import load_version
 from shardlake.query.sql import select
 from shardlake.read.manifests import read_entry_manifest
 from shardlake.store.layers import Request, RequestCounter

@@ -16,15 +16,11 @@ from shardlake.format.documents import PartitionEntry
 from shardlake.format.layout import partition_id, version_key
 from shardlake.format.manifest import CORE_SCHEMA
 from shardlake.meta.catalog import load_catalog, publish_catalog, rows_by_partition
-from shardlake.meta.versions import (
-    RootState,
-    build_version_doc,
-    commit_state,
-    ensure_root,
-    hash_bytes,
-    load_version,
-    read_state,
-)
+from shardlake.meta.commits import commit_state, read_state
+from shardlake.meta.publish import build_version_doc
+from shardlake.meta.rootmarker import ensure_root
+from shardlake.meta.state import RootState, hash_bytes
+from shardlake.meta.versions import load_version
 from shardlake.store.layers import RequestCounter
 
 BODY = {"recipe": {"codec": "raw"}, "partition_rule": {"depth": 1}, "keep_skipped": False}

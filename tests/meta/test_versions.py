@@ -5,13 +5,9 @@ import pytest
 import shardlake
 from shardlake import open_store
 from shardlake.errors import ConflictError, FormatError, NotFoundError, VersionNotFoundError
-from shardlake.meta.versions import (
-    load_version,
-    prune_versions,
-    publish_version,
-    read_state,
-    resolve_tag,
-)
+from shardlake.meta.commits import read_state
+from shardlake.meta.publish import publish_version
+from shardlake.meta.versions import load_version, prune_versions, resolve_tag
 
 
 def _body(n):

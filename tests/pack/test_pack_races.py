@@ -17,7 +17,9 @@ from support.pack import assert_consistent, make_source, read_all, small_frame
 
 import shardlake
 from shardlake.errors import ConflictError
-from shardlake.meta.versions import load_version, publish_version, read_state
+from shardlake.meta.commits import read_state
+from shardlake.meta.publish import publish_version
+from shardlake.meta.versions import load_version
 from shardlake.testing.fixtures import LOOPBACK_KINDS, StoreLocation
 
 

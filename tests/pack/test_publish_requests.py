@@ -13,7 +13,9 @@ from support.pack import make_source, small_frame
 
 import shardlake
 from shardlake.errors import ConflictError
-from shardlake.meta.versions import RootState, publish_version, read_state
+from shardlake.meta.commits import read_state
+from shardlake.meta.publish import publish_version
+from shardlake.meta.state import RootState
 from shardlake.store import Request, open_store
 
 

@@ -131,7 +131,8 @@ def test_a_corrupted_cached_copy_is_discarded_and_read_again(
 
 _RANK_SCRIPT = """
 import json, sys
-from shardlake.meta.catalog import catalog_rows, node_catalog_cache
+from shardlake.meta.catalog import catalog_rows
+from shardlake.meta.catalog_objects import node_catalog_cache
 from shardlake.meta.versions import load_version
 from shardlake.store import open_store
 from shardlake.store.layers import RequestCounter

@@ -13,7 +13,9 @@ from typing import Any
 
 import shardlake
 from shardlake import open_store
-from shardlake.meta.versions import load_version, publish_version, read_state
+from shardlake.meta.commits import read_state
+from shardlake.meta.publish import publish_version
+from shardlake.meta.versions import load_version
 from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset
 

@@ -28,7 +28,7 @@ import pytest
 
 import shardlake
 from shardlake.errors import ShardlakeError
-from shardlake.meta.versions import read_state
+from shardlake.meta.commits import read_state
 from shardlake.store import Store, open_store
 from shardlake.store.classify import Verdict, classify
 from shardlake.testing import synth_corpus

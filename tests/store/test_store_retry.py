@@ -320,7 +320,7 @@ class LoseCommitReply:
 def test_unsettled_publish_says_outcome_unknown(tmp_path) -> None:
     from support.pack import make_source, small_frame
 
-    from shardlake.meta.versions import read_state
+    from shardlake.meta.commits import read_state
 
     src = make_source(tmp_path / "src", {f"log{i}/s0": small_frame(i) for i in range(2)})
     plain = open_store(str(tmp_path / "root"))

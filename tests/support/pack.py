@@ -12,7 +12,8 @@ import numpy as np
 from shardlake import Store
 from shardlake.format.codec import Decoder, payload_checksum
 from shardlake.format.tar import iter_members
-from shardlake.meta.versions import StoredVersion, load_version, load_version_by_hash, read_state
+from shardlake.meta.commits import read_state
+from shardlake.meta.versions import StoredVersion, load_version, load_version_by_hash
 from shardlake.read.manifests import read_manifest
 from shardlake.testing import write_npz
 

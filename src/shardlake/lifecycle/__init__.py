@@ -1,6 +1,6 @@
 """Lifecycle operations on a dataset root: remove, prune, gc, scrub, export, verify.
 
-Every writer here publishes through the commit log (:mod:`shardlake.meta.versions`): it reads the
+Every writer here publishes through the commit log (:mod:`shardlake.meta.commits`): it reads the
 root state before working and commits with create-if-absent, so two lifecycle writers racing on
 one root end with one winner and a :class:`~shardlake.errors.ConflictError` for the other.
 """

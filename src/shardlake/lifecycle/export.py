@@ -42,20 +42,11 @@ from ..format.codec import Decoder
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import ROOT_MARKER, keyset_key, version_key
 from ..format.manifest import entry_mismatches, parse_manifest
+from ..meta.commits import commit_state, read_state
 from ..meta.keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
-from ..meta.versions import (
-    RootState,
-    StoredVersion,
-    check_foreign,
-    commit_state,
-    ensure_root,
-    load_version,
-    load_version_bytes,
-    parse_root_marker,
-    read_root_marker,
-    read_state,
-    resolve_tag,
-)
+from ..meta.rootmarker import check_foreign, ensure_root, parse_root_marker, read_root_marker
+from ..meta.state import RootState
+from ..meta.versions import StoredVersion, load_version, load_version_bytes, resolve_tag
 from ..progress.bar import Progress
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest

@@ -66,18 +66,11 @@ from ..format.layout import (
     ROOT_MARKER,
     is_owned_key,
 )
+from ..meta.commits import commit_state, read_commit, read_state
 from ..meta.keysets import list_keysets, referenced_versions
-from ..meta.versions import (
-    RootState,
-    commit_state,
-    describe_lock,
-    load_version_by_hash,
-    lock_holder_gone,
-    read_commit,
-    read_state,
-    require_root,
-    takeover_note,
-)
+from ..meta.rootmarker import require_root
+from ..meta.state import RootState, describe_lock, lock_holder_gone, takeover_note
+from ..meta.versions import load_version_by_hash
 from ..progress.bar import Progress
 from ..store import Leftover, ObjectInfo, Store
 from .common import version_closure

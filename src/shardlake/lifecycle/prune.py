@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from ..meta.versions import RootState, prune_versions
+from ..meta.state import RootState
+from ..meta.versions import prune_versions
 from ..store import Store
 
 __all__ = [

@@ -26,14 +26,10 @@ from ..errors import (
 from ..format.documents import PartitionEntry
 from ..format.layout import manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
-from ..meta.versions import (
-    RootState,
-    StoredVersion,
-    check_new_tag,
-    load_version,
-    publish_version,
-    read_state,
-)
+from ..meta.commits import read_state
+from ..meta.publish import check_new_tag, publish_version
+from ..meta.state import RootState
+from ..meta.versions import StoredVersion, load_version
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest, read_manifest
 from ..source.sidecar import skipped_note

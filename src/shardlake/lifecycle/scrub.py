@@ -14,8 +14,9 @@ from typing import Any
 
 from ..errors import options_class
 from ..format.documents import PartitionEntry
+from ..meta.commits import read_state
 from ..meta.rootindex import index_problems
-from ..meta.versions import read_state, versions_for
+from ..meta.versions import versions_for
 from ..progress.bar import Progress
 from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..store import Store

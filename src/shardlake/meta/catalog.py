@@ -13,11 +13,10 @@ use (one read per partition, once per process).
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -35,24 +34,22 @@ from ..format.catalog import (
     attached_catalog_key,
     coalesce,
     column_ranges,
-    decode_partitions,
     decode_segment,
     encode_partitions,
     encode_segment,
     partitions_key,
     row_groups_for,
     segment_key,
-    sha256_hex,
 )
 from ..format.documents import PartitionEntry
 from ..format.manifest import CORE_SCHEMA, entry_mismatches
-from ..read.catalog_cache import CatalogCache, catalog_cache
 from ..read.manifests import read_entry_manifest
-from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
+from .catalog_objects import _cache, read_object, read_partitions, write_object
 
 if TYPE_CHECKING:
     from .versions import StoredVersion
+
 
 __all__ = [
     "Catalog",
@@ -61,11 +58,10 @@ __all__ = [
     "catalog_mismatch",
     "catalog_rows",
     "load_catalog",
-    "node_catalog_cache",
     "publish_catalog",
-    "read_partitions",
     "rows_by_partition",
 ]
+
 
 # Segments up to this size are read whole (one GET); larger ones by the column chunks wanted
 # when those are less than half the object.
@@ -75,74 +71,6 @@ RANGE_GAP_BYTES = 2**20
 RANGED_MAX_FRACTION = 0.5
 _MANIFEST_READERS = 16
 _BUILT_CACHE = 4  # in-memory catalogs of format-1 versions kept per process
-
-
-_node_cache: contextvars.ContextVar[bool] = contextvars.ContextVar("node_cache", default=False)
-
-
-@contextlib.contextmanager
-def node_catalog_cache() -> Iterator[None]:
-    """Within it, this thread's catalog reads go through the node-local catalog cache
-    (:mod:`shardlake.read.catalog_cache`, as the environment configures it). The loader opens
-    its sources so; verify, scrub and the other tools never do: they must read the store's
-    own copy."""
-    token = _node_cache.set(True)
-    try:
-        yield
-    finally:
-        _node_cache.reset(token)
-
-
-def _cache() -> CatalogCache | None:
-    return catalog_cache() if _node_cache.get() else None
-
-
-def read_object(store: Store, ref: ObjectRef, where: str) -> bytes:
-    """One catalog object: inside :func:`node_catalog_cache`, from the node-local cache when it
-    holds a copy that checks out; else by one GET, checked against its digest (re-read once on
-    a mismatch: a transport flip; a second mismatch is refused), and published to the cache."""
-    cache = _cache()
-    if cache is None:
-        return _read_from_store(store, ref, where)
-    return cache.fetch(ref.sha256, ref.size, lambda: _read_from_store(store, ref, where))
-
-
-def _read_from_store(store: Store, ref: ObjectRef, where: str) -> bytes:
-    url = store.key_url(ref.key)
-
-    def check(data: bytes) -> bytes:
-        try:
-            ref.check(data, url)
-        except IntegrityError as exc:
-            raise FormatError(str(exc)) from exc  # read_verified re-reads a FormatError
-        return data
-
-    try:
-        return read_verified(store, ref.key, check)[0]
-    except KeyNotFoundError as exc:
-        raise FormatError(f"{url}: {where}: catalog object missing") from exc
-    except RefusedObjectError as exc:
-        raise IntegrityError(str(exc)) from exc
-
-
-def write_object(store: Store, key_of: Any, data: bytes, rows: int) -> ObjectRef:
-    """Create a content-addressed object (an identical one already there is fine)."""
-    digest = sha256_hex(data)
-    ref = ObjectRef(key_of(digest), digest, len(data), rows)
-    # Same key, same digest: the same bytes (and readers check the digest).
-    with contextlib.suppress(AlreadyExistsError):
-        store.create(ref.key, data)
-    return ref
-
-
-def read_partitions(store: Store, ref: ObjectRef, where: str) -> list[dict[str, Any]]:
-    entries = decode_partitions(read_object(store, ref, where), store.key_url(ref.key))
-    if len(entries) != ref.rows:
-        raise FormatError(
-            f"{store.key_url(ref.key)}: partitions table holds {len(entries)} row(s), its "
-            f"reference says {ref.rows}"
-        )
-    return entries
 
 
 def _open_segment(

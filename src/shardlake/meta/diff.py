@@ -22,7 +22,8 @@ from ..format.documents import PartitionEntry
 from ..format.layout import natural_key
 from ..store import Store
 from .catalog import load_catalog
-from .versions import StoredVersion, load_version, read_state
+from .commits import read_state
+from .versions import StoredVersion, load_version
 
 __all__ = [
     "VersionDiff",

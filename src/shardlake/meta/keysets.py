@@ -37,16 +37,11 @@ from ..format.layout import KEYSETS_DIR, check_name, keyset_key, natural_key
 from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store
+from .commits import read_state, refresh_index
 from .rootindex import check_indexed, indexed_keyset
-from .versions import (
-    StoredVersion,
-    canonical_json,
-    ensure_root,
-    read_state,
-    refresh_index,
-    require_root,
-    utc_now,
-)
+from .rootmarker import ensure_root, require_root
+from .state import canonical_json, utc_now
+from .versions import StoredVersion
 
 __all__ = [
     "Keyset",

@@ -1,7 +1,7 @@
 """Writing and checking the root index ``index.json`` on stores that can list and write.
 
 The index (``shardlake.format.rootindex``) is rewritten after every commit and keyset change
-(:func:`write_index`, called by ``meta.versions.commit_state`` and ``meta.keysets``), so a root
+(:func:`write_index`, called by ``meta.commits.commit_state`` and ``meta.keysets``), so a root
 can be served as static files; a reader that can list checks it against the commit log and the
 keysets (:func:`index_problems`, run by ``scrub``). Readers over HTTP take the commit it names
 (and any later one) from ``store.backends.http``.
@@ -25,7 +25,7 @@ from ..format.rootindex import KeysetRef, RootIndex
 from ..store import Store
 
 if TYPE_CHECKING:
-    from .versions import RootState
+    from .state import RootState
 
 __all__ = [
     "check_indexed",

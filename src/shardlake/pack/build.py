@@ -49,14 +49,9 @@ from ..format.codec import (
 )
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import FORMAT_VERSION, manifest_key, revision_dir, shard_key, short_hash
-from ..format.manifest import (
-    CORE_COLUMNS,
-    ManifestMeta,
-    build_manifest_table,
-    write_manifest,
-)
+from ..format.manifest import CORE_COLUMNS, ManifestMeta, build_manifest_table, write_manifest
 from ..format.tar import ShardWriter
-from ..meta.versions import canonical_json
+from ..meta.state import canonical_json
 from ..read.manifests import read_manifest
 from ..source.npz import load_npz
 from ..source.sidecar import is_skipped, read_sidecar

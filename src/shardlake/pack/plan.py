@@ -13,14 +13,11 @@ from dataclasses import dataclass, field
 from ..errors import SourceError, UsageError, VersionNotFoundError
 from ..format.documents import PartitionEntry, VersionRecord
 from ..format.layout import check_name
-from ..meta.versions import (
-    RootState,
-    StoredVersion,
-    check_new_tag,
-    ensure_root,
-    load_version,
-    read_state,
-)
+from ..meta.commits import read_state
+from ..meta.publish import check_new_tag
+from ..meta.rootmarker import ensure_root
+from ..meta.state import RootState
+from ..meta.versions import StoredVersion, load_version
 from ..source.pathlists import PathEntry, source_npz_paths
 from ..source.tree import PartitionRule, SourceTree, discover, read_path_list
 from ..store import Store

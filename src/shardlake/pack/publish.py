@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConflictError, OutcomeUnknownError
-from ..meta.versions import RootState, StoredVersion, describe_lock, publish_version, read_state
+from ..meta.commits import read_state
+from ..meta.publish import publish_version
+from ..meta.state import RootState, describe_lock
+from ..meta.versions import StoredVersion
 from ..store import Store
 
 __all__ = ["publish"]

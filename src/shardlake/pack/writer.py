@@ -41,11 +41,9 @@ from ..errors import IntegrityError, SourceError, UsageError, options_class
 from ..format.codec import Decoder, Encoder, check_array
 from ..format.documents import PartitionEntry
 from ..format.layout import partition_id
-from ..meta.versions import (
-    RootState,
-    StoredVersion,
-    check_new_tag,
-)
+from ..meta.publish import check_new_tag
+from ..meta.state import RootState
+from ..meta.versions import StoredVersion
 from ..source.sidecar import is_skipped, parse_sidecar
 from ..source.source_form import source_sha256
 from ..source.tree import PartitionRule

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import IntegrityError, SelectionError, UsageError
-from ..meta.catalog import node_catalog_cache
+from ..meta.catalog_objects import node_catalog_cache
 from ..query.dataset import Dataset
 from ..query.selection import in_listed_order
 from ..read.catalog_cache import catalog_cache
