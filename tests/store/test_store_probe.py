@@ -11,8 +11,8 @@ import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import CapabilityError
 from shardlake.store import Store, open_store
-from shardlake.store.core import PROBE_RECORD_KEY, PROBE_RECORD_TTL_S, ProbeInconclusiveError
 from shardlake.store.layers import Request
+from shardlake.store.probe import PROBE_RECORD_KEY, PROBE_RECORD_TTL_S, ProbeInconclusiveError
 from shardlake.testing import synth_corpus
 from shardlake.testing.faults import CheckThenWriteStore, FaultInjector, FaultPlan
 
@@ -57,12 +57,12 @@ def test_sound_store_passes_and_the_result_is_remembered(
             creates.append(request.key)
         return send()
 
-    import shardlake.store.core as core
+    import shardlake.store.probe as probe
 
-    real = core.run_create_checks
-    monkeypatch.setattr(core, "run_create_checks", lambda *a: pytest.fail("probed again"))
+    real = probe.run_create_checks
+    monkeypatch.setattr(probe, "run_create_checks", lambda *a: pytest.fail("probed again"))
     open_store(root).ensure_create_enforced()
-    monkeypatch.setattr(core, "run_create_checks", real)
+    monkeypatch.setattr(probe, "run_create_checks", real)
     # ...but a stale one is not trusted.
     record["checked_at"] -= PROBE_RECORD_TTL_S + 1
     store.write(PROBE_RECORD_KEY, json.dumps(record).encode())
@@ -116,7 +116,7 @@ def test_loopback_moto_decides_racing_creates_atomically(monkeypatch: pytest.Mon
 
     from moto.s3.models import S3Backend
 
-    from shardlake.store.core import check_create_race
+    from shardlake.store.probe import check_create_race
     from shardlake.tools.loopback import moto_s3_server
 
     looked_up = S3Backend.get_object

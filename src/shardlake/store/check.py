@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import AlreadyExistsError, KeyNotFoundError
-from .core import ProbeCheck, Store, check_create_race, check_create_sequential, open_store
+from .core import Store, open_store
+from .probe import ProbeCheck, check_create_race, check_create_sequential
 
 CHECK_PREFIX = "_shardlake/check"
 SMALL_OBJECTS = 10

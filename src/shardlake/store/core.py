@@ -9,14 +9,9 @@ from __future__ import annotations
 
 import builtins
 import functools
-import hashlib
-import importlib.metadata
-import json
 import os
 import sys
 import threading
-import time
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +21,6 @@ import fsspec
 
 from ..errors import (
     AlreadyExistsError,
-    CapabilityError,
     KeyNotFoundError,
     OutcomeUnknownError,
     ReadOnlyStoreError,
@@ -41,21 +35,13 @@ from .endpoint import endpoint_id
 from .errors import translate_error
 from .keys import check_key, check_prefix
 from .layers import Request, StoreLayer
+from .probe import prove_create_enforced
+from .ranges import RangeBatch, check_range
 from .retry import RetryLoop, RetryPolicy, has_answered, mark_answered, split_retry_options
 from .url import ParsedURL, parse_url, redact
 
-__all__ = [
-    "PROBE_RECORD_KEY",
-    "PROBE_RECORD_TTL_S",
-    "ObjectInfo",
-    "ProbeCheck",
-    "ProbeInconclusiveError",
-    "Store",
-    "check_create_race",
-    "check_create_sequential",
-    "open_store",
-    "run_create_checks",
-]
+__all__ = ["ObjectInfo", "Store", "open_store"]
+
 
 T = TypeVar("T")
 
@@ -260,13 +246,13 @@ class Store:
 
     def read_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of ``key``, clipped at the object's end (past the end: ``b""``)."""
-        _check_range(key, start, end)
+        check_range(key, start, end)
         if end == start:
             self.stat(key)  # a zero-length range of a missing key is still an error
             return b""
         path = self.path(key)
         got = self._send(
-            "read_range", key, path, lambda b: _RangeBatch([path], [start], [end])(b)[0]
+            "read_range", key, path, lambda b: RangeBatch([path], [start], [end])(b)[0]
         )
         return bytes(got)  # already bytes: only read_ranges(views=True) returns views
 
@@ -289,7 +275,7 @@ class Store:
         for a caller that only slices and decodes them (the loader).
         """
         for key, start, end in ranges:
-            _check_range(key, start, end)
+            check_range(key, start, end)
         wanted = [(i, k, s, e) for i, (k, s, e) in enumerate(ranges) if e > s]
         # Object stores answer an empty HTTP range with the whole object, so never send one.
         for key in sorted({k for k, s, e in ranges if e == s} - {k for _, k, _, _ in wanted}):
@@ -303,7 +289,7 @@ class Store:
                 "read_ranges",
                 wanted[0][1],
                 paths[0],
-                _RangeBatch(paths, starts, ends, multi=True, views=views),
+                RangeBatch(paths, starts, ends, multi=True, views=views),
             )
             for (i, _, _, _), data in zip(wanted, found, strict=True):
                 out[i] = data
@@ -556,84 +542,10 @@ class Store:
         """
         self.require_writable("publishing")
         with self._lock:
-            if self._create_checked:
-                return
-            now = time.time()
-            # A layer may change what a create does: layered stores never trust a record.
-            if not self._layers and _trusted_record(self, now):
+            if not self._create_checked:
+                # A layer may change what a create does: layered stores never trust a record.
+                prove_create_enforced(self, trust_record=not self._layers)
                 self._create_checked = True
-                return
-            checks = run_create_checks(self)
-            failed = [c for c in checks if not c.ok]
-            if failed:
-                what = "; ".join(f"{c.name}: {c.detail}" for c in failed)
-                raise CapabilityError(
-                    f"{self.url} does not enforce create-if-absent (conditional writes) - "
-                    f"failed check {what}; refusing to publish there. Use a store that honours "
-                    "If-None-Match / ifGenerationMatch=0 atomically."
-                )
-            if not self._layers:
-                _remember(self, now, checks)
-            self._create_checked = True
-
-
-class _RangeBatch:
-    """Ranges read until every one is complete; each attempt re-reads only the missing ones.
-
-    A body cut short in transit behind a matching Content-Length looks complete to the HTTP
-    layer, so a range shorter than the object allows (one not ending at the object's end)
-    raises a transient error and is read again.
-    """
-
-    def __init__(
-        self,
-        paths: list[str],
-        starts: list[int],
-        ends: list[int],
-        *,
-        multi: bool = False,
-        views: bool = False,
-    ) -> None:
-        # ``multi``: a ``read_ranges`` call, which a backend with a faster multi-read client
-        # (obstore on S3, GCS, Azure) answers even for one range; ``read_range`` keeps the plain client.
-        # ``views``: the caller takes the client's own buffers (see Store.read_ranges).
-        self.paths, self.starts, self.ends, self.multi = paths, starts, ends, multi
-        self.views = views
-        self.done: dict[int, bytes | memoryview] = {}
-
-    def __call__(self, backend: Backend) -> list[bytes | memoryview]:
-        todo = [i for i in range(len(self.paths)) if i not in self.done]
-        paths = [self.paths[i] for i in todo]
-        starts = [self.starts[i] for i in todo]
-        ends = [self.ends[i] for i in todo]
-        found: list[bytes | memoryview]
-        if len(todo) == 1 and not (self.multi and backend.batches_single_ranges()):
-            found = [backend.read_range(paths[0], starts[0], ends[0])]
-        else:
-            found = backend.read_ranges(paths, starts, ends, views=self.views)
-        sizes: dict[str, int] = {}
-        short: str | None = None
-        for i, path, start, end, data in zip(todo, paths, starts, ends, found, strict=True):
-            if len(data) < end - start:
-                if path not in sizes:
-                    sizes[path] = backend.stat(path)[0]
-                expected = max(0, min(end, sizes[path]) - start)
-                if len(data) != expected:
-                    short = (
-                        f"short read of {path} [{start}, {end}): {len(data)} of {expected} bytes"
-                    )
-                    continue
-            self.done[i] = data
-        if short is not None:
-            raise TransientStoreError(short)
-        return [self.done[i] for i in range(len(self.paths))]
-
-
-def _check_range(key: str, start: int, end: int) -> None:
-    if not isinstance(start, int) or not isinstance(end, int) or start < 0 or end < start:
-        raise UsageError(
-            f"invalid byte range [{start}, {end}) for key {key!r}: need 0 <= start <= end"
-        )
 
 
 def open_store(
@@ -653,176 +565,3 @@ def open_store(
     store = Store(url, storage_options, retry=retry)
     store.backend  # noqa: B018 - fail now on unknown protocols, missing packages, bad options
     return store
-
-
-PROBE_PREFIX = "_shardlake/probe"
-PROBE_RECORD_KEY = "_shardlake/probe-record.json"
-# How long a probe record vouches for a store (a server upgrade may change its behaviour).
-PROBE_RECORD_TTL_S = 24 * 3600.0
-PROBE_RACERS = 8
-_ROOT_MARKER = "shardlake.json"  # the record is kept only in a dataset root (format layer's key)
-_RECORD_FORMAT = "shardlake-probe-record"
-CREATE_CHECKS = ("create-if-absent", "create-if-absent-race")
-
-
-@dataclass(frozen=True)
-class ProbeCheck:
-    """The outcome of one named store check: ``ok`` and a detail for people."""
-
-    name: str
-    ok: bool
-    detail: str
-
-
-class ProbeInconclusiveError(StoreError):
-    """A probe whose outcome could not be read back (transport errors or damaged replies that
-    outlasted the re-reads): the store is not judged, the command fails with what happened."""
-
-
-def _read_back(store: Store, key: str, expected: bytes) -> tuple[bool, str]:
-    """``(equal, detail)``: whether ``key`` holds ``expected``. A transport error or bytes that
-    differ are re-read (``retry.integrity_rereads``); only reads that agree with each other are a
-    verdict, otherwise :class:`ProbeInconclusiveError` says what happened."""
-    seen: list[bytes] = []
-    last = ""
-    for _ in range(1 + store.retry.integrity_rereads):
-        try:
-            data = store.read(key)
-        except KeyNotFoundError:
-            return False, "the key vanished after the create"
-        except StoreError as exc:
-            last = f"read-back failed: {exc}"
-            continue
-        if data == expected:
-            return True, "read-back matches"
-        seen.append(data)
-        last = f"read-back differs (sha256 {hashlib.sha256(data).hexdigest()[:12]})"
-    if len(seen) >= 2 and all(d == seen[0] for d in seen):
-        return False, f"{last} on {len(seen)} agreeing reads"
-    raise ProbeInconclusiveError(
-        f"{store.key_url(key)}: create-if-absent probe inconclusive - {last} "
-        f"({1 + store.retry.integrity_rereads} reads); the store was not judged, try again"
-    )
-
-
-def check_create_sequential(store: Store, key: str) -> ProbeCheck:
-    """Create ``key``, create it again with other bytes: the second must be refused and the
-    first bytes kept."""
-    name = "create-if-absent"
-    store.create(key, b"first")
-    try:
-        store.create(key, b"second")
-    except AlreadyExistsError:
-        ok, detail = _read_back(store, key, b"first")
-        if ok:
-            return ProbeCheck(name, True, "a second create of one key was refused")
-        return ProbeCheck(name, False, f"a second create was refused but {detail}")
-    return ProbeCheck(name, False, "a second create of an existing key succeeded (overwrite)")
-
-
-def check_create_race(store: Store, key: str, racers: int = PROBE_RACERS) -> ProbeCheck:
-    """``racers`` threads create ``key`` at once, each with its own bytes: exactly one must win
-    and the key must hold the winner's bytes."""
-    name = "create-if-absent-race"
-    store.backend  # noqa: B018 - build the filesystem once, not in every racer
-    barrier = threading.Barrier(racers)
-    won: list[bytes] = []
-    failed: list[str] = []
-    guard = threading.Lock()
-
-    def race(i: int) -> None:
-        data = f"racer {i} {uuid.uuid4().hex}".encode()
-        try:
-            barrier.wait(timeout=30)
-            store.create(key, data)
-        except AlreadyExistsError:
-            return
-        except Exception as exc:  # noqa: BLE001 - reported in the check's detail
-            with guard:
-                failed.append(f"{type(exc).__name__}: {exc}")
-            return
-        with guard:
-            won.append(data)
-
-    threads = [threading.Thread(target=race, args=(i,), daemon=True) for i in range(racers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if failed:
-        raise ProbeInconclusiveError(
-            f"{store.key_url(key)}: create-if-absent race inconclusive - {len(failed)} of "
-            f"{racers} creates failed (first: {failed[0]})"
-        )
-    if len(won) != 1:
-        return ProbeCheck(
-            name, False, f"{len(won)} of {racers} concurrent creates of one key won (need 1)"
-        )
-    ok, detail = _read_back(store, key, won[0])
-    if not ok:
-        return ProbeCheck(name, False, f"one of {racers} racers won but {detail}")
-    return ProbeCheck(name, True, f"exactly 1 of {racers} concurrent creates won")
-
-
-def run_create_checks(store: Store, prefix: str = PROBE_PREFIX) -> list[ProbeCheck]:
-    """The sequential and the racing create-if-absent checks on fresh keys under ``prefix``;
-    the keys are deleted afterwards."""
-    keys = [f"{prefix}/{uuid.uuid4().hex}", f"{prefix}/{uuid.uuid4().hex}"]
-    try:
-        return [check_create_sequential(store, keys[0]), check_create_race(store, keys[1])]
-    finally:
-        for key in keys:
-            store.delete(key)
-
-
-def _store_identity(store: Store) -> dict[str, Any]:
-    """What the record is tied to: the protocol, the root URL and the endpoint it was reached at."""
-    options = store.storage_options
-    endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get(
-        "endpoint_url"
-    )
-    if endpoint is None and store.protocol == "s3":
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint is None and store.protocol in ("gs", "gcs"):
-        endpoint = options.get("endpoint") or os.environ.get("STORAGE_EMULATOR_HOST")
-    return {"protocol": store.protocol, "url": store.url, "endpoint": endpoint}
-
-
-def _shardlake_version() -> str:
-    try:
-        return importlib.metadata.version("shardlake")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown"
-
-
-def _trusted_record(store: Store, now: float) -> bool:
-    """Whether a fresh probe record of this very store (same identity, same shardlake version,
-    every create check passed, younger than :data:`PROBE_RECORD_TTL_S`) is at the root."""
-    try:
-        doc = json.loads(store.read(PROBE_RECORD_KEY))
-    except (StoreError, ValueError):
-        return False  # absent, unreadable or damaged: probe afresh
-    if not isinstance(doc, dict) or doc.get("format") != _RECORD_FORMAT:
-        return False
-    checked_at = doc.get("checked_at")
-    return (
-        isinstance(checked_at, (int, float))
-        and 0 <= now - checked_at < PROBE_RECORD_TTL_S
-        and doc.get("store") == _store_identity(store)
-        and doc.get("shardlake_version") == _shardlake_version()
-        and set(CREATE_CHECKS) <= set(doc.get("checks_passed") or ())
-    )
-
-
-def _remember(store: Store, now: float, checks: list[ProbeCheck]) -> None:
-    """Keep the record (in a dataset root only, so a bare store keeps no shardlake object)."""
-    if not store.exists(_ROOT_MARKER):
-        return
-    doc = {
-        "format": _RECORD_FORMAT,
-        "checked_at": now,
-        "store": _store_identity(store),
-        "shardlake_version": _shardlake_version(),
-        "checks_passed": [c.name for c in checks if c.ok],
-    }
-    store.write(PROBE_RECORD_KEY, json.dumps(doc, sort_keys=True).encode())
