@@ -59,19 +59,12 @@ from ..format.layout import (
 from ..format.manifest import ManifestMeta, parse_manifest, write_manifest
 from ..format.tar import ShardWriter, iter_members
 from ..meta.catalog import load_catalog, publish_catalog
+from ..meta.commits import commit_state, read_state
 from ..meta.keysets import Keyset, list_keysets, read_key_list, redact_keyset
-from ..meta.versions import (
-    RootState,
-    StoredVersion,
-    build_version_doc,
-    canonical_json,
-    commit_state,
-    hash_bytes,
-    load_version_by_hash,
-    read_state,
-    require_root,
-    utc_now,
-)
+from ..meta.publish import build_version_doc
+from ..meta.rootmarker import require_root
+from ..meta.state import RootState, canonical_json, hash_bytes, utc_now
+from ..meta.versions import StoredVersion, load_version_by_hash
 from ..progress.bar import Progress
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest
