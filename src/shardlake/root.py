@@ -243,13 +243,18 @@ class Root:
         base: str | None = None,
         options: WriteOptions | None = None,
         storage_options: dict[str, Any] | None = None,
+        skip_undecoded: bool = False,
+        progress: bool | None = None,
     ) -> PackReport:
         """Import a WebDataset tar set (brace pattern, list or directory) as version ``tag``.
 
         ``partition_by="shard"`` (default): one partition per tar, ``key_prefix + <tar name>``,
         keys ``<partition>/<webdataset key>``. ``partition_by="key"``: keys are ``key_prefix +
         <webdataset key>`` and a key's parent path is its partition. ``storage_options`` open the
-        source.
+        source. Members that are not .npy, .npz, .json or numeric text (images, audio,
+        captions) are kept bit-exact as ``uint8`` arrays named by their field;
+        ``skip_undecoded=True`` leaves them out. ``progress``: MB read on stderr (None: on a
+        terminal only).
         """
         from .pack.wds_import import TAR_SUFFIXES, import_wds, tar_urls
         from .store.objects import open_objects
@@ -263,6 +268,8 @@ class Root:
             partition_by=partition_by,
             base=base,
             options=options,
+            skip_undecoded=skip_undecoded,
+            progress=progress,
         )
 
     @_writes

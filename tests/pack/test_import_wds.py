@@ -152,8 +152,8 @@ def test_unconvertible_members_are_all_named_and_nothing_is_published(
     tars.mkdir()
     with wds.TarWriter(str(tars / "a.tar")) as sink:
         sink.write({"__key__": "s1", "x.npy": np.ones(2)})
-        sink.write({"__key__": "s2", "x.npy": np.ones(2), "jpg": b"\xff\xd8\xff\xe0"})
-        sink.write({"__key__": "s3", "x.npy": np.ones(2), "txt": "hello world"})
+        sink.write({"__key__": "s2", "x.npy": np.ones(2), "y.npy": b"not an npy file"})
+        sink.write({"__key__": "s3", "x.npy": np.ones(2), "json": b"{not json"})
     root_dir = tmp_path / "root"
     assert main(["import-wds", str(tars), str(root_dir), "--tag", "v1"]) == 1
     err = capsys.readouterr().err
@@ -161,7 +161,7 @@ def test_unconvertible_members_are_all_named_and_nothing_is_published(
         "2 unreadable tar file(s) or member(s) that cannot be converted" in err
         and "nothing was published" in err
     )
-    assert "a.tar::s2.jpg" in err and "a.tar::s3.txt" in err
+    assert "a.tar::s2.y.npy" in err and "a.tar::s3.json" in err
     assert shardlake.open(root_dir).versions() == []
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="no .tar files"):
@@ -256,3 +256,190 @@ def test_ctrl_c_during_an_import_publishes_nothing(tmp_path: Path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted; nothing was published" in err
     assert shardlake.open(root_dir).versions() == [] and list(spill.iterdir()) == []
+
+
+# --- damaged, plain, image and caption tars (issue #44) ------------------------------------
+
+
+def _tar_of(tmp_path: Path, name: str, samples: int = 6) -> Path:
+    """A webdataset tar of ``samples`` samples (x.npy + json each), its bytes in ``name``."""
+    tars = tmp_path / "wds"
+    tars.mkdir(exist_ok=True)
+    with wds.TarWriter(str(tars / name)) as sink:
+        for i in range(samples):
+            sink.write({"__key__": f"{i:04d}", "x.npy": np.full(300, i), "json": {"i": i}})
+    return tars / name
+
+
+def _header_offsets(data: bytes, *, of_data: bool = False) -> list[int]:
+    """Byte offsets of the members of an uncompressed tar: where their headers start (a pax
+    header first, as webdataset writes them), or with ``of_data``, where their bytes do."""
+    import tarfile
+
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [m.offset_data if of_data else m.offset for m in tar.getmembers()]
+
+
+def _refused(tmp_path: Path, capsys: pytest.CaptureFixture[str], tar: Path) -> str:
+    root_dir = tmp_path / "root"
+    code = main(["import-wds", str(tar), str(root_dir), "--tag", "v1", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err
+    assert "nothing was published" in err and tar.name in err, err
+    assert not (root_dir / "commits").exists() or shardlake.open(root_dir).versions() == []
+    return err
+
+
+@pytest.mark.parametrize("which", [1, 7, -1])
+def test_a_bad_header_checksum_anywhere_is_refused_with_its_offset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: int
+) -> None:
+    tar = _tar_of(tmp_path, "a.tar")
+    data = bytearray(tar.read_bytes())
+    offset = _header_offsets(bytes(data))[which]
+    data[offset + 10] ^= 0x20  # a byte of the header's name: its checksum no longer matches
+    tar.write_bytes(bytes(data))
+    err = _refused(tmp_path, capsys, tar)
+    assert f"damaged member header (bad checksum) at byte offset {offset}" in err, err
+
+
+def test_a_tar_cut_at_a_member_boundary_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tar = _tar_of(tmp_path, "cut.tar")
+    data = tar.read_bytes()
+    offset = _header_offsets(data)[6]  # half of the samples, then nothing: no end marker
+    tar.write_bytes(data[:offset])
+    err = _refused(tmp_path, capsys, tar)
+    assert f"ends without the end-of-archive marker (cut short?) at byte offset {offset}" in err
+
+
+def test_a_truncated_member_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tar = _tar_of(tmp_path, "trunc.tar")
+    data = tar.read_bytes()
+    offset = _header_offsets(data)[5]  # 0002.x.npy
+    cut = _header_offsets(data, of_data=True)[5] + 100  # its headers and 100 of its bytes
+    tar.write_bytes(data[:cut])
+    err = _refused(tmp_path, capsys, tar)
+    assert (
+        "is cut short (fewer than its 2528 bytes)" in err and f"at byte offset {offset}" in err
+    ), err
+
+
+def test_a_truncated_gzip_tar_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import gzip
+
+    plain = _tar_of(tmp_path, "z.tar")
+    tgz = plain.with_suffix(".tar.gz")
+    whole = gzip.compress(plain.read_bytes())
+    plain.unlink()
+    tgz.write_bytes(whole[: len(whole) // 2])
+    err = _refused(tmp_path, capsys, tgz)
+    assert "not a readable tar file" in err and "byte offset" in err, err
+
+
+def test_an_empty_tar_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import tarfile
+
+    tars = tmp_path / "wds"
+    tars.mkdir()
+    with tarfile.open(tars / "empty.tar", "w"):
+        pass
+    err = _refused(tmp_path, capsys, tars / "empty.tar")
+    assert "empty.tar: an empty tar (no file members)" in err, err
+
+
+def test_a_plain_tar_of_a_directory_imports(tmp_path: Path) -> None:
+    # `tar cf x.tar -C dir .`: member paths start with ./, and a sample's members are in
+    # whatever order the directory lists them (not adjacent).
+    import shutil
+    import subprocess
+
+    if shutil.which("tar") is None:
+        pytest.skip("no tar command")
+    src = tmp_path / "dir"
+    (src / "b").mkdir(parents=True)
+    want: dict[str, dict[str, np.ndarray[Any, Any]]] = {}
+    for i in range(5):
+        x = np.arange(i + 3, dtype=np.int32)
+        np.save(src / "b" / f"x{i}.ego.npy", x)
+        (src / "b" / f"x{i}.cls").write_text(str(i))
+        (src / "b" / f"x{i}.json").write_text(json.dumps({"i": i}))
+        want[f"x/b/x{i}"] = {"ego": x, "cls": np.array(i, dtype=np.int64)}
+    tar = tmp_path / "wds" / "x.tar"
+    tar.parent.mkdir()
+    subprocess.run(["tar", "cf", str(tar), "-C", str(src), "."], check=True)
+    root_dir = tmp_path / "root"
+    assert main(["import-wds", str(tar), str(root_dir), "--tag", "v1", "--quiet"]) == 0
+    root = shardlake.open(root_dir)
+    ds = root.dataset("v1")
+    assert sorted(ds.keys()) == sorted(want)
+    for key, arrays in want.items():
+        _same(ds.get(key), arrays)
+    assert root.scrub().ok
+
+
+def test_members_of_one_key_apart_in_the_tar_are_one_sample(tmp_path: Path) -> None:
+    import tarfile
+
+    tars = tmp_path / "wds"
+    tars.mkdir()
+
+    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(tars / "mixed.tar", "w") as tar:
+        add(tar, "s1.cls", b"1")
+        add(tar, "s2.cls", b"2")
+        add(tar, "s1.id", b"10")
+        add(tar, "s2.id", b"20")
+    root = shardlake.open(tmp_path / "root")
+    root.import_wds(tars, "v1", progress=False)
+    ds = root.dataset("v1")
+    for i in (1, 2):
+        _same(
+            ds.get(f"mixed/s{i}"),
+            {"cls": np.array(i, dtype=np.int64), "id": np.array(10 * i, dtype=np.int64)},
+        )
+
+
+def test_images_and_captions_are_kept_bit_exact_or_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rng = np.random.default_rng(4)
+    tars = tmp_path / "wds"
+    tars.mkdir()
+    records = []
+    for i in range(4):
+        records.append(
+            {
+                "__key__": f"{i:04d}",
+                "jpg": b"\xff\xd8\xff\xe0" + rng.bytes(200 + i),  # any bytes: kept as they are
+                "left.png": b"\x89PNG\r\n\x1a\n" + rng.bytes(50),
+                "txt": f"a photo of {i} cats, café".encode(),
+                "cls": str(i),
+            }
+        )
+    with wds.TarWriter(str(tars / "img.tar")) as sink:
+        for record in records:
+            sink.write(record)
+    root_dir = tmp_path / "root"
+    assert main(["import-wds", str(tars), str(root_dir), "--tag", "v1"]) == 0
+    assert "shardlake import-wds:" in capsys.readouterr().err  # progress, on stderr
+    root = shardlake.open(root_dir)
+    ds = root.dataset("v1")
+    for r in records:
+        got = ds.get(f"img/{r['__key__']}")
+        for name in ("jpg", "left.png", "txt"):
+            value = np.asarray(got[name])
+            assert value.dtype == np.uint8 and value.ndim == 1
+            assert value.tobytes() == r[name], name
+        assert int(got["cls"]) == int(r["cls"])
+    assert root.scrub().ok
+    # --skip-undecoded: only the numbers are imported
+    assert main(["import-wds", str(tars), str(root_dir), "--tag", "v2", "--skip-undecoded"]) == 0
+    assert sorted(shardlake.open(root_dir).dataset("v2").get("img/0001")) == ["cls"]

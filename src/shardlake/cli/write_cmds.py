@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from . import flags
-from .common import flag_values, open_root, parse_storage_options, print_report
+from .common import flag_values, open_root, parse_storage_options, print_report, progress_wanted
 from .flags import Command
 
 __all__ = ["COMMANDS"]
@@ -28,6 +28,12 @@ def _import_wds_flags(p: argparse.ArgumentParser) -> None:
         help="shard: one partition per tar (keys <prefix><tar name>/<key>); key: a key's "
         "parent path (keys <prefix><key>)",
     )
+    p.add_argument(
+        "--skip-undecoded",
+        action="store_true",
+        help="leave out members that are not .npy, .npz, .json or numeric text (images, audio, "
+        "captions); by default they are kept bit-exact as uint8 byte arrays named by their field",
+    )
     flags.recipe(p)
     p.add_argument("--keep-skipped", action="store_true", help="keep is_skipped samples")
     p.add_argument("--spill-dir", metavar="DIR", help="local directory for the writer's spill")
@@ -35,6 +41,7 @@ def _import_wds_flags(p: argparse.ArgumentParser) -> None:
         "--encode-threads", type=int, default=1, help="threads encoding samples (default 1)"
     )
     flags.allow_foreign(p)
+    flags.quiet(p)
     flags.storage(p, "source", "the source tars")
 
 
@@ -47,9 +54,10 @@ def cmd_import_wds(args: argparse.Namespace) -> int:
     report = open_root(args).import_wds(
         sources,
         args.tag,
-        **flag_values(args, "key_prefix", "partition_by", "base"),
+        **flag_values(args, "key_prefix", "partition_by", "base", "skip_undecoded"),
         options=options,
         storage_options=parse_storage_options(args.source_storage_options) or None,
+        progress=progress_wanted(args),
     )
     return print_report(args, report.to_json(), report.summary())
 
@@ -59,6 +67,7 @@ COMMANDS = (
         "import-wds",
         cmd_import_wds,
         _import_wds_flags,
-        help="import a WebDataset tar set (.npy/.npz/.json/numeric text members) as a version",
+        help="import a WebDataset tar set (.npy/.npz/.json/numeric text members; others as bytes) "
+        "as a version",
     ),
 )

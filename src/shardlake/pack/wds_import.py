@@ -1,8 +1,11 @@
 """``import-wds``: a WebDataset tar set -> one shardlake version, through the writer.
 
-A WebDataset sample is the run of consecutive tar members sharing a key: the member path up to
-the first dot of its file name (``dir/000123.ego.npy`` -> key ``dir/000123``, field
-``ego.npy``). Each field becomes part of the sample by its last extension:
+A WebDataset sample is the tar members sharing a key: the member path up to the first dot of
+its file name (``dir/000123.ego.npy`` -> key ``dir/000123``, field ``ego.npy``; a leading
+``./``, as ``tar cf x.tar -C dir .`` writes, is dropped). Members of one key are one sample
+wherever they sit in the tar (a plain ``tar`` of a directory does not keep them adjacent), in
+the order their keys first appear. Each field becomes part of the sample by its last
+extension:
 
 - ``.npy``: one array, named by the field without ``.npy`` (``ego.npy`` -> ``ego``; a bare
   ``npy`` field keeps the name ``npy``);
@@ -10,12 +13,18 @@ the first dot of its file name (``dir/000123.ego.npy`` -> key ``dir/000123``, fi
 - ``.json``: the sample's sidecar (one per sample);
 - anything else whose bytes are numeric text (``.cls``, ``.txt``, ``.id``: ``"3"``,
   ``"0.5 1 2"``): an int64 array if every number is an integer, else float64; one number gives a
-  0-d array, several a 1-d array, named by the field.
+  0-d array, several a 1-d array, named by the field;
+- anything else (images, audio, captions, pickles): its bytes, bit-exact, as a 1-d ``uint8``
+  array named by the field (``jpg``, ``left.png``, ``txt``); ``skip_undecoded=True`` leaves
+  them out instead.
 
-Members that are none of these (images, audio, pickles, text that is not numbers) are not
-skipped: every one is named in the error, and nothing is published. The tars are read as
-streams (``tarfile`` ``r|*``, gzip too), one sample at a time, from a local directory or any
-store shardlake opens.
+Every tar is checked as a whole before any of its samples is written: a header whose checksum
+is wrong, a member cut short and a tar that ends without its end-of-archive marker are refused
+with the tar's name and the byte offset (``tarfile``'s stream reader would take the first two
+for the end of the archive); so is a tar with no members. Nothing is published then. The tars
+are read as streams (gzip too), one at a time, from a local directory or any store shardlake
+opens; a tar's member bytes wait in a spooled temporary file (memory, then the spill
+directory) until its samples are grouped.
 """
 
 from __future__ import annotations
@@ -24,18 +33,24 @@ import io
 import os
 import re
 import tarfile
-from collections.abc import Iterator, Sequence
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import SHOW_MAX, SourceError, UsageError
+from ..progress.bar import Progress
 from ..source.npz import load_npz
 from ..source.sidecar import parse_sidecar
 from ..store import Store
 from .packer import PackReport
 from .writer import WriteOptions, Writer
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self: Python 3.11+
 
 __all__ = ["PARTITION_BY", "TAR_SUFFIXES", "import_wds", "tar_urls"]
 
@@ -43,6 +58,12 @@ PARTITION_BY = ("shard", "key")
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 # webdataset's own split (webdataset.tariterators.base_plus_ext): key, then the field.
 _KEY_FIELD = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+# A tar's member bytes stay in memory up to this size, then go to a temporary file.
+_SPOOL_IN_MEMORY = 64 * 2**20
+# What tarfile's header parser raises; not in its __all__ (nor in typeshed).
+_EOF_HEADER: type[Exception] = vars(tarfile)["EOFHeaderError"]
+_EMPTY_HEADER: type[Exception] = vars(tarfile)["EmptyHeaderError"]
+_TRUNCATED_HEADER: type[Exception] = vars(tarfile)["TruncatedHeaderError"]
 
 
 @dataclass
@@ -50,6 +71,7 @@ class _Sample:
     key: str
     arrays: dict[str, np.ndarray[Any, Any]] = field(default_factory=dict)
     meta: dict[str, Any] | None = None
+    skipped: int = 0  # members left out (skip_undecoded)
 
 
 def tar_urls(
@@ -101,7 +123,9 @@ def _numeric_text(data: bytes) -> np.ndarray[Any, Any] | None:
     return array.reshape(()) if len(tokens) == 1 else array
 
 
-def _add_field(sample: _Sample, name: str, data: bytes, where: str) -> str | None:
+def _add_field(
+    sample: _Sample, name: str, data: bytes, where: str, *, skip_undecoded: bool = False
+) -> str | None:
     """Put one member into ``sample``; the reason it cannot be converted, or None."""
     ext = name.rsplit(".", 1)[-1].lower()
     stem = name[: -len(ext) - 1] if "." in name else name
@@ -127,7 +151,10 @@ def _add_field(sample: _Sample, name: str, data: bytes, where: str) -> str | Non
     else:
         array = _numeric_text(data)
         if array is None:
-            return f"'.{ext}' is not .npy, .npz, .json or numeric text"
+            if skip_undecoded:
+                sample.skipped += 1
+                return None
+            array = np.frombuffer(data, dtype=np.uint8).copy()  # the bytes, bit-exact
         arrays = {name: array}
     for array_name, array in arrays.items():
         if array_name in sample.arrays:
@@ -136,42 +163,181 @@ def _add_field(sample: _Sample, name: str, data: bytes, where: str) -> str | Non
     return None
 
 
-def _samples(tar_name: str, store: Store, key: str, problems: list[str]) -> Iterator[_Sample]:
-    """The samples of one tar (``tar_name`` names it in messages), in member order;
-    unconvertible members go to ``problems``."""
-    current: _Sample | None = None
+class _TarDamage(Exception):
+    """A tar that cannot be read to its end as it should be: where, and why."""
+
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(reason)
+        self.offset, self.reason = offset, reason
+
+
+class _StrictInfo(tarfile.TarInfo):
+    """Headers read strictly: ``tarfile`` ends the archive in silence at a header with a bad
+    checksum, a cut header or the end of the data; only a zero block (the end-of-archive
+    marker) may end it here."""
+
+    @classmethod
+    def fromtarfile(cls, tarfile_: tarfile.TarFile) -> Self:
+        offset = tarfile_.fileobj.tell() if tarfile_.fileobj is not None else 0
+        try:
+            return super().fromtarfile(tarfile_)
+        except _EOF_HEADER:
+            raise  # a zero block: the end-of-archive marker
+        except _EMPTY_HEADER:
+            if offset == 0:
+                raise _TarDamage(0, "an empty file") from None
+            raise _TarDamage(
+                offset, "it ends without the end-of-archive marker (cut short?)"
+            ) from None
+        except _TRUNCATED_HEADER:
+            raise _TarDamage(offset, "a member header is cut short") from None
+        except tarfile.HeaderError as exc:  # bad checksum, a field that is not a number
+            raise _TarDamage(offset, f"a damaged member header ({exc})") from None
+
+
+class _Counted(io.RawIOBase):
+    """A read-only stream that reports the bytes read through it (progress)."""
+
+    def __init__(self, raw: IO[bytes], report: Callable[[int], None]) -> None:
+        self._raw, self._report = raw, report
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._raw.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self._report(n)
+        return n
+
+
+@dataclass
+class _Field:
+    name: str
+    where: str
+    start: int
+    size: int
+
+
+def _read_tar(fh: IO[bytes], spool: IO[bytes]) -> tuple[dict[str, list[_Field]], list[str], int]:
+    """Every file member of the tar ``fh``, its bytes appended to ``spool``; by key in the
+    order keys first appear, with the members whose names have no key, and how many there
+    were. Raises :class:`_TarDamage`."""
+    by_key: dict[str, list[_Field]] = {}
+    nameless: list[str] = []
+    members = 0
+    opened: list[tarfile.TarFile] = []  # for the offset of a decompression failure
     try:
-        with (
-            store.fs.open(store.path(key), "rb") as fh,
-            tarfile.open(fileobj=fh, mode="r|*") as tar,
-        ):
-            for member in tar:
+        with tarfile.open(fileobj=fh, mode="r|*", tarinfo=_StrictInfo) as tar:
+            opened.append(tar)
+            while True:
+                try:
+                    member = tar.next()
+                except tarfile.ReadError as exc:  # skipping a member's data ran out of bytes
+                    raise _TarDamage(tar.offset, f"a member is cut short ({exc})") from None
+                if member is None:
+                    break
                 if not member.isfile():
                     continue
-                where = f"{tar_name}::{member.name}"
-                match = _KEY_FIELD.match(member.name)
-                if match is None:
-                    problems.append(f"{where}: no extension after the key")
-                    continue
-                wkey, fname = match.group(1), match.group(2)
-                if current is not None and current.key != wkey:
-                    yield current
-                    current = None
-                if current is None:
-                    current = _Sample(wkey)
+                members += 1
+                name = member.name
+                while name.startswith("./"):
+                    name = name[2:]
                 extracted = tar.extractfile(member)
-                data = extracted.read() if extracted is not None else b""
-                reason = _add_field(current, fname, data, where)
+                try:
+                    data = extracted.read() if extracted is not None else b""
+                except tarfile.ReadError:
+                    raise _TarDamage(
+                        member.offset,
+                        f"member {member.name!r} is cut short (fewer than its {member.size} bytes)",
+                    ) from None
+                match = _KEY_FIELD.match(name)
+                if match is None:
+                    nameless.append(member.name)
+                    continue
+                start = spool.tell()
+                spool.write(data)
+                entry = _Field(match.group(2), member.name, start, len(data))
+                by_key.setdefault(match.group(1), []).append(entry)
+    except tarfile.CompressionError as exc:
+        raise _TarDamage(0, f"cannot decompress it ({exc})") from None
+    except (zlib.error, EOFError, tarfile.ReadError) as exc:
+        offset = opened[0].offset if opened else 0
+        raise _TarDamage(offset, f"cannot read it ({exc})") from None
+    return by_key, nameless, members
+
+
+def _samples(
+    tar_name: str,
+    store: Store,
+    key: str,
+    problems: list[str],
+    *,
+    skip_undecoded: bool = False,
+    spill_dir: str | os.PathLike[str] | None = None,
+    read: Callable[[int], None] = lambda n: None,
+) -> Iterator[_Sample]:
+    """The samples of one tar (``tar_name`` names it in messages), once the whole tar has
+    been read and found sound; what is wrong goes to ``problems``."""
+    with tempfile.SpooledTemporaryFile(
+        max_size=_SPOOL_IN_MEMORY,
+        dir=os.fspath(spill_dir) if spill_dir is not None else None,
+        prefix="shardlake-wds-",
+    ) as spool:
+        try:
+            with store.fs.open(store.path(key), "rb") as raw:
+                fh = io.BufferedReader(_Counted(raw, read), buffer_size=1 << 20)
+                by_key, nameless, members = _read_tar(fh, spool)
+        except _TarDamage as exc:
+            problems.append(
+                f"{tar_name}: not a readable tar file: {exc.reason} at byte offset {exc.offset}"
+                + (" of the decompressed stream" if key.endswith((".gz", ".tgz")) else "")
+            )
+            return  # the other tars are still read, so one run names every bad one
+        except FileNotFoundError:
+            problems.append(f"{tar_name}: no such tar file")
+            return
+        if members == 0:
+            problems.append(f"{tar_name}: an empty tar (no file members)")
+            return
+        problems.extend(f"{tar_name}::{name}: no extension after the key" for name in nameless)
+        for wkey, fields in by_key.items():
+            sample = _Sample(wkey)
+            for entry in fields:
+                spool.seek(entry.start)
+                data = spool.read(entry.size)
+                where = f"{tar_name}::{entry.where}"
+                reason = _add_field(sample, entry.name, data, where, skip_undecoded=skip_undecoded)
                 if reason is not None:
                     problems.append(f"{where}: {reason}")
-    except (tarfile.TarError, EOFError) as exc:
-        problems.append(f"{tar_name}: not a readable tar file ({exc})")
-        return  # the other tars are still read, so one run names every bad one
-    except FileNotFoundError:
-        problems.append(f"{tar_name}: no such tar file")
-        return
-    if current is not None:
-        yield current
+            if not sample.arrays and not problems:
+                problems.append(
+                    f"{tar_name}: sample {wkey!r} has no array left once its undecoded "
+                    "members are skipped"
+                    if sample.skipped
+                    else f"{tar_name}: sample {wkey!r} has no array (only a sidecar)"
+                )
+            yield sample
+
+
+class _MegabyteCounter:
+    """Bytes read -> whole MB on the progress bar."""
+
+    def __init__(self, bar: Progress) -> None:
+        self._bar, self._bytes, self._shown = bar, 0, 0
+
+    def __call__(self, n: int) -> None:
+        self._bytes += n
+        mb = self._bytes // 10**6
+        if mb > self._shown:
+            self._bar.update(mb - self._shown)
+            self._shown = mb
+
+    def tar_done(self) -> None:
+        mb = -(-self._bytes // 10**6)  # a tar's last partial MB, so the total is reached
+        self._bar.update(mb - self._shown, groups=1)
+        self._shown = mb
 
 
 def import_wds(
@@ -183,6 +349,8 @@ def import_wds(
     partition_by: str = "shard",
     base: str | None = None,
     options: WriteOptions | None = None,
+    skip_undecoded: bool = False,
+    progress: bool | None = None,
 ) -> PackReport:
     """Import the WebDataset tars (``(url, store, key)`` each, opened by the caller: see
     :func:`tar_urls`) into ``root`` as version ``tag``.
@@ -190,6 +358,9 @@ def import_wds(
     ``partition_by="shard"`` (default): one partition per tar, ``key_prefix + <tar name>``,
     keys ``<partition>/<webdataset key>``. ``partition_by="key"``: keys are ``key_prefix +
     <webdataset key>`` and a key's parent path is its partition (the keys need one).
+    ``skip_undecoded``: leave out members that are not .npy, .npz, .json or numeric text
+    (kept as ``uint8`` byte arrays by default). ``progress``: MB of tar read on stderr (None:
+    on a terminal only).
     """
     if partition_by not in PARTITION_BY:
         raise UsageError(
@@ -197,13 +368,33 @@ def import_wds(
             options=("partition_by",),
         )
     problems: list[str] = []
-    with Writer(root, tag, base=base, options=options) as writer:
+    spill_dir = options.spill_dir if options is not None else None
+    total = sum(store.size(key) for _, store, key in tars) if progress is not False else 0
+    bar = Progress(
+        -(-total // 10**6),
+        "shardlake import-wds",
+        unit="MB",
+        groups=len(tars),
+        group_unit="tars",
+        enabled=progress,
+    )
+    read = _MegabyteCounter(bar)
+    with bar, Writer(root, tag, base=base, options=options) as writer:
         for url, store, key in tars:
             # shard: the tar is the partition, whatever directories its keys hold
             part = key_prefix + _stem(key) if partition_by == "shard" else None
             prefix = part + "/" if part is not None else key_prefix
             written = 0
-            for sample in _samples(url, store, key, problems):
+            samples = _samples(
+                url,
+                store,
+                key,
+                problems,
+                skip_undecoded=skip_undecoded,
+                spill_dir=spill_dir,
+                read=read,
+            )
+            for sample in samples:
                 if problems:
                     continue  # keep reading to name every unconvertible member
                 try:
@@ -211,6 +402,7 @@ def import_wds(
                 except SourceError as exc:
                     raise SourceError(f"{url}: {exc}") from exc
                 written += 1
+            read.tar_done()
             if part is not None and written and not problems:
                 writer.finish_partition(part)  # built while the next tar is read
         if problems:
