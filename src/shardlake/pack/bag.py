@@ -25,6 +25,7 @@ from typing import Any
 
 from ..errors import IntegrityError, SourceError, UsageError
 from ..format.layout import partition_id
+from ..source.tree import PartitionRule
 from ..store import Store
 from .build import BuildResult, EncodedSample, Recipe, RevisionSource, build_revision
 from .packer import PackReport
@@ -42,19 +43,21 @@ DEFAULT_RETRIES = 2
 
 
 def _encode_partition(
-    records: Iterable[Any], level: int, keep_skipped: bool
+    records: Iterable[Any], level: int, keep_skipped: bool, rule: PartitionRule | None = None
 ) -> list[EncodedRecord]:
-    return [_encode(record, level, keep_skipped) for record in records]
+    return [_encode(record, level, keep_skipped, rule) for record in records]
 
 
-def _encode(record: Any, level: int, keep_skipped: bool) -> EncodedRecord:
+def _encode(
+    record: Any, level: int, keep_skipped: bool, rule: PartitionRule | None
+) -> EncodedRecord:
     if not isinstance(record, (tuple, list)) or len(record) != 3:
         raise SourceError(
             f"write_bag: a record must be (key, arrays, meta), not {type(record).__name__}"
             + (f" of {len(record)}" if isinstance(record, (tuple, list)) else "")
         )
     key, arrays, meta = record
-    return encode_record(key, arrays, meta, None, level, keep_skipped)
+    return encode_record(key, arrays, meta, None, level, keep_skipped, rule=rule)
 
 
 def _partition(record: EncodedRecord) -> str:
@@ -113,7 +116,7 @@ def write_bag(
     from dask.base import annotate
 
     encoded = bag.map_partitions(
-        _encode_partition, level=recipe.level, keep_skipped=opts.keep_skipped
+        _encode_partition, level=recipe.level, keep_skipped=opts.keep_skipped, rule=settings.rule
     )
     groups = encoded.groupby(_partition)
     with annotate(retries=retries):

@@ -122,6 +122,14 @@ class WriteSettings:
     base_version: StoredVersion | None
     recipe: Recipe
 
+    @property
+    def rule(self) -> PartitionRule | None:
+        """The base's partition rule, which places every key written over it; None without a
+        base (a key's parent path, or ``partition=``)."""
+        if self.base_version is None:
+            return None
+        return PartitionRule.from_json(self.base_version.record.partition_rule)
+
 
 def resolve_write_settings(
     store: Store, tag: str, base: str | None, opts: WriteOptions
@@ -162,8 +170,25 @@ def check_key(key: object, what: str = "key") -> str:
     return key
 
 
-def partition_of_key(key: str, partition: str | None = None) -> str:
-    """The partition path of ``key``: ``partition`` if given, else the key's parent path."""
+def partition_of_key(
+    key: str, partition: str | None = None, rule: PartitionRule | None = None
+) -> str:
+    """The partition path of ``key``. Over a base (``rule``: the base's partition rule) the one
+    the rule gives, as pack over the base would; ``partition``, if given, must agree. Without a
+    base: ``partition`` if given, else the key's parent path."""
+    if rule is not None:
+        owner = rule.partition_of(key + ".npz")
+        if owner is None:
+            raise SourceError(
+                f"sample {key!r}: the base's {rule.describe()} puts the key in no partition "
+                "(a writer over a base keeps its partition rule)"
+            )
+        if partition is not None and check_key(partition, "partition") != owner:
+            raise SourceError(
+                f"sample {key!r}: partition={partition!r}, but the base's {rule.describe()} "
+                f"puts the key in partition {owner!r} (a writer over a base keeps its rule)"
+            )
+        return owner
     if partition is not None:
         return check_key(partition, "partition")
     parent = key.rpartition("/")[0]
@@ -233,10 +258,12 @@ def encode_record(
     recipe_level: int,
     keep_skipped: bool,
     coders: tuple[Encoder, Decoder] | None = None,
+    rule: PartitionRule | None = None,
 ) -> EncodedRecord:
-    """Check, encode and verify one sample (what the writer and ``write_bag`` do per record)."""
+    """Check, encode and verify one sample (what the writer and ``write_bag`` do per record);
+    ``rule``: the base's partition rule (see :func:`partition_of_key`)."""
     skey = check_key(key)
-    path = partition_of_key(skey, partition)
+    path = partition_of_key(skey, partition, rule)
     sidecar = sample_sidecar(skey, meta)
     checked = sample_arrays(skey, arrays)
     if is_skipped(sidecar) and not keep_skipped:
@@ -287,6 +314,7 @@ class Writer:
         self._tag = tag
         self._opts = options or WriteOptions()
         self._settings = resolve_write_settings(store, tag, base, self._opts)
+        self._rule = self._settings.rule
         self._base_paths = (
             {e.path for e in self._settings.base_version.entries}
             if self._settings.base_version is not None
@@ -367,13 +395,14 @@ class Writer:
         """Encode, verify and stage one sample.
 
         ``key`` is a relative ``/`` path (``log1/000123``); its partition is the key's parent
-        path unless ``partition`` is given. ``arrays`` maps names to NumPy arrays (numeric,
+        path unless ``partition`` is given; over a base, the partition the base's partition
+        rule gives (``partition``, if given, must agree). ``arrays`` maps names to NumPy arrays (numeric,
         bool, string or bytes; object arrays are refused); ``meta`` is the sidecar (a JSON
         object). Errors name the key; after one, leaving the ``with`` block publishes nothing.
         """
         self._check_open()
         skey = check_key(key)
-        path = partition_of_key(skey, partition)
+        path = partition_of_key(skey, partition, self._rule)
         sidecar = sample_sidecar(skey, meta)
         checked = sample_arrays(skey, arrays)
         with self._lock:
@@ -440,12 +469,15 @@ class Writer:
             part.sidecars[key] = sidecar
 
     def delete_partition(self, name: str) -> None:
-        """Leave the base's partition ``name`` (a partition path) out of the new version."""
+        """Leave the base's partition ``name`` (a partition path) out of the new version: every
+        key the base's partition rule puts in it (a nested base partition, e.g. ``name/sub``
+        that an older writer made under a depth rule, goes with it)."""
         self._check_open()
         path = check_key(name, "partition")
         if path in self._parts:
             raise UsageError(f"partition {path!r} was written in this writer; it cannot be deleted")
-        if path not in self._base_paths:
+        owners = {rule_owner(p, self._rule) for p in self._base_paths}
+        if path not in self._base_paths and path not in owners:
             raise UsageError(
                 f"partition {path!r} is not in the base version"
                 + ("" if self._settings.base_version else " (this writer has no base)")
@@ -566,6 +598,15 @@ class Writer:
         return result
 
 
+def rule_owner(path: str, rule: PartitionRule | None) -> str:
+    """The partition ``rule`` puts the keys of partition ``path`` in: ``path`` itself, unless
+    an older version holds a nested partition its rule does not make (``p0/sub`` under depth
+    1 belongs to ``p0``)."""
+    if rule is None:
+        return path
+    return rule.partition_of(path + "/x.npz") or path
+
+
 def publish_written(
     store: Store,
     tag: str,
@@ -599,7 +640,20 @@ def publish_written(
             manifest_only.append(entry.path)
         else:
             resumed.append(entry.path)
-    carried = [p for p in base_entries if p not in entries and p not in deleted]
+    rule = settings.rule
+    # A base partition is replaced (or deleted) with the partition its keys belong to under
+    # the base's rule, so no key is in the new version twice.
+    carried = [
+        p
+        for p in base_entries
+        if p not in entries
+        and p not in deleted
+        and rule_owner(p, rule) not in entries
+        and rule_owner(p, rule) not in deleted
+    ]
+    dropped_by_rule = [
+        p for p in base_entries if p not in entries and p not in deleted and p not in carried
+    ]
     for path in carried:
         entries[path] = base_entries[path]
     if not entries:
@@ -622,7 +676,7 @@ def publish_written(
         resumed=resumed,
         reused=reused,
         carried=carried,
-        dropped=sorted(deleted),
+        dropped=sorted({*deleted, *dropped_by_rule}),
         skipped_samples=skipped,
         seconds=time.monotonic() - started if started is not None else 0.0,
     )
