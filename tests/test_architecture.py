@@ -18,6 +18,7 @@ KNOWN_CIRCLE = {
     "shardlake.torch",
     "shardlake.torch.dataset",
     "shardlake.torch.sources",
+    "shardlake.torch.splits",
 }
 LOOSE_ALLOWED = {"__init__.py", "root.py", "errors.py"}
 

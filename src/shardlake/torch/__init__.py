@@ -5,13 +5,15 @@ Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
 """
 
 from ..read.options import ReadOptions
-from .dataset import INDEX_KEY, VALID_KEY, ShardDataset, train_valid
+from .batches import INDEX_KEY, VALID_KEY
+from .dataset import ShardDataset
 from .ddp import masked_mean, masked_sum
 from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
 from .options import LoaderOptions
 from .plan import Cursor, Layout, Leg, LegPlan, PlanParams, Rows, plan_epoch, plan_leg
 from .sources import MixMember
+from .splits import train_valid
 
 __all__ = [
     "INDEX_KEY",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import os
 import pickle
 from collections.abc import Callable, Iterator, Sequence
@@ -24,18 +23,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
-from ..read.catalog_cache import DerivedArrays, catalog_cache
 from ..store import Store
 from ..store.url import location
-from .collate import (
-    BatchBuilder,
-    BatchJob,
-    BufferPool,
-    PayloadDecoder,
-    collate_samples,
-    make_sample,
-)
-from .ddp import dist_info
+from .batches import INDEX_KEY, VALID_KEY, SlotBatches
+from .checkpoint import plain
+from .collate import BatchBuilder, BufferPool, PayloadDecoder, make_sample
+from .compact import compact_plan, rank_plan
+from .ddp import rank_and_world
 from .heap import trim_heap
 from .options import LoaderOptions
 from .plan import (
@@ -54,7 +48,7 @@ from .plan import (
     plan_torch_leg,
     resolve,
 )
-from .reader import ChunkList, Payload, SlotReader, iter_ints, request_chunk_size, selection_members
+from .reader import SlotReader, iter_ints, request_chunk_size, selection_members
 from .sources import (
     MixMember,
     combine,
@@ -70,39 +64,11 @@ from .threads import default_threads, ordered_map
 if TYPE_CHECKING:
     from .loader import ShardLoader
 
-__all__ = [
-    "INDEX_KEY",
-    "VALID_KEY",
-    "ShardDataset",
-    "SlotBatches",
-    "train_valid",
-]
 
-IntArrayT = np.ndarray[Any, np.dtype[np.int64]]
-VALID_KEY = "__valid__"  # bool per sample: False marks the padding of an exact pass
-INDEX_KEY = "__index__"  # int64 per sample: its row in ``ds.table`` (see ``ShardDataset.keys_of``)
+__all__ = ["ShardDataset"]
+
+
 DATASET_STATE_FORMAT = "shardlake.query.dataset-state/1"
-
-
-def plain(value: Any) -> Any:
-    """``value`` as str, int, float, bool, None, lists and dicts (tensors kept), so that a
-    plain ``torch.load`` (``weights_only``) reads back what ``torch.save`` wrote
-    (``torch.__version__`` is a ``TorchVersion``; numpy scalars and tuples creep in)."""
-    if isinstance(value, torch.Tensor) or value is None:
-        return value
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return float(value)
-    if isinstance(value, str):
-        return str(value)
-    raise TypeError(f"{type(value).__name__} {value!r} is not a plain checkpoint value")
 
 
 @dataclass(frozen=True)
@@ -199,7 +165,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         interleave, shuffle_buffer = opts.interleave, opts.shuffle_buffer
         read_options, cache_dir, cache_bytes = opts.read_options, opts.cache_dir, opts.cache_bytes
         IterableDataset.__init__(self)
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.exact = exact
@@ -406,26 +372,20 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         plan is a derived file keyed by everything it depends on (the plan parameters, which
         name the version and selection, the layout, the epoch and its legs): the node's first
         rank computes and writes it, the others (and later runs) map their slots from it."""
-        cache = catalog_cache()
-        if cache is None or self.params.order == "torch":  # torch's permutation: not cached
+        if self.params.order == "torch":  # torch's permutation: not cached
             return compact_plan(self._whole_plan(layout, cursor), keep=mine)
         from .. import __version__
 
-        what = json.dumps(
-            {
-                "entry": PLAN_ENTRY,
-                "shardlake": __version__,
-                "params": asdict(self.params),
-                "layout": asdict(layout),
-                "epoch": cursor.epoch,
-                "legs": [leg.to_json() for leg in cursor.legs],
-                "sizes": self.source_sizes,
-                "counts": self.source_counts,
-            },
-            sort_keys=True,
-        )
-        made = cache.fetch_arrays(what, lambda: plan_arrays(self._whole_plan(layout, cursor)))
-        return plan_from_arrays(layout, *made, keep=mine)
+        key = {
+            "shardlake": __version__,
+            "params": asdict(self.params),
+            "layout": asdict(layout),
+            "epoch": cursor.epoch,
+            "legs": [leg.to_json() for leg in cursor.legs],
+            "sizes": self.source_sizes,
+            "counts": self.source_counts,
+        }
+        return rank_plan(lambda: self._whole_plan(layout, cursor), key, layout, mine)
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` from its beginning (plain ``DataLoader`` iteration)."""
@@ -631,243 +591,3 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         from .loader import ShardLoader
 
         return ShardLoader(self, **options)
-
-
-class SlotBatches:
-    """One slot's batches: the reads (iteration, one thread) and the per-batch work
-    (:meth:`build`, safe to run on several threads at once: one decompressor per thread)."""
-
-    def __init__(
-        self,
-        ds: ShardDataset,
-        reader: SlotReader,
-        valid: np.ndarray[Any, Any],
-        builder: BatchBuilder,
-    ) -> None:
-        self.ds = ds
-        self.reader = reader
-        self.valid = valid
-        self.builder = builder
-        self.decoder = ds._decoder(reader)
-        self.batch_size = builder.batch_size
-        self._done = 0
-
-    def __iter__(self) -> Iterator[tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]]:
-        """Per batch, its ``(row, payload)`` items and their validity (as the plan marks them)."""
-        pending: list[tuple[int, Payload]] = []
-        for item in self.reader:
-            pending.append(item)
-            if len(pending) < self.batch_size:
-                continue
-            ok = self.valid[self._done : self._done + len(pending)]
-            self._done += len(pending)
-            yield pending, ok
-            pending = []
-        if pending:  # order "torch": DataLoader's short last batch (drop_last=False)
-            yield pending, self.valid[self._done : self._done + len(pending)]
-            self._done += len(pending)
-
-    def build(self, work: tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]) -> Any:
-        """The collated batch of one unit of work."""
-        job = self.job(work)
-        if job is None:
-            pending, ok = work
-            ds, decoder = self.ds, self.decoder
-            samples = [ds._sample(decoder, r, p, v) for (r, p), v in zip(pending, ok, strict=True)]
-            return collate_samples(samples)
-        job.fill(0, len(work[0]))
-        return job.finish()
-
-    def job(self, work: tuple[list[tuple[int, Payload]], np.ndarray[Any, Any]]) -> BatchJob | None:
-        """One unit of work as a batch to build in parts (see :class:`BatchJob`); None with a
-        ``transform``, whose samples :meth:`build` collates one by one."""
-        pending, ok = work
-        ds = self.ds
-        if ds.out.transform is not None:
-            return None
-        rows = [r for r, _ in pending]
-        extras: dict[str, Any] = {}
-        if ds.out.include_index:
-            extras[INDEX_KEY] = torch.tensor(rows, dtype=torch.int64)
-        if ds.exact:
-            # A copy: `ok` may view a read-only mapped plan (torch warns on those).
-            extras[VALID_KEY] = torch.from_numpy(np.array(ok, dtype=np.bool_))
-        return self.builder.job(
-            self.decoder,
-            pending,
-            [ds.table.keys[r] for r in rows] if ds.out.include_key else None,
-            {c: [values[r] for r in rows] for c, values in ds.meta.items()},
-            extras,
-        )
-
-
-def train_valid(
-    url: str | Store,
-    version: str = "latest",
-    *,
-    batch_size: int,
-    valid_keyset: str | None = None,
-    valid_where: str | None = None,
-    valid_keys: Sequence[str] | None = None,
-    train_keyset: str | None = None,
-    train_where: str | None = None,
-    valid_batch_size: int | None = None,
-    **options: Any,
-) -> tuple[ShardDataset, ShardDataset]:
-    """A (train, valid) pair of datasets over one version.
-
-    The validation set is given by ``valid_keyset``/``valid_where``/``valid_keys`` and is not
-    shuffled; the training set is ``train_keyset``/``train_where`` or else everything else.
-    The two are checked to be disjoint and to resolve the same version.
-    """
-    valid = ShardDataset(
-        url,
-        version,
-        batch_size=valid_batch_size or batch_size,
-        keyset=valid_keyset,
-        where=valid_where,
-        keys=valid_keys,
-        shuffle=False,
-        **options,
-    )
-    from ..query.dataset import Dataset
-    from ..query.selection import require_disjoint
-    from ..store import open_store
-
-    store = open_store(
-        url if isinstance(url, Store) else location(url, "train_valid(url)"),
-        options.get("storage_options"),
-    )
-    version_ds = Dataset.open(store, valid.version_tag)
-    valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
-    train_sel = version_ds.select(keyset=train_keyset, where=train_where)
-    if train_keyset is None and train_where is None:
-        train_sel = valid_sel.complement()
-    require_disjoint(train_sel, valid_sel, "train and valid selections")
-    chosen: dict[str, Any] = {} if train_sel.keys is None else {"keys": train_sel.keys}
-    train = ShardDataset(
-        url,
-        valid.version_tag,
-        batch_size=batch_size,
-        keyset=train_keyset,
-        where=train_where,
-        **chosen,
-        **options,
-    )
-    return train, valid
-
-
-def _plan_dtypes(
-    ints: list[np.ndarray[Any, Any]], emits: list[np.ndarray[Any, Any]]
-) -> tuple[Any, Any]:
-    """The dtypes of a compact plan's integer arrays, and of its emits' chunk numbers: int32
-    where every value fits (else int64). Emits name a chunk of their own slot: under 65,536
-    chunks a slot (1M samples of driving frames: ~22,000 a slot) they are uint16."""
-    chunk_bounds = [(int(a.min()), int(a.max())) for a in emits if len(a)]
-    bounds = [(int(a.min()), int(a.max())) for a in ints if len(a)] + chunk_bounds
-    low = min((lo for lo, _ in bounds), default=0)
-    top = max((hi for _, hi in bounds), default=0)
-    dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
-    small = all(lo >= 0 and hi < 2**16 for lo, hi in chunk_bounds)
-    return dtype, np.uint16 if small else dtype
-
-
-def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
-    """``plan`` with int32 arrays where every value fits (chunk numbers uint16, see
-    :func:`_plan_dtypes`) and chunks as :class:`ChunkList`: it is computed once before the
-    workers fork and shared by them (~11 instead of ~32 bytes a sample). Arrays that were one
-    object stay one object. ``keep``: the slots to keep (the others become empty; so do the
-    plan ids, which only whole-plan reports use)."""
-    kept = range(len(plan.slot_rows)) if keep is None else keep
-    dtype, emit_dtype = _plan_dtypes(
-        [a for field in (plan.slot_rows, plan.slot_ids) for i, a in enumerate(field) if i in kept],
-        [a for i, a in enumerate(plan.slot_emit_chunk) if i in kept],
-    )
-    done: dict[tuple[int, Any], np.ndarray[Any, Any]] = {}
-    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
-
-    def small(i: int, a: np.ndarray[Any, Any], to: Any = dtype) -> np.ndarray[Any, Any]:
-        if i not in kept:
-            return none
-        if (id(a), to) not in done:
-            done[id(a), to] = a.astype(to, copy=False)
-        return done[id(a), to]
-
-    chunks = [ChunkList(c if i in kept else []) for i, c in enumerate(plan.slot_chunks)]
-    return replace(
-        plan,
-        slot_rows=[small(i, a) for i, a in enumerate(plan.slot_rows)],
-        slot_emit_chunk=[small(i, a, emit_dtype) for i, a in enumerate(plan.slot_emit_chunk)],
-        # Epoch positions of the emits: nothing reads them from a rank's cached plan.
-        slot_ids=[small(i, a) if keep is None else none for i, a in enumerate(plan.slot_ids)],
-        slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
-        # A sequence of arrays, as the readers use it (ReadPlan's annotation says list).
-        slot_chunks=cast(list[list[IntArrayT]], chunks),
-    )
-
-
-PLAN_ENTRY = "loader-plan/1"
-
-
-def plan_arrays(plan: ReadPlan) -> DerivedArrays:
-    """A whole plan (all slots, no plan ids) as a derived-arrays entry of the catalog cache."""
-    whole = compact_plan(plan)
-    arrays: dict[str, np.ndarray[Any, Any]] = {}
-    for i in range(len(whole.slot_rows)):
-        chunks = cast(ChunkList, whole.slot_chunks[i])
-        arrays[f"rows{i}"] = whole.slot_rows[i]
-        arrays[f"emit{i}"] = whole.slot_emit_chunk[i]
-        arrays[f"valid{i}"] = whole.slot_valid[i]
-        arrays[f"flat{i}"] = chunks.flat
-        arrays[f"bounds{i}"] = chunks.bounds
-    doc = {
-        "steps": whole.steps,
-        "samples": whole.samples,
-        "replays": whole.replays,
-        "slots": len(whole.slot_rows),
-    }
-    return doc, arrays
-
-
-def plan_from_arrays(
-    layout: Layout, doc: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]], keep: range
-) -> ReadPlan:
-    """The rank's plan of :func:`plan_arrays`' entry: its slots, the others' empty; integer
-    arrays in the dtype :func:`compact_plan` would give them (views where it is the same)."""
-    slots = int(doc["slots"])
-    kept = [i for i in range(slots) if i in keep]
-    dtype, emit_dtype = _plan_dtypes(
-        [arrays[f"rows{i}"] for i in kept], [arrays[f"emit{i}"] for i in kept]
-    )
-    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
-
-    def slot(name: str, i: int, to: Any = dtype) -> np.ndarray[Any, Any]:
-        return arrays[f"{name}{i}"].astype(to, copy=False) if i in keep else none
-
-    chunks = [
-        ChunkList.from_flat(arrays[f"flat{i}"], arrays[f"bounds{i}"])
-        if i in keep
-        else ChunkList([])
-        for i in range(slots)
-    ]
-    return ReadPlan(
-        layout,
-        int(doc["steps"]),
-        int(doc["samples"]),
-        int(doc["replays"]),
-        slot_rows=[slot("rows", i) for i in range(slots)],
-        slot_chunks=cast(list[list[IntArrayT]], chunks),
-        slot_emit_chunk=[slot("emit", i, emit_dtype) for i in range(slots)],
-        slot_valid=[arrays[f"valid{i}"] if i in keep else np.zeros(0, bool) for i in range(slots)],
-        slot_ids=[none] * slots,
-    )
-
-
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """This process's rank and the world size: as given, else from torch.distributed."""
-    d_rank, d_world = dist_info()
-    rank = d_rank if rank is None else rank
-    world_size = d_world if world_size is None else world_size
-    if not 0 <= rank < world_size:
-        raise PlanError(f"rank {rank} is outside world_size {world_size}")
-    return rank, world_size

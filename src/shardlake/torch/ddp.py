@@ -18,6 +18,7 @@ __all__ = [
     "distributed",
     "masked_mean",
     "masked_sum",
+    "rank_and_world",
 ]
 
 
@@ -109,3 +110,13 @@ def masked_mean(values: torch.Tensor, valid: torch.Tensor, group: Any = None) ->
     """The mean of ``values`` over the valid samples of all ranks' batches (one batch)."""
     total = masked_sum(values, valid, group)
     return float(total[0] / total[1]) if total[1] > 0 else float("nan")
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """This process's rank and the world size: as given, else from torch.distributed."""
+    d_rank, d_world = dist_info()
+    rank = d_rank if rank is None else rank
+    world_size = d_world if world_size is None else world_size
+    if not 0 <= rank < world_size:
+        raise PlanError(f"rank {rank} is outside world_size {world_size}")
+    return rank, world_size

@@ -33,7 +33,8 @@ from .heap import trim_heap
 from .plan import Cursor, Layout
 
 if TYPE_CHECKING:
-    from .dataset import ShardDataset, SlotBatches
+    from .batches import SlotBatches
+    from .dataset import ShardDataset
 
 __all__ = [
     "ThreadBatches",

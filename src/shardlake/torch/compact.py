@@ -1,0 +1,145 @@
+"""The plan as the workers share it: compact arrays (int32 where every value fits, chunks as one
+flat :class:`ChunkList`), and a whole plan as a derived-arrays entry of the node-local catalog
+cache, from which each rank maps its own slots.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any, cast
+
+import numpy as np
+
+from ..read.catalog_cache import DerivedArrays, catalog_cache
+from .plan import Layout, ReadPlan
+from .reader import ChunkList
+
+__all__ = [
+    "compact_plan",
+    "rank_plan",
+]
+
+
+IntArrayT = np.ndarray[Any, np.dtype[np.int64]]
+
+
+def _plan_dtypes(
+    ints: list[np.ndarray[Any, Any]], emits: list[np.ndarray[Any, Any]]
+) -> tuple[Any, Any]:
+    """The dtypes of a compact plan's integer arrays, and of its emits' chunk numbers: int32
+    where every value fits (else int64). Emits name a chunk of their own slot: under 65,536
+    chunks a slot (1M samples of driving frames: ~22,000 a slot) they are uint16."""
+    chunk_bounds = [(int(a.min()), int(a.max())) for a in emits if len(a)]
+    bounds = [(int(a.min()), int(a.max())) for a in ints if len(a)] + chunk_bounds
+    low = min((lo for lo, _ in bounds), default=0)
+    top = max((hi for _, hi in bounds), default=0)
+    dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
+    small = all(lo >= 0 and hi < 2**16 for lo, hi in chunk_bounds)
+    return dtype, np.uint16 if small else dtype
+
+
+def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
+    """``plan`` with int32 arrays where every value fits (chunk numbers uint16, see
+    :func:`_plan_dtypes`) and chunks as :class:`ChunkList`: it is computed once before the
+    workers fork and shared by them (~11 instead of ~32 bytes a sample). Arrays that were one
+    object stay one object. ``keep``: the slots to keep (the others become empty; so do the
+    plan ids, which only whole-plan reports use)."""
+    kept = range(len(plan.slot_rows)) if keep is None else keep
+    dtype, emit_dtype = _plan_dtypes(
+        [a for field in (plan.slot_rows, plan.slot_ids) for i, a in enumerate(field) if i in kept],
+        [a for i, a in enumerate(plan.slot_emit_chunk) if i in kept],
+    )
+    done: dict[tuple[int, Any], np.ndarray[Any, Any]] = {}
+    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
+
+    def small(i: int, a: np.ndarray[Any, Any], to: Any = dtype) -> np.ndarray[Any, Any]:
+        if i not in kept:
+            return none
+        if (id(a), to) not in done:
+            done[id(a), to] = a.astype(to, copy=False)
+        return done[id(a), to]
+
+    chunks = [ChunkList(c if i in kept else []) for i, c in enumerate(plan.slot_chunks)]
+    return replace(
+        plan,
+        slot_rows=[small(i, a) for i, a in enumerate(plan.slot_rows)],
+        slot_emit_chunk=[small(i, a, emit_dtype) for i, a in enumerate(plan.slot_emit_chunk)],
+        # Epoch positions of the emits: nothing reads them from a rank's cached plan.
+        slot_ids=[small(i, a) if keep is None else none for i, a in enumerate(plan.slot_ids)],
+        slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
+        # A sequence of arrays, as the readers use it (ReadPlan's annotation says list).
+        slot_chunks=cast(list[list[IntArrayT]], chunks),
+    )
+
+
+PLAN_ENTRY = "loader-plan/1"
+
+
+def plan_arrays(plan: ReadPlan) -> DerivedArrays:
+    """A whole plan (all slots, no plan ids) as a derived-arrays entry of the catalog cache."""
+    whole = compact_plan(plan)
+    arrays: dict[str, np.ndarray[Any, Any]] = {}
+    for i in range(len(whole.slot_rows)):
+        chunks = cast(ChunkList, whole.slot_chunks[i])
+        arrays[f"rows{i}"] = whole.slot_rows[i]
+        arrays[f"emit{i}"] = whole.slot_emit_chunk[i]
+        arrays[f"valid{i}"] = whole.slot_valid[i]
+        arrays[f"flat{i}"] = chunks.flat
+        arrays[f"bounds{i}"] = chunks.bounds
+    doc = {
+        "steps": whole.steps,
+        "samples": whole.samples,
+        "replays": whole.replays,
+        "slots": len(whole.slot_rows),
+    }
+    return doc, arrays
+
+
+def plan_from_arrays(
+    layout: Layout, doc: dict[str, Any], arrays: dict[str, np.ndarray[Any, Any]], keep: range
+) -> ReadPlan:
+    """The rank's plan of :func:`plan_arrays`' entry: its slots, the others' empty; integer
+    arrays in the dtype :func:`compact_plan` would give them (views where it is the same)."""
+    slots = int(doc["slots"])
+    kept = [i for i in range(slots) if i in keep]
+    dtype, emit_dtype = _plan_dtypes(
+        [arrays[f"rows{i}"] for i in kept], [arrays[f"emit{i}"] for i in kept]
+    )
+    none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
+
+    def slot(name: str, i: int, to: Any = dtype) -> np.ndarray[Any, Any]:
+        return arrays[f"{name}{i}"].astype(to, copy=False) if i in keep else none
+
+    chunks = [
+        ChunkList.from_flat(arrays[f"flat{i}"], arrays[f"bounds{i}"])
+        if i in keep
+        else ChunkList([])
+        for i in range(slots)
+    ]
+    return ReadPlan(
+        layout,
+        int(doc["steps"]),
+        int(doc["samples"]),
+        int(doc["replays"]),
+        slot_rows=[slot("rows", i) for i in range(slots)],
+        slot_chunks=cast(list[list[IntArrayT]], chunks),
+        slot_emit_chunk=[slot("emit", i, emit_dtype) for i in range(slots)],
+        slot_valid=[arrays[f"valid{i}"] if i in keep else np.zeros(0, bool) for i in range(slots)],
+        slot_ids=[none] * slots,
+    )
+
+
+def rank_plan(
+    whole: Callable[[], ReadPlan], key: Mapping[str, Any], layout: Layout, mine: range
+) -> ReadPlan:
+    """The slots ``mine`` of the plan ``whole()`` computes. With the node-local catalog cache
+    on, the whole plan is a derived file keyed by ``key`` (everything it depends on): the
+    node's first rank computes and writes it, the others (and later runs) map their slots."""
+    cache = catalog_cache()
+    if cache is None:
+        return compact_plan(whole(), keep=mine)
+    what = json.dumps({"entry": PLAN_ENTRY, **key}, sort_keys=True)
+    made = cache.fetch_arrays(what, lambda: plan_arrays(whole()))
+    return plan_from_arrays(layout, *made, keep=mine)
