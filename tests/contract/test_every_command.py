@@ -378,3 +378,27 @@ def test_remove_prune_gc(world: World) -> None:
     assert [v.split("@")[0] for v in gc["live_versions"]] == ["v1", "v2", "v3"]
     assert root.gc(grace_s=0, dry_run=True).garbage == []
     assert [v.tag for v in root.versions()] == ["v1", "v2", "v3"]
+
+
+# After remove/prune/gc: it gives every tag a new hash.
+def test_forget(world: World) -> None:
+    root = world.open()
+    keys = sorted(root.dataset("v1").manifests(columns=["key"]).column("key").to_pylist())
+    keyfile = world.tmp / "forget.txt"
+    keyfile.write_text(keys[0] + "\n")
+    dry = world.cli(
+        "forget", world.url, "--keys", str(keyfile), "--reason", "r", "--dry-run", "--json"
+    )
+    assert dry["dry_run"] and [v["tag"] for v in dry["versions"]] == ["v1", "v2", "v3"]
+    doc = world.cli(
+        "forget", world.url, "--keys", str(keyfile), "--reason", "r", "--executor=thread", "--json"
+    )
+    assert doc["keys"] == 1 and len(doc["versions"]) == 3 and doc["deleted"] > 0
+    report = root.forget(keys=[keys[1]], reason="r", **SMALL)
+    assert report.keys == 1 and report.forget_id
+    for tag in ("v1", "v2", "v3"):
+        left = set(root.dataset(tag).manifests(columns=["key"]).column("key").to_pylist())
+        assert not left & {keys[0], keys[1]}
+    check = world.cli("forget", "--check", world.url, "--json")
+    assert check["ok"] and len(check["forgets"]) == 2
+    assert root.check_forget(report.forget_id).ok

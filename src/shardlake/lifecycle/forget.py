@@ -60,7 +60,7 @@ from ..format.manifest import ManifestMeta, parse_manifest, write_manifest
 from ..format.tar import ShardWriter, iter_members
 from ..meta.catalog import load_catalog, publish_catalog
 from ..meta.commits import commit_state, read_state
-from ..meta.keysets import Keyset, list_keysets, read_key_list, redact_keyset
+from ..meta.keysets import Keyset, list_keysets, read_key_list, redact_keyset, reindex_keysets
 from ..meta.publish import build_version_doc
 from ..meta.rootmarker import require_root
 from ..meta.state import RootState, canonical_json, hash_bytes, utc_now
@@ -810,6 +810,8 @@ def _complete(store: Store, receipt: Mapping[str, Any]) -> list[str]:
         version = load_version_by_hash(store, tag, new_hash)
         drop = {k for k in keyset.keys if salted(salt, k) in gone}
         redact_keyset(store, keyset, version, drop)
+    # A kill between a keyset's rewrite and its index refresh leaves index.json behind.
+    reindex_keysets(store)
     deleted = []
     for key in receipt["superseded"]:
         store.delete(key)  # a missing key is not an error

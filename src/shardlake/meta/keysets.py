@@ -38,7 +38,7 @@ from ..read.verified import read_verified
 from ..source import pathlists
 from ..store import Store
 from .commits import read_state, refresh_index
-from .rootindex import check_indexed, indexed_keyset
+from .rootindex import check_indexed, indexed_keyset, write_index
 from .rootmarker import ensure_root, require_root
 from .state import canonical_json, utc_now
 from .versions import StoredVersion
@@ -56,6 +56,7 @@ __all__ = [
     "publish_keyset",
     "read_key_list",
     "redact_keyset",
+    "reindex_keysets",
     "referenced_versions",
     "tombstone_key",
 ]
@@ -224,8 +225,13 @@ def redact_keyset(
     data = _encode(keyset.name, rows, version, keyset.dataset_id, recipe, keyset.rebased_from)
     key = keyset_key(keyset.name)
     store.write(key, data)
-    refresh_index(store)
+    reindex_keysets(store)
     return decode_keyset(data, keyset.name, store.key_url(key))
+
+
+def reindex_keysets(store: Store) -> None:
+    """Rewrite ``index.json`` hashing every keyset again (after one was rewritten in place)."""
+    write_index(store, read_state(store), rehash=True)
 
 
 # The keyset's digest over its own content (docs/format.md, "Integrity"); older keysets lack it.

@@ -137,13 +137,16 @@ def build_index(
     )
 
 
-def write_index(store: Store, state: RootState, *, strict: bool = False) -> RootIndex | None:
+def write_index(
+    store: Store, state: RootState, *, strict: bool = False, rehash: bool = False
+) -> RootIndex | None:
     """Rewrite ``index.json`` for the commit of ``state`` (atomic overwrite; unchanged content
     is not rewritten). An index already naming a later commit keeps that commit's state.
 
     The commit is what publishes; the index only mirrors it. So a failure here is logged with
     the fix (``shardlake index ROOT``) unless ``strict`` (the upgrade command) - readers over
-    HTTP probe past a stale index for later commits, and ``scrub`` reports it."""
+    HTTP probe past a stale index for later commits, and ``scrub`` reports it. ``rehash``:
+    hash every keyset again (an unchanged size is otherwise taken as an unchanged keyset)."""
     try:
         try:
             previous = read_index(store)
@@ -153,7 +156,8 @@ def write_index(store: Store, state: RootState, *, strict: bool = False) -> Root
         if previous is not None and previous.commit > seq:
             seq, versions = previous.commit, dict(previous.versions)
             retired, latest = previous.retired, previous.latest
-        index = build_index(store, seq, versions, retired, latest, previous)
+        # rehash: a keyset was rewritten in place (forget), so its size proves nothing.
+        index = build_index(store, seq, versions, retired, latest, None if rehash else previous)
         if previous is not None and previous.same_content(index):
             return previous
         store.write(ROOT_INDEX, index.to_bytes())
