@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from support.pack import assert_consistent, make_source, read_all, small_frame
+from support.pack import assert_consistent, make_source, read_all, small_frame, write_npz
 
 import shardlake
 import shardlake.pack.build as build_mod
@@ -257,3 +257,32 @@ def test_revision_holding_only_a_removal_manifest_is_rebuilt(tmp_path: Path) -> 
     assert v3.samples == v1.samples
     assert sorted(read_all(store, v3)) == sorted(read_all(store, v1))
     assert_consistent(store)
+
+
+@pytest.mark.parametrize("edit", ["none", "unrelated file", "other partition"])
+def test_pack_base_over_a_removal_mirrors_the_source_whatever_else_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], edit: str
+) -> None:
+    """`pack --base` over a `remove`-made version holds what the source tree holds: a removed
+    sample whose file is still there comes back, with or without unrelated edits (issue #43),
+    and `verify --source` passes. The partition is rebuilt from its existing revision."""
+    from shardlake.cli.main import main
+
+    src = corpus(tmp_path / "src")
+    root = str(tmp_path / "root")
+    r = shardlake.open(root)
+    v1 = r.pack(src, tag="v1", executor="inline").record
+    r.remove("v2", base="v1", keys=["logA/logA_0"])
+    if edit == "unrelated file":
+        write_npz(src / "logA" / "logA_1.npz", small_frame(99))
+    elif edit == "other partition":
+        write_npz(src / "logB" / "logB_1.npz", small_frame(98))
+    report = r.pack(src, tag="v3", base="v2", executor="inline")
+    keys = r.dataset("v3").keys()
+    assert "logA/logA_0" in keys
+    assert report.version.samples == v1.samples
+    assert main(["verify", root, "--source", str(src), "--version", "v3"]) == 0
+    capsys.readouterr()
+    if edit != "unrelated file":  # logA's files are unchanged: its revision is v1's again
+        logA = {e.path: e for e in v1.entries}["logA"]
+        assert {e.path: e for e in r.dataset("v3").entries}["logA"].manifest == logA.manifest

@@ -21,7 +21,7 @@ from ..meta.versions import StoredVersion, load_version
 from ..source.pathlists import PathEntry, source_npz_paths
 from ..source.tree import PartitionRule, SourceTree, discover, read_path_list
 from ..store import Store
-from .build import BuildTask, Recipe
+from .build import BuildTask, Recipe, manifest_revision
 from .options import PackOptions
 
 __all__ = [
@@ -236,7 +236,12 @@ def plan_builds(
     )
     for part in tree.partitions.values():
         old = base_parts.get(part.id)
-        if reusable and old is not None and old.source_fingerprint == part.fingerprint():
+        if (
+            reusable
+            and old is not None
+            and old.source_fingerprint == part.fingerprint()
+            and _whole(old)
+        ):
             plan.entries[part.id] = old
             plan.reused.append(part.path)
         else:
@@ -251,3 +256,11 @@ def plan_builds(
         else:
             plan.dropped.append(old.path)
     return plan
+
+
+def _whole(entry: PartitionEntry) -> bool:
+    """Whether ``entry`` holds every sample its revision was packed with (its manifest is the
+    revision's own). A subset manifest (``remove``, ``forget``) is not reused on an unchanged
+    fingerprint: pack mirrors the source tree, so the partition is rebuilt from its files
+    (cheap: the revision's shards and full manifest are found and reused)."""
+    return entry.manifest_rev == manifest_revision(entry.data_rev, entry.meta_rev)
