@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from shardlake.torch.mixing import batch_mixing
-from shardlake.torch.plan import Layout, PlanParams, Rows, plan_leg
+from shardlake.torch.plan import plan_leg
+from shardlake.torch.plan_types import Layout, PlanParams, Rows
 
 
 def corpus(counts: list[int]) -> tuple[Rows, np.ndarray]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from shardlake.torch import ShardDataset
-from shardlake.torch.plan import selection_digest
+from shardlake.torch.plan_types import selection_digest
 from shardlake.torch.reader import RowTable, SlotReader
 from shardlake.torch.strings import StringColumn, key_digest
 

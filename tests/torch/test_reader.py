@@ -137,7 +137,7 @@ def test_checksummed_frames_get_no_separate_crc_pass(
 def test_request_bytes_sets_the_chunk_size_and_plan_shape_1_caps_it(
     corpus: tuple[Path, Path],
 ) -> None:
-    from shardlake.torch.plan import DEFAULT_CHUNK_SIZE
+    from shardlake.torch.plan_types import DEFAULT_CHUNK_SIZE
 
     _, root = corpus
     ds = ShardDataset(str(root), batch_size=4)

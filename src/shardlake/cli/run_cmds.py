@@ -54,7 +54,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _mixing(args: argparse.Namespace) -> int:
     from ..tools.bench.mixing import mixing_summary
-    from ..torch.plan import DEFAULT_MAX_PAD_FRACTION
+    from ..torch.plan_types import DEFAULT_MAX_PAD_FRACTION
 
     ds = (
         open_root(args)

@@ -11,7 +11,8 @@ from .ddp import masked_mean, masked_sum
 from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
 from .options import LoaderOptions
-from .plan import Cursor, Layout, Leg, LegPlan, PlanParams, Rows, plan_epoch, plan_leg
+from .plan import plan_epoch, plan_leg
+from .plan_types import Cursor, Layout, Leg, LegPlan, PlanParams, Rows
 from .sources import MixMember
 from .splits import train_valid
 

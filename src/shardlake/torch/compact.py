@@ -13,7 +13,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..read.catalog_cache import DerivedArrays, catalog_cache
-from .plan import Layout, ReadPlan
+from .plan_types import Layout, ReadPlan
 from .reader import ChunkList
 
 __all__ = [

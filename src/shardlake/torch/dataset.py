@@ -32,11 +32,12 @@ from .compact import compact_plan, rank_plan
 from .ddp import rank_and_world
 from .heap import trim_heap
 from .options import LoaderOptions
-from .plan import (
+from .plan import SHAPE1_INTERLEAVE, plan_epoch
+from .plan_batches import plan_torch_leg
+from .plan_types import (
     DEFAULT_INTERLEAVE,
     MIN_SLOT_RUNS,
     PLAN_SHAPE,
-    SHAPE1_INTERLEAVE,
     Cursor,
     Layout,
     Leg,
@@ -44,8 +45,6 @@ from .plan import (
     PlanParams,
     ReadPlan,
     Rows,
-    plan_epoch,
-    plan_torch_leg,
     resolve,
 )
 from .reader import SlotReader, iter_ints, request_chunk_size, selection_members

@@ -1,4 +1,4 @@
-"""``ShardLoader``: the training loop's loader. It owns a :class:`~shardlake.torch.plan.Cursor`,
+"""``ShardLoader``: the training loop's loader. It owns a :class:`~shardlake.torch.plan_types.Cursor`,
 batches inside the DataLoader workers, resumes exactly (torch.distributed.checkpoint's
 ``Stateful``) and keeps DDP ranks in step (:mod:`shardlake.torch.ddp`)."""
 
@@ -19,7 +19,7 @@ from ..errors import PlanError, UsageError
 from .collate import BUFFER_KEY, BufferPool, LocalBufferPool
 from .ddp import RankSync, distributed
 from .options import check_engine
-from .plan import Cursor, Layout, Leg
+from .plan_types import Cursor, Layout, Leg
 from .threads import ThreadBatches, batch_buffers, default_threads
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import UsageError, build_options, options_class
 from ..read.options import ReadOptions
-from .plan import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER, ORDERS
+from .plan_types import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER, ORDERS
 
 __all__ = [
     "ENGINES",

@@ -38,7 +38,7 @@ from ..format.codec import frame_has_checksum, payload_checksum
 from ..read.cache import EpochCache
 from ..read.options import DEFAULT_REQUEST_BYTES, ReadOptions
 from ..store import Store
-from .plan import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
+from .plan_types import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
 
 __all__ = [
     "ChunkList",

@@ -147,7 +147,7 @@ DIGEST_BLOCK = 1 << 16  # keys hashed per block: bounds the digest's scratch mem
 
 
 def key_digest(keys: pa.Array | pa.ChunkedArray, breaks: IntArray | None = None) -> str:
-    """:func:`shardlake.torch.plan.selection_digest` of an Arrow key column, computed in bulk:
+    """:func:`shardlake.torch.plan_types.selection_digest` of an Arrow key column, computed in bulk:
     sha256 over the keys in sorted order, each as 8-byte little-endian length then UTF-8.
 
     Catalog rows come as sorted runs (one per partition, whose keys share its path), so the

@@ -30,7 +30,7 @@ import torch
 
 from .collate import BatchJob, LocalBufferPool
 from .heap import trim_heap
-from .plan import Cursor, Layout
+from .plan_types import Cursor, Layout
 
 if TYPE_CHECKING:
     from .batches import SlotBatches

@@ -103,7 +103,7 @@ def bench_load(
         )
         return both
     from ...torch import ShardDataset
-    from ...torch.plan import DEFAULT_MAX_PAD_FRACTION
+    from ...torch.plan_types import DEFAULT_MAX_PAD_FRACTION
     from .mixing import mixing_summary
 
     _check_options(batch_size, num_workers, epochs, max_batches)
