@@ -62,6 +62,19 @@ class ConflictError(ShardlakeError, FileExistsError):
     """Another writer got there first (name taken, commit sequence advanced); re-run to retry."""
 
 
+class ObjectsGoneError(ConflictError):
+    """Objects a run wrote (or reused) were removed before it published, by gc: the message
+    names the gc's grace and the run's lease; nothing was published; re-run."""
+
+    def __init__(self, *args: object, missing: Sequence[str] = (), **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.missing: tuple[str, ...] = tuple(missing)
+
+
+class GcHoldsRootError(ConflictError):
+    """A gc held the root longer than the run's retry deadline; nothing was committed."""
+
+
 # --- usage and input -------------------------------------------------------------------------
 
 
@@ -265,11 +278,13 @@ __all__ = [
     "CredentialsRejectedError",
     "EndpointError",
     "FormatError",
+    "GcHoldsRootError",
     "IntegrityError",
     "InvalidKeyError",
     "InvalidURLError",
     "KeyNotFoundError",
     "NotFoundError",
+    "ObjectsGoneError",
     "OutcomeUnknownError",
     "PackWorkerError",
     "PlanError",

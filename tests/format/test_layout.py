@@ -26,6 +26,7 @@ def test_owned_names_are_the_documented_shapes() -> None:
         "catalog/versions/v1/0123456789abcdef.json",
         "commits/000000000001.json",
         "keysets/train.parquet",
+        "leases/0123456789abcdef0123456789abcdef.json",
         "_shardlake/probe/abc",
     ]
     assert all(is_owned_key(k) for k in owned)

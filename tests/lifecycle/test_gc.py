@@ -15,7 +15,13 @@ from support.lifecycle import pack_small
 import shardlake
 from shardlake import Store, open_store
 from shardlake.cli.main import main
-from shardlake.errors import ConflictError, FormatError, KeyNotFoundError, PackWorkerError
+from shardlake.errors import (
+    ConflictError,
+    FormatError,
+    GcHoldsRootError,
+    KeyNotFoundError,
+    PackWorkerError,
+)
 from shardlake.format.layout import COMMITS_DIR, ROOT_INDEX, ROOT_MARKER, commit_key
 from shardlake.lifecycle.common import version_closure
 from shardlake.lifecycle.gc import parse_duration
@@ -258,11 +264,14 @@ def test_gc_racing_pack_never_deletes_what_the_new_version_references(tmp_path: 
         assert sum(gc_deleted) > 0, gc_deleted
 
 
-def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
+def test_publishing_is_refused_while_gc_holds_the_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from shardlake.format.documents import GcLock
     from shardlake.meta.commits import commit_state
     from shardlake.meta.state import RootState
 
+    monkeypatch.setenv("SHARDLAKE_RETRY_DEADLINE", "1")  # how long a publish waits for gc
     location = StoreLocation("local", str(tmp_path / "root"))
     src = tmp_path / "src"
     synth_corpus(src, 2, 2, seed=25, neighbors=2, lanes=4)
@@ -273,9 +282,9 @@ def test_publishing_is_refused_while_gc_holds_the_lock(tmp_path: Path) -> None:
     lock = GcLock(id="test", expires_at=time.time() + 600)
     locked = RootState(state.seq + 1, state.versions, state.retired, state.latest, lock)
     commit_state(store, state, locked, "gc-lock", {})
-    with pytest.raises(ConflictError, match="gc is deleting"):
+    with pytest.raises(GcHoldsRootError, match="gc holds the root until .* past this run's"):
         shardlake.open(store).remove("v2", keys=[keys[0]])
-    with pytest.raises(ConflictError, match="gc holds the root until"):
+    with pytest.raises(GcHoldsRootError, match="gc holds the root until"):
         store.write("data/junk/x/shard-000000.tar", b"x")
         shardlake.open(store).gc(grace_s=0)
     # Retiring keeps the lock (it references nothing new); readers are unaffected.

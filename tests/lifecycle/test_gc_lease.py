@@ -4,6 +4,7 @@ or is broken by the operator, and a publish racing a live gc is refused with the
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -14,8 +15,8 @@ from support.lifecycle import pack_small
 import shardlake
 from shardlake import Store
 from shardlake.cli.main import main
-from shardlake.errors import AlreadyExistsError, ConflictError
-from shardlake.format.layout import COMMITS_DIR
+from shardlake.errors import AlreadyExistsError, ConflictError, GcHoldsRootError
+from shardlake.format.layout import COMMITS_DIR, commit_key
 from shardlake.lifecycle.gc import new_lock
 from shardlake.meta.commits import commit_state, read_commit, read_state
 from shardlake.meta.state import RootState
@@ -63,15 +64,21 @@ def test_lost_reply_on_gcs_own_lock_is_settled_by_reading_back(tmp_path: Path) -
     assert lock is not None and "pid" in lock.owner and lock.expires_at > time.time()
 
 
-def test_dead_holders_lock_expires_and_a_live_one_refuses_publishes(tmp_path: Path) -> None:
+def test_dead_holders_lock_expires_and_a_live_one_outlasting_the_deadline_fails_publishes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SHARDLAKE_RETRY_DEADLINE", "1")  # how long a publish waits for gc
     location = _root(tmp_path)
     store = location.open()
     src = tmp_path / "src"
     _hold(store, 600)
-    with pytest.raises(ConflictError, match=r"gc holds the root until .* \(owner alice@host"):
+    started = time.monotonic()
+    past = r"gc holds the root until .* \(owner alice@host pid 1\), and it held the root past"
+    with pytest.raises(GcHoldsRootError, match=past + r" this run's retry deadline \(1s waited"):
         pack_small(location, src, tag="v2")
+    assert 1 <= time.monotonic() - started < 30  # it waited for the lease, then gave up
     assert "v2" not in read_state(store).versions
-    with pytest.raises(ConflictError, match="gc holds the root until"):
+    with pytest.raises(GcHoldsRootError, match=past):
         store.write(JUNK, b"x")
         shardlake.open(store).gc(grace_s=0)
     # The holder died: once its lease has expired the next gc takes the root over.
@@ -81,26 +88,37 @@ def test_dead_holders_lock_expires_and_a_live_one_refuses_publishes(tmp_path: Pa
     assert read_state(store).latest == "v2"
 
 
-def test_publish_racing_a_live_gc_is_refused(tmp_path: Path) -> None:
+def test_publish_racing_a_live_gc_waits_for_it(tmp_path: Path) -> None:
     location = _root(tmp_path)
     src = tmp_path / "src"
     outcome: list[str] = []
+    threads: list[threading.Thread] = []
+
+    def run_pack() -> None:
+        try:
+            pack_small(location, src, tag="v2")
+            outcome.append("published")
+        except ConflictError as exc:  # pragma: no cover - the failure the test looks for
+            outcome.append(str(exc))
 
     class PackDuringDelete(Store):
         def delete(self, key: str) -> None:
-            if key == JUNK and not outcome:  # a deletion under the lock (not the probe)
-                try:
-                    pack_small(location, src, tag="v2")
-                    outcome.append("published")
-                except ConflictError as exc:
-                    outcome.append(str(exc))
+            if key == JUNK and not threads:  # a deletion under the lock (not the probe)
+                threads.append(threading.Thread(target=run_pack))
+                threads[0].start()
+                time.sleep(1.0)  # the pack reaches its publish and finds the lock
             super().delete(key)
 
     store = PackDuringDelete(location.url)
     store.write(JUNK, b"x")
     assert [o.key for o in shardlake.open(store).gc(grace_s=0).garbage] == [JUNK]
-    assert len(outcome) == 1 and "gc holds the root until" in outcome[0]
-    assert "v2" not in read_state(store).versions
+    threads[0].join(60)
+    assert outcome == ["published"]
+    state = read_state(store)
+    assert state.latest == "v2"
+    # It published after gc's unlock, never under the lock.
+    ops = [json.loads(store.read(commit_key(seq)))["op"] for seq in range(1, state.seq + 1)]
+    assert ops[-3:] == ["gc-lock", "gc-unlock", "publish"], ops
 
 
 def test_break_lock_cli(

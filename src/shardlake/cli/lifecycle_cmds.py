@@ -221,6 +221,15 @@ def _print_gc(args: argparse.Namespace, report: GcReport) -> None:
         f"staging leftover(s) younger than {args.grace}; {report.referenced} referenced by "
         f"{len(report.live_versions)} version(s)"
     )
+    for lease in report.leases:
+        print(f"live {lease.describe()}: its objects are kept")
+    if report.leases:
+        print(
+            f"kept {len(report.leased)} object(s) and {len(report.leased_leftovers)} staging "
+            f"leftover(s) of {len(report.leases)} running writer(s) (live leases), at any grace"
+        )
+    for lease in report.lapsed_leases:
+        print(f"{'would remove' if args.dry_run else 'removed'} lapsed {lease.describe()}")
     if report.foreign:
         shown = ", ".join(info.key for info in report.foreign[:5])
         more = ", ..." if len(report.foreign) > 5 else ""
@@ -394,8 +403,9 @@ COMMANDS = (
         help="delete objects no live version or keyset references",
         description="Delete unreferenced shards, manifests, version documents and staging "
         "leftovers older than the grace period. Only names shardlake writes are candidates: "
-        "foreign objects under the root are counted and shown, never deleted. Writers that "
-        "started before gc must re-run their publish (they get a clear conflict error).",
+        "foreign objects under the root are counted and shown, never deleted. What a running "
+        "writer's live lease covers is kept at any grace (--dry-run lists the leases); "
+        "publishes wait while gc holds the root.",
     ),
     Command("scrub", cmd_scrub, _scrub_flags, help="re-read every payload and check its checksums"),
     Command(

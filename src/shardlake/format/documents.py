@@ -1,4 +1,5 @@
-"""Typed on-disk documents: version record, partition and shard entries, commit record, gc lock.
+"""Typed on-disk documents: version record, partition and shard entries, commit record, gc lock,
+writer lease.
 
 Each document is parsed and validated once here (``from_json``) into a frozen dataclass, and
 written back with ``to_json``; a malformed document is refused with one :class:`FormatError`
@@ -19,7 +20,9 @@ __all__ = [
     "COMMIT_SCHEMA",
     "VERSION_SCHEMA",
     "CommitRecord",
+    "LEASE_SCHEMA",
     "GcLock",
+    "LeaseRecord",
     "PartitionEntry",
     "ShardEntry",
     "VersionHeader",
@@ -30,6 +33,7 @@ VERSION_SCHEMA_1 = "shardlake.version/1"  # partitions listed inline (format 1)
 VERSION_SCHEMA = "shardlake.version/2"  # partitions in the catalog the record references
 VERSION_SCHEMAS = (VERSION_SCHEMA_1, VERSION_SCHEMA)
 COMMIT_SCHEMA = "shardlake.commit/1"
+LEASE_SCHEMA = "shardlake.lease/1"
 
 
 def _obj(value: Any, where: str, what: str) -> Mapping[str, Any]:
@@ -349,6 +353,64 @@ class GcLock:
         until = datetime.fromtimestamp(self.expires_at, timezone.utc)
         owner = f" (owner {self.owner})" if self.owner else ""
         return f"gc holds the root until {until.isoformat(timespec='seconds')}{owner}"
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """``leases/<id>.json``: a running writer's lease. gc keeps every object whose key is in
+    ``covers`` or starts with a ``covers`` entry ending in ``/``, until ``expires_at``."""
+
+    id: str
+    owner: str  # user@host pid N, for operators
+    op: str  # pack, write, write_bag, import-wds, export, remove
+    created_at: str  # UTC, ISO 8601
+    expires_at: float  # seconds since the epoch; the holder renews it while it runs
+    ttl_s: float
+    covers: tuple[str, ...]  # key prefixes ending in "/", or whole keys
+    tag: str | None = None  # the version the holder will publish, if known
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str) -> LeaseRecord:
+        doc = _obj(doc, where, "lease")
+        if doc.get("format") != LEASE_SCHEMA:
+            raise FormatError(f"{where}: not a lease record (format {doc.get('format')!r})")
+        covers = _field(doc, "covers", list, where)
+        if not all(isinstance(c, str) and c for c in covers):
+            raise FormatError(f"{where}: field 'covers' must list non-empty strings")
+        return cls(
+            id=_field(doc, "id", str, where),
+            owner=_field(doc, "owner", str, where),
+            op=_field(doc, "op", str, where),
+            created_at=_field(doc, "created_at", str, where),
+            expires_at=float(_field(doc, "expires_at", (int, float), where)),
+            ttl_s=float(_field(doc, "ttl_s", (int, float), where)),
+            covers=tuple(covers),
+            tag=_optional(doc, "tag", str, where),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": LEASE_SCHEMA,
+            "id": self.id,
+            "owner": self.owner,
+            "op": self.op,
+            "tag": self.tag,
+            "created_at": self.created_at,
+            "expires_at": self.expires_at,
+            "ttl_s": self.ttl_s,
+            "covers": list(self.covers),
+        }
+
+    def live(self, now: float) -> bool:
+        return self.expires_at > now
+
+    def describe(self) -> str:
+        """``lease <id> (pack of v2 by user@host pid 7, until <UTC time>)``, for messages."""
+        until = datetime.fromtimestamp(self.expires_at, timezone.utc)
+        what = f"{self.op} of {self.tag}" if self.tag else self.op
+        return (
+            f"lease {self.id} ({what} by {self.owner}, until {until.isoformat(timespec='seconds')})"
+        )
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@
     commits/<seq:012d>.json                          commit log; the highest seq is "latest"
     keysets/<name>.parquet                           keysets (immutable, create-if-absent)
     receipts/<forget_id>.json                        forget receipts (never deleted by gc)
+    leases/<id>.json                                 a running writer's lease (what gc must keep)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ __all__ = [
     "DATA_DIR",
     "FORMAT_VERSION",
     "KEYSETS_DIR",
+    "LEASES_DIR",
     "MEMBER_SUFFIX",
     "PROBE_DIR",
     "RECORD_FORMAT_VERSION",
@@ -39,6 +41,7 @@ __all__ = [
     "escape_member_key",
     "is_owned_key",
     "keyset_key",
+    "lease_key",
     "manifest_key",
     "member_name",
     "natural_key",
@@ -63,6 +66,7 @@ DATA_DIR = "data"
 VERSIONS_DIR = "versions"
 COMMITS_DIR = "commits"
 KEYSETS_DIR = "keysets"
+LEASES_DIR = "leases"
 RECEIPTS_DIR = "receipts"
 PROBE_DIR = "_shardlake"
 
@@ -84,6 +88,7 @@ _OWNED_RE = re.compile(
             rf"{COMMITS_DIR}/\d{{12}}\.json",
             rf"{KEYSETS_DIR}/{_NAME}\.(?:parquet|json)",
             rf"{RECEIPTS_DIR}/[0-9a-f]{{32}}\.json",
+            rf"{LEASES_DIR}/[0-9a-f]{{32}}\.json",
             rf"{PROBE_DIR}/.+",
         )
     )
@@ -158,6 +163,10 @@ def commit_seq(key: str) -> int | None:
 
 def keyset_key(name: str) -> str:
     return f"{KEYSETS_DIR}/{name}.parquet"
+
+
+def lease_key(lease_id: str) -> str:
+    return f"{LEASES_DIR}/{lease_id}.json"
 
 
 def receipt_key(forget_id: str) -> str:

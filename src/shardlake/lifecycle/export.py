@@ -40,10 +40,12 @@ from ..errors import (
 from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry, ShardEntry
-from ..format.layout import ROOT_MARKER, keyset_key, version_key
+from ..format.layout import ROOT_MARKER, keyset_key, revision_dir, version_key
 from ..format.manifest import entry_mismatches, parse_manifest
 from ..meta.commits import commit_state, read_state
+from ..meta.gcwait import commit_beside_gc
 from ..meta.keysets import Keyset, list_keyset_names, load_keyset, load_keyset_bytes
+from ..meta.leases import Lease
 from ..meta.rootmarker import check_foreign, ensure_root, parse_root_marker, read_root_marker
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version, load_version_bytes, resolve_tag
@@ -322,10 +324,9 @@ def export_version(src: Store, dest: Store, version: str, options: ExportOptions
 
     Partitions are copied by one task each on ``options.executor`` (default: ``workers``
     threads)."""
-    keysets, progress, allow_foreign = options.keysets, options.progress, options.allow_foreign
-    executor, workers = options.executor, options.workers
+    keysets, allow_foreign = options.keysets, options.allow_foreign
     dest.require_writable("export into it")
-    spec = executor_for(dest, executor_for(src, executor, "exported"), "exported")
+    spec = executor_for(dest, executor_for(src, options.executor, "exported"), "exported")
     src_marker, marker_bytes = _read_marker(src)
     ver, doc_bytes = load_version_bytes(src, *resolve_tag(src, version))
     chosen = _select_keysets(src, ver.hash, keysets)
@@ -336,6 +337,23 @@ def export_version(src: Store, dest: Store, version: str, options: ExportOptions
     with contextlib.suppress(AlreadyExistsError):
         dest.create(ROOT_MARKER, marker_bytes)
     ensure_root(dest, dataset_id=str(src_marker["dataset_id"]), allow_foreign=True)
+    # gc at the destination keeps what this export copies until it is committed.
+    covers = [revision_dir(e.id, e.data_rev) + "/" for e in ver.entries]
+    covers += [ref.key for ref in ver.catalog_objects()] + [version_key(ver.tag, ver.hash)]
+    with Lease(dest, "export", tag=ver.tag, covers=covers):
+        return _copy_and_commit(src, dest, ver, doc_bytes, chosen, spec, options)
+
+
+def _copy_and_commit(
+    src: Store,
+    dest: Store,
+    ver: StoredVersion,
+    doc_bytes: bytes,
+    chosen: list[tuple[Keyset, bytes]],
+    spec: ExecutorSpec,
+    options: ExportOptions,
+) -> ExportReport:
+    progress, workers = options.progress, options.workers
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
     entries = ver.entries
     bar = shards_progress(entries, "export", progress)
@@ -360,7 +378,12 @@ def export_version(src: Store, dest: Store, version: str, options: ExportOptions
     for ref in ver.catalog_objects():  # before the record that references them
         _put_verified(dest, ref.key, _source_catalog_object(src, ref), report)
     _put_verified(dest, version_key(ver.tag, ver.hash), doc_bytes, report)
-    report.committed = _commit_export(src, dest, ver)
+    report.committed = commit_beside_gc(
+        dest,
+        read_state(dest),
+        lambda _current: _commit_export(src, dest, ver),
+        what="nothing was committed - re-run the export (the verified copies are kept)",
+    )
     return report
 
 

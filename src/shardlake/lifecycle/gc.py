@@ -5,8 +5,9 @@ Garbage is an object whose name has one of the shapes shardlake writes under ``d
 outside the closure of the live versions (and of versions a keyset is bound to, pruned or not),
 plus staging left by killed writers (local ``.shardlake-tmp-*`` files, unfinished S3 multipart
 uploads; see :meth:`Store.leftovers`). The root marker, the commit log, keysets and the
-capability-probe area and forget receipts are never touched. Every other object under the root is *foreign*: it is
-counted and shown, never deleted, at any grace.
+capability-probe area, forget receipts and writers' lease records (lapsed ones excepted) are
+never touched. Every other object under the root is *foreign*: it is counted and shown, never
+deleted, at any grace.
 
 Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock there is):
 
@@ -37,11 +38,7 @@ Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock
 
 from __future__ import annotations
 
-import getpass
 import math
-import os
-import re
-import socket
 import threading
 import time
 import uuid
@@ -56,20 +53,24 @@ from ..errors import (
     UsageError,
     options_class,
 )
-from ..format.documents import GcLock
+from ..format.documents import GcLock, LeaseRecord
 from ..format.layout import (
     COMMITS_DIR,
     KEYSETS_DIR,
+    LEASES_DIR,
     PROBE_DIR,
     RECEIPTS_DIR,
     ROOT_INDEX,
     ROOT_MARKER,
     is_owned_key,
+    lease_key,
 )
 from ..meta.commits import commit_state, read_commit, read_state
+from ..meta.gcwait import GcWait
 from ..meta.keysets import list_keysets, referenced_versions
+from ..meta.leases import LeaseSet, owner_name, parse_duration, read_leases
 from ..meta.rootmarker import require_root
-from ..meta.state import RootState, describe_lock, lock_holder_gone, takeover_note
+from ..meta.state import RootState, lock_holder_gone, takeover_note
 from ..meta.versions import load_version_by_hash
 from ..progress.bar import Progress
 from ..store import Leftover, ObjectInfo, Store
@@ -89,20 +90,19 @@ DEFAULT_GRACE_S = 6 * 3600.0
 LOCK_TTL_S = 60.0
 LOCK_RENEW_S = 20.0  # the holder renews this often while it works
 LOCK_MARGIN_S = 15.0  # no deletion this close to the lease's expiry
-# Forget receipts are the root's history, like the commit log: never garbage.
-_KEEP_PREFIXES = (COMMITS_DIR + "/", KEYSETS_DIR + "/", PROBE_DIR + "/", RECEIPTS_DIR + "/")
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# Forget receipts are the root's history, like the commit log: never garbage. Lease records are
+# removed only once lapsed (_drop_lapsed).
+_KEEP_PREFIXES = (
+    COMMITS_DIR + "/",
+    KEYSETS_DIR + "/",
+    PROBE_DIR + "/",
+    RECEIPTS_DIR + "/",
+    LEASES_DIR + "/",
+)
 FENCE_ATTEMPTS = 5
 FOREIGN_EXAMPLES = 5
-
-
-def parse_duration(text: str) -> float:
-    """``90``/``90s``, ``30m``, ``6h``, ``2d`` -> seconds."""
-    match = _DURATION_RE.match(str(text))
-    if not match:
-        raise UsageError(f"invalid duration {text!r}: use e.g. 90s, 30m, 6h or 2d")
-    return float(match.group(1)) * _UNITS[match.group(2)]
+# While deleting, gc re-reads the writers' leases this often (a writer that started since).
+LEASE_REFRESH_S = 2.0
 
 
 @options_class
@@ -148,6 +148,11 @@ class GcReport:
     # objects shardlake did not write (names outside docs/format.md's shapes): never deleted
     foreign: list[ObjectInfo] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # e.g. a dead holder's lock taken over
+    # writers' leases: live ones keep what they cover at any grace; lapsed records are removed
+    leases: list[LeaseRecord] = field(default_factory=list)
+    leased: list[ObjectInfo] = field(default_factory=list)  # unreferenced, kept for a lease
+    leased_leftovers: list[Leftover] = field(default_factory=list)  # staging of live writers
+    lapsed_leases: list[LeaseRecord] = field(default_factory=list)  # removed (or would be)
 
     @property
     def garbage_bytes(self) -> int:
@@ -172,6 +177,11 @@ class GcReport:
             "foreign": len(self.foreign),
             "foreign_examples": [o.key for o in self.foreign[:FOREIGN_EXAMPLES]],
             "notes": self.notes,
+            "leases": [record.to_json() for record in self.leases],
+            "kept_leased": len(self.leased),
+            "kept_leased_bytes": sum(o.size for o in self.leased),
+            "kept_leased_leftovers": len(self.leased_leftovers),
+            "lapsed_leases": [record.id for record in self.lapsed_leases],
         }
 
 
@@ -267,34 +277,86 @@ def _survey(
     found = [item for item in store.leftovers(older_than=math.inf) if _owned_leftover(store, item)]
     leftovers = [item for item in found if item.started is not None and item.started < cutoff]
     report.young_leftovers = [item for item in found if item not in leftovers]
+    # Leases are read after the listings: a writer adds a prefix to its lease before it writes
+    # under it, so every object listed above that a writer still needs is covered here.
+    leases = LeaseSet.read(store)
+    report.leases, report.lapsed_leases = leases.live, leases.lapsed
+    leftovers = _keep_leased(store, report, leftovers, leases)
     return report, leftovers, cutoff
+
+
+def _leftover_key(store: Store, leftover: Leftover) -> str:
+    prefix = store.root.rstrip("/") + "/"
+    return leftover.path[len(prefix) :] if leftover.path.startswith(prefix) else leftover.path
+
+
+def _keep_leased(
+    store: Store, report: GcReport, leftovers: list[Leftover], leases: LeaseSet
+) -> list[Leftover]:
+    """Move what a live lease covers from the garbage to ``report.leased``; the leftovers no
+    live lease covers (a writer's in-flight staging is its own)."""
+    garbage: list[ObjectInfo] = []
+    for info in report.garbage:
+        (report.leased if leases.holder(info.key) else garbage).append(info)
+    report.garbage = garbage
+    free: list[Leftover] = []
+    for item in leftovers:
+        (report.leased_leftovers if leases.holder(_leftover_key(store, item)) else free).append(
+            item
+        )
+    return free
+
+
+def _drop_lapsed(store: Store, report: GcReport) -> None:
+    """Remove lapsed lease records (read again first: a late renewal keeps its record)."""
+    if not report.lapsed_leases:
+        return
+    now = {record.id: record for record in read_leases(store)}
+    removed = []
+    for record in report.lapsed_leases:
+        current = now.get(record.id)
+        if current is None or current.live(time.time()):
+            continue
+        store.delete(lease_key(record.id))
+        removed.append(record)
+    report.lapsed_leases = removed
 
 
 def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced | GcReport:
     """Survey, then commit a gc lock on the surveyed state (re-surveying if a writer committed
-    meanwhile); the bare report when there is nothing to delete or this is a dry run."""
-    for _attempt in range(FENCE_ATTEMPTS):
+    meanwhile); the bare report when there is nothing to delete or this is a dry run. A gc that
+    deletes nothing commits nothing; one that finds another gc holding the root waits for it."""
+    gc_wait = GcWait(store)
+    attempts = 0
+    while True:
         state = read_state(store)
         require_root(store, state)  # a mistyped root is not an empty one
         report, leftovers, cutoff = _survey(store, state, grace_s, dry_run)
         if dry_run:
             report.leftovers = leftovers
             return report
+        _drop_lapsed(store, report)  # records only: no lock needed
         if not report.garbage and not leftovers:
             return report
         if state.gc_locked():
-            raise ConflictError(f"{store.url}: {describe_lock(state.gc_lock)}; re-run gc later")
+            gc_wait.until_free(state, what="this gc deleted nothing; re-run it later")
+            continue
         held = state.gc_lock
         if held is not None and held.expires_at > time.time() and lock_holder_gone(held):
             report.notes.append(takeover_note(held))
         store.ensure_create_enforced()
         lock = new_lock()
         locked = RootState(state.seq + 1, dict(state.versions), state.retired, state.latest, lock)
-        if _take_lock(store, state, locked):
+        if _take_lock(store, state, locked, grace_s):
+            # Leases taken between the survey and the lock: their writers' reuse is kept too.
+            leftovers = _keep_leased(store, report, leftovers, LeaseSet.read(store))
             return _Fenced(report, leftovers, cutoff, lock, locked)
-    raise ConflictError(
-        f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run gc later"
-    )
+        attempts += 1
+        if attempts >= FENCE_ATTEMPTS:
+            raise ConflictError(
+                f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run "
+                "gc later"
+            )
 
 
 class _Renewer:
@@ -350,6 +412,7 @@ def _delete_garbage(
     report = fenced.report
     deleted: set[str] = set()
     bar = Progress(len(report.garbage), "gc", unit="objects", enabled=progress)
+    leases, read_at = LeaseSet.read(store), time.monotonic()
     try:
         for info in sorted(report.garbage, key=_delete_order):
             bar.update()
@@ -357,6 +420,11 @@ def _delete_garbage(
                 report.incomplete = True  # never delete without a valid lock; re-run gc
                 break
             if not is_owned_key(info.key):  # never, whatever a caller put in the list
+                continue
+            if time.monotonic() - read_at > LEASE_REFRESH_S:
+                leases, read_at = LeaseSet.read(store), time.monotonic()
+            if leases.holder(info.key) is not None:  # a writer that started since the survey
+                report.leased.append(info)
                 continue
             # Re-stat right before deleting: a writer may have re-created the same deterministic
             # key (a revision rebuilt from scratch) since the listing.
@@ -370,7 +438,11 @@ def _delete_garbage(
                 continue
             store.delete(info.key)
             deleted.add(info.key)
+        leases = LeaseSet.read(store)
         for leftover in fenced.leftovers:
+            if leases.holder(_leftover_key(store, leftover)) is not None:
+                report.leased_leftovers.append(leftover)
+                continue
             store.discard_leftover(leftover)
             report.leftovers.append(leftover)
     finally:
@@ -380,18 +452,18 @@ def _delete_garbage(
 
 def new_lock(ttl_s: float = LOCK_TTL_S) -> GcLock:
     """A fresh lease: a unique id, who holds it (for operators) and when it expires."""
-    owner = f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()}"
-    return GcLock(id=uuid.uuid4().hex, expires_at=time.time() + ttl_s, owner=owner)
+    return GcLock(id=uuid.uuid4().hex, expires_at=time.time() + ttl_s, owner=owner_name())
 
 
-def _take_lock(store: Store, state: RootState, locked: RootState) -> bool:
+def _take_lock(store: Store, state: RootState, locked: RootState, grace_s: float) -> bool:
     """Commit the lock; False if another writer committed first.
 
     A create whose reply was lost is settled by reading back what is at the lock's commit: the
     lock id is unique, so finding ours there means we hold it (never refuse ourselves).
     """
     try:
-        commit_state(store, state, locked, "gc-lock", {})
+        # The grace is recorded: a writer whose objects are gone names it (meta.leases).
+        commit_state(store, state, locked, "gc-lock", {"grace_s": grace_s})
         return True
     except ConflictError:
         return _take_lock_settled(store, locked)

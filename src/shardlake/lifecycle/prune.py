@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
+from ..meta.commits import read_state
+from ..meta.gcwait import commit_beside_gc
 from ..meta.state import RootState
 from ..meta.versions import prune_versions
 from ..store import Store
@@ -62,7 +64,15 @@ def prune(store: Store, tags: Sequence[str], *, force: bool = False) -> PruneRep
         raise UsageError("name at least one version tag to prune", options=("tags",))
     tags = list(dict.fromkeys(tags))
     store.ensure_create_enforced()
-    state = prune_versions(store, tags, force=force)
+    # A prune references nothing new: it may commit while gc holds the root, and only a race
+    # with gc's own commits is retried.
+    state = commit_beside_gc(
+        store,
+        read_state(store),
+        lambda _current: prune_versions(store, list(tags), force=force),
+        what="nothing was pruned - re-run it",
+        wait=False,
+    )
     return PruneReport.of(tags, state, _pinning_keysets(store, tags))
 
 

@@ -24,9 +24,11 @@ from ..errors import (
     options_class,
 )
 from ..format.documents import PartitionEntry
-from ..format.layout import manifest_key, short_hash
+from ..format.layout import DATA_DIR, manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
 from ..meta.commits import read_state
+from ..meta.gcwait import commit_beside_gc
+from ..meta.leases import Lease
 from ..meta.publish import check_new_tag, publish_version
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version
@@ -211,6 +213,23 @@ def _publish_without(
     dropped_parts: set[str],
     removed_by_part: dict[str, list[str]],
 ) -> RemoveReport:
+    # gc keeps the manifests this run writes, its version record and catalog objects.
+    covers = [f"{DATA_DIR}/{pid}/" for pid in removed_by_part] + [f"versions/{tag}/", "catalog/"]
+    with Lease(store, "remove", tag=tag, covers=covers):
+        return _write_and_publish(
+            store, state, tag, base_version, entries, dropped_parts, removed_by_part
+        )
+
+
+def _write_and_publish(
+    store: Store,
+    state: RootState,
+    tag: str,
+    base_version: StoredVersion,
+    entries: dict[str, PartitionEntry],
+    dropped_parts: set[str],
+    removed_by_part: dict[str, list[str]],
+) -> RemoveReport:
     new_entries: list[PartitionEntry] = []
     samples_removed = 0
     manifests_written = 0
@@ -243,7 +262,12 @@ def _publish_without(
         "partitions_removed": len(dropped_parts),
         "samples_removed": samples_removed,
     }
-    version = publish_version(store, tag, body, state)
+    version = commit_beside_gc(
+        store,
+        state,
+        lambda current: publish_version(store, tag, body, current),
+        what="nothing was published by this run - re-run it",
+    )
     counts = {
         "partitions_removed": len(dropped_parts),
         "samples_removed": samples_removed,

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import AlreadyExistsError, ConflictError, FormatError
+from ..errors import AlreadyExistsError, ConflictError, FormatError, ObjectsGoneError
 from ..format.catalog import CatalogRef
 from ..format.documents import VERSION_SCHEMA, PartitionEntry
 from ..format.layout import DATA_DIR, RECORD_FORMAT_VERSION, check_name, version_key
@@ -192,9 +192,10 @@ def publish_version(
     if missing:
         # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
         # publish a version with holes (gc deletes only while it holds the lock checked above).
-        raise ConflictError(
+        raise ObjectsGoneError(
             f"{store.url}: {len(missing)} object(s) this version references are gone (e.g. "
-            f"{missing[0]}; deleted by gc?); nothing was published by this run - re-run it"
+            f"{missing[0]}; deleted by gc?); nothing was published by this run - re-run it",
+            missing=missing,
         )
     parts, fresh = _with_manifest_digests(store, entries, base_parts)
     ids = [p.id for p in parts]

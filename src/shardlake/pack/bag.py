@@ -23,8 +23,9 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ..errors import IntegrityError, SourceError, UsageError
-from ..format.layout import partition_id
+from ..errors import IntegrityError, ObjectsGoneError, SourceError, UsageError
+from ..format.layout import DATA_DIR, partition_id
+from ..meta.leases import Lease, gone_error
 from ..source.tree import PartitionRule
 from ..store import Store
 from .build import BuildResult, EncodedSample, Recipe, RevisionSource, build_revision
@@ -32,6 +33,7 @@ from .packer import PackReport
 from .writer import (
     EncodedRecord,
     WriteOptions,
+    WriteSettings,
     encode_record,
     publish_written,
     resolve_write_settings,
@@ -121,7 +123,25 @@ def write_bag(
     groups = encoded.groupby(_partition)
     with annotate(retries=retries):
         builds = groups.map(_build_group, store=store, recipe=recipe)
-    results: list[BuildResult] = list(builds.compute(optimize_graph=False))
+    # The driver cannot know the partitions before the bag is computed: its lease covers all
+    # of data/ while the cluster builds (gc collects other data garbage after it).
+    with Lease(store, "write_bag", tag=tag, covers=[f"{DATA_DIR}/"]) as lease:
+        return _build_and_publish(store, tag, builds, settings, opts, started, lease)
+
+
+def _build_and_publish(
+    store: Store,
+    tag: str,
+    builds: Any,
+    settings: WriteSettings,
+    opts: WriteOptions,
+    started: float,
+    lease: Lease,
+) -> PackReport:
+    try:
+        results: list[BuildResult] = list(builds.compute(optimize_graph=False))
+    except ObjectsGoneError as exc:  # a build's objects were removed under it
+        raise gone_error(store, exc.missing, since_seq=settings.state.seq, lease=lease) from exc
     if not results:
         raise SourceError(
             f"write_bag {tag!r}: the bag is empty (an empty write); nothing was published"
@@ -138,4 +158,5 @@ def write_bag(
         keep_skipped=opts.keep_skipped,
         skipped=sum(r.skipped for r in results),
         started=started,
+        lease=lease,
     )

@@ -37,7 +37,15 @@ from typing import Any, BinaryIO, cast
 import numpy as np
 import pyarrow as pa
 
-from ..errors import SHOW_MAX, AlreadyExistsError, IntegrityError, SourceError, SourceFilesError
+from ..errors import (
+    SHOW_MAX,
+    AlreadyExistsError,
+    IntegrityError,
+    KeyNotFoundError,
+    ObjectsGoneError,
+    SourceError,
+    SourceFilesError,
+)
 from ..format.codec import (
     CODEC_NAME,
     DEFAULT_LEVEL,
@@ -430,7 +438,10 @@ def build_revision(
         source_fingerprint=source_fingerprint,
         npz_fingerprint=npz_fingerprint,
     )
-    reused = _reuse_revision(store, src, meta, entry, where)
+    try:
+        reused = _reuse_revision(store, src, meta, entry, where)
+    except KeyNotFoundError:
+        reused = None  # removed (by gc) while it was looked at: build it again
     if reused is not None:
         return reused
     order = shuffle_order([k for k, _ in src.included], recipe.seed)
@@ -560,6 +571,11 @@ def _write_shards(
     except BaseException as exc:
         if sink is not None:
             sink.abort(exc)
+            if isinstance(exc, KeyNotFoundError):  # its staging removed under it
+                raise ObjectsGoneError(
+                    f"partition {src.path}: {sink.key} was removed while it was written",
+                    missing=[sink.key],
+                ) from exc
         raise
     if len(rows) != len(sha_of):
         raise IntegrityError(f"partition {src.path}: {len(rows)} of {len(sha_of)} samples encoded")

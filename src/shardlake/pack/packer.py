@@ -22,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..errors import SHOW_MAX, PackWorkerError, SourceError, SourceFilesError
+from ..errors import SHOW_MAX, ObjectsGoneError, PackWorkerError, SourceError, SourceFilesError
+from ..format.layout import DATA_DIR
+from ..meta.leases import Lease, gone_error
 from ..meta.versions import (
     StoredVersion,
     Version,
@@ -33,10 +35,12 @@ from ..source.tree import SourcePartition
 from ..store import Store
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
-from .plan import PackPlan, check_options, plan_builds, resolve_settings, scan_source
+from .plan import PackPlan, PackSettings, check_options, plan_builds, resolve_settings, scan_source
 from .publish import publish
 
 __all__ = ["InlineExecutor", "PackReport", "make_executor", "pack"]
+
+_NOTHING = "nothing was published by this run - re-run it (finished revisions are reused)"
 
 
 @dataclass
@@ -106,7 +110,7 @@ def pack(
     setting."""
     started = time.monotonic()
     opts = options
-    heartbeat_s, poll_s = opts.heartbeat_s, opts.poll_s
+    heartbeat_s = opts.heartbeat_s
     check_options(source, tag, opts)
     executor = _executor_for(store, opts.executor)
     settings = resolve_settings(store, source, tag, base, opts)
@@ -126,8 +130,41 @@ def pack(
         f"{tree.samples} samples in {len(tree.partitions)} partitions; building "
         f"{len(plan.tasks)}, reusing {len(plan.reused)}, carrying {len(plan.carried)}"
     )
+    # gc keeps what this pack writes while it runs (docs/storage.md, "gc beside writers").
+    covers = [f"{DATA_DIR}/{t.partition.id}/" for t in plan.tasks]
+    with Lease(store, "pack", tag=tag, covers=covers) as lease:
+        version, outcome = _build_and_publish(
+            store, tag, plan, settings, opts, executor, progress, lease
+        )
+    return PackReport(
+        version,
+        **outcome,
+        reused=plan.reused,
+        carried=plan.carried,
+        dropped=plan.dropped,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _build_and_publish(
+    store: Store,
+    tag: str,
+    plan: PackPlan,
+    settings: PackSettings,
+    opts: PackOptions,
+    executor: ExecutorSpec,
+    progress: Progress,
+    lease: Lease,
+) -> tuple[StoredVersion, dict[str, Any]]:
     with progress:
-        results = _run_builds(plan.tasks, executor, opts.workers, opts.mp_context, progress, poll_s)
+        try:
+            results = _run_builds(
+                plan.tasks, executor, opts.workers, opts.mp_context, progress, opts.poll_s
+            )
+        except ObjectsGoneError as exc:  # a build's objects were removed under it
+            raise gone_error(
+                store, exc.missing, since_seq=settings.state.seq, lease=lease, what=_NOTHING
+            ) from exc
     outcome = _collect(plan, results)
     base_tag = settings.base_version.tag if settings.base_version is not None else None
     body = {
@@ -138,15 +175,8 @@ def pack(
         "keep_skipped": opts.keep_skipped,
         "partitions": [e.to_json() for e in plan.entries.values()],
     }
-    version = publish(store, tag, body, settings.state, base_tag)
-    return PackReport(
-        version,
-        **outcome,
-        reused=plan.reused,
-        carried=plan.carried,
-        dropped=plan.dropped,
-        seconds=time.monotonic() - started,
-    )
+    version = publish(store, tag, body, settings.state, base_tag, lease)
+    return version, outcome
 
 
 def _executor_for(store: Store, spec: ExecutorSpec) -> ExecutorSpec:
@@ -206,6 +236,9 @@ def _run_builds(
         preload=["shardlake.pack.build"],
         poll_s=poll_s,
     )
+    gone = [k for _i, exc in failed if isinstance(exc, ObjectsGoneError) for k in exc.missing]
+    if gone:
+        raise ObjectsGoneError(f"{len(failed)} partition build(s) failed", missing=gone)
     if failed:
         # Every bad source file of every failed build, one line each (up to SHOW_MAX).
         lines: list[str] = []

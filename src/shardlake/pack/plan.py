@@ -26,6 +26,7 @@ from .options import PackOptions
 
 __all__ = [
     "PackPlan",
+    "PackSettings",
     "check_options",
     "plan_builds",
     "recipe_over",

@@ -379,7 +379,7 @@ def import_wds(
         enabled=progress,
     )
     read = _MegabyteCounter(bar)
-    with bar, Writer(root, tag, base=base, options=options) as writer:
+    with bar, Writer(root, tag, base=base, options=options, op="import-wds") as writer:
         for url, store, key in tars:
             # shard: the tar is the partition, whatever directories its keys hold
             part = key_prefix + _stem(key) if partition_by == "shard" else None

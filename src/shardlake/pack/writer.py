@@ -37,10 +37,11 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..errors import IntegrityError, SourceError, UsageError, options_class
+from ..errors import IntegrityError, ObjectsGoneError, SourceError, UsageError, options_class
 from ..format.codec import Decoder, Encoder, check_array
 from ..format.documents import PartitionEntry
-from ..format.layout import partition_id
+from ..format.layout import DATA_DIR, partition_id
+from ..meta.leases import Lease, gone_error
 from ..meta.publish import check_new_tag
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion
@@ -63,6 +64,7 @@ from .publish import publish
 __all__ = [
     "EncodedRecord",
     "WriteOptions",
+    "WriteSettings",
     "Writer",
     "check_key",
     "encode_record",
@@ -308,6 +310,7 @@ class Writer:
         *,
         base: str | None = None,
         options: WriteOptions | None = None,
+        op: str = "write",
     ) -> None:
         self._started = time.monotonic()
         self._store = store
@@ -347,6 +350,9 @@ class Writer:
         )
         self._state = "open"  # open -> published | aborted
         self._report: PackReport | None = None
+        # gc keeps what this writer writes while it is open (each partition's prefix is added
+        # before its build writes there); released when it publishes or aborts.
+        self._lease = Lease(store, op, tag=tag).start()
 
     # --- the context manager -------------------------------------------------------------
 
@@ -512,8 +518,11 @@ class Writer:
         """Publish nothing; drop the spill (revisions already in the store are gc's)."""
         if self._state == "open":
             self._state = "aborted"
-            self._stop_encoding()
-            self._stop_building()
+            try:
+                self._stop_encoding()
+                self._stop_building()
+            finally:
+                self._lease.release()
 
     def _stop_building(self) -> None:
         """Wait for running builds (their revisions stay for gc), drop the spill."""
@@ -548,7 +557,12 @@ class Writer:
             for part in self._parts.values():
                 if part.build is None:
                     self._start_build(part)
-            results = [p.build.result() for p in self._parts.values() if p.build is not None]
+            try:
+                results = [p.build.result() for p in self._parts.values() if p.build is not None]
+            except ObjectsGoneError as exc:  # a build's objects were removed under it
+                raise gone_error(
+                    self._store, exc.missing, since_seq=self._settings.state.seq, lease=self._lease
+                ) from exc
             self._report = publish_written(
                 self._store,
                 self._tag,
@@ -558,12 +572,16 @@ class Writer:
                 keep_skipped=self._opts.keep_skipped,
                 skipped=sum(p.skipped for p in self._parts.values()),
                 started=self._started,
+                lease=self._lease,
             )
         except BaseException:
             self.abort()
             raise
         self._state = "published"
-        self._stop_building()
+        try:
+            self._stop_building()
+        finally:
+            self._lease.release()
         return self._report
 
     def _check_open(self) -> None:
@@ -572,9 +590,9 @@ class Writer:
 
     def _build(self, part: _SpillPartition) -> BuildResult:
         """Build one partition from its spill file (one payload at a time), then remove it."""
-        source = RevisionSource(
-            partition_id(part.path), part.path, part.included, part.sidecars, part.skipped
-        )
+        pid = partition_id(part.path)
+        self._lease.cover([f"{DATA_DIR}/{pid}/"])  # before anything is written there
+        source = RevisionSource(pid, part.path, part.included, part.sidecars, part.skipped)
         if not part.size:
             return build_revision(
                 self._store, self._settings.recipe, source, lambda order: iter(()), where=part.path
@@ -617,6 +635,7 @@ def publish_written(
     keep_skipped: bool = False,
     skipped: int = 0,
     started: float | None = None,
+    lease: Lease | None = None,
 ) -> PackReport:
     """Publish the built partitions over the base (carried unless rewritten or deleted)."""
     base = settings.base_version
@@ -668,7 +687,7 @@ def publish_written(
         "keep_skipped": keep_skipped,
         "partitions": [entries[p].to_json() for p in sorted(entries)],
     }
-    version = publish(store, tag, body, settings.state, base_tag)
+    version = publish(store, tag, body, settings.state, base_tag, lease)
     return PackReport(
         version,
         built=built,
