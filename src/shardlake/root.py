@@ -233,6 +233,23 @@ class Root:
         return write_bag(self.store, bag, tag, base=base, options=options)
 
     @_writes
+    def write_ray(
+        self,
+        dataset: Any,
+        tag: str,
+        base: str | None = None,
+        options: WriteOptions | None = None,
+    ) -> PackReport:
+        """Write a ``ray.data.Dataset`` of ``{"key", <arrays>..., "meta"}`` rows as version ``tag``.
+
+        Ray workers encode, verify and build the partitions (one task per partition); this
+        process publishes once. The bytes are the writer's for the same samples.
+        """
+        from .pack.ray_write import write_ray
+
+        return write_ray(self.store, dataset, tag, base=base, options=options)
+
+    @_writes
     def import_wds(
         self,
         source: str | os.PathLike[str] | Sequence[str],

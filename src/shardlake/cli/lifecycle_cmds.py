@@ -28,7 +28,7 @@ def _task_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SPEC",
         help="where the per-partition tasks run: thread (default, --workers threads), process, "
-        "inline or dask://HOST:PORT (the same spec pack takes)",
+        "inline, dask://HOST:PORT, ray or ray://HOST:PORT (the same spec pack takes)",
     )
 
 

@@ -108,7 +108,7 @@ def _pack_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--executor",
         default="process",
-        help="process (default), thread, inline, or dask://HOST:PORT",
+        help="process (default), thread, inline, dask://HOST:PORT, ray or ray://HOST:PORT",
     )
     flags.recipe(p)
     p.add_argument("--keep-skipped", action="store_true", help="keep is_skipped frames")

@@ -26,8 +26,9 @@ class PackOptions:
     workers
         Parallel partition builds (default: the CPU count).
     executor
-        ``"process"`` (default), ``"thread"``, ``"inline"``, a ``dask://host:port`` address or
-        a :class:`concurrent.futures.Executor`.
+        ``"process"`` (default), ``"thread"``, ``"inline"``, a ``dask://host:port`` address,
+        ``"ray"`` (this process's Ray instance, else a local one), a ``ray://host:port`` address
+        or a :class:`concurrent.futures.Executor`.
     mp_context
         Multiprocessing start method for ``"process"`` (default ``forkserver`` where available).
     partition_depth, partition_regex

@@ -23,6 +23,7 @@ from typing import Any
 from ..errors import SourceError, UsageError
 from ..progress.bar import Progress
 from ..store import Store
+from .ray_executor import RayExecutor, is_ray
 
 __all__ = [
     "ExecutorSpec",
@@ -98,7 +99,8 @@ def make_executor(
     preload: Sequence[str] = (),
 ) -> tuple[cf.Executor, Callable[[], None]]:
     """``(executor, close)`` for an executor spec: process (default), thread, inline, dask://HOST:PORT,
-    or an Executor instance (used as-is, never shut down here)."""
+    ray (this process's Ray instance, else a local one), ray://HOST:PORT, or an Executor instance
+    (used as-is, never shut down here)."""
     n = workers or os.cpu_count() or 1
     if n < 1:
         raise UsageError("workers must be >= 1", options=("workers",))
@@ -114,6 +116,9 @@ def make_executor(
         return tpool, lambda: tpool.shutdown(wait=True, cancel_futures=True)
     if spec == "inline":
         return InlineExecutor(), lambda: None
+    if is_ray(spec):
+        ray_pool = RayExecutor(str(spec), n)
+        return ray_pool, ray_pool.shutdown
     if is_dask(spec):
         try:
             import distributed
@@ -131,7 +136,7 @@ def make_executor(
             ) from exc
         return client.get_executor(pure=False), client.close
     raise UsageError(
-        f"executor {spec!r}: use process, thread, inline or dask://HOST:PORT",
+        f"executor {spec!r}: use process, thread, inline, dask://HOST:PORT, ray or ray://HOST:PORT",
         options=("executor",),
     )
 
@@ -142,8 +147,10 @@ def executor_for(store: Store, spec: ExecutorSpec, verb: str = "packed") -> Exec
         return spec
     if spec in (None, "process"):
         return "thread"
-    if is_dask(spec):
-        raise UsageError(f"a memory:// root cannot be {verb} by Dask workers (other processes)")
+    if is_dask(spec) or is_ray(spec):
+        raise UsageError(
+            f"a memory:// root cannot be {verb} by Dask or Ray workers (other processes)"
+        )
     return spec
 
 
@@ -153,6 +160,8 @@ def error_text(exc: BaseException) -> str:
     name = type(exc).__name__
     if name == "KilledWorker":
         return f"Dask worker died ({exc})"
+    if name == "RayTaskError" or name.startswith("RayTaskError("):
+        return f"Ray task failed ({getattr(exc, 'cause', exc)!r})"
     return f"{name}: {exc}" if not isinstance(exc, SourceError) else str(exc)
 
 
