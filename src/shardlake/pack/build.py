@@ -77,6 +77,7 @@ __all__ = [
     "data_revision",
     "encode_verified",
     "load_npz",
+    "manifest_revision",
     "shuffle_order",
     "verify_sample",
 ]
