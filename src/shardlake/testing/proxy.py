@@ -31,7 +31,11 @@ method and path gets the same fate whatever the thread interleaving. ``stall_all
 whole endpoint stall (a hung server). :meth:`FaultProxy.inject` aims faults at the next
 matching requests (e.g. lose the reply to gc's lock commit, then fail the read-back), in the
 order they were aimed, ahead of the seeded schedule. ``history`` lists every request's
-``(method, path, fault)``.
+``(method, path, fault)``; ``served`` every answered request's ``(method, path, Range header,
+body bytes sent)``, so a test counts what a client really fetched (after any merging of ranges
+the client does on its own)::
+
+    fetched = sum(n for method, path, _r, n in proxy.served if method == "GET")
 
 :class:`CheckThenWriteGateway` is a proxy of another kind: an S3 gateway whose create-if-absent
 is check-then-write, the bug SeaweedFS (#8800, older versions), versitygw (#2288) and rustfs
@@ -125,6 +129,7 @@ class FaultProxy:
         self.injected: Counter[str] = Counter()
         self.requests = 0
         self.history: list[tuple[str, str, str | None]] = []
+        self.served: list[tuple[str, str, str | None, int]] = []
         self._aimed: list[_Aimed] = []
         self._seen: Counter[str] = Counter()
         self._lock = threading.Lock()
@@ -410,6 +415,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(data)
+        proxy = self.server.proxy
+        with proxy._lock:
+            sent = 0 if self.command == "HEAD" else len(data)
+            path = self.path.split("?", 1)[0]
+            proxy.served.append((self.command, path, self.headers.get("Range"), sent))
         if kind == "reset":
             self.wfile.flush()
             self._drop()
