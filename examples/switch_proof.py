@@ -118,13 +118,14 @@ def all_sum(*values: float) -> list[float]:
 def validate(model: nn.Module, loader: Any) -> tuple[float, float]:
     model.eval()
     sq = ade = count = 0.0
+    from shardlake.torch import pop_valid
+
     for inputs in loader:
-        valid = inputs.pop("__valid__", None)  # exact=True: the padding is marked invalid
+        valid = pop_valid(inputs)  # exact=True: False marks the padding; else all True
         inputs = {k: v.to("cpu") for k, v in inputs.items()}
         err = model(inputs) - inputs["ego_agent_future"].float()
         per_sq, per_ade = (err**2).mean(dim=(1, 2)), err[..., :2].norm(dim=-1).mean(dim=1)
-        if valid is not None:
-            per_sq, per_ade = per_sq[valid], per_ade[valid]
+        per_sq, per_ade = per_sq[valid], per_ade[valid]
         sq += float(per_sq.sum())
         ade += float(per_ade.sum())
         count += per_sq.shape[0]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from support.torch import assert_batch_equal, reference_batch
 from torch.utils.data import DataLoader, DistributedSampler
 
@@ -222,3 +223,11 @@ def test_a_blank_root_is_refused_naming_the_argument(url: str) -> None:
         shardlake.open(url)
     with pytest.raises(InvalidURLError, match=r"MixMember\(url\) is empty"):
         MixMember(url)
+
+
+def test_pop_valid_serves_exact_and_plain_batches() -> None:
+    from shardlake.torch import pop_valid
+
+    marked = {"x": torch.zeros(3, 2), "__valid__": torch.tensor([True, False, True])}
+    assert pop_valid(marked).tolist() == [True, False, True] and "__valid__" not in marked
+    assert pop_valid({"x": torch.zeros(4, 2)}).tolist() == [True] * 4

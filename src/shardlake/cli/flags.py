@@ -212,5 +212,6 @@ def max_pad_fraction(parser: argparse.ArgumentParser) -> None:
         "--max-pad-fraction",
         type=float,
         default=None,
-        help="share of the epoch the plan may replay to fill whole batches (loader default 0.1)",
+        help="share of the epoch replayed to fill whole batches above which the loader warns "
+        "(loader default 0.1)",
     )

@@ -7,7 +7,7 @@ Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
 from ..read.options import ReadOptions
 from .batches import INDEX_KEY, VALID_KEY
 from .dataset import ShardDataset
-from .ddp import masked_mean, masked_sum
+from .ddp import masked_mean, masked_sum, pop_valid
 from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
 from .options import LoaderOptions
@@ -38,6 +38,7 @@ __all__ = [
     "plan_epoch",
     "plan_leg",
     "plan_mixing",
+    "pop_valid",
     "train_valid",
 ]
 

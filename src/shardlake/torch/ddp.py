@@ -18,6 +18,7 @@ __all__ = [
     "distributed",
     "masked_mean",
     "masked_sum",
+    "pop_valid",
     "rank_and_world",
 ]
 
@@ -104,6 +105,21 @@ def masked_sum(values: torch.Tensor, valid: torch.Tensor, group: Any = None) -> 
     if distributed():
         dist.all_reduce(out, group=group)
     return out
+
+
+def pop_valid(batch: dict[str, Any], device: Any = None) -> torch.Tensor:
+    """Take the batch's ``"__valid__"`` out and return it (on ``device``): False marks the
+    padding of an exact pass. A batch without one (a plain DataLoader's, or a loader that is
+    not exact) gets all True, so one validation loop serves both. Index every per-sample
+    metric with it before summing (``loss[valid]``); the model still runs on the whole batch,
+    so every rank steps in lockstep."""
+    valid = batch.pop("__valid__", None)
+    if valid is None:
+        first = next((v for v in batch.values() if isinstance(v, torch.Tensor) and v.ndim), None)
+        if first is None:
+            raise _errors.UsageError("pop_valid: the batch has no tensor to tell its size by")
+        valid = torch.ones(first.shape[0], dtype=torch.bool)
+    return torch.as_tensor(valid, dtype=torch.bool).to(device or "cpu")
 
 
 def masked_mean(values: torch.Tensor, valid: torch.Tensor, group: Any = None) -> float:
