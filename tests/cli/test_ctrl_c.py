@@ -18,15 +18,36 @@ import pytest
 from shardlake import open_store
 from shardlake.tools.synth import synth_corpus
 
-# The console script (``shardlake = shardlake.cli:run``), announcing that it is about to run.
-_CLI = "from shardlake.cli import run; import sys; print('go', file=sys.stderr, flush=True); run()"
+# The console script (``shardlake = shardlake.cli:run``), saying "go" once it has taken SIGINT.
+_CLI = """
+import signal, sys
+real = signal.signal
+def announcing(signum, handler):
+    previous = real(signum, handler)
+    if signum == signal.SIGINT and signal.signal is announcing:
+        signal.signal = real
+        print("go", file=sys.stderr, flush=True)
+    return previous
+signal.signal = announcing
+from shardlake.cli import run
+run()
+"""
 
 
-def _children(pid: int) -> list[int]:
-    found: list[int] = []
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:  # the process or thread is gone
+        return ""
+
+
+def _fork_server(pid: int) -> bool:
+    """Whether ``pid`` has started its fork server (a child running multiprocessing.forkserver)."""
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
-    return found
+        for child in _read(task / "children").split():
+            if "forkserver" in _read(Path(f"/proc/{child}/cmdline")):
+                return True
+    return False
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +58,7 @@ def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="reads /proc")
-@pytest.mark.parametrize("when", ["at-once", "0.3", "1.0", "workers-start", "2.0"])
+@pytest.mark.parametrize("when", ["at-once", "0.1", "0.3", "0.6", "1.0", "workers-start", "2.0"])
 def test_ctrl_c_at_any_moment_of_pack_exits_130_with_one_line(
     source: Path, tmp_path: Path, when: str
 ) -> None:
@@ -53,11 +74,12 @@ def test_ctrl_c_at_any_moment_of_pack_exits_130_with_one_line(
     assert proc.stderr is not None
     try:
         assert proc.stderr.readline() == "go\n"
-        if when == "workers-start":  # the moment the fork server starts (an EOFError once)
+        if when == "workers-start":  # the fork server imports its preload (an EOFError once)
             deadline = time.monotonic() + 60
-            while not _children(proc.pid) and proc.poll() is None:
+            while not _fork_server(proc.pid) and proc.poll() is None:
                 assert time.monotonic() < deadline
                 time.sleep(0.002)
+            time.sleep(0.05)
         elif when != "at-once":
             time.sleep(float(when))
         assert proc.poll() is None, "pack finished before the Ctrl-C: make the corpus larger"
@@ -70,7 +92,7 @@ def test_ctrl_c_at_any_moment_of_pack_exits_130_with_one_line(
     assert (proc.returncode, err.splitlines()) == (
         130,
         ["shardlake pack: interrupted; nothing was published"],
-    )
+    ), f"{when}: {err}"
     if root.exists():
         store = open_store(str(root))
         assert store.list("commits/") == [] and store.list("versions/") == []

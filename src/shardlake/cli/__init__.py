@@ -23,7 +23,11 @@ def run() -> NoReturn:
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
-    from .main import main  # the slow part: a Ctrl-C meanwhile is only noted
+    # The slow part, a Ctrl-C meanwhile only noted: the command modules and what nearly every
+    # command imports on first use (an import stopped inside a native module can abort).
+    from .. import root  # noqa: F401
+    from ..pack import packer  # noqa: F401
+    from .main import main
 
     if previous is not None:
         signal.signal(signal.SIGINT, previous)

@@ -71,7 +71,8 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
     Ctrl-C reaches the whole process group: a fork server still importing its preload modules
     would die with a traceback, and the pool would fail with EOFError instead of the clean
     interrupt. Its workers inherit the ignore; the parent stops them on Ctrl-C (run_tasks).
-    SIGINT is blocked here meanwhile, so a Ctrl-C in that moment is delivered afterwards."""
+    SIGINT is blocked in this thread meanwhile, so a Ctrl-C in those milliseconds is delivered
+    afterwards (unless a native thread, which does not block it, takes it)."""
     if threading.current_thread() is not threading.main_thread():
         return  # signal.signal works in the main thread only; the server starts on first use
     from multiprocessing import forkserver
@@ -199,7 +200,12 @@ def run_tasks(
     stop = threading.Event()
     try:
         with _sigint_sets(stop):
-            _wait(tasks, executor, pending, results, failures, progress, poll_s, stop)
+            try:
+                _wait(tasks, executor, pending, results, failures, progress, poll_s, stop)
+            except Exception:
+                if stop.is_set():  # a pool broken by the same Ctrl-C is that Ctrl-C
+                    raise KeyboardInterrupt from None
+                raise
     except KeyboardInterrupt:
         interrupted = True
         for future in pending:
