@@ -74,6 +74,7 @@ from ..meta.state import RootState, lock_holder_gone, takeover_note
 from ..meta.versions import load_version_by_hash
 from ..progress.bar import Progress
 from ..store import Leftover, ObjectInfo, Store
+from ..store.keys import TEMP_PREFIX
 from .common import version_closure
 
 __all__ = [
@@ -103,6 +104,8 @@ FENCE_ATTEMPTS = 5
 FOREIGN_EXAMPLES = 5
 # While deleting, gc re-reads the writers' leases this often (a writer that started since).
 LEASE_REFRESH_S = 2.0
+# Staging of the root's own records (commits, index, leases, keysets) is kept at least this long.
+PROTECTED_STAGING_S = 3600.0
 
 
 @options_class
@@ -275,7 +278,7 @@ def _survey(
             report.garbage.append(info)
     # Every leftover with a start time, so that those the grace keeps are counted too.
     found = [item for item in store.leftovers(older_than=math.inf) if _owned_leftover(store, item)]
-    leftovers = [item for item in found if item.started is not None and item.started < cutoff]
+    leftovers = [item for item in found if _staging_old(store, item, cutoff)]
     report.young_leftovers = [item for item in found if item not in leftovers]
     # Leases are read after the listings: a writer adds a prefix to its lease before it writes
     # under it, so every object listed above that a writer still needs is covered here.
@@ -288,6 +291,27 @@ def _survey(
 def _leftover_key(store: Store, leftover: Leftover) -> str:
     prefix = store.root.rstrip("/") + "/"
     return leftover.path[len(prefix) :] if leftover.path.startswith(prefix) else leftover.path
+
+
+def _staging_target(store: Store, leftover: Leftover) -> str:
+    """The key a leftover was to become (a local temp file is ``.shardlake-tmp-<hex>-<name>``
+    beside its key)."""
+    key = _leftover_key(store, leftover)
+    head, _, name = key.rpartition("/")
+    if leftover.upload_id is None and name.startswith(TEMP_PREFIX):
+        name = name[len(TEMP_PREFIX) :].partition("-")[2]
+    return f"{head}/{name}" if head else name
+
+
+def _staging_old(store: Store, leftover: Leftover, cutoff: float) -> bool:
+    """Whether a leftover is older than the grace. Staging of a name gc never collects (a
+    commit, the index, a lease record, a keyset) is in flight at any grace unless it is older
+    than :data:`PROTECTED_STAGING_S`: only a killed writer leaves it that long."""
+    if leftover.started is None:
+        return False
+    if _is_protected(_staging_target(store, leftover)):
+        cutoff = min(cutoff, time.time() - PROTECTED_STAGING_S)
+    return leftover.started < cutoff
 
 
 def _keep_leased(

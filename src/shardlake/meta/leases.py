@@ -301,6 +301,11 @@ def gone_error(
         held = (
             f"this run's {lease.describe()} lapsed at {_utc(lease.lapsed_at)} (not renewed in time)"
         )
+    elif missing and LeaseSet([lease.record()]).holder(missing[0]) is not None:
+        held = (
+            f"this run's {lease.describe()} covered them: that gc did not honour leases (a "
+            "release before them?)"
+        )
     else:
         held = f"this run's {lease.describe()} covers {', '.join(lease.covers[:3]) or 'nothing'}"
     first = missing[0] if missing else "?"
