@@ -142,7 +142,8 @@ class Dataset:
             return catalog_rows(
                 self.store, self.version, columns, pids=None if pids is None else list(pids)
             )
-        wanted = list(pids) if pids is not None else [e.id for e in self.entries]
+        # Partition-id order, as the catalog reads them (one order for every read path).
+        wanted = sorted(set(pids)) if pids is not None else sorted(e.id for e in self.entries)
         with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
             tables = list(pool.map(self.manifest, wanted))
         if columns is not None:
