@@ -20,24 +20,17 @@ A partition task holds that partition's compressed payloads in memory (the group
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
-from ..errors import IntegrityError, ObjectsGoneError, SourceError, UsageError
-from ..format.layout import DATA_DIR, partition_id
-from ..meta.leases import Lease, gone_error
+from ..errors import SourceError, UsageError
+from ..format.layout import DATA_DIR
+from ..meta.leases import Lease
 from ..source.tree import PartitionRule
 from ..store import Store
-from .build import BuildResult, EncodedSample, Recipe, RevisionSource, build_revision
+from .cluster import build_group, publish_builds
 from .packer import PackReport
-from .writer import (
-    EncodedRecord,
-    WriteOptions,
-    WriteSettings,
-    encode_record,
-    publish_written,
-    resolve_write_settings,
-)
+from .writer import EncodedRecord, WriteOptions, encode_record, resolve_write_settings
 
 __all__ = ["DEFAULT_RETRIES", "write_bag"]
 
@@ -64,35 +57,6 @@ def _encode(
 
 def _partition(record: EncodedRecord) -> str:
     return record.partition
-
-
-def _build_group(
-    group: tuple[str, Iterable[EncodedRecord]], store: Store, recipe: Recipe
-) -> BuildResult:
-    path, records = group
-    included: list[tuple[str, str]] = []
-    sidecars: dict[str, dict[str, Any] | None] = {}
-    payloads: dict[str, tuple[bytes, int]] = {}
-    seen: set[str] = set()
-    skipped = 0
-    for record in records:
-        if record.key in seen:
-            raise SourceError(f"sample {record.key!r}: duplicate key in the bag")
-        seen.add(record.key)
-        if record.payload is None:
-            skipped += 1
-            continue
-        included.append((record.key, record.sha256))
-        sidecars[record.key] = record.sidecar
-        payloads[record.key] = (record.payload, record.raw_size)
-
-    def encoded(order: list[str]) -> Iterator[EncodedSample]:
-        for key in order:
-            payload, raw_size = payloads.pop(key)
-            yield EncodedSample(key, payload, raw_size)
-
-    source = RevisionSource(partition_id(path), path, included, sidecars, skipped)
-    return build_revision(store, recipe, source, encoded, where=f"partition {path}")
 
 
 def write_bag(
@@ -122,41 +86,17 @@ def write_bag(
     )
     groups = encoded.groupby(_partition)
     with annotate(retries=retries):
-        builds = groups.map(_build_group, store=store, recipe=recipe)
+        builds = groups.map(build_group, store=store, recipe=recipe, what="the bag")
     # The driver cannot know the partitions before the bag is computed: its lease covers all
     # of data/ while the cluster builds (gc collects other data garbage after it).
     with Lease(store, "write_bag", tag=tag, covers=[f"{DATA_DIR}/"]) as lease:
-        return _build_and_publish(store, tag, builds, settings, opts, started, lease)
-
-
-def _build_and_publish(
-    store: Store,
-    tag: str,
-    builds: Any,
-    settings: WriteSettings,
-    opts: WriteOptions,
-    started: float,
-    lease: Lease,
-) -> PackReport:
-    try:
-        results: list[BuildResult] = list(builds.compute(optimize_graph=False))
-    except ObjectsGoneError as exc:  # a build's objects were removed under it
-        raise gone_error(store, exc.missing, since_seq=settings.state.seq, lease=lease) from exc
-    if not results:
-        raise SourceError(
-            f"write_bag {tag!r}: the bag is empty (an empty write); nothing was published"
+        return publish_builds(
+            store,
+            tag,
+            lambda: builds.compute(optimize_graph=False),
+            settings,
+            opts,
+            started,
+            lease,
+            empty="the bag is empty",
         )
-    for result in results:
-        entry = result.entry
-        if len(entry.shards) == 0 and entry.samples:
-            raise IntegrityError(f"partition {entry.path!r}: built without shards")
-    return publish_written(
-        store,
-        tag,
-        settings,
-        results,
-        keep_skipped=opts.keep_skipped,
-        skipped=sum(r.skipped for r in results),
-        started=started,
-        lease=lease,
-    )

@@ -14,31 +14,29 @@ from __future__ import annotations
 import functools
 import pickle
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from ..errors import IntegrityError, ShardlakeError, SourceError, UsageError
-from ..format.layout import partition_id
+from ..errors import ShardlakeError, SourceError, UsageError
+from ..format.layout import DATA_DIR
+from ..meta.leases import Lease
 from ..read.ray_executor import join_ray, task_error
+from ..source.tree import PartitionRule
 from ..store import Store
-from .build import BuildResult, EncodedSample, Recipe, RevisionSource, build_revision
+from .build import BuildResult, Recipe
+from .cluster import build_group, publish_builds
 from .packer import PackReport
-from .writer import (
-    EncodedRecord,
-    WriteOptions,
-    encode_record,
-    publish_written,
-    resolve_write_settings,
-)
+from .writer import EncodedRecord, WriteOptions, encode_record, resolve_write_settings
 
 __all__ = ["write_ray"]
 
 _RESERVED = ("key", "meta")
 
 
-def _encode_row(row: dict[str, Any], level: int, keep_skipped: bool) -> dict[str, Any]:
+def _encode_row(
+    row: dict[str, Any], level: int, keep_skipped: bool, rule: PartitionRule | None
+) -> dict[str, Any]:
     if "key" not in row:
         raise SourceError(f"write_ray: a row needs a 'key' column (columns: {sorted(row)})")
     arrays = {
@@ -46,34 +44,16 @@ def _encode_row(row: dict[str, Any], level: int, keep_skipped: bool) -> dict[str
         for name, value in row.items()
         if name not in _RESERVED and value is not None
     }
-    record = encode_record(row["key"], arrays, row.get("meta"), None, level, keep_skipped)
+    record = encode_record(
+        row["key"], arrays, row.get("meta"), None, level, keep_skipped, rule=rule
+    )
     return {"partition": record.partition, "record": pickle.dumps(record)}
 
 
 def _build_partition(batch: dict[str, Any], store: Store, recipe: Recipe) -> dict[str, Any]:
     records: list[EncodedRecord] = [pickle.loads(blob) for blob in batch["record"]]
-    path = records[0].partition
-    included: list[tuple[str, str]] = []
-    sidecars: dict[str, dict[str, Any] | None] = {}
-    payloads: dict[str, tuple[bytes, int]] = {}
-    skipped = 0
-    for record in sorted(records, key=lambda r: r.key):
-        if record.key in sidecars or record.key in payloads:
-            raise SourceError(f"sample {record.key!r}: duplicate key in the dataset")
-        sidecars[record.key] = record.sidecar
-        if record.payload is None:
-            skipped += 1
-            continue
-        included.append((record.key, record.sha256))
-        payloads[record.key] = (record.payload, record.raw_size)
-
-    def encoded(order: list[str]) -> Iterator[EncodedSample]:
-        for key in order:
-            payload, raw_size = payloads.pop(key)
-            yield EncodedSample(key, payload, raw_size)
-
-    source = RevisionSource(partition_id(path), path, included, sidecars, skipped)
-    result = build_revision(store, recipe, source, encoded, where=f"partition {path}")
+    group = (records[0].partition, sorted(records, key=lambda r: r.key))
+    result = build_group(group, store, recipe, what="the dataset")
     return {"result": np.array([pickle.dumps(result)], dtype=object)}
 
 
@@ -100,7 +80,9 @@ def write_ray(
     settings = resolve_write_settings(store, tag, base, opts)
     recipe = settings.recipe
     encoded = dataset.map(
-        functools.partial(_encode_row, level=recipe.level, keep_skipped=opts.keep_skipped)
+        functools.partial(
+            _encode_row, level=recipe.level, keep_skipped=opts.keep_skipped, rule=settings.rule
+        )
     )
     join_ray("ray", None)  # as Ray Data would on first use; left running for the caller
     # One shuffle partition per cluster CPU: Ray's default (200) starts 200 aggregators.
@@ -111,6 +93,22 @@ def write_ray(
     )
     # A bad record fails with its own error (a SourceError naming the key), not Ray's wrapper.
     built.context.raise_original_map_exception = True
+    # The driver cannot know the partitions before the dataset is computed: its lease covers
+    # all of data/ while the cluster builds (as write_bag's).
+    with Lease(store, "write_ray", tag=tag, covers=[f"{DATA_DIR}/"]) as lease:
+        return publish_builds(
+            store,
+            tag,
+            lambda: _results(built),
+            settings,
+            opts,
+            started,
+            lease,
+            empty="the dataset is empty",
+        )
+
+
+def _results(built: Any) -> list[BuildResult]:
     try:
         rows = built.take_all()
     except Exception as exc:
@@ -118,20 +116,4 @@ def write_ray(
         if isinstance(cause, ShardlakeError):
             raise cause from None
         raise
-    results: list[BuildResult] = [pickle.loads(row["result"]) for row in rows]
-    if not results:
-        raise SourceError(
-            f"write_ray {tag!r}: the dataset is empty (an empty write); nothing was published"
-        )
-    for result in results:
-        if len(result.entry.shards) == 0 and result.entry.samples:
-            raise IntegrityError(f"partition {result.entry.path!r}: built without shards")
-    return publish_written(
-        store,
-        tag,
-        settings,
-        results,
-        keep_skipped=opts.keep_skipped,
-        skipped=sum(r.skipped for r in results),
-        started=started,
-    )
+    return [pickle.loads(row["result"]) for row in rows]

@@ -1,0 +1,88 @@
+"""Partition builds on a cluster, published once by the driver (``write_bag``, ``write_ray``).
+
+The cluster's tasks group encoded records by partition and build each revision with pack's
+:func:`~shardlake.pack.build.build_revision`, writing shards and manifest straight to the store;
+only each partition's small :class:`~shardlake.pack.build.BuildResult` returns to the driver, which
+publishes one version under its writer lease, and only once every partition built and verified.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from ..errors import IntegrityError, ObjectsGoneError, SourceError
+from ..format.layout import partition_id
+from ..meta.leases import Lease, gone_error
+from ..store import Store
+from .build import BuildResult, EncodedSample, Recipe, RevisionSource, build_revision
+from .packer import PackReport
+from .writer import EncodedRecord, WriteOptions, WriteSettings, publish_written
+
+__all__ = ["build_group", "publish_builds"]
+
+
+def build_group(
+    group: tuple[str, Iterable[EncodedRecord]], store: Store, recipe: Recipe, what: str
+) -> BuildResult:
+    """One partition's revision from its encoded records (``what`` names the input in a
+    duplicate-key message)."""
+    path, records = group
+    included: list[tuple[str, str]] = []
+    sidecars: dict[str, dict[str, Any] | None] = {}
+    payloads: dict[str, tuple[bytes, int]] = {}
+    seen: set[str] = set()
+    skipped = 0
+    for record in records:
+        if record.key in seen:
+            raise SourceError(f"sample {record.key!r}: duplicate key in {what}")
+        seen.add(record.key)
+        if record.payload is None:
+            skipped += 1
+            continue
+        included.append((record.key, record.sha256))
+        sidecars[record.key] = record.sidecar
+        payloads[record.key] = (record.payload, record.raw_size)
+
+    def encoded(order: list[str]) -> Iterator[EncodedSample]:
+        for key in order:
+            payload, raw_size = payloads.pop(key)
+            yield EncodedSample(key, payload, raw_size)
+
+    source = RevisionSource(partition_id(path), path, included, sidecars, skipped)
+    return build_revision(store, recipe, source, encoded, where=f"partition {path}")
+
+
+def publish_builds(
+    store: Store,
+    tag: str,
+    compute: Callable[[], Iterable[BuildResult]],
+    settings: WriteSettings,
+    opts: WriteOptions,
+    started: float,
+    lease: Lease,
+    *,
+    empty: str,
+) -> PackReport:
+    """Run the cluster's builds (``compute``) and publish ``tag`` once every partition built;
+    ``empty`` says why an input without records publishes nothing."""
+    try:
+        results: list[BuildResult] = list(compute())
+    except ObjectsGoneError as exc:  # a build's objects were removed under it
+        raise gone_error(store, exc.missing, since_seq=settings.state.seq, lease=lease) from exc
+    if not results:
+        raise SourceError(f"{lease.op} {tag!r}: {empty} (an empty write); nothing was published")
+    for result in results:
+        entry = result.entry
+        if len(entry.shards) == 0 and entry.samples:
+            raise IntegrityError(f"partition {entry.path!r}: built without shards")
+    return publish_written(
+        store,
+        tag,
+        settings,
+        results,
+        keep_skipped=opts.keep_skipped,
+        skipped=sum(r.skipped for r in results),
+        started=started,
+        lease=lease,
+    )
