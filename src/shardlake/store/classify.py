@@ -99,6 +99,9 @@ _REFUSED_S3_CODES = {
     "ThrottlingException",
     "RequestLimitExceeded",
 }
+# Azure storage error codes of a body that failed its Content-MD5 (or CRC-64) on arrival:
+# nothing was stored, send it again.
+_REFUSED_AZURE_CODES = {"Md5Mismatch", "Crc64Mismatch"}
 _REFUSED_MARKERS = (
     "slowdown",
     "slow down",
@@ -193,7 +196,7 @@ def classify(exc: BaseException) -> Verdict:
         verdict = _by_type_name(cause)
         if verdict is not None:
             return verdict
-    if s3_error_code(exc) in _REFUSED_S3_CODES:
+    if s3_error_code(exc) in _REFUSED_S3_CODES or azure_error_code(exc) in _REFUSED_AZURE_CODES:
         return Verdict.TRANSIENT
     for cause in chain:  # then an HTTP status (s3fs raises OSError(EIO) from a 404 page)
         status = http_status(cause)

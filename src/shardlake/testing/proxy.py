@@ -165,32 +165,39 @@ class FaultProxy:
         self._server.server_close()
 
     def inject(
-        self, kind: str, *, path_contains: str, method: str | None = None, times: int = 1
+        self,
+        kind: str,
+        *,
+        path_contains: str,
+        method: str | None = None,
+        times: int = 1,
+        body_contains: bytes | None = None,
     ) -> None:
         """Give the next ``times`` requests whose path contains ``path_contains`` (and whose
-        method is ``method``, if given) the fault ``kind``. Aimed faults apply in the order
-        they were aimed: one starts only when the one before it is used up."""
+        method is ``method``, and whose body contains ``body_contains``, if given: a GCS
+        upload names its object in the body) the fault ``kind``. Aimed faults apply in the
+        order they were aimed: one starts only when the one before it is used up."""
         if kind not in FAULT_KINDS + AIMED_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}; use {FAULT_KINDS + AIMED_KINDS}")
         with self._lock:
-            self._aimed.append(_Aimed(kind, method, path_contains, times))
+            self._aimed.append(_Aimed(kind, method, path_contains, times, body_contains))
 
-    def decide(self, method: str, path: str) -> str | None:
+    def decide(self, method: str, path: str, body: bytes = b"") -> str | None:
         """The fault for this request (None: forward it untouched); counts what it injects."""
-        kind = self._choose(method, path)
+        kind = self._choose(method, path, body)
         with self._lock:
             self.history.append((method, path, kind))
             if kind is not None:
                 self.injected[kind] += 1
         return kind
 
-    def _choose(self, method: str, path: str) -> str | None:
+    def _choose(self, method: str, path: str, body: bytes = b"") -> str | None:
         with self._lock:
             self.requests += 1
             if self.stall_all:
                 return "stall"
             self._aimed = [aimed for aimed in self._aimed if aimed.left > 0]
-            if self._aimed and self._aimed[0].matches(method, path):
+            if self._aimed and self._aimed[0].matches(method, path, body):
                 self._aimed[0].left -= 1
                 return self._aimed[0].kind
             what = f"{method} {path}"
@@ -251,9 +258,14 @@ class _Aimed:
     method: str | None
     path_contains: str
     left: int
+    body_contains: bytes | None = None
 
-    def matches(self, method: str, path: str) -> bool:
-        return self.method in (None, method) and self.path_contains in path
+    def matches(self, method: str, path: str, body: bytes = b"") -> bool:
+        return (
+            self.method in (None, method)
+            and self.path_contains in path
+            and (self.body_contains is None or self.body_contains in body)
+        )
 
 
 class _Server(ThreadingHTTPServer):
@@ -288,7 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
             and self._check_then_write(proxy, body)
         ):
             return
-        kind = proxy.decide(self.command, self.path.split("?", 1)[0])
+        kind = proxy.decide(self.command, self.path.split("?", 1)[0], body)
         if kind == "stall":
             proxy.wait_or_stop(proxy.stall_s)
             self._drop()

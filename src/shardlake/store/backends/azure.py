@@ -3,6 +3,9 @@ block-list streaming, one retry layer."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -72,6 +75,7 @@ class AzureBackend(BucketBackend):
                 f"open {protocol}://: credentials missing - {credential_hint(protocol)}"
             ) from None
         _single_try(fs)
+        _send_content_md5(fs)
         return fs
 
     def _commit_writer(self, handle: Any, path: str) -> None:
@@ -118,6 +122,55 @@ def _single_try(fs: Any) -> None:
     if config is not None and hasattr(config, "max_single_get_size"):
         config.max_single_get_size = _ONE_GET
         config.max_chunk_get_size = _ONE_GET
+
+
+# Sends of one Put Block whose body arrived damaged (the store's policy retries whole requests,
+# but a streamed write's blocks are requests adlfs makes on its own).
+_BLOCK_SENDS = 3
+
+
+def _send_content_md5(fs: Any) -> None:
+    """Every PUT with a body (Put Blob, Put Block, Put Block List) carries the body's
+    Content-MD5, which the service checks before it stores anything (400 Md5Mismatch: the
+    store retries it as transient; a streamed write's Put Block is sent again here, up to
+    ``_BLOCK_SENDS`` times). The SDK sends one only when a call asks (``validate_content``),
+    and adlfs' streaming writes never ask."""
+    client = getattr(fs, "service_client", None)
+    pipeline = getattr(client, "_pipeline", None)
+    for policy in getattr(pipeline, "_impl_policies", ()):
+        # The blob clients adlfs makes share these policy objects.
+        if type(policy).__name__ != "AsyncContentValidationPolicy":
+            continue
+        if getattr(policy, "_shardlake_md5", False):
+            return
+        send = policy.send
+
+        async def with_md5(request: Any, send: Any = send) -> Any:
+            http = request.http_request
+            data = http.data
+            if (
+                http.method == "PUT"
+                and isinstance(data, (bytes, bytearray, memoryview))
+                and len(data)
+                and "Content-MD5" not in http.headers
+            ):
+                digest = hashlib.md5(data, usedforsecurity=False).digest()
+                http.headers["Content-MD5"] = base64.b64encode(digest).decode("ascii")
+            block = http.method == "PUT" and "comp=block&" in f"{http.url}&"
+            for _ in range(_BLOCK_SENDS - 1 if block else 0):
+                response = await send(request)
+                reply = response.http_response
+                if reply.status_code != 400 or reply.headers.get("x-ms-error-code") != (
+                    "Md5Mismatch"
+                ):
+                    return response
+                with contextlib.suppress(Exception):
+                    await reply.load_body()  # let the connection go back to the pool
+            return await send(request)
+
+        policy.send = with_md5
+        policy._shardlake_md5 = True
+        return
 
 
 def _lost_commit_race(exc: BaseException) -> bool:

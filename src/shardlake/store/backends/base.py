@@ -372,12 +372,12 @@ class BucketBackend(Backend):
 
     def _create_or_exists(
         self, path: str, data: bytes, refused: Callable[[BaseException], bool], **upload: Any
-    ) -> None:
+    ) -> Any:
         """``pipe_file(mode="create")`` where the client may report the server's "it exists"
         reply as some other error: ``refused`` (the backend's reading of its protocol) says when
-        it is one, and that is raised as :class:`FileExistsError`."""
+        it is one, and that is raised as :class:`FileExistsError`. Returns the client's reply."""
         try:
-            self.fs.pipe_file(path, data, mode="create", **upload)
+            return self.fs.pipe_file(path, data, mode="create", **upload)
         except FileExistsError:
             raise
         except Exception as exc:
