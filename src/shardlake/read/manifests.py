@@ -11,6 +11,7 @@ from ..errors import FormatError, KeyNotFoundError
 from ..format.documents import PartitionEntry
 from ..format.manifest import ManifestMeta, parse_manifest
 from ..store import Store
+from .receipts import superseded_error
 from .verified import read_verified
 
 __all__ = [
@@ -41,6 +42,9 @@ def read_manifest(
     try:
         return read_verified(store, key, check)[0]
     except KeyNotFoundError as exc:
+        redacted = superseded_error(store, key)  # a forget deleted it: say which
+        if redacted is not None:
+            raise redacted from exc
         raise FormatError(f"{where}: manifest is missing") from exc
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from ..errors import IntegrityError, KeyNotFoundError, StoreError
 from ..format.codec import payload_checksum
 from ..store import Store
+from .receipts import superseded_error
 
 __all__ = [
     "CORRUPT_AT_REST",
@@ -106,7 +107,7 @@ def read_payloads(
         rereads = store.retry.integrity_rereads
     first = _read(store, refs, single)
     if isinstance(first, StoreError):
-        _reraise_missing(first)
+        _reraise_missing(store, first, refs)
         return [PayloadRead(r, None, str(first), TRANSPORT, error=first) for r in refs]
     seen: list[list[bytes]] = [[data] for data in first]
     results: list[PayloadRead | None] = [
@@ -119,7 +120,7 @@ def read_payloads(
             break
         again = _read(store, [refs[i] for i in pending], single)
         if isinstance(again, StoreError):
-            _reraise_missing(again)
+            _reraise_missing(store, again, [refs[i] for i in pending])
             continue
         for i, data in zip(pending, again, strict=True):
             seen[i].append(data)
@@ -135,8 +136,12 @@ def _verdict(ref: PayloadRef, reads: list[bytes]) -> PayloadRead:
     return PayloadRead(ref, None, problem, CORRUPT_AT_REST if agreed else TRANSPORT, len(reads))
 
 
-def _reraise_missing(exc: StoreError) -> None:
+def _reraise_missing(store: Store, exc: StoreError, refs: Sequence[PayloadRef]) -> None:
     if isinstance(exc, KeyNotFoundError):
+        for shard in dict.fromkeys(r.shard for r in refs):
+            redacted = superseded_error(store, shard)  # a forget deleted it: say which
+            if redacted is not None:
+                raise redacted from exc
         raise exc
 
 

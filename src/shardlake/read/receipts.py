@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import FormatError, KeyNotFoundError
+from ..errors import FormatError, KeyNotFoundError, StoreError, VersionRedactedError
 from ..format.layout import RECEIPTS_DIR, commit_key, receipt_key
 from ..store import Store
 
@@ -24,6 +24,7 @@ __all__ = [
     "list_receipt_ids",
     "read_receipt",
     "receipt_committed",
+    "superseded_error",
 ]
 
 RECEIPT_SCHEMA = "shardlake.forget-receipt/1"
@@ -123,3 +124,25 @@ def find_redaction(store: Store, version_hash: str) -> Redaction | None:
         old=version_hash,
         new=new,
     )
+
+
+def superseded_error(store: Store, key: str) -> VersionRedactedError | None:
+    """For an object that is missing: the error naming the forget that deleted it and the
+    successor version(s), or None when no committed forget superseded it. Looked up only after
+    a read found nothing (the receipts are listed then, never on the happy path)."""
+    try:
+        receipts = committed_receipts(store)
+    except (StoreError, FormatError):
+        return None  # cannot list (an HTTP root) or a damaged receipt: the plain miss stands
+    for doc in reversed(receipts):
+        if key in doc.get("superseded", ()):
+            successors = ", ".join(f"{v['tag']}@{v['new']}" for v in doc.get("versions", ()))
+            first = doc.get("versions", [{}])[0]
+            return VersionRedactedError(
+                f"{store.key_url(key)} was deleted by forget {doc['forget_id']} at "
+                f"{doc.get('created_at', '')} (reason: {doc.get('reason', '')}): the version "
+                f"reading it was redacted; open its successor instead ({successors})",
+                forget_id=str(doc["forget_id"]),
+                successor=f"{first.get('tag', '')}@{first.get('new', '')}",
+            )
+    return None

@@ -6,7 +6,7 @@ Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
 
 from ..read.options import ReadOptions
 from .batches import INDEX_KEY, VALID_KEY
-from .dataset import ShardDataset
+from .dataset import ResumedOnSuccessorWarning, ShardDataset
 from .ddp import masked_mean, masked_sum, pop_valid
 from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
@@ -28,6 +28,7 @@ __all__ = [
     "MixingReport",
     "PlanParams",
     "ReadOptions",
+    "ResumedOnSuccessorWarning",
     "Rows",
     "ShardDataset",
     "ShardLoader",

@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import os
 import pickle
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -21,8 +22,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import PlanError, UsageError
+from ..errors import PlanError, UsageError, VersionRedactedError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
+from ..read.receipts import find_redaction
 from ..store import Store
 from ..store.url import location
 from .batches import INDEX_KEY, VALID_KEY, SlotBatches
@@ -64,7 +66,11 @@ if TYPE_CHECKING:
     from .loader import ShardLoader
 
 
-__all__ = ["ShardDataset"]
+__all__ = ["ResumedOnSuccessorWarning", "ShardDataset"]
+
+
+class ResumedOnSuccessorWarning(UserWarning):
+    """A loader state saved on a version ``forget`` redacted is resumed on its successor."""
 
 
 DATASET_STATE_FORMAT = "shardlake.query.dataset-state/1"
@@ -572,7 +578,27 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self._plan_cache = None
 
     def check_identity(self, state: dict[str, Any]) -> None:
-        """Refuse a state saved for another version, selection or seed."""
+        """Refuse a state saved for another version, selection or seed. A state saved on a
+        version a forget redacted continues on its successor (this loader's version): the epoch
+        and step carry over, the forgotten samples are not in it (docs/loader.md, "Resume")."""
+        saved = state.get("version_hash")
+        if saved != self.version_hash and isinstance(self.store, Store):
+            redaction = find_redaction(self.store, str(saved))
+            if redaction is not None and redaction.new == self.version_hash:
+                if state.get("seed") == self.params.seed:
+                    warnings.warn(
+                        f"resuming on {redaction.tag}@{redaction.new}: {redaction.describe()}",
+                        ResumedOnSuccessorWarning,
+                        stacklevel=3,
+                    )
+                    return
+            elif redaction is not None:
+                raise VersionRedactedError(
+                    f"loader state was saved on a redacted version: {redaction.describe()}; "
+                    f"open the loader on {redaction.tag} to continue",
+                    forget_id=redaction.forget_id,
+                    successor=f"{redaction.tag}@{redaction.new}",
+                )
         mine = {
             "version_hash": self.version_hash,
             "selection_digest": self.selection_digest,

@@ -29,14 +29,15 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, NoReturn, overload
 
 import numpy as np
 
-from ..errors import IntegrityError
+from ..errors import IntegrityError, KeyNotFoundError
 from ..format.codec import frame_has_checksum, payload_checksum
 from ..read.cache import EpochCache
 from ..read.options import DEFAULT_REQUEST_BYTES, ReadOptions
+from ..read.receipts import superseded_error
 from ..store import Store
 from .plan_types import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
 
@@ -54,6 +55,16 @@ __all__ = [
 Payload = bytes | memoryview
 MAX_RUN_SAMPLES = 512  # plan shape 2, shuffled, request_bytes unset: samples per run at most
 DEFAULT_LOOKAHEAD = 32  # emits the reader asks for at once (the loader passes its batch size)
+
+
+def _missing_shard(store: Any, key: str, exc: KeyNotFoundError) -> NoReturn:
+    """A shard gone mid-epoch: name the forget that deleted it and the successor, if one did."""
+    split = getattr(store, "store_of", None)
+    real, inner = split(key) if split is not None else (store, key)
+    redacted = superseded_error(real, inner)
+    if redacted is None:
+        raise exc
+    raise redacted from exc
 
 
 @dataclass(frozen=True)
@@ -362,7 +373,10 @@ class SlotReader:
         opts = self.options
         spans = coalesce(offsets, sizes, opts.skim_gap, opts.max_skim_fraction)
         self.requests += len(spans)
-        data = self.store.read_ranges([(shard_key, s, e) for s, e, _ in spans], views=True)
+        try:
+            data = self.store.read_ranges([(shard_key, s, e) for s, e, _ in spans], views=True)
+        except KeyNotFoundError as exc:
+            _missing_shard(self.store, shard_key, exc)
         for (start, _end, members), blob in zip(spans, data, strict=True):
             self.bytes_fetched += len(blob)
             view = memoryview(blob)

@@ -386,6 +386,10 @@ class SourceStores:
     def url(self) -> str:
         return " + ".join(s.url for s in self.stores)
 
+    def store_of(self, key: str) -> tuple[Store, str]:
+        """The store a prefixed key is in, and its key there."""
+        return self._split(key)
+
     def _split(self, key: str) -> tuple[Store, str]:
         index, _, inner = key.partition(":")
         return self.stores[int(index)], inner
