@@ -362,7 +362,7 @@ class LeaseRecord:
 
     id: str
     owner: str  # user@host pid N, for operators
-    op: str  # pack, write, write_bag, import-wds, export, remove
+    op: str  # pack, write, write_bag, import-wds, export, remove, forget
     created_at: str  # UTC, ISO 8601
     expires_at: float  # seconds since the epoch; the holder renews it while it runs
     ttl_s: float

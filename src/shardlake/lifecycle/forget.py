@@ -42,12 +42,14 @@ from ..errors import (
     FormatError,
     KeyNotFoundError,
     NotFoundError,
+    ObjectsGoneError,
     SelectionError,
     UsageError,
 )
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import (
+    DATA_DIR,
     MEMBER_SUFFIX,
     manifest_key,
     receipt_key,
@@ -60,7 +62,9 @@ from ..format.manifest import ManifestMeta, parse_manifest, write_manifest
 from ..format.tar import ShardWriter, iter_members
 from ..meta.catalog import load_catalog, publish_catalog
 from ..meta.commits import commit_state, read_state
+from ..meta.gcwait import commit_beside_gc
 from ..meta.keysets import Keyset, list_keysets, read_key_list, redact_keyset, reindex_keysets
+from ..meta.leases import Lease
 from ..meta.publish import build_version_doc
 from ..meta.rootmarker import require_root
 from ..meta.state import RootState, canonical_json, hash_bytes, utc_now
@@ -624,12 +628,13 @@ def forget(store: Store, options: ForgetOptions) -> ForgetReport:
         plan = _plan(store, state, options)
         if options.dry_run or not plan.affected:
             return _dry_report(plan, options, attempt, time.monotonic() - started)
-        if state.gc_locked():
-            raise ConflictError(
-                f"{store.url}: gc is deleting unreferenced objects (commit {state.seq}); nothing "
-                "was forgotten by this run - re-run it when gc has finished"
-            )
-        report = _attempt(store, state, plan, options, forget_id, salt)
+        # gc keeps what this run writes (new revisions, records, catalog objects) until it ends.
+        pids = {e.id for r in plan.affected for e in r.version.entries}
+        tags = {r.version.tag for r in plan.affected}
+        covers = [f"{DATA_DIR}/{p}/" for p in sorted(pids)]
+        covers += [f"versions/{t}/" for t in sorted(tags)] + ["catalog/"]
+        with Lease(store, "forget", covers=covers):
+            report = _attempt(store, state, plan, options, forget_id, salt)
         if report is not None:
             report.attempts = attempt
             report.seconds = time.monotonic() - started
@@ -748,21 +753,32 @@ def _attempt(
         "not_reached": list(UNREACHABLE),
     }
     rkey = receipt_key(forget_id)
-    store.write(rkey, canonical_json(receipt))
-    new_versions = {
-        tag: (successors[h].hash if h in successors else h) for tag, h in state.versions.items()
-    }
-    new_state = RootState(state.seq + 1, new_versions, state.retired, state.latest)
     detail = {
         "forget": forget_id,
         "reason": options.reason,
         "receipt": rkey,
         "redacted": [[v.tag, v.old, v.new] for v in versions],
     }
+
+    def commit(current: RootState) -> RootState:
+        # The receipt names the commit that will record it (written first: a kill in between
+        # leaves a receipt no commit names, which never counts).
+        receipt["commit"] = current.seq + 1
+        store.write(rkey, canonical_json(receipt))
+        new_versions = {
+            tag: (successors[h].hash if h in successors else h)
+            for tag, h in current.versions.items()
+        }
+        new = RootState(current.seq + 1, new_versions, current.retired, current.latest)
+        return commit_state(store, current, new, "forget", detail)
+
     try:
-        commit_state(store, state, new_state, "forget", detail)
+        # Waits for a gc holding the root, and goes again after gc's own commits.
+        commit_beside_gc(store, state, commit, what="nothing was forgotten by this run")
+    except ObjectsGoneError:
+        raise
     except ConflictError:
-        return None  # a racing commit: plan again on top of it
+        return None  # another writer committed: plan again on top of it
     deleted = _complete(store, receipt)
     return ForgetReport(
         forget_id=forget_id,
