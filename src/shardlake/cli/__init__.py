@@ -25,8 +25,7 @@ def run() -> NoReturn:
         previous = signal.signal(signal.SIGINT, lambda signum, _frame: seen.append(signum))
     # The slow part, a Ctrl-C meanwhile only noted: the command modules and what nearly every
     # command imports on first use (an import stopped inside a native module can abort).
-    from .. import root  # noqa: F401
-    from ..pack import packer  # noqa: F401
+    from .. import PackReport, root  # noqa: F401 - PackReport: the public name loads pack
     from .main import main
 
     if previous is not None:
