@@ -214,7 +214,8 @@ class Root:
         """A :class:`~shardlake.Writer` publishing version ``tag`` when its ``with`` block exits.
 
         ``base`` carries that version's partitions forward (a partition written again replaces
-        its own); ``options`` is a :class:`~shardlake.WriteOptions`.
+        its own; each key goes to the partition the base's partition rule gives, as pack
+        would put it); ``options`` is a :class:`~shardlake.WriteOptions`.
         """
         from .pack.writer import Writer
 
