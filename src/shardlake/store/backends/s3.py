@@ -215,6 +215,9 @@ def _checksumming_class() -> type[Any]:
         (S3FileSystem,),
         {"_call_s3": _call_s3, "call_s3": sync_wrapper(_call_s3)},
     )
+    # fsspec caches instances per class: share s3fs' cache, so that
+    # S3FileSystem.clear_instance_cache() (tests pointing AWS_* at another server) clears ours.
+    made._cache = S3FileSystem._cache
     return made
 
 
