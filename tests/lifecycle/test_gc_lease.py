@@ -143,3 +143,46 @@ def test_break_lock_cli(
     assert main(["gc", location.url, "--break-lock", "--yes", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["broken"]["owner"] == "alice@host pid 1"
     assert read_state(store).gc_lock is None
+
+
+@pytest.mark.parametrize("op", ["pack", "remove", "prune", "export", "forget", "gc"])
+def test_every_commit_waits_for_a_gc_that_lets_go_within_the_deadline(
+    tmp_path: Path, op: str
+) -> None:
+    """A gc holds the root for 1.5 s (then its lease lapses, as a killed gc's would): each
+    operation that commits waits for it and then commits, instead of failing."""
+    location = _root(tmp_path)
+    store = location.open()
+    lake = shardlake.open(store)
+    pack_small(location, tmp_path / "src", tag="v2")
+    key = lake.dataset("v2").manifests(columns=["key"]).column("key")[0].as_py()
+    dest = shardlake.open(str(tmp_path / "copy"))
+    if op == "export":
+        lake.export(dest, version="v1")
+        store = dest.store
+    _hold(store, 1.5)
+    started = time.monotonic()
+    if op == "pack":
+        pack_small(location, tmp_path / "src", tag="v3")
+    elif op == "remove":
+        lake.remove("v3", keys=[key])
+    elif op == "prune":  # references nothing new: commits at once, under the lock
+        lake.prune(["v1"])
+    elif op == "export":
+        lake.export(dest, version="v2")
+    elif op == "forget":
+        lake.forget(keys=[key], reason="ticket-49")
+    else:
+        store.write(JUNK, b"x")
+        assert [o.key for o in shardlake.open(store).gc(grace_s=0).garbage] == [JUNK]
+    waited = time.monotonic() - started
+    state = read_state(store)
+    if op == "prune":
+        assert "v1" in state.retired and waited < 1.0
+    else:
+        assert waited >= 1.0, waited  # it waited for the lock's end
+        assert state.latest == {"pack": "v3", "remove": "v3"}.get(op, "v2")
+    last = {"pack": "publish", "remove": "publish", "gc": "gc-unlock"}.get(op, op)
+    assert json.loads(store.read(commit_key(state.seq)))["op"] == (
+        "retire" if op == "prune" else last
+    )

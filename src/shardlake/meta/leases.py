@@ -1,7 +1,7 @@
 """Writer leases: what a running writer tells gc to keep (``leases/<id>.json``, docs/format.md).
 
-A writer (pack, ``Root.writer``, ``write_bag``, import-wds, export, remove) creates its lease
-with create-if-absent before it writes anything, naming the key prefixes it writes
+A writer (pack, ``Root.writer``, ``write_bag``, import-wds, export, remove, forget) creates its
+lease with create-if-absent before it writes anything, naming the key prefixes it writes
 (``data/<pid>/``, ``versions/<tag>/``, ``catalog/``); it renews the record in the background
 every ``ttl / 4`` (an overwrite of its own record, a later ``expires_at``) and deletes it when
 it ends, on failure too. gc keeps every object a live lease covers, whatever its grace; a lease
