@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -266,3 +269,72 @@ def test_a_writer_that_only_deletes_publishes_the_base_without_it(tmp_path: Path
     with pytest.raises(SourceError, match="no partitions"), root.writer("v3", base="v2") as w:
         w.delete_partition("log1")
     assert [v.tag for v in root.versions()] == ["v1", "v2"]
+
+
+def test_a_writer_outside_a_with_block_refuses_to_write_naming_with(tmp_path: Path) -> None:
+    root = shardlake.open(tmp_path / "root")
+    w = root.writer("v1")
+    for use in (
+        lambda: w.write("a/1", {"x": np.ones(2)}),
+        lambda: w.finish_partition("a"),
+        w.close,
+    ):
+        with pytest.raises(UsageError, match=r"outside a `with` block.*with root.writer\('v1'\)"):
+            use()
+    assert root.versions() == []
+    with w:  # the same writer, used as documented, publishes
+        w.write("a/1", {"x": np.ones(2)})
+    assert [v.tag for v in root.versions()] == ["v1"]
+
+
+_WRITE_AND_WAIT = """
+import sys, time
+import numpy as np
+import shardlake
+root = shardlake.open(sys.argv[1])
+with root.writer("v1", options=shardlake.WriteOptions(spill_dir=sys.argv[2])) as w:
+    for i in range(20):
+        w.write(f"log0/{i:04d}", {"x": np.arange(1000) + i})
+    print("written", flush=True)
+    time.sleep(120)
+"""
+
+
+def _writer_process(root: Path, spill: Path) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITE_AND_WAIT, str(root), str(spill)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "written\n"
+    assert len(os.listdir(spill)) == 1  # its spill, holding the samples
+    return proc
+
+
+def test_sigterm_removes_the_spill_and_the_next_writer_removes_a_killed_ones(
+    tmp_path: Path,
+) -> None:
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    root = tmp_path / "root"
+    # SIGTERM: the process still ends by SIGTERM, and its spill is gone.
+    proc = _writer_process(root, spill)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert os.listdir(spill) == []
+    # SIGKILL leaves the spill; the next writer on this host removes it, as the process is gone.
+    proc = _writer_process(root, spill)
+    (killed,) = os.listdir(spill)
+    proc.kill()
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    assert os.listdir(spill) == [killed]
+    live = spill / killed.replace(f"-{proc.pid}-", f"-{os.getppid()}-")  # a live process's
+    live.mkdir()
+    foreign = spill / "shardlake-writer-notours"  # not a name the writer makes: left alone
+    foreign.mkdir()
+    lake = shardlake.open(root)
+    with lake.writer("v1", options=WriteOptions(spill_dir=spill)) as w:
+        assert not (spill / killed).exists() and live.exists() and foreign.exists()
+        w.write("log0/0000", {"x": np.arange(3)})
+    assert sorted(os.listdir(spill)) == sorted([live.name, foreign.name])
+    assert [v.tag for v in lake.versions()] == ["v1"]

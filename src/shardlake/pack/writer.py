@@ -8,7 +8,9 @@ removes its spill file; on a clean exit every partition not finished yet is buil
 (same content addressing, seeded shuffle, shard rolling, manifest, revision reuse) from the
 spill, one payload at a time, and the version is published by :func:`~shardlake.pack.publish.
 publish` (one commit, create-if-absent). An exception (or Ctrl-C) inside the ``with`` block
-publishes nothing; revisions already in the store are left for gc, the spill is removed.
+publishes nothing; revisions already in the store are left for gc, the spill is removed (also
+on SIGTERM, and a killed writer's by the next writer: ``pack/spill``). A writer writes only
+inside its ``with`` block: the block's clean exit is what publishes.
 
 Why a spill and not shards as samples arrive: a revision's shards hold its samples in the seeded
 shuffle order of *all* its keys and live under its ``data_rev`` (a hash of all its samples), so
@@ -26,7 +28,6 @@ import collections
 import concurrent.futures as cf
 import json
 import os
-import tempfile
 import threading
 import time
 import zlib
@@ -60,6 +61,7 @@ from .build import (
 from .packer import PackReport
 from .plan import recipe_over, resolve_root
 from .publish import publish
+from .spill import Spill
 
 __all__ = [
     "EncodedRecord",
@@ -101,7 +103,8 @@ class WriteOptions:
         the key. Memory: at most ``2 * encode_threads`` samples in flight.
     spill_dir
         Local directory for the spill file of encoded payloads (default: the system temp dir).
-        It holds the compressed samples until the writer closes.
+        It holds the compressed samples until the writer closes. A writer starting here
+        removes the spills of dead writer processes of this host.
     allow_foreign
         Publish the first version into a location holding objects shardlake did not write.
     """
@@ -339,9 +342,7 @@ class Writer:
             tuple[_SpillPartition, str, dict[str, Any] | None, cf.Future[_Encoded]]
         ] = collections.deque()
         self._max_inflight = 2 * threads
-        self._spill = tempfile.TemporaryDirectory(  # lives as long as the writer
-            prefix="shardlake-writer-", dir=os.fspath(self._opts.spill_dir or tempfile.gettempdir())
-        )
+        self._spill: Spill | None = None  # made by __enter__, removed however the writer ends
         # Open spill handles, least recently used first (many partitions: few descriptors).
         self._handles: collections.OrderedDict[str, BinaryIO] = collections.OrderedDict()
         self._builder = cf.ThreadPoolExecutor(
@@ -357,6 +358,8 @@ class Writer:
     # --- the context manager -------------------------------------------------------------
 
     def __enter__(self) -> Writer:
+        if self._state == "open" and self._spill is None:
+            self._spill = Spill(self._opts.spill_dir)
         return self
 
     def __exit__(
@@ -420,7 +423,7 @@ class Writer:
                 raise UsageError(f"sample {skey!r}: partition {path!r} was deleted in this writer")
             part = self._parts.get(path)
             if part is None:
-                spill = os.path.join(self._spill.name, f"{len(self._parts):08d}.spill")
+                spill = os.path.join(self._check_open().path, f"{len(self._parts):08d}.spill")
                 part = self._parts[path] = _SpillPartition(path, spill)
             elif part.build is not None:
                 raise UsageError(f"sample {skey!r}: partition {path!r} was finished already")
@@ -530,7 +533,8 @@ class Writer:
         for handle in self._handles.values():
             handle.close()
         self._handles.clear()
-        self._spill.cleanup()
+        if self._spill is not None:
+            self._spill.cleanup()
 
     def _stop_encoding(self) -> None:
         for *_, future in self._inflight:
@@ -584,9 +588,17 @@ class Writer:
             self._lease.release()
         return self._report
 
-    def _check_open(self) -> None:
+    def _check_open(self) -> Spill:
+        """The spill of a writer still open inside its ``with`` block; else a UsageError."""
         if self._state != "open":
             raise UsageError(f"writer for {self._tag!r} is closed ({self._state})")
+        if self._spill is None:
+            raise UsageError(
+                f"writer for {self._tag!r} is used outside a `with` block: write inside "
+                f"`with root.writer({self._tag!r}) as w:`, which publishes the version when "
+                "the block exits cleanly (and nothing if it raises)"
+            )
+        return self._spill
 
     def _build(self, part: _SpillPartition) -> BuildResult:
         """Build one partition from its spill file (one payload at a time), then remove it."""
