@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from .meta.keysets import Keyset
     from .meta.versions import Version
     from .pack import PackOptions, PackReport, inspect_source
-    from .pack.writer import WriteOptions, Writer
+    from .pack.writer import RaggedFieldWarning, WriteOptions, Writer
     from .query.dataset import Dataset
     from .query.selection import Selection
     from .root import Root, open
@@ -69,6 +69,7 @@ _LAZY = {
     "Keyset": "meta.keysets",
     "PackOptions": "pack",
     "PackReport": "pack",
+    "RaggedFieldWarning": "pack.writer",
     "RetryPolicy": "store",
     "Root": "root",
     "Selection": "query.selection",
@@ -128,6 +129,7 @@ __all__ = [
     "PruneReport",
     "RemoveOptions",
     "RemoveReport",
+    "RaggedFieldWarning",
     "RetryPolicy",
     "ScrubOptions",
     "ScrubReport",

@@ -10,6 +10,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -338,3 +339,38 @@ def test_sigterm_removes_the_spill_and_the_next_writer_removes_a_killed_ones(
         w.write("log0/0000", {"x": np.arange(3)})
     assert sorted(os.listdir(spill)) == sorted([live.name, foreign.name])
     assert [v.tag for v in lake.versions()] == ["v1"]
+
+
+def test_an_array_whose_shape_changes_is_flagged_and_the_loader_calls_it_usage(
+    tmp_path: Path,
+) -> None:
+    from shardlake.torch import ShardDataset
+
+    root = shardlake.open(tmp_path / "root")
+    with pytest.warns(shardlake.RaggedFieldWarning) as caught, root.writer("v1") as w:
+        for i in range(4):
+            rows = 2 if i < 3 else 5  # the last sample's "lanes" has more rows
+            w.write(
+                f"log0/{i}",
+                {"lanes": np.zeros((rows, 3), np.float32), "label": np.array(["x"] * (i + 1))},
+            )
+    messages = [str(c.message) for c in caught if c.category is shardlake.RaggedFieldWarning]
+    assert messages == [
+        "writer for 'v1': array 'lanes' is <f4[5, 3] in sample 'log0/3', <f4[2, 3] in sample "
+        "'log0/0'; the loader batches samples whose arrays differ only with a transform= that "
+        "pads or crops them"
+    ]  # once, naming both shapes; string arrays (lists in a batch) may differ freely
+    ds = ShardDataset(str(tmp_path / "root"), "v1", batch_size=4, shuffle=False, num_workers=0)
+    with pytest.raises(UsageError, match="samples of one batch differ: array 'lanes'") as error:
+        next(iter(ds.loader()))
+    assert not isinstance(error.value, shardlake.FormatError)  # not a damaged file
+
+    def pad(sample: dict[str, Any]) -> dict[str, Any]:
+        lanes = np.zeros((5, 3), np.float32)
+        lanes[: len(sample["lanes"])] = sample["lanes"]
+        return {"lanes": lanes}
+
+    padded = ShardDataset(
+        str(tmp_path / "root"), "v1", batch_size=4, shuffle=False, num_workers=0, transform=pad
+    )
+    assert tuple(next(iter(padded.loader()))["lanes"].shape) == (4, 5, 3)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from shardlake.errors import FormatError, IntegrityError
+from shardlake.errors import IntegrityError, UsageError
 from shardlake.format.codec import Encoder
 from shardlake.torch.collate import BatchBuilder, PayloadDecoder
 
@@ -51,14 +51,14 @@ def test_batch_equals_stacked_samples_whatever_the_headers() -> None:
     ],
 )
 def test_a_sample_that_does_not_stack_is_named(odd: dict[str, Any], message: str) -> None:
-    with pytest.raises(FormatError, match=message) as info:
+    with pytest.raises(UsageError, match=message) as info:  # not damage: a usage error
         _build([_sample(0), {**_sample(1), **odd}])
     assert "shard-0 row 1" in str(info.value)
 
 
 def test_a_missing_array_is_named() -> None:
     short = {k: v for k, v in _sample(1).items() if k != "ids"}
-    with pytest.raises(FormatError, match="no array 'ids'"):
+    with pytest.raises(UsageError, match="no array 'ids'"):
         _build([_sample(0), short])
 
 

@@ -30,6 +30,7 @@ import json
 import os
 import threading
 import time
+import warnings
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +66,7 @@ from .spill import Spill
 
 __all__ = [
     "EncodedRecord",
+    "RaggedFieldWarning",
     "WriteOptions",
     "WriteSettings",
     "Writer",
@@ -79,6 +81,11 @@ __all__ = [
 PARENT_RULE = PartitionRule(depth=None, regex=r"^(?P<partition>.+)/[^/]+$")
 DEFAULT_BUILD_WORKERS = 4
 MAX_OPEN_SPILLS = 64
+
+
+class RaggedFieldWarning(UserWarning):
+    """A writer's array whose dtype or shape differs between samples (legal; the loader then
+    needs a ``transform=`` that pads or crops)."""
 
 
 @options_class
@@ -329,6 +336,8 @@ class Writer:
         self._parts: dict[str, _SpillPartition] = {}
         self._partition_of: dict[str, str] = {}  # every key written -> its partition
         self._deleted: set[str] = set()
+        self._fields: dict[str, tuple[str, str, tuple[int, ...]]] = {}  # first key, dtype, shape
+        self._ragged: set[str] = set()  # array names already warned about
         self._local = threading.local()  # zstd contexts are per thread
         self._lock = threading.Lock()
         threads = max(1, self._opts.encode_threads)
@@ -431,6 +440,7 @@ class Writer:
             if is_skipped(sidecar) and not self._opts.keep_skipped:
                 part.skipped += 1
                 return
+        self._check_fields(skey, checked)
         if self._pool is None:
             # The source hash runs beside the encoding (both release the GIL on big buffers);
             # both are done before write() returns, so the caller may reuse its arrays.
@@ -444,6 +454,26 @@ class Writer:
         self._inflight.append((part, skey, sidecar, self._pool.submit(self._encode, skey, checked)))
         while len(self._inflight) > self._max_inflight:
             self._stage_next()
+
+    def _check_fields(self, key: str, arrays: dict[str, np.ndarray[Any, Any]]) -> None:
+        """Warn (once per array name) when a numeric array's dtype or shape differs from the
+        first written sample's: legal, but the loader batches such samples only through a
+        ``transform=`` that pads or crops them. String arrays become lists: any shape goes."""
+        for name, array in arrays.items():
+            if array.dtype.kind in "US" or name in self._ragged:
+                continue
+            seen = self._fields.setdefault(name, (key, array.dtype.str, array.shape))
+            if seen[1:] != (array.dtype.str, array.shape):
+                self._ragged.add(name)
+                first, dtype, shape = seen
+                warnings.warn(
+                    f"writer for {self._tag!r}: array {name!r} is "
+                    f"{array.dtype.str}{list(array.shape)} in sample {key!r}, "
+                    f"{dtype}{list(shape)} in sample {first!r}; the loader batches samples "
+                    "whose arrays differ only with a transform= that pads or crops them",
+                    RaggedFieldWarning,
+                    stacklevel=3,
+                )
 
     def _encode(
         self, key: str, arrays: dict[str, np.ndarray[Any, Any]], hashed: bool = True

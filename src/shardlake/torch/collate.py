@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate, get_worker_info
 
-from ..errors import FormatError, IntegrityError
+from ..errors import IntegrityError, UsageError
 from ..format.codec import Decoder, TensorSpec, decode_safetensors, safetensors_layout
 
 __all__ = [
@@ -304,20 +304,22 @@ class _BatchSlots:
         for name in self.order:
             array = arrays.get(name)
             if array is None:
-                raise FormatError(
-                    f"{where}: sample has no array {name!r} but the first sample of its batch "
-                    "has; pass transform= to reshape samples, or use a plain DataLoader with a "
-                    "custom collate_fn"
+                # Not damage: samples written with other arrays (a usage error, as for shapes).
+                raise UsageError(
+                    f"samples of one batch differ: the sample at {where} has no array "
+                    f"{name!r}, the first sample of its batch has; pass transform= to reshape "
+                    "samples, or use a plain DataLoader with a custom collate_fn"
                 )
             if name in self.lists:
                 self.lists[name][i] = _as_sample_value(array)
                 continue
             out = self.views[name]
             if array.shape != out.shape[1:] or array.dtype != out.dtype:
-                raise FormatError(
-                    f"{where}: array {name!r} is {array.dtype.str}{list(array.shape)}, the first "
-                    f"sample of its batch has {out.dtype.str}{list(out.shape[1:])}; samples of "
-                    "one batch must match (pass transform= to pad or crop them)"
+                raise UsageError(
+                    f"samples of one batch differ: array {name!r} is "
+                    f"{array.dtype.str}{list(array.shape)} in the sample at {where}, "
+                    f"{out.dtype.str}{list(out.shape[1:])} in the first sample of its batch; "
+                    "the loader stacks equal shapes only (pass transform= to pad or crop them)"
                 )
             out[i] = array
 
