@@ -76,3 +76,22 @@ def test_write_bag_over_a_base_keeps_its_rule(root: shardlake.Root) -> None:
     v2 = root.dataset("v2")
     assert sorted(e.path for e in v2.entries) == ["p0", "p1"]
     assert sorted(v2.keys()) == ["p0/s000", "p0/sub/s001", "p1/sub/s002"]
+
+
+def test_a_key_a_carried_partition_holds_is_never_written_twice(tmp_path: Path) -> None:
+    """A base whose keys were placed by ``partition=`` (``a/b/c`` in ``a``) does not follow its
+    recorded rule (a key's parent path): writing ``a/b/c`` over it goes to ``a/b`` by the rule,
+    while ``a`` is carried. Refused, naming both partitions, instead of holding it twice."""
+    r = shardlake.open(str(tmp_path / "root"))
+    with r.writer("v1") as w:
+        w.write("a/b/c", arrays("a/b/c"), partition="a")
+        w.write("a/x", arrays("a/x"))
+    twice = r"'a/b/c'.*partition 'a/b'.*partition 'a'"
+    with pytest.raises(SourceError, match=twice), r.writer("v2", base="v1") as w:
+        w.write("a/b/c", arrays("a/b/c", 1))
+    assert [v.tag for v in r.versions()] == ["v1"]
+    with r.writer("v2", base="v1") as w:  # replacing `a` as well is fine
+        w.write("a/b/c", arrays("a/b/c", 1))
+        w.write("a/x", arrays("a/x", 1))
+    assert sorted(r.dataset("v2").keys()) == ["a/b/c", "a/x"]
+    assert sorted(e.path for e in r.dataset("v2").entries) == ["a", "a/b"]

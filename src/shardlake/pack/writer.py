@@ -47,6 +47,7 @@ from ..meta.leases import Lease, gone_error
 from ..meta.publish import check_new_tag
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion
+from ..read.manifests import read_entry_manifest
 from ..source.sidecar import is_skipped, parse_sidecar
 from ..source.source_form import source_sha256
 from ..source.tree import PartitionRule
@@ -667,6 +668,41 @@ def rule_owner(path: str, rule: PartitionRule | None) -> str:
     return rule.partition_of(path + "/x.npz") or path
 
 
+def _ancestors(path: str) -> Iterator[str]:
+    parts = path.split("/")
+    for i in range(1, len(parts)):
+        yield "/".join(parts[:i])
+
+
+def _check_no_key_twice(
+    store: Store, written: Mapping[str, PartitionEntry], carried: list[PartitionEntry]
+) -> None:
+    """Refuse a written key that a carried base partition also holds. Under a rule that
+    describes the base it cannot happen; a base whose keys were placed by ``partition=`` may
+    hold ``a/b/c`` in ``a`` while the rule now gives ``a/b``. Only partitions nested in one
+    another can share keys that way, so only their manifests are read (usually none)."""
+    carried_by_path = {e.path: e for e in carried}
+    pairs = [(p, q) for p in written for q in _ancestors(p) if q in carried_by_path]
+    pairs += [(p, q) for q in carried_by_path for p in _ancestors(q) if p in written]
+    keys: dict[str, set[str]] = {}
+
+    def keys_of(entry: PartitionEntry) -> set[str]:
+        if entry.path not in keys:
+            table, _meta = read_entry_manifest(store, entry)
+            keys[entry.path] = set(table.column("key").to_pylist())
+        return keys[entry.path]
+
+    for p, q in pairs:
+        both = keys_of(written[p]) & keys_of(carried_by_path[q])
+        if both:
+            key = sorted(both)[0]
+            raise SourceError(
+                f"sample {key!r} (and {len(both) - 1} more) written to partition {p!r} is also "
+                f"in the base's partition {q!r}, which is carried: a key may be in one partition "
+                f"only; rewrite or delete_partition({q!r}); nothing was published"
+            )
+
+
 def publish_written(
     store: Store,
     tag: str,
@@ -715,6 +751,7 @@ def publish_written(
     dropped_by_rule = [
         p for p in base_entries if p not in entries and p not in deleted and p not in carried
     ]
+    _check_no_key_twice(store, {p: entries[p] for p in entries}, [base_entries[p] for p in carried])
     for path in carried:
         entries[path] = base_entries[path]
     if not entries:
