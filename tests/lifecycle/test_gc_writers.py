@@ -258,3 +258,24 @@ def test_a_write_whose_objects_gc_took_names_the_gc_and_the_lease(
     monkeypatch.undo()
     assert open_store(root).list("leases") == []
     assert main(["pack", str(src), root, "--tag", "v2"]) == 0
+
+
+def test_an_export_keeps_its_copies_from_a_gc_at_the_destination(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    synth_corpus(src, 2, 3, seed=53, neighbors=2, lanes=4)
+    root = str(tmp_path / "root")
+    assert main(["pack", str(src), root, "--tag", "v1"]) == 0
+    dest = str(tmp_path / "copy")
+    seen: list[GcReport] = []
+
+    def gc_before_the_record(request: Any, send: Callable[[], Any]) -> Any:
+        # Every shard and manifest is copied, nothing references them yet: gc --grace 0s.
+        if request.key.startswith("versions/") and request.op in ("create", "write") and not seen:
+            seen.append(shardlake.open(dest).gc(grace_s=0))
+        return send()
+
+    report = shardlake.open(root).export(open_store(dest).with_layers(gc_before_the_record))
+    assert report.committed and seen
+    (gc,) = seen
+    assert gc.garbage == [] and len(gc.leased) >= 4 and [r.op for r in gc.leases] == ["export"]
+    assert shardlake.open(dest).scrub("v1").ok and open_store(dest).list("leases") == []

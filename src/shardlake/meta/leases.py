@@ -156,8 +156,12 @@ class Lease:
         if now >= self.expires_at and self.lapsed_at is None and self.expires_at:
             self.lapsed_at = self.expires_at
             log.warning("%s: %s lapsed before it was renewed", self.store.url, self.describe())
-        self.expires_at = now + self.ttl_s
-        self.store.write(self.key, self._data())
+        previous, self.expires_at = self.expires_at, now + self.ttl_s
+        try:
+            self.store.write(self.key, self._data())
+        except BaseException:
+            self.expires_at = previous  # what the stored record still says
+            raise
 
     def _run(self) -> None:
         while not self._stop.wait(self.ttl_s / RENEW_FRACTION):
