@@ -7,8 +7,8 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from fsspec.registry import _registry as fsspec_classes
 import pytest
+from fsspec.registry import _registry as fsspec_classes
 
 import shardlake
 from shardlake.errors import (
