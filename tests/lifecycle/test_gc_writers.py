@@ -167,11 +167,12 @@ import time
 import numpy as np
 import shardlake
 
-writer = shardlake.open({root!r}).writer("killed", options=shardlake.WriteOptions(shard_size=600))
-for i in range(6):
-    writer.write(f"log0/{{i:06d}}", {{"x": np.full((8, 8), i, np.float32)}})
-writer.finish_partition("log0")
-time.sleep(600)
+options = shardlake.WriteOptions(shard_size=600)
+with shardlake.open({root!r}).writer("killed", options=options) as writer:
+    for i in range(6):
+        writer.write(f"log0/{{i:06d}}", {{"x": np.full((8, 8), i, np.float32)}})
+    writer.finish_partition("log0")
+    time.sleep(600)
 """
 
 

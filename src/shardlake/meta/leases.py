@@ -141,7 +141,9 @@ class Lease:
         return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
     def start(self) -> Lease:
-        """Create the record (create-if-absent: ids are unique) and start renewing it."""
+        """Create the record (create-if-absent: ids are unique) and start renewing it (once)."""
+        if self._thread is not None:
+            return self
         self.store.require_writable(f"{self.op} (its lease)")
         with self._lock:
             self.expires_at = time.time() + self.ttl_s

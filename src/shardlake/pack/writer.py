@@ -361,15 +361,16 @@ class Writer:
         )
         self._state = "open"  # open -> published | aborted
         self._report: PackReport | None = None
-        # gc keeps what this writer writes while it is open (each partition's prefix is added
-        # before its build writes there); released when it publishes or aborts.
-        self._lease = Lease(store, op, tag=tag).start()
+        # gc keeps what this writer writes while its block runs (each partition's prefix is
+        # added before its build writes there); released when it publishes or aborts.
+        self._lease = Lease(store, op, tag=tag)
 
     # --- the context manager -------------------------------------------------------------
 
     def __enter__(self) -> Writer:
         if self._state == "open" and self._spill is None:
             self._spill = Spill(self._opts.spill_dir)
+            self._lease.start()
         return self
 
     def __exit__(
