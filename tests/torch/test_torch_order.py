@@ -231,3 +231,17 @@ def test_pop_valid_serves_exact_and_plain_batches() -> None:
     marked = {"x": torch.zeros(3, 2), "__valid__": torch.tensor([True, False, True])}
     assert pop_valid(marked).tolist() == [True, False, True] and "__valid__" not in marked
     assert pop_valid({"x": torch.zeros(4, 2)}).tolist() == [True] * 4
+
+
+def test_exact_batches_from_a_mapped_plan_raise_no_numpy_warning(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plan mapped from the node-local cache is read-only: the batch's "__valid__" must be
+    a copy, not torch.from_numpy of it ("The given NumPy array is not writable")."""
+    monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", str(tmp_path / "cache"))
+    for _ in range(2):  # the first run writes the plan, the second maps it
+        exact = ShardDataset(str(corpus[1]), batch_size=6, exact=True, world_size=2, rank=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            valid = [bool(v) for b in exact.loader() for v in b["__valid__"]]
+        assert sum(valid) == 18  # rank 1: steps 0-2 real, step 3 all padding (41 of 48)
