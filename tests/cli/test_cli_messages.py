@@ -226,3 +226,19 @@ def test_an_out_of_range_count_is_a_usage_error_naming_the_flag(capsys, root, ar
     assert code == 2, err
     assert f"argument {flag}: must be at least" in err
     assert "batch_size" not in err and "Traceback" not in err
+
+
+def test_a_writer_made_one_partition_version_reads_right(capsys, tmp_path):
+    import numpy as np
+
+    url = str(tmp_path / "root")
+    with shardlake.open(url).writer("w1") as w:
+        w.write("log0/0", {"x": np.arange(3)})
+    code, out, _ = _run(capsys, ["show", url])
+    assert code == 0
+    assert "source          - (none: written by Root.writer, write_bag or import-wds)" in out
+    assert "base            - (none: made from scratch)" in out
+    assert "samples         1 in 1 partition, 1 shard, " in out and "None" not in out
+    code, out, _ = _run(capsys, ["versions", url])
+    assert code == 0 and "\t1 partition\t1 sample\t" in out
+    assert "published w1" in w.report.summary() and "1 partition, 1 sample;" in w.report.summary()

@@ -71,9 +71,9 @@ def test_inspect_pack_verify_keysets_with_no_workaround(
     # inspect: route summaries are "not frames"; depth 1 is too coarse and says so.
     assert main(["inspect", "corpus"]) == 0
     out = capsys.readouterr().out
-    assert f"not frames: {PARTITIONS} file(s)" in out and "/routes/" in out
+    assert f"not frames: {PARTITIONS} files" in out and "/routes/" in out
     # on the command line the suggestion names the flag (as getting-started shows it)
-    assert "# suggestion: --partition-depth 1 gives 3 partition(s)" in out
+    assert "# suggestion: --partition-depth 1 gives 3 partitions" in out
     assert f"--partition-depth 4 gives {PARTITIONS} partitions" in out
     assert main(["inspect", "corpus", "--partition-depth", "4", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)

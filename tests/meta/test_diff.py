@@ -118,9 +118,9 @@ def test_diff_then_rebase_reports_exactly(
     argv = ["keyset", root, "rebase", "all", "--version", "v2", "--as", "strict2", "--strict"]
     assert main(argv) == 1
     err = capsys.readouterr().err
-    assert "3 key(s) dropped, 1 changed" in err and "(see --strict)" not in err
+    assert "3 keys dropped, 1 changed" in err and "(see --strict)" not in err
     # It says what to do instead: rebase without --strict to carry the 6 keys v2 still has.
-    assert "rebase without strict to carry the 6 key(s) it still has" in err
+    assert "rebase without strict to carry the 6 keys it still has" in err
     assert f"(shardlake keyset {root} rebase all --version v2 --as strict2 without --strict)" in err
     assert {k.name for k in opened.keysets()} == {"all", "all2"}
     # The version's lineage: v2's base is v1, in `versions` and `show`.
@@ -229,4 +229,4 @@ def test_same_payloads_from_other_files_are_not_changed(
     diff = r.diff("v1", "v3", samples=True)
     assert diff.changed_keys == ["b/f01"] and diff.data_changed == ["b"]
     assert main(["keyset", root, "rebase", "all", "--version", "v3", "--as", "s3", "--strict"]) == 1
-    assert "0 key(s) dropped, 1 changed" in capsys.readouterr().err
+    assert "0 keys dropped, 1 changed" in capsys.readouterr().err

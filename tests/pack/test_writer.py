@@ -374,3 +374,14 @@ def test_an_array_whose_shape_changes_is_flagged_and_the_loader_calls_it_usage(
         str(tmp_path / "root"), "v1", batch_size=4, shuffle=False, num_workers=0, transform=pad
     )
     assert tuple(next(iter(padded.loader()))["lanes"].shape) == (4, 5, 3)
+
+
+def test_a_losing_concurrent_writer_is_told_about_its_own_run(tmp_path: Path) -> None:
+    root = shardlake.open(tmp_path / "root")
+    with pytest.raises(shardlake.ConflictError) as lost, root.writer("v1") as late:
+        late.write("a/1", {"x": np.ones(2)})
+        with root.writer("v1") as early:  # opened after, closes (publishes) first
+            early.write("a/1", {"x": np.zeros(2)})
+    assert "was published by another writer while this write ran" in str(lost.value)
+    assert "pack" not in str(lost.value)
+    assert [v.tag for v in root.versions()] == ["v1"]

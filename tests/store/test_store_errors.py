@@ -180,7 +180,7 @@ def test_retry_limits_are_configurable(monkeypatch) -> None:
     assert store.retry.attempts == 2
     with pytest.raises(RetriesExhaustedError) as caught:
         store.read("k")
-    assert "2 attempt(s)" in str(caught.value) and counter.requests["read"] == 2
+    assert "2 attempts" in str(caught.value) and counter.requests["read"] == 2
     monkeypatch.setenv("SHARDLAKE_RETRY_ATTEMPTS", "many")
     with pytest.raises(UsageError):
         open_store("memory://retry-env")

@@ -421,7 +421,7 @@ def test_strict_says_identical_only_when_every_cell_is(baseline: Path, tmp_path:
     same = write_run(tmp_path / "same", BASE_VALID)
     assert main(["compare-runs", str(baseline), str(same), "--strict"]) == 0
     out = capsys.readouterr().out
-    assert "identical: every cell" in out and "8 epoch row(s) x 3 column(s)" in out
+    assert "identical: every cell" in out and "8 epoch row(s) x 3 columns" in out
     # One last-digit difference in one cell is a failure naming the cell (the band would pass).
     valid = [*BASE_VALID[:-1], 0.4900001]
     near = write_run(tmp_path / "near", valid)

@@ -182,7 +182,7 @@ def test_synth_refuses_a_folder_that_holds_files(
     assert main(_synth(target)) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
-    assert "holds 5 file(s)" in err and "a.npz, b.json, c.txt and 2 more" in err
+    assert "holds 5 files" in err and "a.npz, b.json, c.txt and 2 more" in err
     assert "--add" in err
     assert _tree(target) == before
     (tmp_path / "empty" / "sub").mkdir(parents=True)  # empty folders hold no files
@@ -218,7 +218,7 @@ def test_synth_add_writes_beside_and_never_overwrites(
     capsys.readouterr()
     # The same seed again would draw the same names: refused as a whole, nothing written.
     assert main(_synth(target, "--add", "--seed", "7")) == 1
-    assert "12 of the 12 file(s)" in capsys.readouterr().err
+    assert "12 of the 12 files" in capsys.readouterr().err
     assert _tree(target) == after
 
 

@@ -7,6 +7,7 @@ import argparse
 import sys
 from typing import Any
 
+from ..progress.bar import plural
 from . import flags
 from .common import open_root, print_report
 from .flags import Command
@@ -33,7 +34,9 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 def _print_catalogs(rows: list[dict[str, Any]], url: str) -> None:
     for row in rows:
-        print(f"{row['tag']}\t{row['catalog']}\t{row['segments']} segment(s)\t{row['rows']} rows")
+        print(
+            f"{row['tag']}\t{row['catalog']}\t{plural(row['segments'], 'segment')}\t{plural(row['rows'], 'row')}"
+        )
     if not rows:
         print(f"no versions in {url}", file=sys.stderr)
 
@@ -45,7 +48,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         args,
         index,
         f"wrote {root.url}/index.json: commit {index['commit']}, {len(index['versions'])} "
-        f"version(s), latest {index['latest']}, {len(index['keysets'])} keyset(s)",
+        f"version(s), latest {index['latest']}, {plural(len(index['keysets']), 'keyset')}",
     )
 
 

@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SHOW_MAX
+from ..progress.bar import plural
 from . import flags
 from .common import open_root, print_report
 from .flags import Command
@@ -276,7 +277,7 @@ def cmd_keyset_create(args: argparse.Namespace) -> int:
     return print_report(
         args,
         keyset.info(),
-        f"keyset {keyset.name}: {len(keyset)} samples in {len(set(keyset.partitions))} "
+        f"keyset {keyset.name}: {plural(len(keyset), 'sample')} in {len(set(keyset.partitions))} "
         f"partition(s), bound to version {keyset.version_tag} ({keyset.version_hash})",
     )
 
@@ -289,7 +290,9 @@ def cmd_keyset_list(args: argparse.Namespace) -> int:
 def _print_keysets(keysets: list[Keyset]) -> None:
     for k in keysets:
         origin = f"\trebased_from: {k.rebased_from}" if k.rebased_from else ""
-        print(f"{k.name}\t{len(k)} samples\tversion {k.version_tag} ({k.version_hash}){origin}")
+        print(
+            f"{k.name}\t{plural(len(k), 'sample')}\tversion {k.version_tag} ({k.version_hash}){origin}"
+        )
 
 
 def cmd_keyset_show(args: argparse.Namespace) -> int:
@@ -322,7 +325,7 @@ def _print_overlap(args: argparse.Namespace, report: Any) -> None:
     if report.disjoint:
         print(f"keysets {args.a} and {args.b} are disjoint")
     else:
-        print(f"keysets {args.a} and {args.b} share {report.overlap} key(s):")
+        print(f"keysets {args.a} and {args.b} share {plural(report.overlap, 'key')}:")
         for key in report.examples:
             print(f"  {key}")
     if not report.same_version:

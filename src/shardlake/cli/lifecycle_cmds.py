@@ -7,6 +7,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ..errors import SHOW_MAX
+from ..progress.bar import plural
 from . import flags
 from .common import flag_values, open_root, parse_storage_options, print_report, progress_wanted
 from .flags import Command
@@ -211,21 +212,21 @@ def _print_gc(args: argparse.Namespace, report: GcReport) -> None:
 
     verb = "would delete" if args.dry_run else "deleted"
     for info in report.garbage:
-        print(f"{verb} {info.key} ({info.size} bytes)")
+        print(f"{verb} {info.key} ({plural(info.size, 'byte')})")
     for leftover in report.leftovers:
         print(f"{verb} staging leftover {leftover.path}")
     print(
-        f"{verb} {len(report.garbage)} object(s) and {len(report.leftovers)} staging "
-        f"leftover(s), {human_bytes(report.garbage_bytes)} ({report.garbage_bytes} bytes); "
+        f"{verb} {plural(len(report.garbage), 'object')} and {len(report.leftovers)} staging "
+        f"leftover(s), {human_bytes(report.garbage_bytes)} ({plural(report.garbage_bytes, 'byte')}); "
         f"kept {len(report.young)} unreferenced object(s) and {len(report.young_leftovers)} "
         f"staging leftover(s) younger than {args.grace}; {report.referenced} referenced by "
-        f"{len(report.live_versions)} version(s)"
+        f"{plural(len(report.live_versions), 'version')}"
     )
     for lease in report.leases:
         print(f"live {lease.describe()}: its objects are kept")
     if report.leases:
         print(
-            f"kept {len(report.leased)} object(s) and {len(report.leased_leftovers)} staging "
+            f"kept {plural(len(report.leased), 'object')} and {len(report.leased_leftovers)} staging "
             f"leftover(s) of {len(report.leases)} running writer(s) (live leases), at any grace"
         )
     for lease in report.lapsed_leases:
@@ -273,7 +274,9 @@ def _print_scrub(report: ScrubReport) -> None:
 
     for part in report.partitions:
         status = "ok" if not part.problems else f"{part.problems} PROBLEM(S)"
-        print(f"{part.partition}\t{part.samples} samples\t{human_bytes(part.bytes)}\t{status}")
+        print(
+            f"{part.partition}\t{plural(part.samples, 'sample')}\t{human_bytes(part.bytes)}\t{status}"
+        )
     for problem in report.problems:
         label = "corrupt" if problem.corrupt_at_rest else "unreadable"
         print(f"{label}: {problem}", file=sys.stderr)
@@ -281,12 +284,12 @@ def _print_scrub(report: ScrubReport) -> None:
         print(f"index: {text}", file=sys.stderr)
     counts = report.to_json()
     print(
-        f"scrubbed {report.samples} samples ({human_bytes(report.bytes)}) of "
+        f"scrubbed {plural(report.samples, 'sample')} ({human_bytes(report.bytes)}) of "
         f"{', '.join(report.versions)}: "
         + (
             "ok"
             if report.ok
-            else f"{len(report.problems) + len(report.index_problems)} problem(s): "
+            else f"{plural(len(report.problems) + len(report.index_problems), 'problem')}: "
             f"{counts['corrupt_at_rest']} corrupt at rest, {counts['transport_errors']} "
             f"transport error(s)"
             + (f", {len(report.index_problems)} in index.json" if report.index_problems else "")
@@ -313,7 +316,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     else:
         text = (
             f"exported {report.version} ({report.version_hash}) to {report.dest}: copied "
-            f"{len(report.copied)} object(s) ({report.bytes_copied} bytes), skipped "
+            f"{plural(len(report.copied), 'object')} ({plural(report.bytes_copied, 'byte')}), skipped "
             f"{len(report.skipped)} already present and verified"
             + (f"; keysets {', '.join(report.keysets)}" if report.keysets else "")
         )
@@ -345,7 +348,7 @@ def _print_verify(report: VerifyReport) -> None:
     for problem in report.problems[:SHOW_MAX]:
         print(f"differs: {problem}", file=out)
     summary = (
-        f"version {report.version}: {report.partitions} partition(s), {report.compared} of "
+        f"version {report.version}: {plural(report.partitions, 'partition')}, {report.compared} of "
         f"{report.source_samples} source sample(s) compared bit-exactly, {len(report.missing)} "
         f"missing, {len(report.extra)} extra"
     )
@@ -363,10 +366,10 @@ def cmd_verify_offsets(args: argparse.Namespace) -> int:
 def _print_offsets(report: OffsetsReport) -> None:
     for problem in report.problems:
         print(f"mismatch: {problem}", file=sys.stderr)
-    status = "OK" if report.ok else f"FAILED ({len(report.problems)} problem(s))"
+    status = "OK" if report.ok else f"FAILED ({plural(len(report.problems), 'problem')})"
     print(
-        f"verify-offsets {status} - version {report.version}: {report.partitions} partition(s), "
-        f"{report.shards} shard(s), {report.rows} manifest row(s)"
+        f"verify-offsets {status} - version {report.version}: {plural(report.partitions, 'partition')}, "
+        f"{plural(report.shards, 'shard')}, {report.rows} manifest row(s)"
     )
 
 

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..errors import SHOW_MAX, UsageError
+from ..progress.bar import plural
 from . import flags
 from .common import flag_values, open_root, print_report, progress_wanted
 from .flags import Command
@@ -154,7 +155,7 @@ def _print_inspection(report: dict[str, Any], columns: list[str]) -> None:
     for row in report["partitions"]:
         print("\t".join(str(row[c]) for c in columns))
     print(
-        f"# {len(report['partitions'])} partitions, {report['samples']} samples, "
+        f"# {plural(len(report['partitions']), 'partition')}, {plural(report['samples'], 'sample')}, "
         f"{report['skipped']} skipped, {report['missing_sidecars']} without sidecar, "
         f"{report['npz_bytes']} npz bytes"
     )
@@ -172,7 +173,7 @@ def _print_not_frames(report: dict[str, Any]) -> None:
     others = report["not_frames"]
     if others:
         print(
-            f"# not frames: {len(others)} file(s) neither .npz nor a frame's sidecar; pack "
+            f"# not frames: {plural(len(others), 'file')} neither .npz nor a frame's sidecar; pack "
             "ignores them (--strict refuses them)"
         )
     for item in others[:SHOW_MAX]:
@@ -180,7 +181,7 @@ def _print_not_frames(report: dict[str, Any]) -> None:
     if len(others) > SHOW_MAX:
         print(f"# not frames: ... and {len(others) - SHOW_MAX} more (--json lists all)")
     if report["excluded"]:
-        print(f"# excluded by --include/--exclude: {report['excluded']} file(s)")
+        print(f"# excluded by --include/--exclude: {plural(report['excluded'], 'file')}")
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -207,8 +208,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
     return print_report(
         args,
         doc,
-        f"wrote {result.samples} frames ({result.skipped} skipped) in "
-        f"{len(result.partitions)} partitions under {result.root}",
+        f"wrote {plural(result.samples, 'frame')} ({result.skipped} skipped) in "
+        f"{plural(len(result.partitions), 'partition')} under {result.root}",
     )
 
 
@@ -240,7 +241,7 @@ def _print_versions(rows: list[dict[str, Any]], url: str) -> None:
         mark = "*" if row["latest"] else " "
         print(
             f"{mark} {row['tag']}\t{row['hash']}\t{row['created_at']}\t"
-            f"{row['partitions']} partitions\t{row['samples']} samples\tbase={row['base'] or '-'}"
+            f"{plural(row['partitions'], 'partition')}\t{plural(row['samples'], 'sample')}\tbase={row['base'] or '-'}"
         )
 
 
@@ -264,13 +265,16 @@ def _print_version(version: Any) -> None:
     payload = sum(p.payload_bytes for p in parts)
     print(f"version {version.tag} ({version.hash})")
     print(f"created_at      {record.created_at}")
-    print(f"base            {record.base or '- (packed from scratch)'}")
+    print(f"base            {record.base or '- (none: made from scratch)'}")
     print(f"format_version  {record.format_version}")
     print(f"recipe          {_pairs(record.recipe)}")
     print(f"partition_rule  {_pairs(record.partition_rule)}")
-    print(f"source          {record.source_namespace}")
+    # Only pack records its source tree; Root.writer, write_bag and import-wds have none.
     print(
-        f"samples         {record.samples} in {len(parts)} partitions, {shards} shards, "
+        f"source          {record.source_namespace or '- (none: written by Root.writer, write_bag or import-wds)'}"
+    )
+    print(
+        f"samples         {record.samples} in {plural(len(parts), 'partition')}, {plural(shards, 'shard')}, "
         f"{payload} payload bytes"
     )
     print("id\tpath\tsamples\tshards\tdata_rev\tmeta_rev")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..progress.bar import plural
 from . import flags
 from .bench_cmds import BENCH_COMMANDS
 from .common import flag_values, open_root, print_json, print_report
@@ -81,7 +82,7 @@ def _mixing(args: argparse.Namespace) -> int:
     return print_report(
         args,
         doc,
-        f"{doc['batches']} batches over {doc['partitions']} partitions (epoch {doc['epoch']}): "
+        f"{plural(doc['batches'], 'batch', 'batches')} over {plural(doc['partitions'], 'partition')} (epoch {doc['epoch']}): "
         f"JS distance to the selection mean {doc['js_mean']}, p95 {doc['js_p95']}, "
         f"max {doc['js_max']}; a perfect global shuffle: mean {base['js_mean']}, "
         f"p95 {base['js_p95']} (0 = batches look like the selection, 1 = no overlap)",

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import FormatError, IntegrityError
+from ..progress.bar import plural
 
 __all__ = [
     "MAX_LIVE_SEGMENTS",
@@ -124,7 +125,7 @@ class ObjectRef:
         if len(data) != self.size or sha256_hex(data) != self.sha256:
             raise IntegrityError(
                 f"{where}: catalog object does not match its recorded sha256 "
-                f"{self.sha256[:12]}... / {self.size} bytes (read {len(data)} bytes)"
+                f"{self.sha256[:12]}... / {plural(self.size, 'byte')} (read {plural(len(data), 'byte')})"
             )
 
 

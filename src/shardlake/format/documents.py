@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import FormatError
+from ..progress.bar import plural
 from .catalog import CatalogRef
 
 __all__ = [
@@ -144,7 +145,7 @@ class PartitionEntry:
         members = sum(s.members for s in entry.shards)
         if members < entry.samples:
             raise FormatError(
-                f"{here}: shards hold {members} member(s), fewer than the {entry.samples} samples "
+                f"{here}: shards hold {plural(members, 'member')}, fewer than the {plural(entry.samples, 'sample')} "
                 "the entry lists"
             )
         return entry
@@ -310,8 +311,8 @@ class VersionHeader:
             catalog = CatalogRef.from_json(_field(doc, "catalog", dict, where), where)
             if catalog.partitions.rows != count:
                 raise FormatError(
-                    f"{where}: partitions table holds {catalog.partitions.rows} row(s), the "
-                    f"record says {count} partition(s)"
+                    f"{where}: partitions table holds {plural(catalog.partitions.rows, 'row')}, the "
+                    f"record says {plural(count, 'partition')}"
                 )
         base = doc.get("base")
         return cls(

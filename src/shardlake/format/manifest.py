@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import FormatError, SourceError
+from ..progress.bar import plural
 from .documents import PartitionEntry
 from .layout import FORMAT_VERSION
 
@@ -181,7 +182,9 @@ def entry_mismatches(entry: PartitionEntry, table: pa.Table, meta: ManifestMeta)
         return [f"{METADATA_MISMATCH}: " + "; ".join(wrong)]
     out = []
     if table.num_rows != entry.samples:
-        out.append(f"{table.num_rows} rows, version says {entry.samples} samples")
+        out.append(
+            f"{plural(table.num_rows, 'row')}, version says {plural(entry.samples, 'sample')}"
+        )
     others = set(pc.unique(table.column("partition")).to_pylist()) - {pid}
     if others:
         out.append(f"rows name other partition(s) {sorted(others)}")

@@ -49,7 +49,7 @@ from ..meta.leases import Lease
 from ..meta.rootmarker import check_foreign, ensure_root, parse_root_marker, read_root_marker
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version, load_version_bytes, resolve_tag
-from ..progress.bar import Progress
+from ..progress.bar import Progress, plural
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest
 from ..read.tasks import ExecutorSpec, Task, error_text, executor_for
@@ -405,7 +405,7 @@ def _raise_failures(tasks: Sequence[Task], failures: dict[int, BaseException]) -
         if isinstance(exc, ShardlakeError):
             raise exc
     raise IntegrityError(
-        f"{len(failures)} of {len(tasks)} partition(s) failed to export; nothing was committed: "
+        f"{len(failures)} of {plural(len(tasks), 'partition')} failed to export; nothing was committed: "
         + "; ".join(f"{tasks[i].label}: {error_text(exc)}" for i, exc in sorted(failures.items()))
     )
 

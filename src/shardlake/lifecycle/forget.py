@@ -69,7 +69,7 @@ from ..meta.publish import build_version_doc
 from ..meta.rootmarker import require_root
 from ..meta.state import RootState, canonical_json, hash_bytes, utc_now
 from ..meta.versions import StoredVersion, load_version_by_hash
-from ..progress.bar import Progress
+from ..progress.bar import Progress, plural
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest
 from ..read.receipts import RECEIPT_SCHEMA, committed_receipts, list_receipt_ids
@@ -204,11 +204,11 @@ class ForgetReport:
             to = "" if v.new is None else f" -> {v.new}"
             where = "" if v.live else " (pruned, kept by a keyset)"
             lines.append(
-                f"{verb} {v.tag} {v.old}{to}{where}: {v.removed} sample(s) removed, "
-                f"{v.shards} shard(s) rewritten"
+                f"{verb} {v.tag} {v.old}{to}{where}: {plural(v.removed, 'sample')} removed, "
+                f"{plural(v.shards, 'shard')} rewritten"
             )
         for name, n in self.keysets.items():
-            lines.append(f"keyset {name}: {n} key(s) removed")
+            lines.append(f"keyset {name}: {plural(n, 'key')} removed")
         if self.unmatched:
             shown = ", ".join(repr(k) for k in self.unmatched[:SHOW_MAX])
             lines.append(
@@ -218,13 +218,13 @@ class ForgetReport:
             lines.append("no retained version holds a selected sample; nothing changed")
         else:
             lines.append(
-                f"{self.keys} key(s); {self.shards_rewritten} shard(s) "
-                f"({self.bytes_to_rewrite} bytes) "
+                f"{plural(self.keys, 'key')}; {plural(self.shards_rewritten, 'shard')} "
+                f"({plural(self.bytes_to_rewrite, 'byte')}) "
                 + ("to rewrite; nothing changed (dry run)" if self.dry_run else "rewritten, ")
                 + (
                     ""
                     if self.dry_run
-                    else f"{self.bytes_written} bytes written, {len(self.deleted)} superseded "
+                    else f"{plural(self.bytes_written, 'byte')} written, {len(self.deleted)} superseded "
                     f"object(s) deleted; forget {self.forget_id}, receipt {self.receipt}"
                 )
             )
@@ -887,8 +887,8 @@ class ForgetCheckReport:
         lines += [f"forget {f} is not complete (re-run shardlake forget)" for f in self.incomplete]
         verdict = "OK" if self.ok else "FAILED"
         lines.append(
-            f"{verdict}: {len(self.forgets)} forget(s), {self.objects} object(s) "
-            f"({self.bytes_read} bytes) re-read, {len(self.offending)} offending"
+            f"{verdict}: {len(self.forgets)} forget(s), {plural(self.objects, 'object')} "
+            f"({plural(self.bytes_read, 'byte')}) re-read, {len(self.offending)} offending"
         )
         return "\n".join(lines)
 

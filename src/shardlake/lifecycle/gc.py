@@ -72,7 +72,7 @@ from ..meta.leases import LeaseSet, owner_name, parse_duration, read_leases
 from ..meta.rootmarker import require_root
 from ..meta.state import RootState, lock_holder_gone, takeover_note
 from ..meta.versions import load_version_by_hash
-from ..progress.bar import Progress
+from ..progress.bar import Progress, plural
 from ..store import Leftover, ObjectInfo, Store
 from ..store.keys import TEMP_PREFIX
 from .common import version_closure
@@ -378,7 +378,7 @@ def _survey_under_lock(store: Store, grace_s: float, dry_run: bool) -> _Fenced |
         attempts += 1
         if attempts >= FENCE_ATTEMPTS:
             raise ConflictError(
-                f"{store.url}: the commit log kept moving ({FENCE_ATTEMPTS} attempts); re-run "
+                f"{store.url}: the commit log kept moving ({plural(FENCE_ATTEMPTS, 'attempt')}); re-run "
                 "gc later"
             )
 
@@ -551,5 +551,5 @@ def _check_after(store: Store, fence: RootState, deleted: set[str]) -> None:
         if lost:
             raise IntegrityError(
                 f"{store.url}: version {tag!r} was published while gc ran and references "
-                f"{len(lost)} object(s) gc deleted (e.g. {lost[0]}); prune it and re-run its pack"
+                f"{plural(len(lost), 'object')} gc deleted (e.g. {lost[0]}); prune it and re-run its pack"
             )

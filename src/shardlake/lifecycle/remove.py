@@ -32,6 +32,7 @@ from ..meta.leases import Lease
 from ..meta.publish import check_new_tag, publish_version
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version
+from ..progress.bar import plural
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest, read_manifest
 from ..source.sidecar import skipped_note
@@ -94,8 +95,8 @@ class RemoveReport(NamedTuple):
     def summary(self) -> str:
         v, c = self.version, self.counts
         return (
-            f"published {v.tag} ({v.hash}): {v.samples} samples; removed "
-            f"{c['samples_removed']} sample(s), {c['partitions_removed']} partition(s); "
+            f"published {v.tag} ({v.hash}): {plural(v.samples, 'sample')}; removed "
+            f"{plural(c['samples_removed'], 'sample')}, {plural(c['partitions_removed'], 'partition')}; "
             f"{c['manifests_written']} new manifest revision(s), no new shards"
         )
 

@@ -44,7 +44,7 @@ from ..format.manifest import (
 from ..format.tar import iter_members
 from ..meta.catalog import catalog_mismatch, catalog_rows, rows_by_partition
 from ..meta.versions import load_version
-from ..progress.bar import Progress
+from ..progress.bar import Progress, plural
 from ..read.payloads import TRANSPORT
 from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..source.npz import load_npz
@@ -109,17 +109,19 @@ class VerifyReport:
                 f"{len(self.missing)} source sample(s) missing, expected exactly {self.allow_missing}"
             )
         if self.extra:
-            out.append(f"{len(self.extra)} sample(s) not in the source")
+            out.append(f"{plural(len(self.extra), 'sample')} not in the source")
         if self.problems:
             counts = verify_counts(self.problems)
             out.append(
-                f"{len(self.problems)} sample(s) differ or are unreadable "
+                f"{plural(len(self.problems), 'sample')} differ or are unreadable "
                 f"({counts['corrupt_at_rest']} corrupt at rest, "
                 f"{counts['transport_errors']} transport error(s), "
                 f"{counts['source_changed']} source changed)"
             )
         if self.expected_partitions is not None and self.partitions != self.expected_partitions:
-            out.append(f"{self.partitions} partition(s), expected {self.expected_partitions}")
+            out.append(
+                f"{plural(self.partitions, 'partition')}, expected {self.expected_partitions}"
+            )
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -552,7 +554,13 @@ def _header_problems(
     out: list[Problem] = []
     if raw._size != shard.size:
         out.append(
-            Problem(pid, url, None, None, f"shard is {raw._size} bytes, version says {shard.size}")
+            Problem(
+                pid,
+                url,
+                None,
+                None,
+                f"shard is {plural(raw._size, 'byte')}, version says {shard.size}",
+            )
         )
     members: list[tuple[str, int, int]] = []
     try:
@@ -560,7 +568,7 @@ def _header_problems(
             for m in iter_members(fh, url):
                 members.append((m.name, m.offset, m.size))
     except (FormatError, IntegrityError, OSError, EOFError) as exc:
-        message = f"tar headers unreadable after {len(members)} member(s): {exc}"
+        message = f"tar headers unreadable after {plural(len(members), 'member')}: {exc}"
         out.append(Problem(pid, url, None, None, message))
     for row in sorted(rows, key=lambda r: r.member):
         problem = _member_problem(row, members, raw._size)
@@ -575,7 +583,7 @@ def _member_problem(
     """What is wrong with one manifest row against the tar header it names (None: agrees)."""
     index, offset, size = row.member, row.offset, row.size
     if not 0 <= index < len(members):
-        return f"member {index} is not in the shard ({len(members)} members; truncated?)"
+        return f"member {index} is not in the shard ({plural(len(members), 'member')}; truncated?)"
     name, t_offset, t_size = members[index]
     if name != member_name(row.key):
         return f"member {index} is {name!r}, expected {member_name(row.key)!r}"
@@ -585,5 +593,5 @@ def _member_problem(
             f"size {t_size}"
         )
     if offset + size > shard_size:
-        return f"payload ends past the shard end ({shard_size} bytes; truncated)"
+        return f"payload ends past the shard end ({plural(shard_size, 'byte')}; truncated)"
     return None

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import AlreadyExistsError, FormatError, IntegrityError, KeyNotFoundError
 from ..format.catalog import ObjectRef, decode_partitions, sha256_hex
+from ..progress.bar import plural
 from ..read.catalog_cache import CatalogCache, catalog_cache
 from ..read.verified import RefusedObjectError, read_verified
 from ..store import Store
@@ -86,7 +87,7 @@ def read_partitions(store: Store, ref: ObjectRef, where: str) -> list[dict[str, 
     entries = decode_partitions(read_object(store, ref, where), store.key_url(ref.key))
     if len(entries) != ref.rows:
         raise FormatError(
-            f"{store.key_url(ref.key)}: partitions table holds {len(entries)} row(s), its "
+            f"{store.key_url(ref.key)}: partitions table holds {plural(len(entries), 'row')}, its "
             f"reference says {ref.rows}"
         )
     return entries

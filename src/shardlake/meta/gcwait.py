@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from ..errors import ConflictError, GcHoldsRootError, ObjectsGoneError
+from ..progress.bar import plural
 from ..store import Store
 from .commits import read_state
 from .state import RootState, describe_lock
@@ -105,5 +106,5 @@ def commit_beside_gc(
                 raise
             state, last = fresh, exc
     raise ConflictError(
-        f"{store.url}: the commit log kept moving ({COMMIT_ATTEMPTS} attempts); {what}"
+        f"{store.url}: the commit log kept moving ({plural(COMMIT_ATTEMPTS, 'attempt')}); {what}"
     ) from last

@@ -29,6 +29,7 @@ from types import TracebackType
 from ..errors import FormatError, KeyNotFoundError, ObjectsGoneError, UsageError
 from ..format.documents import LeaseRecord
 from ..format.layout import DATA_DIR, LEASES_DIR, commit_key, is_owned_key, lease_key
+from ..progress.bar import plural
 from ..store import Store
 from .commits import read_state
 
@@ -316,7 +317,7 @@ def gone_error(
         held = f"this run's {lease.describe()} covers {', '.join(lease.covers[:3]) or 'nothing'}"
     first = missing[0] if missing else "?"
     return ObjectsGoneError(
-        f"{store.url}: {len(missing)} object(s) this run wrote or reuses are gone (e.g. "
+        f"{store.url}: {plural(len(missing), 'object')} this run wrote or reuses are gone (e.g. "
         f"{first}): {who}; {held}; {what}",
         missing=missing,
     )

@@ -18,6 +18,7 @@ from ..format.catalog import CatalogRef
 from ..format.documents import VERSION_SCHEMA, PartitionEntry
 from ..format.layout import DATA_DIR, RECORD_FORMAT_VERSION, check_name, version_key
 from ..format.manifest import entry_mismatches, parse_manifest
+from ..progress.bar import plural
 from ..read.payloads import TRANSPORT
 from ..read.verified import RefusedObjectError
 from ..store import Store
@@ -193,7 +194,7 @@ def publish_version(
         # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
         # publish a version with holes (gc deletes only while it holds the lock checked above).
         raise ObjectsGoneError(
-            f"{store.url}: {len(missing)} object(s) this version references are gone (e.g. "
+            f"{store.url}: {plural(len(missing), 'object')} this version references are gone (e.g. "
             f"{missing[0]}; deleted by gc?); nothing was published by this run - re-run it",
             missing=missing,
         )

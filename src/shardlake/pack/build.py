@@ -60,6 +60,7 @@ from ..format.layout import FORMAT_VERSION, manifest_key, revision_dir, shard_ke
 from ..format.manifest import CORE_COLUMNS, ManifestMeta, build_manifest_table, write_manifest
 from ..format.tar import ShardWriter
 from ..meta.state import canonical_json
+from ..progress.bar import plural
 from ..read.manifests import read_manifest
 from ..source.npz import load_npz
 from ..source.sidecar import is_skipped, read_sidecar
@@ -579,7 +580,9 @@ def _write_shards(
                 ) from exc
         raise
     if len(rows) != len(sha_of):
-        raise IntegrityError(f"partition {src.path}: {len(rows)} of {len(sha_of)} samples encoded")
+        raise IntegrityError(
+            f"partition {src.path}: {len(rows)} of {plural(len(sha_of), 'sample')} encoded"
+        )
     return rows, shards
 
 

@@ -29,7 +29,7 @@ from ..meta.versions import (
     StoredVersion,
     Version,
 )
-from ..progress.bar import Progress
+from ..progress.bar import Progress, plural
 from ..read.tasks import InlineExecutor, Task, error_text, executor_for, make_executor, run_tasks
 from ..source.tree import SourcePartition
 from ..store import Store
@@ -83,7 +83,7 @@ class PackReport:
     def summary(self) -> str:
         v = self.record
         return (
-            f"published {v.tag} ({v.hash}): {v.partition_count} partitions, {v.samples} samples; "
+            f"published {v.tag} ({v.hash}): {plural(v.partition_count, 'partition')}, {plural(v.samples, 'sample')}; "
             f"built {len(self.built)}, manifest-only {len(self.manifest_only)}, "
             f"resumed {len(self.resumed)}, reused {len(self.reused)}, carried {len(self.carried)}, "
             f"dropped {len(self.dropped)}; skipped frames {self.skipped_samples}; "
@@ -127,7 +127,7 @@ def pack(
         heartbeat_s=heartbeat_s,
     )
     progress.message(
-        f"{tree.samples} samples in {len(tree.partitions)} partitions; building "
+        f"{plural(tree.samples, 'sample')} in {plural(len(tree.partitions), 'partition')}; building "
         f"{len(plan.tasks)}, reusing {len(plan.reused)}, carrying {len(plan.carried)}"
     )
     # gc keeps what this pack writes while it runs (docs/storage.md, "gc beside writers").

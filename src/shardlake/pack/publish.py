@@ -11,6 +11,7 @@ from ..meta.leases import Lease, gone_error
 from ..meta.publish import publish_version
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion
+from ..progress.bar import plural
 from ..store import Store
 
 __all__ = ["publish"]
@@ -26,6 +27,7 @@ def publish(
     state: RootState,
     base: str | None,
     lease: Lease | None = None,
+    operation: str = "pack",
 ) -> StoredVersion:
     """Publish, tolerating unrelated commits that landed while the (possibly hours-long) pack ran.
 
@@ -34,7 +36,8 @@ def publish(
     depend on what else was published meanwhile. A taken tag is a conflict: exactly one of two
     racing packs of the same tag wins. A gc holding the root is waited for (up to the store's
     retry deadline, :class:`~shardlake.meta.gcwait.GcWait`); such waits are not attempts.
-    ``lease`` (the run's) is named if objects the version references are gone.
+    ``lease`` (the run's) is named if objects the version references are gone. ``operation``
+    names the run in a conflict (``pack``, ``writer``, ``write_bag``).
     """
     since = state.seq
     if lease is not None:  # what publish writes: its version record and catalog objects
@@ -63,15 +66,15 @@ def publish(
             if tag in state.versions or tag in state.retired:
                 raise ConflictError(
                     f"{store.url}: version tag {tag!r} was published by another writer while "
-                    "this pack ran; nothing was published by this run"
+                    f"this {operation} ran; nothing was published by this run"
                 ) from exc
             if base is not None and base not in state.versions:
                 raise ConflictError(
-                    f"{store.url}: base version {base!r} was pruned while this pack ran; "
+                    f"{store.url}: base version {base!r} was pruned while this {operation} ran; "
                     "nothing was published - re-run (finished revisions are reused)"
                 ) from exc
             if attempts >= PUBLISH_ATTEMPTS:
                 raise ConflictError(
-                    f"{store.url}: the commit log kept moving ({PUBLISH_ATTEMPTS} attempts); "
+                    f"{store.url}: the commit log kept moving ({plural(PUBLISH_ATTEMPTS, 'attempt')}); "
                     "nothing was published - re-run (finished revisions are reused)"
                 ) from exc

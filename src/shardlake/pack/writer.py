@@ -767,7 +767,8 @@ def publish_written(
         "keep_skipped": keep_skipped,
         "partitions": [entries[p].to_json() for p in sorted(entries)],
     }
-    version = publish(store, tag, body, settings.state, base_tag, lease)
+    operation = lease.op if lease is not None else "writer"  # named in a conflict
+    version = publish(store, tag, body, settings.state, base_tag, lease, operation)
     return PackReport(
         version,
         built=built,

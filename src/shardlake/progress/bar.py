@@ -19,6 +19,7 @@ __all__ = [
     "DEFAULT_HEARTBEAT_S",
     "Progress",
     "human_bytes",
+    "plural",
 ]
 
 DEFAULT_INTERVAL_S = 2.0
@@ -31,6 +32,11 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}"
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """``1 partition``, ``3 partitions`` (``nouns``: the irregular plural, ``batches``)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
 
 
 def human_bytes(n: int) -> str:

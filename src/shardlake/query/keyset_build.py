@@ -21,6 +21,7 @@ from ..meta.keysets import (
     publish_keyset,
 )
 from ..meta.versions import load_version, load_version_by_hash
+from ..progress.bar import plural
 from ..source import pathlists
 from ..store import Store
 from .dataset import Dataset, resolve_version
@@ -150,7 +151,7 @@ def create_keyset(
             return existing  # the same selection again: nothing to do
         raise ConflictError(
             f"{store.key_url(key)}: keyset {name!r} already exists with a different selection "
-            f"(bound to {existing.version_tag!r}, {len(existing)} samples); keysets are "
+            f"(bound to {existing.version_tag!r}, {plural(len(existing), 'sample')}); keysets are "
             f"immutable: choose a new name, or retire it first (Root.delete_keyset)",
             hint=f"to retire it: shardlake keyset ROOT delete {name}",
         )
@@ -239,9 +240,9 @@ def rebase_keyset(
     if strict and (dropped or changed):
         shown = ", ".join(repr(k) for k in (dropped + changed)[:SHOW_MAX])
         raise SelectionError(
-            f"keyset {name!r} in version {new.tag!r}: {len(dropped)} key(s) dropped, "
+            f"keyset {name!r} in version {new.tag!r}: {plural(len(dropped), 'key')} dropped, "
             f"{len(changed)} changed, refused as strict: {shown}; rebase without strict to "
-            f"carry the {len(source.keys) - len(dropped)} key(s) it still has (dropped ones are "
+            f"carry the {plural(len(source.keys) - len(dropped), 'key')} it still has (dropped ones are "
             "left out, changed ones kept), or pick a version that has them all",
             hint=f"shardlake keyset ROOT rebase {name} --version {new.tag} --as {new_name} "
             "without --strict",

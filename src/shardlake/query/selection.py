@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import SHOW_MAX, SelectionError
+from ..progress.bar import plural
 from . import sql
 
 if TYPE_CHECKING:
@@ -189,4 +190,6 @@ def require_disjoint(a: Selection, b: Selection, what: str = "the two selections
         raise SelectionError(f"{what} resolve different versions; give a version tag")
     overlap = set(a.key_list()) & set(b.key_list())
     if overlap:
-        raise SelectionError(f"{what} share {len(overlap)} key(s), e.g. {sorted(overlap)[:3]}")
+        raise SelectionError(
+            f"{what} share {plural(len(overlap), 'key')}, e.g. {sorted(overlap)[:3]}"
+        )

@@ -28,6 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import SelectionError
+from ..progress.bar import plural
 
 __all__ = [
     "check_where",
@@ -238,7 +239,7 @@ def _as_mask(result: pa.Table, rows: int, where: str) -> pa.BooleanArray:
     if result.num_columns != 1 or result.num_rows != rows:
         raise SelectionError(
             f"selection {where!r} must be one per-row boolean expression "
-            f"(got {result.num_columns} column(s), {result.num_rows} row(s) for {rows})"
+            f"(got {plural(result.num_columns, 'column')}, {plural(result.num_rows, 'row')} for {rows})"
         )
     column = result.column(0)
     if pa.types.is_null(column.type):

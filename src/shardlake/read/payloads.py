@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import IntegrityError, KeyNotFoundError, StoreError
 from ..format.codec import payload_checksum
+from ..progress.bar import plural
 from ..store import Store
 from .receipts import superseded_error
 
@@ -71,7 +72,7 @@ class PayloadRead:
 def mismatch(ref: PayloadRef, data: bytes) -> str | None:
     """Why ``data`` is not ``ref``'s payload (None when it is)."""
     if len(data) != ref.size:
-        return f"payload truncated: {len(data)} of {ref.size} bytes"
+        return f"payload truncated: {len(data)} of {plural(ref.size, 'byte')}"
     actual = payload_checksum(data)
     if actual != ref.crc32 & 0xFFFFFFFF:
         return f"payload checksum mismatch (crc32 {actual:08x}, manifest says {ref.crc32:08x})"

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SourceError
+from ..progress.bar import plural
 
 __all__ = ["load_npz"]
 
@@ -221,7 +222,7 @@ def _member_bytes(view: memoryview, member: _Member, label: str) -> bytes | byte
             raise SourceError(f"{label}: corrupt npz (deflate stream: {exc})") from exc
         if len(out) != member.usize:
             raise SourceError(
-                f"{label}: corrupt npz (inflates to {len(out)} bytes, expected {member.usize})"
+                f"{label}: corrupt npz (inflates to {plural(len(out), 'byte')}, expected {member.usize})"
             )
     if _crc32(out) != member.crc:
         raise SourceError(f"{label}: CRC-32 mismatch (corrupt npz)")
@@ -250,7 +251,7 @@ def _parse_npy(buf: bytes | bytearray | memoryview, label: str) -> np.ndarray[An
     nbytes = count * dtype.itemsize
     if len(buf) - offset != nbytes:
         raise SourceError(
-            f"{label}: array data is {len(buf) - offset} bytes, header says {nbytes} "
+            f"{label}: array data is {plural(len(buf) - offset, 'byte')}, header says {nbytes} "
             "(truncated or corrupt .npy)"
         )
     if nbytes == 0:

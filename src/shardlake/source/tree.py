@@ -26,6 +26,7 @@ from typing import Any
 
 from ..errors import SourceError, UsageError
 from ..format.layout import partition_id, short_hash
+from ..progress.bar import plural
 from .pathlists import read_entries, source_npz_paths
 
 __all__ = [
@@ -184,7 +185,7 @@ class SourceTree:
         are not frames are ignored unless ``strict``."""
         if self.unreadable:
             raise SourceError(
-                f"{self.root}: cannot read {len(self.unreadable)} file(s), first: {self.unreadable[0]}"
+                f"{self.root}: cannot read {plural(len(self.unreadable), 'file')}, first: {self.unreadable[0]}"
             )
         if strict and self.not_frames:
             raise SourceError(
@@ -450,9 +451,9 @@ def suggest_depth(tree: SourceTree) -> str | None:
     largest = max(p.samples for p in tree.partitions.values())
     sizes = sorted(counts.values())
     return (
-        f"partition depth 1 gives {shallow} partition(s) of up to {largest} frames; the frames "
-        f"sit {depth} directories deep: partition depth {depth} gives {len(counts)} partitions "
-        f"of {sizes[0]}..{sizes[-1]} frames (median {sizes[len(sizes) // 2]})"
+        f"partition depth 1 gives {plural(shallow, 'partition')} of up to {plural(largest, 'frame')}; the frames "
+        f"sit {depth} directories deep: partition depth {depth} gives {plural(len(counts), 'partition')} "
+        f"of {sizes[0]}..{plural(sizes[-1], 'frame')} (median {sizes[len(sizes) // 2]})"
     )
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AlreadyExistsError, CapabilityError, KeyNotFoundError, StoreError
+from ..progress.bar import plural
 
 if TYPE_CHECKING:
     from .core import Store
@@ -78,7 +79,7 @@ def _read_back(store: Store, key: str, expected: bytes) -> tuple[bool, str]:
         return False, f"{last} on {len(seen)} agreeing reads"
     raise ProbeInconclusiveError(
         f"{store.key_url(key)}: create-if-absent probe inconclusive - {last} "
-        f"({1 + store.retry.integrity_rereads} reads); the store was not judged, try again"
+        f"({plural(1 + store.retry.integrity_rereads, 'read')}); the store was not judged, try again"
     )
 
 

@@ -5,6 +5,7 @@ cut short in transit is read again.
 from __future__ import annotations
 
 from ..errors import TransientStoreError, UsageError
+from ..progress.bar import plural
 from .backends import Backend
 
 __all__ = [
@@ -55,9 +56,7 @@ class RangeBatch:
                     sizes[path] = backend.stat(path)[0]
                 expected = max(0, min(end, sizes[path]) - start)
                 if len(data) != expected:
-                    short = (
-                        f"short read of {path} [{start}, {end}): {len(data)} of {expected} bytes"
-                    )
+                    short = f"short read of {path} [{start}, {end}): {len(data)} of {plural(expected, 'byte')}"
                     continue
             self.done[i] = data
         if short is not None:

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from ..errors import EndpointError, RetriesExhaustedError, UsageError
+from ..progress.bar import plural
 from .classify import Verdict, chain, classify
 from .url import redact
 
@@ -267,7 +268,7 @@ class RetryLoop:
         _check_first_contact(exc, pause, self._clock, self.endpoint)
         if (policy.attempts is not None and self.attempts >= policy.attempts) or pause >= left:
             raise RetriesExhaustedError(
-                f"{self.describe()} failed after {self.attempts} attempt(s) in "
+                f"{self.describe()} failed after {plural(self.attempts, 'attempt')} in "
                 f"{self.elapsed:.1f}s (transient errors; deadline {policy.deadline:g}s); "
                 f"last: {type(exc).__name__}: {redact(str(exc))}"
             ) from exc

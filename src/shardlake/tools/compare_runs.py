@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ShardlakeError
+from ..progress.bar import plural
 
 __all__ = [
     "ComparisonRefusedError",
@@ -198,7 +199,7 @@ class Comparison:
         lines = [
             f"baseline:  {self.baseline}",
             f"candidate: {self.candidate}",
-            f"plateau:   last {self.plateau} epochs of the baseline: epochs "
+            f"plateau:   last {plural(self.plateau, 'epoch')} of the baseline: epochs "
             f"{self.epoch_first}..{self.epoch_last}; band = mean ± {self.k:g}·sd (sample sd)",
             f"rows used: baseline data rows {_ranges(self.baseline_rows)}, "
             f"candidate data rows {_ranges(self.candidate_rows)} (1 = first row after the header)",
@@ -281,7 +282,7 @@ def read_log(run_dir: Path) -> RunLog:
             ) from None
         if len(cells) > len(columns):
             raise ComparisonRefusedError(
-                f"{path}:{lineno}: {len(cells)} cells but the header has {len(columns)} columns"
+                f"{path}:{lineno}: {len(cells)} cells but the header has {plural(len(columns), 'column')}"
             )
         epochs.append(epoch)
         rows.append(cells)
@@ -460,11 +461,11 @@ def _plateau_window(blog: RunLog, clog: RunLog, plateau: int) -> list[int]:
             parts.append(f"candidate has extra epoch(s) {extra}")
         raise ComparisonRefusedError(
             "epoch coverage differs: " + "; ".join(parts) + f" (baseline {blog.path}: "
-            f"{len(blog.epochs)} rows, candidate {clog.path}: {len(clog.epochs)} rows)"
+            f"{plural(len(blog.epochs), 'row')}, candidate {clog.path}: {plural(len(clog.epochs), 'row')})"
         )
     if len(blog.epochs) < plateau:
         raise ComparisonRefusedError(
-            f"--plateau {plateau} needs {plateau} epochs but the baseline has {len(blog.epochs)}"
+            f"--plateau {plateau} needs {plural(plateau, 'epoch')} but the baseline has {len(blog.epochs)}"
         )
     window = list(blog.epochs[-plateau:])
     if window != list(range(window[0], window[0] + plateau)):
@@ -543,7 +544,7 @@ class StrictComparison:
             f"candidate: {self.candidate}",
             f"settings checked equal: {len(self.checked_args)} argument(s) of args.json",
             *(f"settings differ: {d.describe()}" for d in self.arg_differences),
-            f"compared: {len(self.epochs)} epoch row(s) x {len(self.columns)} column(s) of "
+            f"compared: {len(self.epochs)} epoch row(s) x {plural(len(self.columns), 'column')} of "
             f"{LOG_FILE}, as written",
         ]
         shown = self.differences[:20]

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import shardlake
 
 from ..errors import UsageError
+from ..progress.bar import plural
 from .localhost import use_loopback_for_ddp
 
 if TYPE_CHECKING:
@@ -136,8 +137,8 @@ def _keysets(
     if not report.disjoint:
         raise RuntimeError(f"keysets overlap: {report.to_json()}")
     say(
-        f"{step}keysets on {version}: {train.name} = {len(train)} samples, {valid.name} = "
-        f"{len(valid)} samples (WHERE {where_valid}); disjoint: yes"
+        f"{step}keysets on {version}: {train.name} = {plural(len(train), 'sample')}, {valid.name} = "
+        f"{plural(len(valid), 'sample')} (WHERE {where_valid}); disjoint: yes"
     )
     return {"train": train.info(), "valid": valid.info()}
 
@@ -182,7 +183,7 @@ def _run(
     first = _synth(src, cfg, cfg.partitions, cfg.seed)
     mb = sum(f.stat().st_size for f in first.files) / 1e6
     say(
-        f"1. synthesised {first.samples} frames in {cfg.partitions} logs ({mb:.1f} MB of npz) "
+        f"1. synthesised {plural(first.samples, 'frame')} in {plural(cfg.partitions, 'log')} ({mb:.1f} MB of npz) "
         f"in {time.perf_counter() - t:.1f}s"
     )
     workers = max(1, min(2, os.cpu_count() or 1))
@@ -198,12 +199,14 @@ def _run(
     summary["keysets_v1"] = _keysets(root, so, "v1", valid_logs, say, "3. ")
 
     new_logs = _second_batch(src, cfg)
-    say(f"4. recorded {len(new_logs)} more logs ({len(new_logs) * cfg.samples} frames)")
+    say(f"4. recorded {len(new_logs)} more logs ({plural(len(new_logs) * cfg.samples, 'frame')})")
     rep = shardlake.open(root, **(so or {})).pack(src, tag="v2", base="v1", workers=workers)
     packed["v2"] = rep
     say(f"   pack --base v1: {rep.summary()}")
     if len(rep.reused) != cfg.partitions:
-        raise RuntimeError(f"expected {cfg.partitions} partitions reused, got {len(rep.reused)}")
+        raise RuntimeError(
+            f"expected {plural(cfg.partitions, 'partition')} reused, got {len(rep.reused)}"
+        )
 
     summary["versions"] = _version_rows(root, so, packed, say)
 
@@ -235,7 +238,7 @@ def _version_rows(
         )
         say(
             f"   version {tag}{' (latest)' if latest else ''}: {vhash}, "
-            f"{rep_v.version.samples} samples in {rep_v.version.partitions} partitions"
+            f"{plural(rep_v.version.samples, 'sample')} in {plural(rep_v.version.partitions, 'partition')}"
         )
     return rows
 
@@ -251,7 +254,7 @@ def _train(
     results = Path(tempfile.mkdtemp(prefix="shardlake-demo-train-"))
     use_loopback_for_ddp()
     say(
-        f"5. training: {cfg.nproc} DDP ranks (gloo) × {cfg.steps} steps × batch {cfg.batch_size}, "
+        f"5. training: {cfg.nproc} DDP ranks (gloo) × {plural(cfg.steps, 'step')} × batch {cfg.batch_size}, "
         f"{cfg.num_workers} loader worker(s) per rank, keyset train-v2 of v2"
     )
     try:
@@ -287,14 +290,14 @@ def _train(
         "version_hash": r0["version_hash"],
     }
     say(
-        f"   {samples} samples in {out['seconds']}s over {cfg.nproc} ranks: "
+        f"   {plural(samples, 'sample')} in {out['seconds']}s over {plural(cfg.nproc, 'rank')}: "
         f"{out['samples_per_s']} samples/s, {out['decoded_mb_per_s']} MB/s decoded; "
         f"time to first batch {out['time_to_first_batch_s']}s"
     )
     say(
-        f"   train loss (mean of {out['loss_window']} step(s)) {out['first_loss']:.4f} first -> "
+        f"   train loss (mean of {plural(out['loss_window'], 'step')}) {out['first_loss']:.4f} first -> "
         f"{out['last_loss']:.4f} last; "
-        f"valid loss {out['valid_loss']:.4f} on {out['valid_samples']} samples (keyset valid-v2)"
+        f"valid loss {out['valid_loss']:.4f} on {plural(out['valid_samples'], 'sample')} (keyset valid-v2)"
     )
     return out
 

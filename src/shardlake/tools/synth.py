@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConflictError
-from ..progress.bar import Progress
+from ..progress.bar import Progress, plural
 
 __all__ = [
     "SynthResult",
@@ -364,7 +364,7 @@ def _check_target(
         existing = _files_under(root)
         if existing:
             raise ConflictError(
-                f"{root} already holds {len(existing)} file(s) "
+                f"{root} already holds {plural(len(existing), 'file')} "
                 f"({_named(root, existing)}); synth writes only into a new or empty folder "
                 "unless told to add to it (it never overwrites a file)",
                 options=("add",),
@@ -384,7 +384,7 @@ def _check_target(
     taken = [path for path in planned if os.path.lexists(path)]
     if taken:
         raise ConflictError(
-            f"{len(taken)} of the {len(planned)} file(s) this run would write already "
+            f"{len(taken)} of the {plural(len(planned), 'file')} this run would write already "
             f"exist under {root} ({_named(root, taken)}); nothing was written - choose "
             "another seed (synth never overwrites a file)",
             options=("seed",),

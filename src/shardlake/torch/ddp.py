@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from .. import errors as _errors
 from ..errors import PlanError, ShardlakeError
+from ..progress.bar import plural
 
 __all__ = [
     "RankSync",
@@ -87,7 +88,7 @@ class RankSync:
             raise cls(f"rank {rank}: {name}: {message}") from error
         if 0 < ended_count < world:
             raise PlanError(
-                f"{ended_count} of {world} ranks ran out of batches before the others; ranks "
+                f"{ended_count} of {plural(world, 'rank')} ran out of batches before the others; ranks "
                 "must use the same version, selection, batch_size and loader state"
             )
 

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import PlanError
+from ..progress.bar import plural
 from .plan_batches import _ordered_leg
 from .plan_types import (
     MIN_RUN_SAMPLES,
@@ -387,7 +388,7 @@ def _check_padding(n: int, pad: int, basis: int, params: PlanParams, layout: Lay
     Any size plans, as DistributedSampler pads any size: a large share is a warning only."""
     if pad and not params.exact and pad > params.max_pad_fraction * basis:
         warnings.warn(
-            f"{n} selected samples over {layout.world_size} rank(s) x batch_size "
+            f"{n} selected samples over {plural(layout.world_size, 'rank')} x batch_size "
             f"{layout.batch_size} leave {pad} slots filled by replaying samples "
             f"({pad / max(basis, 1):.1%} of the epoch, more than max_pad_fraction="
             f"{params.max_pad_fraction:g}); drop_last=True drops the remainder instead, and a "

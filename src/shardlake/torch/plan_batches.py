@@ -10,6 +10,7 @@ import math
 import numpy as np
 
 from ..errors import PlanError
+from ..progress.bar import plural
 from .plan_types import IntArray, Layout, LegPlan, PlanParams, Rows
 
 __all__ = [
@@ -69,7 +70,7 @@ def plan_torch_leg(
         else np.asarray(permutation, dtype=np.int64)
     )
     if len(indices) != n:
-        raise PlanError(f"order='torch': permutation of {len(indices)} for {n} rows")
+        raise PlanError(f"order='torch': permutation of {len(indices)} for {plural(n, 'row')}")
     if params.sampler_drop_last and n % world:
         per_rank = math.ceil((n - world) / world)
     else:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import IntegrityError, KeyNotFoundError
 from ..format.codec import frame_has_checksum, payload_checksum
+from ..progress.bar import plural
 from ..read.cache import EpochCache
 from ..read.options import DEFAULT_REQUEST_BYTES, ReadOptions
 from ..read.receipts import superseded_error
@@ -424,9 +425,9 @@ class SlotReader:
                 return payload
             problem = (
                 f"payload checksum mismatch (crc32 {actual:08x}, manifest says {crc:08x}, "
-                f"{len(payload)} of {size} bytes)"
+                f"{len(payload)} of {plural(size, 'byte')})"
             )
-        raise IntegrityError(f"{self.where(row)}: {problem} on {rereads + 1} reads")
+        raise IntegrityError(f"{self.where(row)}: {problem} on {plural(rereads + 1, 'read')}")
 
     # --- emitting ------------------------------------------------------------------------------
 

@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..progress.bar import plural
+
 __all__ = [
     "LazyStrings",
     "StringColumn",
@@ -115,7 +117,7 @@ class LazyStrings(Sequence[str]):
                 column = self._load()
                 if len(column) != self._count:
                     raise ValueError(
-                        f"sample keys read again: {len(column)} keys, the table has {self._count}"
+                        f"sample keys read again: {plural(len(column), 'key')}, the table has {self._count}"
                     )
                 self._column = column
             return self._column
