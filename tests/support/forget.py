@@ -25,6 +25,7 @@ class ForgetWorld:
     snapshot: dict[str, dict[str, dict[str, bytes]]]  # tag -> key -> array name -> bytes
     payloads: list[bytes]  # decompressed payloads of the forgotten samples, every version
     tags: list[str]
+    compressed: list[bytes]  # the same payloads as stored (zstd frames)
 
 
 def _arrays(sample: dict[str, Any]) -> dict[str, bytes]:
@@ -63,7 +64,7 @@ def build(root: shardlake.Root, src: Path, *, executor: str = "thread") -> Forge
     forgotten = [in_p0[1], removed_in_v4, "extra/000002"]
     tags = ["v1", "v2", "v3", "v4"]
     snapshot: dict[str, dict[str, dict[str, bytes]]] = {}
-    payloads = []
+    payloads, compressed = [], []
     decoder = zstandard.ZstdDecompressor()
     for tag in tags:
         ds = root.dataset(tag)
@@ -76,7 +77,8 @@ def build(root: shardlake.Root, src: Path, *, executor: str = "thread") -> Forge
                 shard = ds.shard_key(row["partition"], row["shard"])
                 data = root.store.read_range(shard, row["offset"], row["offset"] + row["size"])
                 payloads.append(decoder.decompress(data))
-    return ForgetWorld(root, forgotten, snapshot, payloads, tags)
+                compressed.append(data)
+    return ForgetWorld(root, forgotten, snapshot, payloads, tags, compressed)
 
 
 def raw_scan(root: shardlake.Root, payloads: list[bytes], keys: list[str]) -> list[str]:

@@ -119,6 +119,24 @@ class EpochCache:
 
     # --- entries -------------------------------------------------------------------------------
 
+    def drop_shards(self, shard_keys: Iterable[str]) -> int:
+        """Delete every entry of ``shard_keys`` (shards a forget deleted); how many went. The
+        ledger is corrected by the next scan."""
+        gone = 0
+        for key in shard_keys:
+            folder = self.root / shard_dir_name(key)
+            try:
+                names = os.listdir(folder)
+            except OSError:
+                continue
+            for name in names:
+                with contextlib.suppress(OSError):
+                    (folder / name).unlink()
+                    gone += 1
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        return gone
+
     def path(self, shard_key: str, offset: int, size: int, crc32: int) -> Path:
         return self.root / shard_dir_name(shard_key) / entry_name(offset, size, crc32)
 

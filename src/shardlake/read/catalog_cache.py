@@ -41,7 +41,7 @@ import mmap
 import os
 import secrets
 import struct
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -290,6 +290,31 @@ class CatalogCache:
         mapped = self.get_arrays(what, verify=False)
         self.hits = hits  # the maker's own file: not a hit
         return found if mapped is None else mapped
+
+    def drop(self, objects: Iterable[str], mentioning: Iterable[str]) -> int:
+        """Delete the objects of sha256 ``objects`` and every derived value whose description
+        names one of ``mentioning`` (version hashes a forget redacted); how many files went."""
+        marks = [m for m in mentioning if m]
+        gone = 0
+        for sha in objects:
+            path = self.root / sha
+            with contextlib.suppress(OSError):
+                path.unlink()
+                gone += 1
+            (path.with_name(path.name + LOCK_SUFFIX)).unlink(missing_ok=True)
+        for path, _size, _mtime in list(self.entries()):
+            if not path.name.endswith(SUFFIXES):
+                continue
+            try:
+                with open(path, "rb") as fh:
+                    head = fh.read(1 << 16)  # a derived document, or an arrays header
+            except OSError:
+                continue
+            if any(m.encode() in head for m in marks):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                    gone += 1
+        return gone
 
     def entries(self) -> Iterator[tuple[Path, int, float]]:
         """``(path, size, mtime)`` of every published object."""

@@ -24,6 +24,8 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PlanError, UsageError, VersionRedactedError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
+from ..read.catalog_cache import catalog_cache
+from ..read.forget_caches import drop_forgotten
 from ..read.receipts import find_redaction
 from ..store import Store
 from ..store.url import location
@@ -186,6 +188,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.sources = sources
         with paused_gc():  # the set-up makes few cyclic objects but many objects to scan
             self._init_table(epoch_size)
+        self._drop_forgotten()
         shuffled = (not exact) if shuffle is None else shuffle
         self._plan_knobs = (chunk_size, interleave)  # None: the plan shape's default
         self.params = PlanParams(
@@ -576,6 +579,19 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.cursor = Cursor(int(state["epoch"]), legs, int(state["step"]))
         self._resume_samples = int(state["samples"])
         self._plan_cache = None
+
+    def _drop_forgotten(self) -> None:
+        """This node's caches drop what they hold of versions a forget redacted (one listing of
+        each root's receipts; docs/loader.md, "Across a forget")."""
+        epoch = None
+        if self.cache_dir is not None:
+            epoch = EpochCache(self.cache_dir, DEFAULT_CACHE_BYTES)
+        catalog = catalog_cache()
+        stores = getattr(self.store, "stores", None) or [self.store]
+        hashes = [str(r["version_hash"]) for r in self.source_records]
+        for store in stores:
+            if isinstance(store, Store):
+                drop_forgotten(store, catalog, epoch, hashes)
 
     def check_identity(self, state: dict[str, Any]) -> None:
         """Refuse a state saved for another version, selection or seed. A state saved on a
