@@ -178,3 +178,27 @@ def test_other_ranks_epochs_and_resumes_read_the_cached_plan_exactly(
         ds, again = loader(rank)
         again.load_state_dict(state)
         assert got + keys(again) == want[rank, 1]
+
+
+@pytest.mark.parametrize("engine", ["threads", "processes"])
+def test_an_exact_batchs_valid_mask_is_the_callers_to_write(
+    root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, engine: str
+) -> None:
+    """``__valid__`` of an exact pass is the caller's tensor: masking it in place must touch
+    neither the plan mapped from the node-local cache (read-only: the thread engine crashed
+    the process) nor what the next pass yields."""
+    monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", str(tmp_path / "cache"))
+    passes = []
+    for _ in range(3):  # the first builds and maps the cached plan, the others map it
+        ds = ShardDataset(
+            root, batch_size=3, exact=True, num_workers=2, engine=engine, rank=1, world_size=2
+        )
+        masks = []
+        for batch in ds.loader():
+            masks.append(batch["__valid__"].clone())
+            batch["__valid__"].fill_(False)
+        passes.append(masks)
+    assert not all(bool(m.all()) for m in passes[0])  # some padding, marked
+    for masks in passes[1:]:
+        assert len(masks) == len(passes[0])
+        assert all(bool((a == b).all()) for a, b in zip(masks, passes[0], strict=True))
