@@ -230,3 +230,23 @@ def test_same_payloads_from_other_files_are_not_changed(
     assert diff.changed_keys == ["b/f01"] and diff.data_changed == ["b"]
     assert main(["keyset", root, "rebase", "all", "--version", "v3", "--as", "s3", "--strict"]) == 1
     assert "0 keys dropped, 1 changed" in capsys.readouterr().err
+
+
+def test_a_sidecar_change_is_seen_on_a_key_that_moved_partition(tmp_path: Path) -> None:
+    """A key packed into ``p`` (depth 1) and written again by a writer without a base (into
+    its parent path ``p/sub``) with the same arrays and another sidecar is ``meta_changed``:
+    the sidecars of added and removed partitions are compared too, not only of partitions
+    both versions have."""
+    arrays = {"x": np.arange(3, dtype=np.float32)}
+    root = shardlake.open(tmp_path / "root")
+    with root.writer("v0") as w:  # only to make the npz tree pack reads: a plain tree
+        w.write("p/s0", arrays, {"label": 0})
+        w.write("p/sub/s1", arrays, {"label": 0})
+    root.export(str(tmp_path / "src"), version="v0", format="npz")
+    root.pack(tmp_path / "src", tag="v1")
+    with root.writer("v2") as w:
+        w.write("p/sub/s1", arrays, {"label": 1})
+    diff = root.diff("v1", "v2", samples=True)
+    assert (diff.added, diff.removed) == (["p/sub"], ["p"])
+    assert (diff.removed_keys, diff.changed_keys) == (["p/s0"], [])
+    assert diff.meta_changed_keys == ["p/sub/s1"] and diff.samples_meta_changed == 1

@@ -170,8 +170,9 @@ def compare_versions(
     was, now = _grouped(before_rows), _grouped(after_rows)
     touched = {n.id for o, n in pairs if was.get(o.id, {}) != now.get(n.id, {})}
     if meta:
-        pids = [o.id for o, _ in pairs]
-        before_meta, after_meta = _sidecars(store, a, pids), _sidecars(store, b, pids)
+        # every partition rows were read of: a key may have moved between partitions (a
+        # writer without a base, another partition rule) with its sidecar changed
+        before_meta, after_meta = _sidecars(store, a, old_pids), _sidecars(store, b, new_pids)
         out.meta_changed_keys = {
             k
             for k, row in after_meta.items()
