@@ -83,3 +83,17 @@ def test_http_load_compares_disk_and_both_servers(tmp_path: Path) -> None:
     ]
     assert all(row["samples"] == 16 for row in rows[:3])
     assert out.startswith("# issue 33: ")
+
+
+def test_forget_benchmark_runs(tmp_path: Path) -> None:
+    out = _run(
+        str(BENCHMARKS / "forget.py"),
+        "--samples", "300", "--partitions", "6", "--versions", "3", "--fraction", "0.05",
+        "--shard-size", "16KiB", "--root", str(tmp_path / "root"),
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    one, many = (r for r in rows if "forget" in r)
+    # one key: one shard per distinct content of it (a replaced partition holds another)
+    assert one["keys"] == 1 and 1 <= one["shards_rewritten"] <= 3 and one["versions_redacted"] == 3
+    assert many["keys"] == 15 and many["shards_rewritten"] >= 1
+    assert rows[-1]["check_ok"] is True
