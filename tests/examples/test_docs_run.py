@@ -107,3 +107,18 @@ def _run_documented(doc, place, capsys, monkeypatch, tmp_path, stack):
         assert code == 0, f"{doc}: `{line}` exited {code}: {out.err}"
         ran += 1
     assert ran >= 6
+
+
+def test_getting_started_names_every_extra_a_user_installs() -> None:
+    import tomllib
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    wanted = set(extras) - {"docs", "test", "demo"}  # for building docs, testing, the demo
+    text = (REPO / "docs/getting-started.md").read_text()
+    install = text[text.index("To use shardlake in your own environment") :].split("\n\n")[0]
+    assert {
+        e for e in wanted if f"`{e}`" not in install and e not in ("s3", "gcs", "torch")
+    } == set()
+    assert "dask" in install and "write_bag" in install

@@ -13,7 +13,13 @@ from support.lifecycle import pack_synth
 
 import shardlake
 from shardlake.cli.main import main
-from shardlake.errors import FormatError, NotFoundError, SelectionError, VersionNotFoundError
+from shardlake.errors import (
+    FormatError,
+    NotFoundError,
+    SelectionError,
+    UsageError,
+    VersionNotFoundError,
+)
 from shardlake.testing.fixtures import StoreLocation
 
 
@@ -252,3 +258,22 @@ def test_console_script_against_s3(store_location: StoreLocation, tmp_path: Path
         and done.stderr.count("\n") == 1
         and "SelectionError" not in done.stderr
     )
+
+
+def test_a_column_named_twice_is_returned_once(tmp_path: Path) -> None:
+    root = shardlake.open(tmp_path / "root")
+    with root.writer("v1") as w:
+        w.write("a/1", {"x": np.ones(2)})
+    with root.writer("v2", base="v1") as w:  # two catalog segments
+        w.write("b/1", {"x": np.ones(2)})
+    ds = root.dataset("v2")
+    pids = [e.id for e in ds.entries]
+    for table in (
+        ds.manifests(["key", "key"]),
+        ds.manifests(["key", "partition", "key"], pids=pids),
+        ds.query(columns=["key", "key"]),
+    ):
+        assert table.column_names[0] == "key" and table.column_names.count("key") == 1
+        assert sorted(table.column("key").to_pylist()) == ["a/1", "b/1"]
+    with pytest.raises(UsageError, match="columns must be a list of names, not the string 'key'"):
+        ds.manifests("key")

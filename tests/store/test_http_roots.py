@@ -25,6 +25,7 @@ from shardlake.errors import (
     IntegrityError,
     ReadOnlyStoreError,
     RetriesExhaustedError,
+    UsageError,
     VersionNotFoundError,
 )
 from shardlake.format.layout import ROOT_INDEX
@@ -491,3 +492,22 @@ def test_https_to_a_plain_http_server_fails_at_once_saying_so(
     assert code == 1, err
     assert "the endpoint does not speak TLS" in err and "with http://, not https://" in err, err
     assert "failed after" not in err, err
+
+
+@pytest.mark.parametrize(
+    ("client_kwargs", "said"),
+    [
+        ({"timeout": 5}, "timeout parameter cannot be of <class 'int'> type"),
+        ({"timout": 5}, "unexpected keyword argument 'timout'"),
+    ],
+)
+def test_a_client_kwargs_aiohttp_refuses_is_named_in_one_line(
+    capsys: pytest.CaptureFixture[str], client_kwargs: dict[str, Any], said: str
+) -> None:
+    url = "http://127.0.0.1:9/root"  # refused before any request
+    with pytest.raises(UsageError, match="storage option client_kwargs for http:// is refused"):
+        shardlake.open(url, client_kwargs=client_kwargs).versions()
+    argv = ["versions", url, "--storage-option", f"client_kwargs={json.dumps(client_kwargs)}"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and said in err[0] and "client_kwargs" in err[0], err

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import FormatError, IntegrityError, NotFoundError
+from ..errors import FormatError, IntegrityError, NotFoundError, UsageError
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.manifest import entry_mismatches
@@ -129,7 +129,9 @@ class Dataset:
         self, columns: Sequence[str] | None = None, pids: Iterable[str] | None = None
     ) -> pa.Table:
         """All (or the given) partitions' manifest rows as one table, from the version's catalog
-        (see :mod:`shardlake.meta.catalog`); a few given partitions are read from their manifests."""
+        (see :mod:`shardlake.meta.catalog`); a few given partitions are read from their manifests.
+        A column named twice is returned once."""
+        columns = _column_list(columns, "manifests")
         if pids is None and (columns is None or self._table is not None):
             with self._lock:
                 if self._table is None:
@@ -171,7 +173,7 @@ class Dataset:
         pyarrow.Table
             The matching rows, in manifest order.
         """
-        return sql.select(self.manifests(), where, columns)
+        return sql.select(self.manifests(), where, _column_list(columns, "query"))
 
     def keys(self) -> list[str]:
         """Every sample key of the version, in manifest order."""
@@ -373,3 +375,13 @@ def resolve_version(store: Store, version: str | None, keyset: str | None = None
     chosen = load_version(store, version)
     bound.check_version(chosen)
     return chosen
+
+
+def _column_list(columns: Sequence[str] | None, where: str) -> list[str] | None:
+    """``columns`` as a list with each name once (a name twice would give a table with two
+    columns of one name, which Arrow cannot combine); a lone string is refused, not split."""
+    if columns is None:
+        return None
+    if isinstance(columns, str):
+        raise UsageError(f"{where}: columns must be a list of names, not the string {columns!r}")
+    return list(dict.fromkeys(columns))

@@ -28,7 +28,7 @@ from typing import Any
 import fsspec
 from fsspec.asyn import sync
 
-from ...errors import CapabilityError, EndpointError, ReadOnlyStoreError
+from ...errors import CapabilityError, EndpointError, ReadOnlyStoreError, UsageError
 from ..classify import chain
 from ..retry import RetryPolicy
 from .base import Backend, Entry, Leftover, nested_options
@@ -99,7 +99,16 @@ class HTTPBackend(Backend):
             total=None, sock_connect=policy.request_timeout, sock_read=policy.request_timeout
         )
         options = nested_options(storage_options, "client_kwargs", {"timeout": timeout})
-        return fsspec.filesystem(protocol, **options)
+        fs = fsspec.filesystem(protocol, **options)
+        try:  # the session now: a bad client_kwargs fails here, named, not at the first read
+            sync(fs.loop, fs.set_session)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(
+                f"storage option client_kwargs for {protocol}:// is refused by "
+                f"aiohttp.ClientSession: {exc}",
+                options=("client_kwargs",),
+            ) from exc
+        return fs
 
     def _url(self, path: str) -> str:
         return f"{self.scheme}://{path.lstrip('/')}"
