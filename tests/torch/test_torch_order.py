@@ -231,6 +231,12 @@ def test_pop_valid_serves_exact_and_plain_batches() -> None:
     marked = {"x": torch.zeros(3, 2), "__valid__": torch.tensor([True, False, True])}
     assert pop_valid(marked).tolist() == [True, False, True] and "__valid__" not in marked
     assert pop_valid({"x": torch.zeros(4, 2)}).tolist() == [True] * 4
+    # valid_rows: the same tensor (no copy, the same sums) when nothing is padding.
+    from shardlake.torch import valid_rows
+
+    x = torch.arange(12.0).view(3, 4)[:, 1:]  # a strided view, as a metric slice often is
+    assert valid_rows(x, torch.ones(3, dtype=torch.bool)) is x
+    assert valid_rows(x, torch.tensor([True, False, True])).tolist() == [[1, 2, 3], [9, 10, 11]]
 
 
 def test_exact_batches_from_a_mapped_plan_raise_no_numpy_warning(

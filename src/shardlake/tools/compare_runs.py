@@ -99,6 +99,7 @@ IGNORED_ARGS: dict[str, str] = {
             "data_path",
             "loader_order",
             "loader_engine",
+            "train_subsample_step",
         ),
         _DATA,
     ),

@@ -7,7 +7,7 @@ Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
 from ..read.options import ReadOptions
 from .batches import INDEX_KEY, VALID_KEY
 from .dataset import ResumedOnSuccessorWarning, ShardDataset
-from .ddp import masked_mean, masked_sum, pop_valid
+from .ddp import masked_mean, masked_sum, pop_valid, valid_rows
 from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing
 from .options import LoaderOptions
@@ -41,6 +41,7 @@ __all__ = [
     "plan_mixing",
     "pop_valid",
     "train_valid",
+    "valid_rows",
 ]
 
 

@@ -21,6 +21,7 @@ __all__ = [
     "masked_sum",
     "pop_valid",
     "rank_and_world",
+    "valid_rows",
 ]
 
 
@@ -121,6 +122,15 @@ def pop_valid(batch: dict[str, Any], device: Any = None) -> torch.Tensor:
             raise _errors.UsageError("pop_valid: the batch has no tensor to tell its size by")
         valid = torch.ones(first.shape[0], dtype=torch.bool)
     return torch.as_tensor(valid, dtype=torch.bool).to(device or "cpu")
+
+
+def valid_rows(values: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``values[valid]`` along the first dimension (a per-sample metric without the padding of
+    an exact pass); ``values`` itself, not a copy, when every row is valid: a pass without
+    padding then computes its sums exactly as before, in the same order, bit for bit."""
+    if bool(valid.all()):
+        return values
+    return values[valid.to(values.device)]
 
 
 def masked_mean(values: torch.Tensor, valid: torch.Tensor, group: Any = None) -> float:
