@@ -23,6 +23,7 @@ Steps (docs/runbook.md, "Erasure requests"; the receipt: docs/format.md, "Forget
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import secrets
@@ -265,38 +266,93 @@ def _member_key(name: str, where: str) -> str:
     return unescape_member_key(name[: -len(MEMBER_SUFFIX)])
 
 
+class _RangeReader(io.RawIOBase):
+    """A shard read sequentially through ranged reads of ``window`` bytes: a rewrite holds one
+    window and one member in memory, never the whole shard."""
+
+    def __init__(self, store: Store, key: str, size: int, window: int = 16 * 2**20) -> None:
+        self.store, self.key, self.size, self.window = store, key, size, window
+        self.pos = 0
+        self.start = 0
+        self.buf = b""
+        self.fetched = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = base + offset
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        if self.pos >= self.size:
+            return 0
+        if not (self.start <= self.pos < self.start + len(self.buf)):
+            end = min(self.size, self.pos + max(self.window, len(b)))
+            self.buf = self.store.read_range(self.key, self.pos, end)
+            self.start = self.pos
+            self.fetched += len(self.buf)
+        at = self.pos - self.start
+        n = min(len(b), len(self.buf) - at)
+        b[:n] = self.buf[at : at + n]
+        self.pos += n
+        return n
+
+    def take(self, offset: int, size: int) -> bytes:
+        """``size`` bytes at ``offset`` (one member's payload)."""
+        self.seek(offset)
+        out = bytearray()
+        while len(out) < size:
+            chunk = self.read(size - len(out))
+            if not chunk:
+                raise FormatError(f"{self.store.key_url(self.key)}: ends inside a member")
+            out += chunk
+        return bytes(out)
+
+
 def rewrite_shard(
-    store: Store, old_key: str, new_key: str, drop: frozenset[str], salt: str
+    store: Store, old_key: str, new_key: str, drop: frozenset[str], salt: str, size: int = -1
 ) -> ShardRewrite:
     """Write ``new_key``: shard ``old_key`` without the members of ``drop``'s keys; the members
-    kept are byte-identical (same deterministic header, same payload bytes, same padding)."""
-    data = store.read(old_key)
+    kept are byte-identical (same deterministic header, same payload bytes, same padding). The
+    shard is streamed (ranged reads in, a streaming upload out); nothing is written when no
+    member is left."""
     where = store.key_url(old_key)
+    reader = _RangeReader(store, old_key, store.size(old_key) if size < 0 else size)
     decoder = Decoder()
-    out = io.BytesIO()
-    writer = ShardWriter(out)
     positions: dict[str, tuple[int, int]] = {}
     digests, forgotten = [], []
-    view = memoryview(data)
-    for member in iter_members(data, where):
-        key = _member_key(member.name, where)
-        payload = view[member.offset : member.offset + member.size]
-        if key in drop:
-            forgotten.append(key)
-            digests.append(salted(salt, decoder.decompress(payload, f"{where} key {key!r}")))
-        else:
-            positions[key] = writer.add(key, bytes(payload))
-    if not positions:
-        return ShardRewrite(
-            old_key, ShardEntry(new_key, 0, 0), {}, digests, forgotten, len(data), 0
-        )
-    writer.close()
-    body = out.getvalue()
+    with contextlib.ExitStack() as stack:
+        writer: ShardWriter | None = None
+        # tarfile seeks back to its next header itself, so payloads are read in between.
+        for member in iter_members(reader, where):  # type: ignore[arg-type]
+            key = _member_key(member.name, where)
+            payload = reader.take(member.offset, member.size)
+            if key in drop:
+                forgotten.append(key)
+                digests.append(salted(salt, decoder.decompress(payload, f"{where} key {key!r}")))
+                continue
+            if writer is None:
+                # Opened at the first member kept: visible only when the block exits cleanly.
+                writer = ShardWriter(stack.enter_context(store.open_writer(new_key)))
+            positions[key] = writer.add(key, payload)
+        if writer is None:
+            return ShardRewrite(
+                old_key, ShardEntry(new_key, 0, 0), {}, digests, forgotten, reader.size, 0
+            )
+        writer.close()
     # Deterministic bytes: a rerun after a kill writes the very same object again.
-    with store.open_writer(new_key) as handle:
-        handle.write(body)
-    entry = ShardEntry(new_key, len(body), writer.members)
-    return ShardRewrite(old_key, entry, positions, digests, forgotten, len(data), len(body))
+    entry = ShardEntry(new_key, writer.bytes_written, writer.members)
+    return ShardRewrite(
+        old_key, entry, positions, digests, forgotten, reader.size, writer.bytes_written
+    )
 
 
 # --- planning --------------------------------------------------------------------------------
@@ -687,7 +743,11 @@ def _rewrite(
         store, "thread" if options.executor is None else options.executor, "rewritten"
     )
     tasks = [
-        Task(old, rewrite_shard, (store, old, new, frozenset(keys), salt))
+        Task(
+            old,
+            rewrite_shard,
+            (store, old, new, frozenset(keys), salt, plan.shard_sizes.get(old, -1)),
+        )
         for old, (new, keys) in sorted(plan.shards.items())
     ]
     bar = Progress(len(tasks), "shardlake forget", unit="shards", enabled=options.progress)
