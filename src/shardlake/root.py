@@ -12,7 +12,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
-from .errors import build_options
+from .errors import UsageError, build_options
 from .format.documents import GcLock
 from .format.layout import natural_key
 from .meta.commits import read_state
@@ -395,7 +395,7 @@ class Root:
 
     def verify(
         self,
-        source: str | os.PathLike[str] | Store,
+        source: str | os.PathLike[str] | Store | None = None,
         *,
         options: VerifyOptions | None = None,
         **overrides: Any,
@@ -406,9 +406,18 @@ class Root:
         Settings are :class:`~shardlake.lifecycle.verify.VerifyOptions` (``version``,
         ``allow_missing``, ``path_list``, ``executor``, ...), as an object or as keywords
         (keywords override the object; an unknown one fails at once, naming the nearest).
+        A version without a source tree (written from Python, imported) is checked against
+        its own checksums by :meth:`scrub`.
         """
         from .lifecycle.verify import VerifyOptions, verify_version
 
+        if source is None:
+            raise UsageError(
+                "verify compares a version with its source tree: give source; to check a "
+                "version against its own checksums (one written from Python or imported has "
+                "no source tree), use scrub(version)",
+                options=("source",),
+            )
         opts = build_options(VerifyOptions, options, overrides, "verify")
         return verify_version(self.store, _opened(source, name="verify(source)"), opts)
 

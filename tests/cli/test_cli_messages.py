@@ -242,3 +242,29 @@ def test_a_writer_made_one_partition_version_reads_right(capsys, tmp_path):
     code, out, _ = _run(capsys, ["versions", url])
     assert code == 0 and "\t1 partition\t1 sample\t" in out
     assert "published w1" in w.report.summary() and "1 partition, 1 sample;" in w.report.summary()
+
+
+def test_verify_without_source_checks_a_version_against_its_own_checksums(capsys, tmp_path):
+    import numpy as np
+
+    url = str(tmp_path / "root")
+    lake = shardlake.open(url)
+    with lake.writer("w1") as w:  # no source tree: written from Python
+        w.write("log0/0", {"x": np.arange(300)})
+        w.write("log0/1", {"x": np.arange(300) * 2})
+    code, out, err = _run(capsys, ["verify", url, "--quiet"])
+    assert code == 0, err
+    assert "scrubbed 2 samples" in out and "of w1: ok" in out
+    assert "no --source" in err and "shardlake scrub" in err
+    code, _, err = _run(capsys, ["verify", url, "--allow-missing", "1"])
+    assert code == 2 and "--allow-missing describes the source tree: give --source" in err
+    with pytest.raises(shardlake.UsageError, match=r"use scrub\(version\)"):
+        lake.verify()
+    # A byte flipped at rest fails it, as scrub fails it.
+    (shard,) = [s.key for e in lake.dataset("w1").entries for s in e.shards]
+    path = tmp_path / "root" / shard
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    code, _, err = _run(capsys, ["verify", url, "--quiet"])
+    assert code == 1 and "corrupt" in err

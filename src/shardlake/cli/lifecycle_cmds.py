@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING, Any
 
-from ..errors import SHOW_MAX
+from ..errors import SHOW_MAX, UsageError
 from ..progress.bar import plural
 from . import flags
 from .common import flag_values, open_root, parse_storage_options, print_report, progress_wanted
@@ -126,7 +126,13 @@ def _export_flags(p: argparse.ArgumentParser) -> None:
 
 def _verify_flags(p: argparse.ArgumentParser) -> None:
     flags.root(p)
-    p.add_argument("--source", required=True, metavar="SOURCE")
+    p.add_argument(
+        "--source",
+        metavar="SOURCE",
+        help="the source tree to compare the version with, bit for bit; without it the "
+        "version is checked against its own checksums (what scrub does), as for a version "
+        "written from Python or imported, which has no source tree",
+    )
     flags.storage(p, "source", "SOURCE")
     flags.version(p)
     p.add_argument(
@@ -323,10 +329,37 @@ def cmd_export(args: argparse.Namespace) -> int:
     return print_report(args, report.to_json(), text)
 
 
+# verify's flags that describe a source tree: without --source they cannot apply.
+_SOURCE_FLAGS = (
+    ("--path-list", "path_list"),
+    ("--strip-prefix", "strip_prefix"),
+    ("--include", "include"),
+    ("--exclude", "exclude"),
+    ("--allow-missing", "allow_missing"),
+    ("--expected-partitions", "expected_partitions"),
+    ("--source-storage-option", "source_storage_options"),
+)
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     import shardlake
     from shardlake import VerifyOptions
 
+    if args.source is None:
+        for flag, name in _SOURCE_FLAGS:
+            if getattr(args, name, None) not in (None, [], ()):
+                raise UsageError(f"{flag} describes the source tree: give --source SOURCE")
+        if not args.json:
+            print(
+                "shardlake verify: no --source: checking the version against its own "
+                "checksums (what `shardlake scrub` does); give --source to compare it with "
+                "its source tree bit for bit",
+                file=sys.stderr,
+            )
+        scrubbed = open_root(args).scrub(args.tag, **_task_options(args))
+        return print_report(
+            args, scrubbed.to_json(), lambda: _print_scrub(scrubbed), ok=scrubbed.ok
+        )
     options = VerifyOptions(
         version=args.tag,
         **flag_values(args, "allow_missing", "expected_partitions", "path_list", "strip_prefix"),
