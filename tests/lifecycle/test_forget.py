@@ -250,3 +250,19 @@ def test_forget_where_reaches_pruned_versions_kept_by_keysets(tmp_path: Path) ->
     src = tmp_path / "src"
     again = root.pack(str(src), tag="v5", base="v2", executor="thread", workers=2)
     assert again.version.tag == "v5" and root.verify_offsets("v5").ok and root.scrub("v5").ok
+
+
+def test_check_names_a_copy_forget_could_not_reach(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = shardlake.open(tmp_path / "root")
+    world = build(root, tmp_path / "src")
+    ds = root.dataset("v2")
+    row = ds.select(keys=[world.forgotten[0]]).rows(["partition", "shard"]).to_pylist()[0]
+    shard = ds.shard_key(row["partition"], row["shard"])
+    root.store.write("backup/copy.tar", root.store.read(shard))  # a copy made before the forget
+    report = root.forget(keys=world.forgotten, reason="copy")
+    assert main(["forget", "--check", root.url, report.forget_id or ""]) == 1
+    out = capsys.readouterr().out
+    assert "backup/copy.tar" in out and "FAILED" in out
+    assert not [o for o in root.check_forget().offending if not o.startswith("backup/")]
