@@ -27,6 +27,16 @@ partitions and reports the peak RSS above the process's RSS before writing, agai
 of two shards per active partition (``2 * shard_size * partitions``)::
 
     .venv/bin/python benchmarks/pack.py --writer-memory-mb 2048 --shard-size 67108864
+
+``--s3`` instead measures writing to an object store (issue #47), on SeaweedFS on loopback
+(started here, as the tests do), with s3fs' production part size (not the tests' 5 MiB): in
+each round, alternating, ``pack`` to local disk, ``pack`` to SeaweedFS, ``export`` of the
+local root to SeaweedFS, and a bare upload of the local root's files (boto3 ``put_object`` on
+8 threads, one file each); the best of ``--repeat`` rounds each, and the ratios against the
+goals (pack to S3 <= 1.25x the larger of pack local and the bare upload; export <= 1.25x the
+bare upload)::
+
+    .venv/bin/python benchmarks/pack.py --s3 --partitions 8 --samples 150 --repeat 3
 """
 
 from __future__ import annotations
@@ -244,6 +254,102 @@ def run_shardlake(
     return time.perf_counter() - start, report
 
 
+BARE_THREADS = 8
+GOAL_S3_OVER = 1.25
+
+
+def _bare_upload(root: Path, storage_options: dict[str, Any], url: str) -> tuple[float, int]:
+    """Every file of ``root`` PUT to ``url`` by boto3 on BARE_THREADS threads: the ceiling."""
+    import boto3
+
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    client = boto3.client(
+        "s3",
+        endpoint_url=storage_options["endpoint_url"],
+        aws_access_key_id=storage_options["key"],
+        aws_secret_access_key=storage_options["secret"],
+        region_name=storage_options["client_kwargs"]["region_name"],
+    )
+    files = [p for p in root.rglob("*") if p.is_file()]
+
+    def put(path: Path) -> int:
+        data = path.read_bytes()
+        key = f"{prefix}/{path.relative_to(root).as_posix()}"
+        client.put_object(Bucket=bucket, Key=key, Body=data)
+        return len(data)
+
+    start = time.perf_counter()
+    with cf.ThreadPoolExecutor(BARE_THREADS) as pool:
+        total = sum(pool.map(put, files))
+    return time.perf_counter() - start, total
+
+
+def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
+    """The ``--s3`` rows; see the module docs."""
+    from shardlake.testing.seaweedfs import seaweedfs_server
+
+    best: dict[str, float] = {}
+    runs: dict[str, list[float]] = {}
+    written = 0
+    with seaweedfs_server(set_env=False) as server:
+        # The production part size: drop the tests' 5 MiB parts.
+        options = {k: v for k, v in server.storage_options.items() if k != "default_block_size"}
+        for rep in range(args.repeat):
+            local = work / f"s3-local-{rep}"
+            shutil.rmtree(local, ignore_errors=True)
+            order = ["pack-local", "pack-s3", "export-s3", "bare-upload"]
+            if rep % 2:
+                order = ["pack-local", "bare-upload", "export-s3", "pack-s3"]
+            for name in order:
+                url = server.fresh_url(f"{name}-{rep}")
+                start = time.perf_counter()
+                if name == "pack-local":
+                    shardlake.open(str(local)).pack(
+                        src,
+                        tag="bench",
+                        workers=args.workers,
+                        level=args.level,
+                        shard_size=args.shard_size,
+                        progress=False,
+                    )
+                    written = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
+                elif name == "pack-s3":
+                    shardlake.open(url, **options).pack(
+                        src,
+                        tag="bench",
+                        workers=args.workers,
+                        level=args.level,
+                        shard_size=args.shard_size,
+                        progress=False,
+                    )
+                elif name == "export-s3":
+                    shardlake.open(str(local)).export(
+                        url, dest_storage_options=options, progress=False
+                    )
+                else:
+                    _bare_upload(local, options, url)
+                seconds = time.perf_counter() - start
+                runs.setdefault(name, []).append(seconds)
+                best[name] = min(best.get(name, float("inf")), seconds)
+            shutil.rmtree(local, ignore_errors=True)
+    print(f"bytes per root: {written / 1e6:.1f} MB; rounds: {args.repeat} (alternating order)")
+    for name, seconds in best.items():
+        all_runs = ", ".join(f"{t:.2f}" for t in runs[name])
+        print(f"{name:>12}: {seconds:6.2f}s  {written / seconds / 1e6:7.1f} MB/s  runs {all_runs}")
+    ceiling = max(best["pack-local"], best["bare-upload"])
+    pack_ratio = best["pack-s3"] / ceiling
+    export_ratio = best["export-s3"] / best["bare-upload"]
+    ok = pack_ratio <= GOAL_S3_OVER and export_ratio <= GOAL_S3_OVER
+    for what, value in (
+        ("pack to S3 / max(pack local, bare upload)", pack_ratio),
+        ("export to S3 / bare upload", export_ratio),
+    ):
+        verdict = "met" if value <= GOAL_S3_OVER else "MISSED"
+        print(f"{what}: {value:.2f}x (goal <= {GOAL_S3_OVER:g}x: {verdict})")
+    print("command: " + " ".join([os.path.basename(sys.executable), *sys.argv]))
+    return 0 if ok else 1
+
+
 def _goal(what: str, value: float, goal: float, unit: str) -> None:
     verdict = "met" if value >= goal else "MISSED"
     print(f"{what}: {value:.2f}{unit} (goal >= {goal:g}{unit}: {verdict})")
@@ -267,6 +373,9 @@ def main(argv: list[str] | None = None) -> int:
         help="only measure the writer's peak memory writing this many MB (see the docs above)",
     )
     parser.add_argument("--mem-partitions", type=int, default=2, help="active partitions")
+    parser.add_argument(
+        "--s3", action="store_true", help="only the writes to SeaweedFS (see the docs above)"
+    )
     args = parser.parse_args(argv)
 
     if args.writer_memory_mb:
@@ -292,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"corpus: {total} frames, {npz_bytes / total / 1e3:.0f} KB npz/frame, workers={args.workers}"
     )
+    if args.s3:
+        try:
+            return run_s3(args, src, work)
+        finally:
+            if not args.workdir:
+                shutil.rmtree(work, ignore_errors=True)
     costs = stage_costs(src, sorted(src.rglob("*.npz"))[:20], args.level)
     print("per-frame ms (1 thread): " + ", ".join(f"{k} {v:.2f}" for k, v in costs.items()))
     ceil = stage_ceilings(costs)

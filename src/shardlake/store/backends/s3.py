@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures as cf
 import functools
 import hashlib
+import io
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
@@ -32,6 +34,15 @@ CREDENTIAL_REJECTED_CODES = frozenset(
         "TokenRefreshRequired",
     }
 )
+# A streaming write's part size unless the storage options set ``default_block_size`` (s3fs'
+# own default, 50 MiB, holds a whole shard before its first byte leaves); and how many parts
+# of one object are sent at once. An object holds at most PARTS_IN_FLIGHT + 1 parts in memory.
+PART_SIZE = 16 << 20
+PARTS_IN_FLIGHT = 4
+# S3 takes at most 10,000 parts: every this many parts the part size grows by one PART_SIZE
+# (where the store allows parts of different sizes), so an object may reach ~4 TB.
+_PARTS_PER_SIZE = 1000
+
 # 409s a conditional PUT can meet that say "retry", not "it exists" (AWS: a competing
 # conditional write is in flight; the retry then meets that write's object, or none).
 _RETRY_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "OperationAborted"})
@@ -61,8 +72,10 @@ def refused_create(exc: BaseException) -> bool:
 class S3Backend(BucketBackend):
     """S3 (s3fs): PUT replaces atomically; create sends ``If-None-Match: *``.
 
-    Streaming writes use a multipart upload (parts of ``default_block_size``, >= 5 MiB),
-    completed at close and aborted on error; objects smaller than one part are a single PUT.
+    Streaming writes use a multipart upload (parts of :data:`PART_SIZE`, or the storage
+    option ``default_block_size``; :data:`PARTS_IN_FLIGHT` sent at once, while the caller
+    writes on), completed at close and aborted on error; objects smaller than one part are a
+    single PUT.
     A SIGKILLed writer cannot abort: its upload is found by :meth:`leftovers` (gc aborts it).
     """
 
@@ -111,6 +124,7 @@ class S3Backend(BucketBackend):
         options = nested_options(storage_options, "config_kwargs", timeouts, one_try)
         fs: fsspec.AbstractFileSystem = _checksumming_class()(**options)
         fs.retries = 1
+        fs.shardlake_part_size = int(storage_options.get("default_block_size") or PART_SIZE)
         return fs
 
     def _create(self, path: str, data: bytes) -> None:
@@ -121,11 +135,11 @@ class S3Backend(BucketBackend):
         # through the store's policy one by one (a part is idempotent per part number), so one
         # 503 does not fail a shard hours into a pack.
         fs: Any = self.fs
-        handle = _retrying_file_class()(
+        handle = _parallel_file_class()(
             fs,
             path,
             "wb",
-            block_size=fs.default_block_size,
+            block_size=getattr(fs, "shardlake_part_size", None) or PART_SIZE,
             acl=fs.s3_additional_kwargs.get("ACL", False),
             s3_additional_kwargs=dict(fs.s3_additional_kwargs),
             requester_pays=fs.requester_pays,
@@ -236,4 +250,96 @@ def _retrying_file_class() -> type[Any]:
         )
 
     made: type[Any] = type("RetryingS3File", (S3File,), {"_call_s3": call_s3})
+    return made
+
+
+@functools.cache
+def _parallel_file_class() -> type[Any]:
+    """The retrying writable file whose multipart parts go out :data:`PARTS_IN_FLIGHT` at a
+    time from a small thread pool while the caller keeps writing (s3fs sends them one by one,
+    blocking the writer). A part that fails (after the store's retries) fails the next write or
+    the close; a failed close aborts the upload itself, so nothing is published either way."""
+    base = _retrying_file_class()
+
+    def _initiate_upload(self: Any) -> None:
+        base._initiate_upload(self)
+        self.in_flight = []
+        self.next_part = 1
+        if getattr(self, "mpu", None):
+            self.pool = cf.ThreadPoolExecutor(PARTS_IN_FLIGHT, thread_name_prefix="shardlake-part")
+
+    def _send_part(self: Any, number: int, body: bytes) -> dict[str, Any]:
+        bucket, key, _ = self.fs.split_path(self.path)
+        out = self._call_s3(
+            "upload_part",
+            Bucket=bucket,
+            Key=key,
+            PartNumber=number,
+            UploadId=self.mpu["UploadId"],
+            Body=body,
+        )
+        header = {"PartNumber": number, "ETag": out["ETag"]}
+        if "ChecksumSHA256" in out:
+            header["ChecksumSHA256"] = out["ChecksumSHA256"]
+        return header
+
+    def _reap(self: Any, every: bool) -> None:
+        """Collect finished parts (all of them when ``every``); re-raise a failed one's error."""
+        if not self.in_flight:
+            return
+        when = cf.ALL_COMPLETED if every else cf.FIRST_COMPLETED
+        done, pending = cf.wait(self.in_flight, return_when=when)
+        self.in_flight = list(pending)
+        for future in done:
+            self.parts.append(future.result())
+
+    def _part_size(self: Any) -> int:
+        size = int(self.blocksize)
+        if self.fs.fixed_upload_size:
+            return size
+        tier: int = (self.next_part - 1) // _PARTS_PER_SIZE
+        return size * (1 + tier)
+
+    def _upload_chunk(self: Any, final: bool = False) -> bool:
+        if not getattr(self, "mpu", None):  # an object smaller than one part: a single PUT
+            return bool(base._upload_chunk(self, final))
+        try:
+            self.buffer.seek(0)
+            left = len(self.buffer.getbuffer())
+            while left >= (1 if final else _part_size(self)):
+                body = self.buffer.read(_part_size(self))
+                left -= len(body)
+                while len(self.in_flight) >= PARTS_IN_FLIGHT:
+                    _reap(self, every=False)  # bounded memory: wait for a part to finish
+                self.in_flight.append(self.pool.submit(_send_part, self, self.next_part, body))
+                self.next_part += 1
+            if final:
+                _reap(self, every=True)
+                self.parts.sort(key=lambda part: part["PartNumber"])
+                self.commit()
+                self.pool.shutdown()
+            else:
+                self.offset += self.buffer.tell()
+                self.buffer = io.BytesIO(self.buffer.read())
+                self.buffer.seek(0, 2)
+        except BaseException:
+            if final:  # nobody discards after a failed close: abort here
+                self.discard()
+            raise
+        return False
+
+    def discard(self: Any) -> None:
+        pool = getattr(self, "pool", None)
+        for future in getattr(self, "in_flight", []):
+            future.cancel()
+        if pool is not None:
+            pool.shutdown(wait=True)  # no part may land after the abort
+        self.in_flight = []
+        base.discard(self)
+
+    made: type[Any] = type(
+        "ParallelS3File",
+        (base,),
+        {"_initiate_upload": _initiate_upload, "_upload_chunk": _upload_chunk, "discard": discard},
+    )
     return made
