@@ -131,3 +131,20 @@ def test_dead_task_reported_by_partition(packed: tuple[Path, Path]) -> None:
     [problem] = report.problems
     assert problem.partition == entries[1].id and "worker process died" in problem.message
     assert [p.partition for p in report.partitions] == [e.id for e in entries]
+
+
+def test_forget_rewrites_on_dask(
+    packed: tuple[Path, Path], dask_address: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """forget's shard rewrites as Dask tasks (a copy of the module's root: it redacts)."""
+    _src, packed_root = packed
+    root_dir = tmp_path / "root"
+    shutil.copytree(packed_root, root_dir)
+    root = shardlake.open(root_dir)
+    keys = sorted(root.dataset().manifests(columns=["key"]).column("key").to_pylist())
+    keyfile = tmp_path / "keys.txt"
+    keyfile.write_text(f"{keys[0]}\n{keys[-1]}\n")
+    argv = ["forget", str(root_dir), "--keys", str(keyfile), "--reason", "dask"]
+    doc = _json(capsys, [*argv, "--executor", dask_address])
+    assert doc["keys"] == 2 and doc["shards_rewritten"] >= 2
+    assert root.check_forget().ok and root.scrub().ok
