@@ -245,11 +245,13 @@ def test_forget_where_reaches_pruned_versions_kept_by_keysets(tmp_path: Path) ->
     receipt = json.loads(root.store.read(report.receipt or ""))
     assert receipt["selection"]["where"] == f"key = '{key}'"
     assert root.check_forget().ok
-    # A pack of the unchanged source on the redacted version does not bring the sample back
-    # through reuse: either the partition is rebuilt from the source, or carried redacted.
+    # The source still holds the sample: a pack of it rebuilds that partition (the redacted
+    # revision is not the source's content) and brings it back, which --check reports.
     src = tmp_path / "src"
     again = root.pack(str(src), tag="v5", base="v2", executor="thread", workers=2)
     assert again.version.tag == "v5" and root.verify_offsets("v5").ok and root.scrub("v5").ok
+    assert key in set(root.dataset("v5").manifests(columns=["key"]).column("key").to_pylist())
+    assert not root.check_forget().ok
 
 
 def test_check_names_a_copy_forget_could_not_reach(
