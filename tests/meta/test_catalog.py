@@ -299,3 +299,23 @@ def test_every_read_path_gives_rows_in_partition_order(tmp_path: Path) -> None:
         asked = [*reversed(ids), ids[0]]
         got = ds.manifests(["key"], pids=asked)
         assert got.column("key").to_pylist() == everything.column("key").to_pylist()
+
+
+@pytest.mark.parametrize("parts", [3, 200])
+def test_rows_of_several_segments_are_a_stable_sort_by_partition(parts: int) -> None:
+    """Runs of segments put in partition order equal a stable per-row sort (ties in their
+    order), whatever the runs: interleaved, split, a partition in two tables, unicode ids."""
+    import numpy as np
+
+    rng = np.random.default_rng(parts)
+    names = [f"p{i:03d}" for i in range(parts)] + ["é", "z/é", "Z"]
+    tables = []
+    for t in range(3):
+        pids = sorted(rng.choice(names, size=400).tolist())
+        if t == 2:
+            pids = pids[200:] + pids[:200]  # a table that is not one sorted run
+        tables.append(pa.table({"partition": pids, "key": [f"t{t}-{i}" for i in range(len(pids))]}))
+    got = catalog_mod._ordered(tables, None)
+    whole = pa.concat_tables(tables)
+    want = whole.take(pa.compute.sort_indices(whole.column("partition")))
+    assert got.to_pydict() == want.to_pydict()
