@@ -87,3 +87,19 @@ def test_failed_build_task_is_retried_by_dask(client: Any, tmp_path: Path) -> No
     # a retried task may hold a partition whose first build already finished: then it is resumed
     assert sorted(report.built + report.resumed) == ["log0", "log1", "log2"]
     assert root.scrub().ok and root.dataset("v1").version.samples == len(samples)
+
+
+def test_a_duplicate_key_is_not_retried_and_reported_once(client: Any, tmp_path: Path) -> None:
+    samples = make_samples(partitions=2, per_partition=4)
+    root = shardlake.open(tmp_path / "root")
+
+    def failures() -> int:
+        logs = client.get_worker_logs()
+        return sum("duplicate key" in msg for lines in logs.values() for _, msg in lines)
+
+    before = failures()
+    with pytest.raises(SourceError, match="'log0/000000': duplicate key in the bag"):
+        root.write_bag(_bag([*samples, samples[0]]), "v1")  # retries=2, the default
+    # No worker logged a failed attempt (Dask logs a traceback per attempt it retries).
+    assert failures() == before
+    assert root.versions() == []

@@ -6,8 +6,10 @@ bag is grouped by partition (a Dask shuffle of the compressed payloads), and one
 partition builds its revision with pack's :func:`~shardlake.pack.build.build_revision`, writing
 shards and manifest straight to the store. Only the small :class:`BuildResult` of each partition
 comes back to the driver, which publishes one version, and only once every partition built and
-verified; a failed build task is retried by Dask (``retries``), and a build that still fails
-publishes nothing (finished revisions are reused by the next run, or left for gc).
+verified; a build task failed by the store is retried by Dask (``retries``), and a build that
+still fails publishes nothing (finished revisions are reused by the next run, or left for gc).
+A build refusing its input (a duplicate key) is not retried: the task returns the error
+(:class:`~shardlake.pack.cluster.Refused`) and the driver raises it, once.
 
 Only the build tasks carry ``retries`` (a Dask annotation): their input is the grouped, materialised
 records. A retried task that reads a lazy bag iterator would resume it where the failed attempt
@@ -28,7 +30,7 @@ from ..format.layout import DATA_DIR
 from ..meta.leases import Lease
 from ..source.tree import PartitionRule
 from ..store import Store
-from .cluster import build_group, publish_builds
+from .cluster import build_group_or_refuse, publish_builds
 from .packer import PackReport
 from .writer import EncodedRecord, WriteOptions, encode_record, resolve_write_settings
 
@@ -86,7 +88,8 @@ def write_bag(
     )
     groups = encoded.groupby(_partition)
     with annotate(retries=retries):
-        builds = groups.map(build_group, store=store, recipe=recipe, what="the bag")
+        # A deterministic error comes back as a value: retries are for transient faults.
+        builds = groups.map(build_group_or_refuse, store=store, recipe=recipe, what="the bag")
     # The driver cannot know the partitions before the bag is computed: its lease covers all
     # of data/ while the cluster builds (gc collects other data garbage after it).
     with Lease(store, "write_bag", tag=tag, covers=[f"{DATA_DIR}/"]) as lease:

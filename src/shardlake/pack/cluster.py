@@ -9,9 +9,10 @@ publishes one version under its writer lease, and only once every partition buil
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import IntegrityError, ObjectsGoneError, SourceError
+from ..errors import IntegrityError, ObjectsGoneError, ShardlakeError, SourceError
 from ..format.layout import partition_id
 from ..meta.leases import Lease, gone_error
 from ..store import Store
@@ -19,7 +20,30 @@ from .build import BuildResult, EncodedSample, Recipe, RevisionSource, build_rev
 from .packer import PackReport
 from .writer import EncodedRecord, WriteOptions, WriteSettings, publish_written
 
-__all__ = ["build_group", "publish_builds"]
+__all__ = ["Refused", "build_group", "build_group_or_refuse", "publish_builds"]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A partition build that refused its input (a duplicate key, a bad record): an error no
+    retry can change. The task returns it instead of raising, so the cluster neither retries
+    the task nor logs a traceback per attempt; the driver raises it, once."""
+
+    error: ShardlakeError
+
+
+def build_group_or_refuse(
+    group: tuple[str, Iterable[EncodedRecord]], store: Store, recipe: Recipe, what: str
+) -> BuildResult | Refused:
+    """:func:`build_group`, with its deterministic errors returned as :class:`Refused`: shardlake
+    errors that are also ``ValueError`` (usage, source, format). Store errors still raise, and
+    the cluster retries those."""
+    try:
+        return build_group(group, store, recipe, what)
+    except ShardlakeError as exc:
+        if isinstance(exc, ValueError):
+            return Refused(exc)
+        raise
 
 
 def build_group(
@@ -56,7 +80,7 @@ def build_group(
 def publish_builds(
     store: Store,
     tag: str,
-    compute: Callable[[], Iterable[BuildResult]],
+    compute: Callable[[], Iterable[BuildResult | Refused]],
     settings: WriteSettings,
     opts: WriteOptions,
     started: float,
@@ -67,9 +91,13 @@ def publish_builds(
     """Run the cluster's builds (``compute``) and publish ``tag`` once every partition built;
     ``empty`` says why an input without records publishes nothing."""
     try:
-        results: list[BuildResult] = list(compute())
+        done = list(compute())
     except ObjectsGoneError as exc:  # a build's objects were removed under it
         raise gone_error(store, exc.missing, since_seq=settings.state.seq, lease=lease) from exc
+    refused = [r.error for r in done if isinstance(r, Refused)]
+    if refused:
+        raise refused[0]
+    results = [r for r in done if not isinstance(r, Refused)]
     if not results:
         raise SourceError(f"{lease.op} {tag!r}: {empty} (an empty write); nothing was published")
     for result in results:
