@@ -188,7 +188,9 @@ class Read:
     workers: int
     cache: str  # off | cold | warm
     shuffle: bool
-    exact: bool
+    epoch: str  # exact | padded | drop_last
+    order: str  # shardlake | torch (DistributedSampler + DataLoader, predicted exactly)
+    sampler_drop_last: bool  # order="torch": DistributedSampler's drop_last
     world: int
     batch: int
     selection: str  # all | keyset | where | keys
@@ -204,7 +206,9 @@ reads = st.builds(
     workers=st.sampled_from([0, 2]),
     cache=st.sampled_from(["off", "cold", "warm"]),
     shuffle=st.booleans(),
-    exact=st.booleans(),
+    epoch=st.sampled_from(["exact", "padded", "drop_last"]),
+    order=st.sampled_from(["shardlake", "shardlake", "torch"]),
+    sampler_drop_last=st.booleans(),
     world=st.sampled_from([1, 2]),
     batch=st.integers(1, 4),
     selection=st.sampled_from(["all", "all", "keyset", "where", "keys"]),
@@ -847,23 +851,32 @@ def assert_arrays(got: dict[str, Any], want: dict[str, np.ndarray[Any, Any]], ke
         assert value.tobytes() == array.tobytes(), (key, name)
 
 
-def selection_of(read: Read, vm: VersionModel, model: RootModel) -> tuple[dict[str, Any], set[str]]:
-    """The loader's selection keywords for ``read`` and the keys they select."""
+def selection_of(
+    read: Read, vm: VersionModel, model: RootModel, root: shardlake.Root
+) -> tuple[dict[str, Any], list[str]]:
+    """The loader's selection keywords for ``read`` and the keys they select, in the
+    selection's order (a keyset's or key list's own; else the version's, as ``keys()``
+    reads it: what ``order="torch"`` samples from)."""
+    version_order = root.dataset(vm.tag).keys()
+    assert sorted(version_order) == sorted(vm.samples)
     if read.selection == "keyset":
         names = sorted(n for n, ks in model.keysets.items() if ks.tag == vm.tag)
         if names:
             name = names[read.pick % len(names)]
-            return {"keyset": name}, set(model.keysets[name].keys)
+            listed = root.keyset(name).keys
+            assert sorted(listed) == sorted(model.keysets[name].keys), name
+            return {"keyset": name}, listed
     if read.selection == "where":
         sql, pred = WHERES[read.pick % len(WHERES)]
-        return {"where": sql}, {k for k, f in vm.samples.items() if pred(f.sidecar())}
+        return {"where": sql}, [k for k in version_order if pred(vm.samples[k].sidecar())]
     if read.selection == "keys":
         keys = sorted(vm.samples)
         if not keys:
-            return {}, set()
-        chosen = sorted({keys[(read.pick + 3 * i) % len(keys)] for i in range(1 + read.pick % 5)})
-        return {"keys": chosen}, set(chosen)
-    return {}, set(vm.samples)
+            return {}, []
+        picked = [keys[(read.pick + 3 * i) % len(keys)] for i in range(1 + read.pick % 5)]
+        chosen = list(dict.fromkeys(picked))  # the list's order, not sorted
+        return {"keys": chosen}, chosen
+    return {}, version_order
 
 
 def _epoch(
@@ -889,7 +902,10 @@ def _epoch(
         engine=engine,
         num_workers=read.workers,
         shuffle=read.shuffle,
-        exact=read.exact,
+        exact=read.epoch == "exact",
+        drop_last=read.epoch == "drop_last",
+        order=read.order,
+        sampler_drop_last=read.sampler_drop_last and read.order == "torch",
         rank=rank,
         world_size=read.world,
         seed=read.seed,
@@ -904,8 +920,8 @@ def _epoch(
     saved = None
     for batch in loader:
         keys = list(batch["__key__"])
-        valid = [bool(v) for v in batch["__valid__"]] if read.exact else [True] * len(keys)
-        assert len(keys) == read.batch, ("a short batch", len(keys), read.batch)
+        exact = read.epoch == "exact"
+        valid = [bool(v) for v in batch["__valid__"]] if exact else [True] * len(keys)
         for i, key in enumerate(keys):
             want = vm.samples[key].arrays()
             for name, array in want.items():
@@ -926,6 +942,52 @@ def _epoch(
     return out, saved
 
 
+def torch_order(read: Read, keys: list[str]) -> list[list[list[str]]]:
+    """Per rank, the batches of ``DataLoader(batch_size, drop_last)`` over
+    ``DistributedSampler(shuffle, seed, drop_last=sampler_drop_last)`` of ``keys``."""
+    from torch.utils.data import DistributedSampler
+
+    out = []
+    for rank in range(read.world):
+        sampler = DistributedSampler(
+            keys,
+            num_replicas=read.world,
+            rank=rank,
+            shuffle=read.shuffle,
+            seed=read.seed,
+            drop_last=read.sampler_drop_last,
+        )
+        sampler.set_epoch(0)
+        mine = [keys[i] for i in sampler]
+        batches = [mine[i : i + read.batch] for i in range(0, len(mine), read.batch)]
+        if read.epoch == "drop_last" and batches and len(batches[-1]) < read.batch:
+            batches.pop()
+        out.append(batches)
+    return out
+
+
+def _check_plan(read: Read, ranks: list[list[list[tuple[str, bool]]]], want: set[str]) -> int:
+    """The plan's promises: equal whole batches on every rank; exact: every sample once
+    (padding marked); padded: every sample, replays fill the last step; drop_last: no sample
+    twice, fewer than a step's worth left out."""
+    n, per_step = len(want), read.world * read.batch
+    steps = n // per_step if read.epoch == "drop_last" else math.ceil(n / per_step)
+    for r, batches in enumerate(ranks):
+        assert len(batches) == steps, (f"rank {r}", len(batches), steps)
+        assert all(len(b) == read.batch for b in batches), (f"rank {r}: a short batch",)
+    seen = collections.Counter(k for b in ranks for batch in b for k, ok in batch if ok)
+    every = collections.Counter(k for b in ranks for batch in b for k, _ in batch)
+    assert set(every) <= want, sorted(set(every) - want)
+    if read.epoch == "exact":
+        assert seen == collections.Counter(want), sorted(seen.items())
+    elif read.epoch == "padded":
+        assert set(every) == want, sorted(want - set(every))
+    else:
+        assert max(every.values(), default=1) == 1, ("drop_last repeats", every.most_common(3))
+        assert sum(every.values()) == steps * per_step
+    return steps
+
+
 def check_loader(
     url: str,
     options: dict[str, Any],
@@ -936,7 +998,11 @@ def check_loader(
     stats: collections.Counter[str],
 ) -> None:
     """One loader configuration over every simulated rank, against the model."""
-    selection, want = selection_of(read, vm, model)
+    if read.order == "torch" and read.epoch == "exact":
+        read = Read(**{**read.__dict__, "epoch": "padded"})  # (not modelled together)
+    root = shardlake.open(url, **options)
+    selection, order = selection_of(read, vm, model, root)
+    want = set(order)
     if not want:
         return
     if "43.1" in KNOWN_OPEN and read.cache != "off" and vm.base is not None:
@@ -946,6 +1012,7 @@ def check_loader(
     note(f"  read {vm.tag}: {read} selection={selection}")
     stats["loader reads"] += 1
     stats[f"loader {read.engine} workers={read.workers} cache={read.cache}"] += 1
+    stats[f"loader order={read.order} {read.epoch} world={read.world}"] += 1
     with cache_env(read.cache, vm.tag):
         if read.cache == "warm":  # the first read fills the cache, the second reads from it
             for rank in range(read.world):
@@ -953,14 +1020,13 @@ def check_loader(
         ranks = [
             _epoch(url, options, vm, read, read.engine, r, selection)[0] for r in range(read.world)
         ]
-        steps = math.ceil(len(want) / (read.world * read.batch))
-        for r, batches in enumerate(ranks):
-            assert len(batches) == steps, (f"rank {r}", len(batches), steps)
-        seen = collections.Counter(k for b in ranks for batch in b for k, ok in batch if ok)
-        every = collections.Counter(k for b in ranks for batch in b for k, _ in batch)
-        assert set(every) == want, (sorted(set(every) ^ want),)
-        if read.exact:
-            assert seen == collections.Counter(want), sorted(seen.items())
+        if read.order == "torch":
+            expected = torch_order(read, order)
+            got = [[[k for k, _ in batch] for batch in rank] for rank in ranks]
+            assert got == expected, ("order='torch'", got, expected)
+            steps = len(expected[0])
+        else:
+            steps = _check_plan(read, ranks, want)
         if read.other_engine:
             other = "processes" if read.engine == "threads" else "threads"
             for r in range(read.world):
