@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -89,3 +90,26 @@ def test_every_read_path_lists_a_versions_keys_in_one_order(root: str) -> None:
         assert ds.keys() == rows.column("key").to_pylist()
         parts = rows.column("partition").to_pylist()
         assert parts == sorted(parts)
+
+
+def test_keys_out_of_the_cached_columns_order_are_refused(
+    root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The keys read beside cached row columns are checked against their partition order: a
+    copy that disagrees is an IntegrityError, not a mislabelled batch."""
+    from shardlake.errors import IntegrityError
+    from shardlake.query.dataset import Dataset
+
+    monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", str(tmp_path / "cache"))
+    check_labels(root, "based", "threads", 0)  # cold: the columns are cached
+    real = Dataset.manifests
+
+    def reversed_partitions(self: Dataset, columns: Any = None, pids: Any = None) -> Any:
+        table = real(self, columns, pids)
+        if columns is not None and list(columns) == ["key", "partition"]:
+            return table.take(list(range(table.num_rows))[::-1])
+        return table
+
+    monkeypatch.setattr(Dataset, "manifests", reversed_partitions)
+    with pytest.raises(IntegrityError, match="do not come in the order of its cached row"):
+        check_labels(root, "based", "threads", 0)
