@@ -38,8 +38,14 @@ SHARD = 1500  # several shards per partition
 class GcLoop:
     """``gc --grace 0s`` on a thread, over and over (at most ``runs`` passes or ``seconds``)."""
 
-    def __init__(self, location: StoreLocation, runs: int = 400, seconds: float = 120.0) -> None:
-        self.location, self.runs, self.seconds = location, runs, seconds
+    def __init__(
+        self,
+        location: StoreLocation,
+        runs: int = 400,
+        seconds: float = 120.0,
+        junk: bool = False,
+    ) -> None:
+        self.location, self.runs, self.seconds, self.junk = location, runs, seconds, junk
         self.reports: list[GcReport] = []
         self.errors: list[BaseException] = []
         self.passes = 0
@@ -52,6 +58,8 @@ class GcLoop:
         ends = time.monotonic() + self.seconds
         while not self._stop.is_set() and self.passes < self.runs and time.monotonic() < ends:
             try:
+                if self.junk and root.store.exists("shardlake.json"):  # garbage for every pass
+                    root.store.write(f"data/junk{self.passes}/x/shard-000000.tar", b"x")
                 self.reports.append(root.gc(grace_s=0))
             except NotFoundError as exc:
                 if root.store.exists("shardlake.json"):  # else: before the first pack, no root
@@ -157,6 +165,28 @@ def test_every_writer_publishes_beside_a_gc_loop(
     final = root.gc(grace_s=0, dry_run=True)
     assert final.garbage == [] and final.leftovers == [] and final.leases == []
     assert store.list("leases") == []  # every job removed its lease
+
+
+def test_publishes_beside_a_gc_loop_that_deletes_every_pass(tmp_path: Path) -> None:
+    """Each pass finds garbage, so gc takes the root again and again: publishes wait for it
+    (and retry after its commits) and get through."""
+    location = StoreLocation("local", str(tmp_path / "root"))
+    src = tmp_path / "src"
+    synth_corpus(src, 2, 3, seed=54, neighbors=2, lanes=4)
+    samples = make_samples(partitions=2, per_partition=3, seed=54)
+    root = shardlake.open(location.url)
+    root.pack(str(src), tag="v1", executor="inline")
+    with GcLoop(location, runs=60, junk=True) as loop:
+        for n in range(2):
+            with root.writer(f"w{n}", options=WriteOptions(shard_size=SHARD)) as writer:
+                for key, arrays, meta in samples:
+                    writer.write(f"n{n}/{key}", arrays, meta)
+        root.remove("v2", keys=[f"n1/{samples[0][0]}"])  # from latest, w1
+    assert not loop.errors, loop.errors
+    ops = _ops(location.open())
+    assert ops.count("gc-lock") >= 3 and ops.count("publish") == 4, ops
+    for tag in ("w0", "w1", "v2"):
+        assert root.scrub(tag).ok
 
 
 def _write_until_killed(root: str) -> str:

@@ -272,5 +272,6 @@ def test_failed_build_leaves_no_partial_shard(tmp_path: Path) -> None:
     assert [
         k
         for k in os.listdir(tmp_path / "root")
-        if k not in ("shardlake.json", "_shardlake", "data")
+        if k not in ("shardlake.json", "_shardlake", "data", "leases")
     ] == []
+    assert store.list("leases") == []  # the failed pack removed its lease

@@ -9,16 +9,21 @@ capability-probe area, forget receipts and writers' lease records (lapsed ones e
 never touched. Every other object under the root is *foreign*: it is counted and shown, never
 deleted, at any grace.
 
-Safety against a concurrent ``pack``/``remove`` (the commit log is the only lock there is):
+Safety against concurrent writers (the commit log is the only lock there is):
 
-* Objects modified within the grace period (default 6 h) are kept, so a pack in flight keeps
-  the shards and manifests it is writing.
+* Every writer holds a lease (``leases/<id>.json``, :mod:`shardlake.meta.leases`) naming the
+  prefixes it writes; gc lists the root, then reads the leases, and keeps everything a live
+  lease covers at any grace (read again after its lock commit and every
+  :data:`LEASE_REFRESH_S` while it deletes). Lapsed lease records are deleted.
+* Objects modified within the grace period (default 6 h) are kept too: what an aborted pack
+  left, which its re-run would reuse.
+* A gc that finds nothing to delete commits nothing.
 * gc brackets its deletions with two commits: a *lock* (``op: gc-lock``, state unchanged plus
-  ``gc_lock``) and an *unlock*. ``publish_version`` refuses to publish while the lock is held,
-  and any writer that read the root state before the unlock fails its publish (the sequence
-  moved). So a writer that reused an old unreferenced revision (pack's "revision already
-  complete" path) can never publish a version referencing what gc deleted: it gets a clear
-  ConflictError and re-runs after gc, when the revision is either gone (rebuilt) or intact.
+  ``gc_lock``, ``grace_s``) and an *unlock*. ``publish_version`` refuses to publish while the
+  lock is held (publishers wait for it, :mod:`shardlake.meta.gcwait`), and a writer that read
+  the root state before the unlock retries its commit on the new state. So a writer that
+  reused an old unreferenced revision (pack's "revision already complete" path) can never
+  publish a version referencing what gc deleted.
   The lock is a short lease (``id``, ``owner``, ``expires_at``, :data:`LOCK_TTL_S`) that the
   holder renews every :data:`LOCK_RENEW_S` while it deletes (a ``gc-renew`` commit carrying the
   same id, later expiry), so a killed gc's lease lapses within a minute; a lock whose owner ran
