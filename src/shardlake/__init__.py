@@ -36,7 +36,8 @@ if TYPE_CHECKING:
     from .meta.keysets import Keyset
     from .meta.versions import Version
     from .pack import PackOptions, PackReport, inspect_source
-    from .pack.writer import RaggedFieldWarning, WriteOptions, Writer
+    from .pack.writer import RaggedFieldWarning, Writer
+    from .pack.written import WriteOptions
     from .query.dataset import Dataset
     from .query.selection import Selection
     from .root import Root, open
@@ -76,7 +77,7 @@ _LAZY = {
     "Store": "store",
     "StoreReport": "store.check",
     "Version": "meta.versions",
-    "WriteOptions": "pack.writer",
+    "WriteOptions": "pack.written",
     "Writer": "pack.writer",
     "check_store": "store.check",
     "open": "root",

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from .meta.diff import VersionDiff
     from .meta.keysets import Keyset
     from .pack import PackOptions, PackReport
-    from .pack.writer import WriteOptions, Writer
+    from .pack.writer import Writer
+    from .pack.written import WriteOptions
     from .query.keyset_build import DisjointReport, KeysetReport
 
 _O = TypeVar("_O")

@@ -167,7 +167,7 @@ def test_bad_record_fails_once_and_publishes_nothing(ray_instance: Any, tmp_path
 
 
 def test_a_task_whose_worker_dies_is_rerun(ray_instance: Any, tmp_path: Path) -> None:
-    from shardlake.read.tasks import make_executor
+    from shardlake.executors.tasks import make_executor
 
     def die_once(marker: str) -> str:
         """Kill this Ray worker on the first attempt (as an OOM kill would); succeed on the re-run.

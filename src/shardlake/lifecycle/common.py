@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from ..errors import SHOW_MAX as SHOW_MAX  # the reports' cut-off, re-exported
 from ..errors import FormatError, IntegrityError, KeyNotFoundError
+from ..executors.tasks import ExecutorSpec, Task, error_text, run_tasks
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry
 from ..format.layout import version_key
@@ -18,7 +19,6 @@ from ..meta.versions import StoredVersion
 from ..progress.bar import Progress
 from ..read.manifests import read_entry_manifest
 from ..read.payloads import CORRUPT_AT_REST, TRANSPORT, PayloadRef, read_payloads
-from ..read.tasks import ExecutorSpec, Task, error_text, run_tasks
 from ..store import Store
 
 if TYPE_CHECKING:

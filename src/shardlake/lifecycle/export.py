@@ -37,6 +37,7 @@ from ..errors import (
     UsageError,
     options_class,
 )
+from ..executors.tasks import ExecutorSpec, Task, error_text, executor_for
 from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry, ShardEntry
@@ -52,7 +53,6 @@ from ..meta.versions import StoredVersion, load_version, load_version_bytes, res
 from ..progress.bar import Progress, plural
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest
-from ..read.tasks import ExecutorSpec, Task, error_text, executor_for
 from ..read.verified import read_verified
 from ..source.source_form import npz_bytes, sidecar_json
 from ..store import Store

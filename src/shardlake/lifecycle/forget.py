@@ -47,6 +47,7 @@ from ..errors import (
     SelectionError,
     UsageError,
 )
+from ..executors.tasks import ExecutorSpec, Task, executor_for, run_tasks
 from ..format.codec import Decoder
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import (
@@ -74,7 +75,6 @@ from ..progress.bar import Progress, plural
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest
 from ..read.receipts import RECEIPT_SCHEMA, committed_receipts, list_receipt_ids
-from ..read.tasks import ExecutorSpec, Task, executor_for, run_tasks
 from ..store import Store
 from .common import version_closure
 

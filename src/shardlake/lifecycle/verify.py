@@ -33,20 +33,16 @@ from ..errors import (
     UsageError,
     options_class,
 )
+from ..executors.tasks import ExecutorSpec, Task, executor_for
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import member_name
-from ..format.manifest import (
-    CORE_COLUMNS,
-    METADATA_MISMATCH,
-    entry_mismatches,
-)
+from ..format.manifest import CORE_COLUMNS, METADATA_MISMATCH, entry_mismatches
 from ..format.tar import iter_members
 from ..meta.catalog import catalog_mismatch, catalog_rows, rows_by_partition
 from ..meta.versions import load_version
 from ..progress.bar import Progress, plural
 from ..read.payloads import TRANSPORT
-from ..read.tasks import ExecutorSpec, Task, executor_for
 from ..source.npz import load_npz
 from ..source.tree import scoped_frame_keys
 from ..store import Store

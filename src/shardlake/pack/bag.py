@@ -32,7 +32,8 @@ from ..source.tree import PartitionRule
 from ..store import Store
 from .cluster import build_group_or_refuse, publish_builds
 from .packer import PackReport
-from .writer import EncodedRecord, WriteOptions, encode_record, resolve_write_settings
+from .samples import EncodedRecord, encode_record
+from .written import WriteOptions, resolve_write_settings
 
 __all__ = ["DEFAULT_RETRIES", "write_bag"]
 

@@ -18,7 +18,8 @@ from ..meta.leases import Lease, gone_error
 from ..store import Store
 from .build import BuildResult, EncodedSample, Recipe, RevisionSource, build_revision
 from .packer import PackReport
-from .writer import EncodedRecord, WriteOptions, WriteSettings, publish_written
+from .samples import EncodedRecord
+from .written import WriteOptions, WriteSettings, publish_written
 
 __all__ = ["Refused", "build_group", "build_group_or_refuse", "publish_builds"]
 

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import options_class
+from ..executors.tasks import ExecutorSpec as ExecutorSpec
 from ..progress.bar import DEFAULT_HEARTBEAT_S
-from ..read.tasks import ExecutorSpec as ExecutorSpec
 
 __all__ = [
     "ExecutorSpec",

@@ -23,14 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ..errors import SHOW_MAX, ObjectsGoneError, PackWorkerError, SourceError, SourceFilesError
+from ..executors.tasks import (
+    InlineExecutor,
+    Task,
+    error_text,
+    executor_for,
+    make_executor,
+    run_tasks,
+)
 from ..format.layout import DATA_DIR
 from ..meta.leases import Lease, gone_error
-from ..meta.versions import (
-    StoredVersion,
-    Version,
-)
+from ..meta.versions import StoredVersion, Version
 from ..progress.bar import Progress, plural
-from ..read.tasks import InlineExecutor, Task, error_text, executor_for, make_executor, run_tasks
 from ..source.tree import SourcePartition
 from ..store import Store
 from .build import BuildResult, BuildTask, build_partition

@@ -19,15 +19,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import ShardlakeError, SourceError, UsageError
+from ..executors.ray_executor import join_ray, task_error
 from ..format.layout import DATA_DIR
 from ..meta.leases import Lease
-from ..read.ray_executor import join_ray, task_error
 from ..source.tree import PartitionRule
 from ..store import Store
 from .build import BuildResult, Recipe
 from .cluster import build_group, publish_builds
 from .packer import PackReport
-from .writer import EncodedRecord, WriteOptions, encode_record, resolve_write_settings
+from .samples import EncodedRecord, encode_record
+from .written import WriteOptions, resolve_write_settings
 
 __all__ = ["write_ray"]
 

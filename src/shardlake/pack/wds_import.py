@@ -47,7 +47,8 @@ from ..source.npz import load_npz
 from ..source.sidecar import parse_sidecar
 from ..store import Store
 from .packer import PackReport
-from .writer import WriteOptions, Writer
+from .writer import Writer
+from .written import WriteOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Self  # typing.Self: Python 3.11+
