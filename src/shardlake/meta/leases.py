@@ -38,6 +38,7 @@ __all__ = [
     "LEASE_TTL_ENV",
     "Lease",
     "LeaseSet",
+    "MAX_COVERS",
     "gone_error",
     "lease_ttl",
     "owner_name",
