@@ -16,10 +16,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis.stateful import run_state_machine_as_test
-from support.model import Place, machine_factory, model_settings
+from support.model import Place, machine_factory, model_settings, model_timeout
 
 
+@pytest.mark.timeout(model_timeout())
 def test_model_local_disk(tmp_path: Path, model_dask_client: Any) -> None:
     def new_root() -> tuple[str, dict[str, Any]]:
         return str(tmp_path / f"root-{uuid.uuid4().hex[:8]}"), {}

@@ -10,12 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis.stateful import run_state_machine_as_test
-from support.model import Place, machine_factory, model_settings
+from support.model import Place, machine_factory, model_settings, model_timeout
 
 from shardlake.testing.servers import StoreServer
 
 
+@pytest.mark.timeout(model_timeout())
 def test_model_seaweedfs(
     tmp_path: Path, seaweedfs_server: StoreServer, model_dask_client: Any
 ) -> None:

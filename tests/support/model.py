@@ -272,6 +272,9 @@ class ModelMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         shutil.rmtree(self.work, ignore_errors=True)
+        self.place.stats["sequences"] += 1
+        if os.environ.get(EXAMPLES_ENV):  # a long run: show progress (with -s)
+            print(f"sequence {self.place.stats['sequences']}: {self.serial} versions", flush=True)
 
     # --- helpers ---------------------------------------------------------------------------
 
@@ -1047,6 +1050,12 @@ def check_loader(
 EXAMPLES_ENV = "SHARDLAKE_MODEL_EXAMPLES"  # sequences per store (the long profile: 500)
 STEPS_ENV = "SHARDLAKE_MODEL_STEPS"  # operations per sequence after the first pack
 VERBOSE_ENV = "SHARDLAKE_MODEL_VERBOSE"  # set: print every sequence's steps as it runs
+
+
+def model_timeout() -> int:
+    """pytest-timeout's limit for one store's run: the default profile's, or none for a run
+    whose length ``$SHARDLAKE_MODEL_EXAMPLES`` sets."""
+    return 0 if os.environ.get(EXAMPLES_ENV) else 600
 
 
 def model_settings(default_examples: int, default_steps: int = 6) -> Any:
