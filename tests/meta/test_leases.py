@@ -95,3 +95,18 @@ def test_an_unreadable_lease_record_stops_gc(tmp_path: Path) -> None:
         shardlake.open(store).gc(grace_s=0)
     store.delete(key)
     assert shardlake.open(store).gc(grace_s=0).leases == []
+
+
+def test_a_writer_that_fails_removes_its_lease(tmp_path: Path) -> None:
+    import numpy as np
+
+    root = shardlake.open(str(tmp_path / "root"))
+    with (
+        pytest.raises(RuntimeError, match="the caller's own error"),
+        root.writer("w1") as writer,
+    ):
+        writer.write("log0/000000", {"x": np.zeros((2, 2), np.float32)})
+        (record,) = read_leases(root.store)
+        assert record.op == "write" and record.tag == "w1"
+        raise RuntimeError("the caller's own error")
+    assert root.store.list("leases") == [] and root.store.list("commits") == []
