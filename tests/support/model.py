@@ -741,6 +741,8 @@ class ModelMachine(RuleBasedStateMachine):
         vm = self.model.versions[tag]
         version = self.root.version(tag)
         assert version.samples == len(vm.samples), (version.samples, len(vm.samples))
+        assert version.partitions == len(vm.parts), (version.partitions, sorted(vm.parts))
+        assert version.base == vm.base, ("base", version.base, vm.base)
         ds = self.root.dataset(tag)
         keys = ds.keys()
         assert sorted(keys) == sorted(vm.samples), (sorted(keys), sorted(vm.samples))
@@ -793,6 +795,9 @@ class ModelMachine(RuleBasedStateMachine):
             return
         assert d.changed_keys == changed, (where, d.changed_keys, changed)
         assert d.meta_changed_keys == meta, (where, d.meta_changed_keys, meta)
+        back = self.root.diff(b, a, samples=True)  # the other way: added and removed swap
+        assert (back.added_keys, back.removed_keys) == (removed, added), (f"diff {b} {a}", back)
+        assert (back.changed_keys, back.meta_changed_keys) == (changed, meta), f"diff {b} {a}"
 
     def check_verify(self, vm: VersionModel) -> None:
         """``verify`` against the model's samples written as an npz tree."""
