@@ -27,7 +27,9 @@ from .errors import (
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
-    from .lifecycle.forget import ForgetCheckReport, ForgetOptions, ForgetReport
+    from .lifecycle.forget import ForgetReport
+    from .lifecycle.forget_check import ForgetCheckReport
+    from .lifecycle.forget_plan import ForgetOptions
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveOptions, RemoveReport
@@ -51,8 +53,8 @@ _LAZY = {
     "Dataset": "query.dataset",
     "ExportOptions": "lifecycle.export",
     "ExportReport": "lifecycle.export",
-    "ForgetCheckReport": "lifecycle.forget",
-    "ForgetOptions": "lifecycle.forget",
+    "ForgetCheckReport": "lifecycle.forget_check",
+    "ForgetOptions": "lifecycle.forget_plan",
     "ForgetReport": "lifecycle.forget",
     "GcOptions": "lifecycle.gc",
     "GcReport": "lifecycle.gc",

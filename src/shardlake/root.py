@@ -23,7 +23,9 @@ from .store.url import location
 
 if TYPE_CHECKING:
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
-    from .lifecycle.forget import ForgetCheckReport, ForgetOptions, ForgetReport
+    from .lifecycle.forget import ForgetReport
+    from .lifecycle.forget_check import ForgetCheckReport
+    from .lifecycle.forget_plan import ForgetOptions
     from .lifecycle.gc import GcOptions, GcReport
     from .lifecycle.prune import PruneReport
     from .lifecycle.remove import RemoveOptions, RemoveReport
@@ -313,14 +315,15 @@ class Root:
         :class:`~shardlake.ForgetOptions` (exactly one of ``keys``, ``key_file`` and
         ``where``; ``reason`` (required); ``dry_run``; ``executor``, ``workers``), as an object
         or as keywords."""
-        from .lifecycle.forget import ForgetOptions, forget
+        from .lifecycle.forget import forget
+        from .lifecycle.forget_plan import ForgetOptions
 
         return forget(self.store, build_options(ForgetOptions, options, overrides, "forget"))
 
     def check_forget(self, forget_id: str | None = None) -> ForgetCheckReport:
         """Re-read every object under the root and prove that none holds a key or payload a
         forget erased (that forget's receipt only, with ``forget_id``)."""
-        from .lifecycle.forget import check_forget
+        from .lifecycle.forget_check import check_forget
 
         return check_forget(self.store, forget_id)
 
