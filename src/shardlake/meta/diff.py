@@ -117,9 +117,15 @@ class Comparison:
     new_partition_of: dict[str, str] = field(default_factory=dict)
 
 
-def _payloads(table: pa.Table) -> dict[str, tuple[str, Any]]:
+def _payloads(table: pa.Table | None) -> dict[str, tuple[str, Any]]:
     """key -> (partition, payload identity) of catalog rows."""
-    cols = {name: table.column(name).to_pylist() for name in table.column_names}
+    if table is None:
+        return {}
+    cols = {
+        name: table.column(name).to_pylist()
+        for name in _PAYLOAD_COLUMNS
+        if name in table.column_names
+    }
     n = table.num_rows
     keys, parts = cols["key"], cols["partition"]
     size = cols.get("size", [None] * n)
@@ -157,8 +163,11 @@ def compare_versions(
     out.removed = [e for pid, e in old.items() if pid not in new]
     old_pids = [e.id for e in out.removed] + [o.id for o, _ in pairs]
     new_pids = [e.id for e in out.added] + [n.id for _, n in pairs]
-    before_rows = _rows(store, a, old_pids)
-    after_rows = _rows(store, b, new_pids)
+    # Rows are read once per version: every column with ``meta`` (payloads and sidecars come
+    # from the same read), else only the payload columns.
+    before_table = _table(store, a, old_pids, meta)
+    after_table = _table(store, b, new_pids, meta)
+    before_rows, after_rows = _payloads(before_table), _payloads(after_table)
     out.new_partition_of = {k: part for k, (part, _) in after_rows.items()}
     out.added_keys = set(after_rows) - set(before_rows)
     out.removed_keys = set(before_rows) - set(after_rows)
@@ -172,7 +181,7 @@ def compare_versions(
     if meta:
         # every partition rows were read of: a key may have moved between partitions (a
         # writer without a base, another partition rule) with its sidecar changed
-        before_meta, after_meta = _sidecars(store, a, old_pids), _sidecars(store, b, new_pids)
+        before_meta, after_meta = _sidecars(before_table), _sidecars(after_table)
         out.meta_changed_keys = {
             k
             for k, row in after_meta.items()
@@ -206,13 +215,10 @@ def _same_rows(a: PartitionEntry, b: PartitionEntry) -> bool:
     )
 
 
-def _sidecars(
-    store: Store, version: StoredVersion, pids: Sequence[str]
-) -> dict[str, dict[str, Any]]:
-    """key -> its sidecar columns, for the rows of ``pids``."""
-    if not pids:
+def _sidecars(table: pa.Table | None) -> dict[str, dict[str, Any]]:
+    """key -> its sidecar columns, of catalog rows read with every column."""
+    if table is None:
         return {}
-    table = load_catalog(store, version).rows(None, pids)
     skip = {*_PAYLOAD_COLUMNS, *_PLACE_COLUMNS}
     names = [c for c in table.column_names if c not in skip]
     return {str(row.pop("key")): row for row in table.select(["key", *names]).to_pylist()}
@@ -228,10 +234,13 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return True
 
 
-def _rows(store: Store, version: StoredVersion, pids: Sequence[str]) -> dict[str, tuple[str, Any]]:
+def _table(
+    store: Store, version: StoredVersion, pids: Sequence[str], every_column: bool
+) -> pa.Table | None:
+    """The catalog rows of ``pids`` (None: no partition asked for, nothing read)."""
     if not pids:
-        return {}
-    return _payloads(load_catalog(store, version).rows(_PAYLOAD_COLUMNS, pids))
+        return None
+    return load_catalog(store, version).rows(None if every_column else _PAYLOAD_COLUMNS, pids)
 
 
 def diff_tags(store: Store, a: str, b: str, *, samples: bool = False) -> VersionDiff:
