@@ -22,7 +22,12 @@ which writes the catalog), and prints per store and N:
 
 ``startup_s`` / ``startup_requests`` are a node's first rank (empty node-local catalog cache),
 ``warm_startup_s`` / ``warm_requests`` its other ranks (the cache filled); ``--samples-per-partition
-500`` is the 5M-sample row (issue #22).
+500`` is the 5M-sample row (issue #22), and 2000 / 5000 / 10000 the 20M / 50M / 100M rows (issue
+#47). A local root takes about 1.1 KB of disk a sample (100M: ~110 GB); a row whose root would
+not fit in 90% of the free disk is refused before anything is written::
+
+    SCALE_STARTUP_ONLY=1 .venv/bin/python benchmarks/scale.py --partitions 10000 \
+        --samples-per-partition 2000 5000 10000 --ranks 1 2 4 --work /big/disk/scale
 """
 
 from __future__ import annotations
@@ -170,6 +175,38 @@ def build_root(
     return store
 
 
+# Disk per sample of a built root: a 512 B tar header, the tiny payload padded to 512 B, and
+# about 60 B of manifest and catalog (measured: 20M samples took 21 GB).
+ROOT_BYTES_PER_SAMPLE = 2 * BLOCK + 60
+
+
+def root_bytes(partitions: int, per_partition: int) -> int:
+    """About how much disk ``build_root`` needs for this many samples."""
+    return partitions * per_partition * ROOT_BYTES_PER_SAMPLE
+
+
+def check_disk(url: str, partitions: int, per_partition: int) -> None:
+    """Refuse, before writing anything, a local root the disk cannot hold (100M samples need
+    ~105 GB); a full disk half-way through a build would hit every other user of it."""
+    import shutil
+
+    need = root_bytes(partitions, per_partition)
+    where = Path(url).parent
+    where.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(where).free
+    print(
+        f"building {partitions} x {per_partition} = {partitions * per_partition:,} samples: "
+        f"~{need / 1e9:.1f} GB of disk, {free / 1e9:.1f} GB free at {where}",
+        flush=True,
+    )
+    if need > 0.9 * free:
+        raise SystemExit(
+            f"scale.py: {url}: a root of {partitions * per_partition:,} samples needs "
+            f"~{need / 1e9:.0f} GB, more than 90% of the {free / 1e9:.0f} GB free at {where}; "
+            "run a smaller row or point --work at a larger disk"
+        )
+
+
 def reuse_or_build(
     url: str, partitions: int, per_partition: int, options: dict[str, Any] | None = None
 ) -> Store:
@@ -177,6 +214,8 @@ def reuse_or_build(
     already there: a 1M-sample root takes ~2 minutes to build, 5M ~4."""
     if os.environ.get("SCALE_REUSE") and options is None and (Path(url) / "versions").is_dir():
         return open_store(url, options)
+    if options is None:
+        check_disk(url, partitions, per_partition)
     return build_root(url, partitions, per_partition, options)
 
 
