@@ -32,8 +32,9 @@ of two shards per active partition (``2 * shard_size * partitions``)::
 (started here, as the tests do), with s3fs' production part size (not the tests' 5 MiB): in
 each round, alternating, ``pack`` to local disk, ``pack`` to SeaweedFS, ``export`` of the
 local root to SeaweedFS, and a bare upload of the local root's files (boto3 ``put_object`` on
-8 threads, one file each); the best of ``--repeat`` rounds each, and the ratios against the
-goals (pack to S3 <= 1.25x the larger of pack local and the bare upload; export <= 1.25x the
+8 threads, one file each); the best of ``--repeat`` rounds each, with the CPU seconds of this
+process (both packs use the thread executor, so that their CPU is counted) and of SeaweedFS,
+and the ratios against the goals (pack to S3 <= 1.25x the larger of pack local and the bare upload; export <= 1.25x the
 bare upload)::
 
     .venv/bin/python benchmarks/pack.py --s3 --partitions 8 --samples 150 --repeat 3
@@ -326,6 +327,7 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
                         src,
                         tag="bench",
                         workers=args.workers,
+                        executor="thread",
                         level=args.level,
                         shard_size=args.shard_size,
                         progress=False,
@@ -336,6 +338,7 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
                         src,
                         tag="bench",
                         workers=args.workers,
+                        executor="thread",
                         level=args.level,
                         shard_size=args.shard_size,
                         progress=False,

@@ -270,14 +270,10 @@ def _parallel_file_class() -> type[Any]:
 
     def _send_part(self: Any, number: int, body: bytes) -> dict[str, Any]:
         bucket, key, _ = self.fs.split_path(self.path)
-        out = self._call_s3(
-            "upload_part",
-            Bucket=bucket,
-            Key=key,
-            PartNumber=number,
-            UploadId=self.mpu["UploadId"],
-            Body=body,
-        )
+        request = {"Bucket": bucket, "Key": key, "PartNumber": number, "Body": body}
+        # The digest here, on this part's thread, not on s3fs' one event-loop thread.
+        _with_content_md5("upload_part", (), request)
+        out = self._call_s3("upload_part", UploadId=self.mpu["UploadId"], **request)
         header = {"PartNumber": number, "ETag": out["ETag"]}
         if "ChecksumSHA256" in out:
             header["ChecksumSHA256"] = out["ChecksumSHA256"]
