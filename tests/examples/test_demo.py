@@ -49,6 +49,15 @@ def test_demo_runs_end_to_end(store: str, tmp_path: Path):
     assert train["valid_samples"] == ks["valid"]["samples"]
     for loss in (train["first_loss"], train["last_loss"], train["valid_loss"]):
         assert 0 < loss < 100
+    # It learns: the target (the ego's last past step) follows from the input.
+    assert train["last_loss"] < 0.8 * train["first_loss"], train
+    # Where the step's time went, phase by phase, adding up to the step.
+    phases = train["phases_s"]
+    assert set(phases) == {"start", "setup", "first_batch", "train", "validate", "finish"}
+    assert all(seconds >= 0 for seconds in phases.values()) and phases["start"] > 0
+    assert "where the" in progress and "importing torch, joining the DDP group" in progress
+    # Quiet: no warning of torch's or anyone's ("NumPy array is not writable" was one).
+    assert "warning" not in progress.lower(), progress
 
     for line in ("1. synthesised", "2. pack: published v1", "3. keysets on v1", "disjoint: yes",
                  "reused 3", "5. training: 2 DDP ranks (gloo)", "samples/s", "done in"):  # fmt: skip
