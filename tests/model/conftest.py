@@ -9,8 +9,13 @@ import pytest
 @pytest.fixture(scope="session")
 def model_dask_client() -> Iterator[Any]:
     """A Dask client on an in-process cluster (threads, no worker processes): write_bag's
-    tasks run for real, without paying a process start per sequence."""
-    distributed = pytest.importorskip("distributed")
+    tasks run for real, without paying a process start per sequence. ``None`` without
+    ``distributed`` (the machine then leaves write_bag out)."""
+    try:
+        import distributed
+    except ImportError:
+        yield None
+        return
     with (
         distributed.LocalCluster(
             n_workers=1,
