@@ -103,3 +103,15 @@ def test_a_duplicate_key_is_not_retried_and_reported_once(client: Any, tmp_path:
     # No worker logged a failed attempt (Dask logs a traceback per attempt it retries).
     assert failures() == before
     assert root.versions() == []
+
+
+def test_write_bag_shows_progress_as_the_cluster_builds(
+    client: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    samples = make_samples(partitions=3, per_partition=4)
+    root = shardlake.open(tmp_path / "root")
+    report = root.write_bag(_bag(samples), "v1", options=WriteOptions(progress=True))
+    assert report.version.samples == len(samples)
+    err = capsys.readouterr().err.splitlines()
+    assert err and err[-1].startswith("write_bag v1: build: "), err
+    assert " bag partitions (100.0%)" in err[-1], err

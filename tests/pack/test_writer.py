@@ -385,3 +385,19 @@ def test_a_losing_concurrent_writer_is_told_about_its_own_run(tmp_path: Path) ->
     assert "was published by another writer while this write ran" in str(lost.value)
     assert "pack" not in str(lost.value)
     assert [v.tag for v in root.versions()] == ["v1"]
+
+
+def test_the_writer_shows_progress_of_writing_then_building(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = shardlake.open(tmp_path / "root")
+    with root.writer("v1", options=WriteOptions(progress=True)) as w:
+        for key, arrays, meta in make_samples(partitions=2, per_partition=3):
+            w.write(key, arrays, meta)
+        w.finish_partition("log0")  # built while the rest is written: counted all the same
+    err = capsys.readouterr().err.splitlines()
+    assert any(line.startswith("write v1: 6 samples, ") for line in err), err
+    assert err[-1].startswith("write v1: build: 2/2 partitions, 6/6 samples (100.0%)"), err
+    with root.writer("v2", base="v1") as w:  # default: only on a terminal
+        w.write("log0/000000", {"x": np.ones(2)})
+    assert capsys.readouterr().err == ""

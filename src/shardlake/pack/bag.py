@@ -28,6 +28,7 @@ from typing import Any
 from ..errors import SourceError, UsageError
 from ..format.layout import DATA_DIR
 from ..meta.leases import Lease
+from ..progress.bar import Progress
 from ..source.tree import PartitionRule
 from ..store import Store
 from .cluster import build_group_or_refuse, publish_builds
@@ -60,6 +61,26 @@ def _encode(
 
 def _partition(record: EncodedRecord) -> str:
     return record.partition
+
+
+def _compute(builds: Any, what: str, progress: bool | None) -> list[Any]:
+    """``builds.compute()``; on a distributed cluster, with progress as bag partitions finish
+    (each holds the builds of some partition groups). Other schedulers: one line at the end."""
+    try:
+        from distributed import as_completed, default_client
+
+        client = default_client()
+    except (ImportError, ValueError):  # no distributed client: a local scheduler
+        with Progress(None, what, unit="partitions", enabled=progress) as bar:
+            done: list[Any] = builds.compute(optimize_graph=False)
+            bar.update(len(done))
+        return done
+    futures = client.compute(builds.to_delayed(optimize_graph=False))
+    bar = Progress(len(futures), what, unit="bag partitions", enabled=progress)
+    with bar:
+        for _ in as_completed(futures):
+            bar.update(1)
+    return [result for future in futures for result in future.result()]
 
 
 def write_bag(
@@ -97,7 +118,7 @@ def write_bag(
         return publish_builds(
             store,
             tag,
-            lambda: builds.compute(optimize_graph=False),
+            lambda: _compute(builds, f"write_bag {tag}: build", opts.progress),
             settings,
             opts,
             started,

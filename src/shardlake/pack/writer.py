@@ -42,6 +42,7 @@ from ..errors import IntegrityError, ObjectsGoneError, SourceError, UsageError
 from ..format.codec import Decoder, Encoder
 from ..format.layout import DATA_DIR, partition_id
 from ..meta.leases import Lease, gone_error
+from ..progress.bar import Progress
 from ..source.sidecar import is_skipped
 from ..source.source_form import source_sha256
 from ..store import Store
@@ -139,6 +140,8 @@ class Writer:
         # gc keeps what this writer writes while its block runs (each partition's prefix is
         # added before its build writes there); released when it publishes or aborts.
         self._lease = Lease(store, op, tag=tag)
+        self._what = f"{op} {tag}"  # names its progress lines
+        self._bar = Progress(None, self._what, enabled=False)  # samples written (see __enter__)
 
     # --- the context manager -------------------------------------------------------------
 
@@ -146,6 +149,7 @@ class Writer:
         if self._state == "open" and self._spill is None:
             self._spill = Spill(self._opts.spill_dir)
             self._lease.start()
+            self._bar = Progress(None, self._what, enabled=self._opts.progress)
         return self
 
     def __exit__(
@@ -216,6 +220,7 @@ class Writer:
             self._partition_of[skey] = path
             if is_skipped(sidecar) and not self._opts.keep_skipped:
                 part.skipped += 1
+                self._bar.update(1)
                 return
         self._check_fields(skey, checked)
         if self._pool is None:
@@ -283,6 +288,7 @@ class Writer:
             part.index[key] = (offset, len(payload), raw_size, zlib.crc32(payload))
             part.included.append((key, sha))
             part.sidecars[key] = sidecar
+            self._bar.update(1)
 
     def delete_partition(self, name: str) -> None:
         """Leave the base's partition ``name`` (a partition path) out of the new version: every
@@ -328,6 +334,7 @@ class Writer:
         """Publish nothing; drop the spill (revisions already in the store are gc's)."""
         if self._state == "open":
             self._state = "aborted"
+            self._bar.close()
             try:
                 self._stop_encoding()
                 self._stop_building()
@@ -365,11 +372,12 @@ class Writer:
                     f"writer for {self._tag!r}: nothing was written (an empty write); "
                     "nothing was published"
                 )
+            self._bar.close()
             for part in self._parts.values():
                 if part.build is None:
                     self._start_build(part)
             try:
-                results = [p.build.result() for p in self._parts.values() if p.build is not None]
+                results = self._built()
             except ObjectsGoneError as exc:  # a build's objects were removed under it
                 raise gone_error(
                     self._store, exc.missing, since_seq=self._settings.state.seq, lease=self._lease
@@ -394,6 +402,20 @@ class Writer:
         finally:
             self._lease.release()
         return self._report
+
+    def _built(self) -> list[BuildResult]:
+        """Every partition's build result, in write order, with progress as each finishes."""
+        parts = list(self._parts.values())
+        builds = {p.build: p for p in parts if p.build is not None}
+        total = sum(len(p.included) for p in builds.values())
+        bar = Progress(
+            total, f"{self._what}: build", groups=len(builds), enabled=self._opts.progress
+        )
+        with bar:
+            for future in cf.as_completed(builds):
+                future.result()  # raises the first failure
+                bar.update(len(builds[future].included), groups=1)
+        return [p.build.result() for p in parts if p.build is not None]
 
     def _check_open(self) -> Spill:
         """The spill of a writer still open inside its ``with`` block; else a UsageError."""

@@ -62,6 +62,9 @@ class WriteOptions:
         removes the spills of dead writer processes of this host.
     allow_foreign
         Publish the first version into a location holding objects shardlake did not write.
+    progress
+        Progress on stderr: samples written, then partitions built (``write_bag``: partition
+        groups built on the cluster). None (default): only when stderr is a terminal.
     """
 
     shard_size: int | None = None
@@ -72,6 +75,7 @@ class WriteOptions:
     encode_threads: int = 1
     spill_dir: str | os.PathLike[str] | None = None
     allow_foreign: bool = False
+    progress: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ class Progress:
     Parameters
     ----------
     total
-        Units the operation will process.
+        Units the operation will process (None: not known beforehand; a count is shown).
     what
         The operation's name, leading every line (``"scrub"``, ``"shardlake pack"``).
     unit
@@ -76,7 +76,7 @@ class Progress:
 
     def __init__(
         self,
-        total: int,
+        total: int | None,
         what: str,
         *,
         unit: str = "samples",
@@ -88,7 +88,7 @@ class Progress:
         heartbeat_s: float = DEFAULT_HEARTBEAT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.total = max(0, total)
+        self.total = None if total is None else max(0, total)  # None: not known (a count)
         self.what = what
         self.unit = unit
         self.groups_total = groups
@@ -113,14 +113,19 @@ class Progress:
     def line(self) -> str:
         """The plain progress line: counts, percentage, rate, elapsed time and ETA."""
         elapsed = self.clock() - self.started
-        pct = 100.0 * self.done / self.total if self.total else 100.0
         rate = self.done / elapsed if elapsed > 0 else 0.0
-        eta = format_duration((self.total - self.done) / rate) if rate > 0 else "?"
         groups = (
             f"{self.groups}/{self.groups_total} {self.group_unit}, "
             if self.groups_total is not None
             else ""
         )
+        if self.total is None:
+            return (
+                f"{groups}{self.done} {self.unit}, {rate:.1f} {self.unit}/s, "
+                f"elapsed {format_duration(elapsed)}"
+            )
+        pct = 100.0 * self.done / self.total if self.total else 100.0
+        eta = format_duration((self.total - self.done) / rate) if rate > 0 else "?"
         return (
             f"{groups}{self.done}/{self.total} {self.unit} ({pct:.1f}%), "
             f"{rate:.1f} {self.unit}/s, elapsed {format_duration(elapsed)}, ETA {eta}"
@@ -148,7 +153,7 @@ class Progress:
             if self.groups_total is not None:
                 self._bar.set_postfix_str(f"{self.groups}/{self.groups_total} {self.group_unit}")
             return
-        finished = self.done >= self.total or (
+        finished = (self.total is not None and self.done >= self.total) or (
             self.groups_total is not None and self.groups >= self.groups_total
         )
         if now - self._last_line >= self.interval_s or finished:
