@@ -35,9 +35,10 @@ local root to SeaweedFS, and a bare upload of the local root's files (boto3 ``pu
 8 threads, one file each); the best of ``--repeat`` rounds each, with the CPU seconds of this
 process (both packs use the thread executor, so that their CPU is counted) and of SeaweedFS,
 and the ratios against the goals (pack to S3 <= 1.25x the larger of pack local and the bare upload; export <= 1.25x the
-bare upload)::
+bare upload). ``--serial-too`` adds ``pack-s3-serial`` and ``export-s3-serial``: the same
+through the upload path before issue #47 (one 50 MiB part at a time), for an A/B in one run::
 
-    .venv/bin/python benchmarks/pack.py --s3 --partitions 8 --samples 150 --repeat 3
+    .venv/bin/python benchmarks/pack.py --s3 --serial-too --partitions 8 --samples 150 --repeat 2
 """
 
 from __future__ import annotations
@@ -302,6 +303,7 @@ def _cpu_s(pid: int | None = None) -> float:
 
 def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
     """The ``--s3`` rows; see the module docs."""
+    from shardlake.store.backends import s3 as s3_backend
     from shardlake.testing.seaweedfs import seaweedfs_server
 
     best: dict[str, float] = {}
@@ -310,16 +312,32 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
     written = 0
     with seaweedfs_server(set_env=False) as server:
         # The production part size: drop the tests' 5 MiB parts.
-        options = {k: v for k, v in server.storage_options.items() if k != "default_block_size"}
+        base_options = {
+            k: v for k, v in server.storage_options.items() if k != "default_block_size"
+        }
+        options = base_options
+        parallel = s3_backend._parallel_file_class
         weed = server._weed.proc.pid if server._weed and server._weed.proc else None
         for rep in range(args.repeat):
             local = work / f"s3-local-{rep}"
             shutil.rmtree(local, ignore_errors=True)
             order = ["pack-local", "pack-s3", "export-s3", "bare-upload"]
+            if args.serial_too:
+                order += ["pack-s3-serial", "export-s3-serial"]
             if rep % 2:
-                order = ["pack-local", "bare-upload", "export-s3", "pack-s3"]
+                order = [order[0], *reversed(order[1:])]
             for name in order:
                 url = server.fresh_url(f"{name}-{rep}")
+                # "-serial": the upload path before issue #47 (s3fs sends one part at a time,
+                # 50 MiB parts), in the same run for an A/B on a noisy machine.
+                serial = name.endswith("-serial")
+                s3_backend._parallel_file_class = (
+                    s3_backend._retrying_file_class if serial else parallel
+                )
+                if serial:
+                    options = {**base_options, "default_block_size": 50 << 20}
+                else:
+                    options = base_options
                 client0, server0 = _cpu_s(), _cpu_s(weed) if weed else 0.0
                 start = time.perf_counter()
                 if name == "pack-local":
@@ -333,7 +351,7 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
                         progress=False,
                     )
                     written = sum(p.stat().st_size for p in local.rglob("*") if p.is_file())
-                elif name == "pack-s3":
+                elif name.startswith("pack-s3"):
                     shardlake.open(url, **options).pack(
                         src,
                         tag="bench",
@@ -343,7 +361,7 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
                         shard_size=args.shard_size,
                         progress=False,
                     )
-                elif name == "export-s3":
+                elif name.startswith("export-s3"):
                     shardlake.open(str(local)).export(
                         url, dest_storage_options=options, progress=False
                     )
@@ -355,6 +373,7 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
                 if seconds < best.get(name, float("inf")):
                     best[name], cpu[name] = seconds, used
             shutil.rmtree(local, ignore_errors=True)
+        s3_backend._parallel_file_class = parallel
     print(f"bytes per root: {written / 1e6:.1f} MB; rounds: {args.repeat} (alternating order)")
     for name, seconds in best.items():
         all_runs = ", ".join(f"{t:.2f}" for t in runs[name])
@@ -409,6 +428,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mem-partitions", type=int, default=2, help="active partitions")
     parser.add_argument(
         "--s3", action="store_true", help="only the writes to SeaweedFS (see the docs above)"
+    )
+    parser.add_argument(
+        "--serial-too",
+        action="store_true",
+        help="with --s3: also pack and export through the serial upload path (before #47)",
     )
     args = parser.parse_args(argv)
 
