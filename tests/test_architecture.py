@@ -1,4 +1,5 @@
-"""The layer order of docs/architecture.md: no import circle but the one Dataset.to_torch closes.
+"""The layer order of docs/architecture.md: no import circle but the one Dataset.to_torch closes,
+and no module over 600 lines.
 
 import-linter (run by scripts/test.sh) checks that no layer imports a higher one; this test checks
 what it does not: circles between modules, counting lazy imports inside functions too.
@@ -95,6 +96,19 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 def test_no_import_circle_but_the_one_to_torch_closes() -> None:
     assert _circles(_graph()) == [KNOWN_CIRCLE]
+
+
+# No hub modules (issue #45): a module past this many lines is split by concept.
+MAX_MODULE_LINES = 600
+
+
+def test_no_module_over_600_lines() -> None:
+    long = {
+        _module(path): lines
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    assert long == {}
 
 
 def test_no_loose_domain_modules_at_the_top() -> None:

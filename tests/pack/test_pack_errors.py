@@ -259,7 +259,7 @@ def test_partition_id_collision_is_a_hard_error(
 
 def test_failed_build_leaves_no_partial_shard(tmp_path: Path) -> None:
     from shardlake.format.layout import partition_id
-    from shardlake.pack.build import shuffle_order
+    from shardlake.pack.revisions import shuffle_order
 
     keys = [f"log/s{i}" for i in range(6)]
     src = make_source(tmp_path / "src", {k: small_frame(i) for i, k in enumerate(keys)})

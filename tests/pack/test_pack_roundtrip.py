@@ -18,7 +18,8 @@ from shardlake import open_store
 from shardlake.format.codec import arrays_equal_exact
 from shardlake.format.layout import unescape_member_key
 from shardlake.pack import verify_sample
-from shardlake.pack.build import Recipe, data_revision, load_npz, shuffle_order
+from shardlake.pack.build import Recipe, load_npz
+from shardlake.pack.revisions import data_revision, shuffle_order
 from shardlake.read.manifests import read_manifest
 from shardlake.testing import synth_corpus
 

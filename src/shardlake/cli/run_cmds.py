@@ -15,7 +15,8 @@ __all__ = ["COMMANDS"]
 
 
 def _compare_runs(args: argparse.Namespace) -> int:
-    from ..tools.compare_runs import compare_runs, compare_runs_strict
+    from ..tools.compare_runs import compare_runs
+    from ..tools.compare_strict import compare_runs_strict
 
     if args.strict:
         strict = compare_runs_strict(

@@ -2,9 +2,10 @@
 
 from ..source.npz import load_npz
 from ..source.tree import PartitionRule, discover, inspect_source, read_path_list
-from .build import Recipe, build_partition, verify_sample
+from .build import Recipe, build_partition
 from .options import PackOptions
 from .packer import InlineExecutor, PackReport, pack
+from .revisions import verify_sample
 
 __all__ = [
     "InlineExecutor",

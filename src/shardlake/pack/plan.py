@@ -21,8 +21,9 @@ from ..meta.versions import StoredVersion, load_version
 from ..source.pathlists import PathEntry, source_npz_paths
 from ..source.tree import PartitionRule, SourceTree, discover, read_path_list
 from ..store import Store
-from .build import BuildTask, Recipe, manifest_revision
+from .build import BuildTask, Recipe
 from .options import PackOptions
+from .revisions import manifest_revision
 
 __all__ = [
     "PackPlan",

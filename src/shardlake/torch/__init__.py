@@ -6,7 +6,8 @@ Importing ``shardlake`` never imports torch; importing ``shardlake.torch`` does.
 
 from ..read.options import ReadOptions
 from .batches import INDEX_KEY, VALID_KEY
-from .dataset import ResumedOnSuccessorWarning, ShardDataset
+from .checkpoint import ResumedOnSuccessorWarning
+from .dataset import ShardDataset
 from .ddp import masked_mean, masked_sum, pop_valid, valid_rows
 from .loader import ShardLoader
 from .mixing import MixingReport, batch_mixing, js_distance, plan_mixing

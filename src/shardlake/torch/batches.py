@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -15,10 +16,26 @@ if TYPE_CHECKING:
     from .dataset import ShardDataset
 
 
-__all__ = ["INDEX_KEY", "VALID_KEY", "SlotBatches"]
+__all__ = [
+    "INDEX_KEY",
+    "VALID_KEY",
+    "SlotBatches",
+    "OutputOptions",
+]
 
 VALID_KEY = "__valid__"  # bool per sample: False marks the padding of an exact pass
 INDEX_KEY = "__index__"  # int64 per sample: its row in ``ds.table`` (see ``ShardDataset.keys_of``)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    """Per-sample output options (what a batch holds besides the stored arrays)."""
+
+    transform: Callable[[dict[str, Any]], Any] | None
+    include_key: bool
+    include_index: bool
+    meta_columns: tuple[str, ...]
+    drop_keys: tuple[str, ...]
 
 
 class SlotBatches:

@@ -4,12 +4,20 @@ reads back.
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..errors import PlanError, VersionRedactedError
+from ..read.receipts import find_redaction
+from ..store import Store
+
 __all__ = [
+    "ResumedOnSuccessorWarning",
+    "check_state",
     "plain",
 ]
 
@@ -33,3 +41,38 @@ def plain(value: Any) -> Any:
     if isinstance(value, str):
         return str(value)
     raise TypeError(f"{type(value).__name__} {value!r} is not a plain checkpoint value")
+
+
+class ResumedOnSuccessorWarning(UserWarning):
+    """A loader state saved on a version ``forget`` redacted is resumed on its successor."""
+
+
+def check_state(store: Store | None, state: Mapping[str, Any], mine: Mapping[str, Any]) -> None:
+    """Refuse a loader state saved for another version, selection or seed (``mine``: this
+    loader's ``version_hash``, ``selection_digest`` and ``seed``). A state saved on a version a
+    forget redacted continues on its successor (this loader's version): the epoch and step
+    carry over, the forgotten samples are not in it (docs/loader.md, "Resume")."""
+    saved = state.get("version_hash")
+    if saved != mine["version_hash"] and store is not None:
+        redaction = find_redaction(store, str(saved))
+        if redaction is not None and redaction.new == mine["version_hash"]:
+            if state.get("seed") == mine["seed"]:
+                warnings.warn(
+                    f"resuming on {redaction.tag}@{redaction.new}: {redaction.describe()}",
+                    ResumedOnSuccessorWarning,
+                    stacklevel=4,
+                )
+                return
+        elif redaction is not None:
+            raise VersionRedactedError(
+                f"loader state was saved on a redacted version: {redaction.describe()}; "
+                f"open the loader on {redaction.tag} to continue",
+                forget_id=redaction.forget_id,
+                successor=f"{redaction.tag}@{redaction.new}",
+            )
+    for name, value in mine.items():
+        if state.get(name) != value:
+            raise PlanError(
+                f"loader state was saved with {name} {state.get(name)!r}, this loader has "
+                f"{value!r}; resume with the same version, selection and seed"
+            )

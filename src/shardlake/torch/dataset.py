@@ -13,24 +13,22 @@ import contextlib
 import hashlib
 import os
 import pickle
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ..errors import PlanError, UsageError, VersionRedactedError
+from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..read.catalog_cache import catalog_cache
 from ..read.forget_caches import drop_forgotten
-from ..read.receipts import find_redaction
 from ..store import Store
 from ..store.url import location
-from .batches import INDEX_KEY, VALID_KEY, SlotBatches
-from .checkpoint import plain
+from .batches import INDEX_KEY, VALID_KEY, OutputOptions, SlotBatches
+from .checkpoint import check_state, plain
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, make_sample
 from .compact import compact_plan, rank_plan
 from .ddp import rank_and_world
@@ -68,25 +66,10 @@ if TYPE_CHECKING:
     from .loader import ShardLoader
 
 
-__all__ = ["ResumedOnSuccessorWarning", "ShardDataset"]
-
-
-class ResumedOnSuccessorWarning(UserWarning):
-    """A loader state saved on a version ``forget`` redacted is resumed on its successor."""
+__all__ = ["ShardDataset"]
 
 
 DATASET_STATE_FORMAT = "shardlake.query.dataset-state/1"
-
-
-@dataclass(frozen=True)
-class _Options:
-    """Per-sample output options (what a batch holds besides the stored arrays)."""
-
-    transform: Callable[[dict[str, Any]], Any] | None
-    include_key: bool
-    include_index: bool
-    meta_columns: tuple[str, ...]
-    drop_keys: tuple[str, ...]
 
 
 class ShardDataset(IterableDataset[dict[str, Any]]):
@@ -176,7 +159,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.batch_size = batch_size
         self.num_workers = num_workers
         self.exact = exact
-        self.out = _Options(
+        self.out = OutputOptions(
             transform, include_key, include_index, tuple(meta_columns), tuple(drop_keys)
         )
         self.read_options = read_options
@@ -594,38 +577,14 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
                 drop_forgotten(store, catalog, epoch, hashes)
 
     def check_identity(self, state: dict[str, Any]) -> None:
-        """Refuse a state saved for another version, selection or seed. A state saved on a
-        version a forget redacted continues on its successor (this loader's version): the epoch
-        and step carry over, the forgotten samples are not in it (docs/loader.md, "Resume")."""
-        saved = state.get("version_hash")
-        if saved != self.version_hash and isinstance(self.store, Store):
-            redaction = find_redaction(self.store, str(saved))
-            if redaction is not None and redaction.new == self.version_hash:
-                if state.get("seed") == self.params.seed:
-                    warnings.warn(
-                        f"resuming on {redaction.tag}@{redaction.new}: {redaction.describe()}",
-                        ResumedOnSuccessorWarning,
-                        stacklevel=3,
-                    )
-                    return
-            elif redaction is not None:
-                raise VersionRedactedError(
-                    f"loader state was saved on a redacted version: {redaction.describe()}; "
-                    f"open the loader on {redaction.tag} to continue",
-                    forget_id=redaction.forget_id,
-                    successor=f"{redaction.tag}@{redaction.new}",
-                )
+        """Refuse a state saved for another version, selection or seed; one saved on a version
+        a forget redacted continues on its successor (:func:`.checkpoint.check_state`)."""
         mine = {
             "version_hash": self.version_hash,
             "selection_digest": self.selection_digest,
             "seed": self.params.seed,
         }
-        for name, value in mine.items():
-            if state.get(name) != value:
-                raise PlanError(
-                    f"loader state was saved with {name} {state.get(name)!r}, this loader has "
-                    f"{value!r}; resume with the same version, selection and seed"
-                )
+        check_state(self.store if isinstance(self.store, Store) else None, state, mine)
 
     def loader(self, **options: Any) -> ShardLoader:
         """The loader to train with (see :class:`~shardlake.torch.ShardLoader` for options)."""

@@ -50,7 +50,7 @@ def stage_costs(source: Path, files: list[Path], level: int = 3) -> dict[str, fl
     import numpy as np
 
     from ...format.codec import Decoder, Encoder, encode_safetensors
-    from ...pack.build import verify_sample
+    from ...pack.revisions import verify_sample
     from ...source.npz import load_npz
 
     encoder, decoder = Encoder(level), Decoder()
