@@ -64,7 +64,7 @@ def test_pack_names_every_bad_file_in_one_error_and_publishes_nothing(
     )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1, err
-    assert "2 of 2 partition build(s) failed (5 bad source file(s)); nothing was published" in err
+    assert "2 of 2 partition builds failed (5 bad source files); nothing was published" in err
     for name in [*bad_npz, *bad_json]:
         assert name in err, name
     assert not [k for k in open_store(str(root)).list() if k.startswith("versions/")]
@@ -83,6 +83,6 @@ def test_pack_names_twenty_bad_files_then_the_count(
         main(["pack", str(src), str(root), "--tag", "v1", "--executor", "inline", "--quiet"]) == 1
     )
     err = capsys.readouterr().err
-    assert "(25 bad source file(s))" in err and "... and 5 more" in err
+    assert "(25 bad source files)" in err and "... and 5 more" in err
     assert sum(f"bad{i:02d}.npz" in err for i in range(25)) == 20
     assert not [k for k in open_store(str(root)).list() if k.startswith("versions/")]

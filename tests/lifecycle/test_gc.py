@@ -94,7 +94,7 @@ def test_gc_dry_run_grace_and_delete(
     assert set(store.list("")) == before  # dry run deletes nothing
     assert main(["gc", root, "--grace", "0", "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert f"would delete {len(expected)} object(s)" in text
+    assert f"would delete {len(expected)} objects" in text
 
     seq = read_state(store).seq
     assert main(["gc", root, "--grace", "0"]) == 0
@@ -144,8 +144,8 @@ def test_staging_leftovers_are_collected_after_grace(
     assert main(["gc", location.url, "--dry-run"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert f"would delete staging leftover {old}" in out
-    assert out[-1].startswith("would delete 0 object(s) and 1 staging leftover(s), ")
-    assert "kept 0 unreferenced object(s) and 1 staging leftover(s) younger than 6h" in out[-1]
+    assert out[-1].startswith("would delete 0 objects and 1 staging leftover(s), ")
+    assert "kept 0 unreferenced objects and 1 staging leftover(s) younger than 6h" in out[-1]
     assert main(["gc", location.url, "--dry-run", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["leftovers"] == [str(old)] and doc["kept_young_leftovers"] == 1
@@ -154,7 +154,7 @@ def test_staging_leftovers_are_collected_after_grace(
     assert [x.path for x in report.young_leftovers] == [str(young)]
     assert not old.exists() and young.exists()
     assert main(["gc", location.url]) == 0
-    assert "deleted 0 object(s) and 0 staging leftover(s)" in capsys.readouterr().out
+    assert "deleted 0 objects and 0 staging leftover(s)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("store_kind", ["s3"])

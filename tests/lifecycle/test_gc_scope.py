@@ -60,7 +60,7 @@ def test_gc_never_deletes_foreign_objects(
     assert dry["foreign"] == len(FOREIGN)
     assert main(["gc", root, "--grace", "0s"]) == 0
     text = capsys.readouterr().out
-    assert f"{len(FOREIGN)} foreign object(s) under the root, left alone" in text
+    assert f"{len(FOREIGN)} foreign objects under the root, left alone" in text
     assert "notes.txt" in text
     for key, data in FOREIGN.items():
         assert store.read(key) == data

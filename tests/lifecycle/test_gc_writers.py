@@ -241,7 +241,7 @@ def test_a_killed_writers_lease_lapses_and_gc_collects_its_objects(
     assert main(["gc", root, "--grace", "0s", "--dry-run"]) == 0
     text = capsys.readouterr().out
     assert f"live lease {lease['id']} (write of killed by " in text
-    assert f"kept {len(data)} object" in text and " of 1 running writer(s) (live leases)" in text
+    assert f"kept {len(data)} object" in text and " of 1 running writer (live leases)" in text
     # Not renewed, it lapses: then its writer's leftovers are ordinary garbage.
     time.sleep(max(0.0, lease["expires_at"] - time.time()) + 0.2)
     assert main(["gc", root, "--grace", "0s", "--json"]) == 0

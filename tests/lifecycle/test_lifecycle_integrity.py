@@ -295,7 +295,7 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     assert main(["verify", location.url, "--source", str(src)]) == 1
     captured = capsys.readouterr()
     assert "corrupt at rest" not in captured.err and "(source changed)" in captured.err
-    assert "0 corrupt at rest, 0 transport error(s), 1 source changed" in captured.out
+    assert "0 corrupt at rest, 0 transport errors, 1 source changed" in captured.out
     # Now damage the shard too: that sample is corrupt at rest, as scrub also reports.
     data = bytearray(store.read(shard))
     data[row["offset"] + row["size"] // 2] ^= 0x40
@@ -307,4 +307,4 @@ def test_verify_tells_a_changed_source_from_corruption_at_rest(
     assert kinds == {changed: "source changed", row["key"]: "corrupt at rest"}
     assert (report.to_json()["source_changed"], report.to_json()["corrupt_at_rest"]) == (1, 1)
     assert main(["verify", location.url, "--source", str(src)]) == 1
-    assert "1 corrupt at rest, 0 transport error(s), 1 source changed" in capsys.readouterr().out
+    assert "1 corrupt at rest, 0 transport errors, 1 source changed" in capsys.readouterr().out

@@ -201,7 +201,7 @@ def test_failures_name_every_partition(tmp_path: Path) -> None:
     with pytest.raises(PackWorkerError) as info:
         shardlake.open(store).pack(src, tag="v1", executor="inline")
     message = str(info.value)
-    assert "2 of 2 partition build(s) failed" in message and "nothing was published" in message
+    assert "2 of 2 partition builds failed" in message and "nothing was published" in message
     assert "log/bad.npz" in message and "other/bad.npz" in message
 
 

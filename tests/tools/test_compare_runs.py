@@ -338,7 +338,7 @@ def test_diffusion_planner_loss_shifting_args_are_flagged(tmp_path: Path, name, 
         compare_runs(base, cand, plateau=5)
     assert main(["compare-runs", str(base), str(cand)]) == 1
     err = capsys.readouterr().err
-    assert name in err and "1 other difference(s) ignored" in err and "--ignore-arg" in err
+    assert name in err and "1 other difference ignored" in err and "--ignore-arg" in err
     # --ignore-arg lets it pass and the report says it was ignored on request.
     result = compare_runs(base, cand, plateau=5, ignore_args=[name])
     assert result.passed
@@ -421,7 +421,7 @@ def test_strict_says_identical_only_when_every_cell_is(baseline: Path, tmp_path:
     same = write_run(tmp_path / "same", BASE_VALID)
     assert main(["compare-runs", str(baseline), str(same), "--strict"]) == 0
     out = capsys.readouterr().out
-    assert "identical: every cell" in out and "8 epoch row(s) x 3 columns" in out
+    assert "identical: every cell" in out and "8 epoch rows x 3 columns" in out
     # One last-digit difference in one cell is a failure naming the cell (the band would pass).
     valid = [*BASE_VALID[:-1], 0.4900001]
     near = write_run(tmp_path / "near", valid)

@@ -224,7 +224,7 @@ def _print_gc(args: argparse.Namespace, report: GcReport) -> None:
     print(
         f"{verb} {plural(len(report.garbage), 'object')} and {len(report.leftovers)} staging "
         f"leftover(s), {human_bytes(report.garbage_bytes)} ({plural(report.garbage_bytes, 'byte')}); "
-        f"kept {len(report.young)} unreferenced object(s) and {len(report.young_leftovers)} "
+        f"kept {plural(len(report.young), 'unreferenced object')} and {len(report.young_leftovers)} "
         f"staging leftover(s) younger than {args.grace}; {report.referenced} referenced by "
         f"{plural(len(report.live_versions), 'version')}"
     )
@@ -233,7 +233,7 @@ def _print_gc(args: argparse.Namespace, report: GcReport) -> None:
     if report.leases:
         print(
             f"kept {plural(len(report.leased), 'object')} and {len(report.leased_leftovers)} staging "
-            f"leftover(s) of {len(report.leases)} running writer(s) (live leases), at any grace"
+            f"leftover(s) of {plural(len(report.leases), 'running writer')} (live leases), at any grace"
         )
     for lease in report.lapsed_leases:
         print(f"{'would remove' if args.dry_run else 'removed'} lapsed {lease.describe()}")
@@ -241,7 +241,7 @@ def _print_gc(args: argparse.Namespace, report: GcReport) -> None:
         shown = ", ".join(info.key for info in report.foreign[:5])
         more = ", ..." if len(report.foreign) > 5 else ""
         print(
-            f"{len(report.foreign)} foreign object(s) under the root, left alone "
+            f"{plural(len(report.foreign), 'foreign object')} under the root, left alone "
             f"(not written by shardlake): {shown}{more}"
         )
 
@@ -316,9 +316,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         **_task_options(args),
     )
     if not isinstance(report, ExportReport):
-        text = (
-            f"wrote {report.samples} npz file(s) and {report.sidecars} sidecar(s) to {report.dest}"
-        )
+        text = f"wrote {plural(report.samples, 'npz file')} and {report.sidecars} sidecar(s) to {report.dest}"
     else:
         text = (
             f"exported {report.version} ({report.version_hash}) to {report.dest}: copied "
@@ -382,7 +380,7 @@ def _print_verify(report: VerifyReport) -> None:
         print(f"differs: {problem}", file=out)
     summary = (
         f"version {report.version}: {plural(report.partitions, 'partition')}, {report.compared} of "
-        f"{report.source_samples} source sample(s) compared bit-exactly, {len(report.missing)} "
+        f"{plural(report.source_samples, 'source sample')} compared bit-exactly, {len(report.missing)} "
         f"missing, {len(report.extra)} extra"
     )
     if report.ok:
@@ -402,7 +400,7 @@ def _print_offsets(report: OffsetsReport) -> None:
     status = "OK" if report.ok else f"FAILED ({plural(len(report.problems), 'problem')})"
     print(
         f"verify-offsets {status} - version {report.version}: {plural(report.partitions, 'partition')}, "
-        f"{plural(report.shards, 'shard')}, {report.rows} manifest row(s)"
+        f"{plural(report.shards, 'shard')}, {plural(report.rows, 'manifest row')}"
     )
 
 

@@ -97,7 +97,7 @@ class RemoveReport(NamedTuple):
         return (
             f"published {v.tag} ({v.hash}): {plural(v.samples, 'sample')}; removed "
             f"{plural(c['samples_removed'], 'sample')}, {plural(c['partitions_removed'], 'partition')}; "
-            f"{c['manifests_written']} new manifest revision(s), no new shards"
+            f"{plural(c['manifests_written'], 'new manifest revision')}, no new shards"
         )
 
 

@@ -102,7 +102,7 @@ class VerifyReport:
         out = []
         if len(self.missing) != self.allow_missing:
             out.append(
-                f"{len(self.missing)} source sample(s) missing, expected exactly {self.allow_missing}"
+                f"{plural(len(self.missing), 'source sample')} missing, expected exactly {self.allow_missing}"
             )
         if self.extra:
             out.append(f"{plural(len(self.extra), 'sample')} not in the source")
@@ -111,7 +111,7 @@ class VerifyReport:
             out.append(
                 f"{plural(len(self.problems), 'sample')} differ or are unreadable "
                 f"({counts['corrupt_at_rest']} corrupt at rest, "
-                f"{counts['transport_errors']} transport error(s), "
+                f"{plural(counts['transport_errors'], 'transport error')}, "
                 f"{counts['source_changed']} source changed)"
             )
         if self.expected_partitions is not None and self.partitions != self.expected_partitions:

@@ -271,7 +271,7 @@ def _bad_files(root: Path, found: list[str], unchecked: list[str]) -> SourceFile
     shown = "; ".join(problems[:SHOW_MAX])
     more = f"; ... and {len(problems) - SHOW_MAX} more" if len(problems) > SHOW_MAX else ""
     return SourceFilesError(
-        f"{len(problems)} source file(s) cannot be packed: {shown}{more}", problems=problems
+        f"{plural(len(problems), 'source file')} cannot be packed: {shown}{more}", problems=problems
     )
 
 

@@ -242,7 +242,7 @@ def _run_builds(
     )
     gone = [k for _i, exc in failed if isinstance(exc, ObjectsGoneError) for k in exc.missing]
     if gone:
-        raise ObjectsGoneError(f"{len(failed)} partition build(s) failed", missing=gone)
+        raise ObjectsGoneError(f"{plural(len(failed), 'partition build')} failed", missing=gone)
     if failed:
         # Every bad source file of every failed build, one line each (up to SHOW_MAX).
         lines: list[str] = []
@@ -253,10 +253,10 @@ def _run_builds(
                 bad_files += len(exc.problems)
             else:
                 lines.append(f"{jobs[i].label}: {error_text(exc)}")
-        files = f" ({bad_files} bad source file(s))" if bad_files else ""
+        files = f" ({plural(bad_files, 'bad source file')})" if bad_files else ""
         more = f"; ... and {len(lines) - SHOW_MAX} more" if len(lines) > SHOW_MAX else ""
         raise PackWorkerError(
-            f"{len(failed)} of {len(tasks)} partition build(s) failed{files}; nothing was "
+            f"{len(failed)} of {plural(len(tasks), 'partition build')} failed{files}; nothing was "
             "published: " + "; ".join(lines[:SHOW_MAX]) + more
         )
     return {t.partition.id: r for t, r in zip(tasks, done, strict=True)}

@@ -353,7 +353,7 @@ def _refuse_unignored(differences: Sequence[ArgDifference]) -> None:
             "difference could be theirs, not the data path's: "
             + "; ".join(_short(d) for d in problems)
             + (
-                f" ({ignored} other difference(s) ignored as unable to shift a loss)"
+                f" ({plural(ignored, 'other difference')} ignored as unable to shift a loss)"
                 if ignored
                 else ""
             )

@@ -59,7 +59,7 @@ class StrictComparison:
             f"candidate: {self.candidate}",
             f"settings checked equal: {len(self.checked_args)} argument(s) of args.json",
             *(f"settings differ: {d.describe()}" for d in self.arg_differences),
-            f"compared: {len(self.epochs)} epoch row(s) x {plural(len(self.columns), 'column')} of "
+            f"compared: {plural(len(self.epochs), 'epoch row')} x {plural(len(self.columns), 'column')} of "
             f"{LOG_FILE}, as written",
         ]
         shown = self.differences[:20]
@@ -68,7 +68,7 @@ class StrictComparison:
             for d in shown
         ]
         if len(self.differences) > len(shown):
-            lines.append(f"... and {len(self.differences) - len(shown)} more cell(s)")
+            lines.append(f"... and {plural(len(self.differences) - len(shown), 'more cell')}")
         lines.append("")
         if self.passed:
             lines.append(f"identical: every cell of the two {LOG_FILE} is equal")

@@ -255,7 +255,7 @@ def _train(
     use_loopback_for_ddp()
     say(
         f"5. training: {cfg.nproc} DDP ranks (gloo) × {plural(cfg.steps, 'step')} × batch {cfg.batch_size}, "
-        f"{cfg.num_workers} loader worker(s) per rank, keyset train-v2 of v2"
+        f"{plural(cfg.num_workers, 'loader worker')} per rank, keyset train-v2 of v2"
     )
     spawned_at = time.time()
     try:
