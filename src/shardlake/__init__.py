@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     from .pack.written import WriteOptions
     from .query.dataset import Dataset
     from .query.selection import Selection
-    from .root import Root, open
+    from .root import Root, StoreLike, as_store, check_store, open
     from .store import RetryPolicy, Store, open_store
-    from .store.check import StoreReport, check_store
+    from .store.check import StoreReport
 
 # Imported on first use: ``import shardlake`` stays cheap (no fsspec, pyarrow, DuckDB or pack
 # machinery until a root is opened), which every CLI call and worker process pays; the CLI
@@ -81,7 +81,9 @@ _LAZY = {
     "Version": "meta.versions",
     "WriteOptions": "pack.written",
     "Writer": "pack.writer",
-    "check_store": "store.check",
+    "check_store": "root",
+    "StoreLike": "root",
+    "as_store": "root",
     "open": "root",
     "open_store": "store",
 }
@@ -142,6 +144,7 @@ __all__ = [
     "SourceError",
     "Store",
     "StoreError",
+    "StoreLike",
     "StoreReport",
     "UsageError",
     "VerifyOptions",
@@ -152,6 +155,7 @@ __all__ = [
     "WriteOptions",
     "Writer",
     "__version__",
+    "as_store",
     "check_store",
     "inspect_source",
     "open",

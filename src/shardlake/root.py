@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 from .errors import UsageError, build_options
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from .pack.writer import Writer
     from .pack.written import WriteOptions
     from .query.keyset_build import DisjointReport, KeysetReport
+    from .store.check import StoreReport
 
 _O = TypeVar("_O")
 P = ParamSpec("P")
@@ -371,7 +372,7 @@ class Root:
 
     def export(
         self,
-        dest: str | os.PathLike[str] | Store | Root,
+        dest: StoreLike,
         *,
         dest_storage_options: dict[str, Any] | None = None,
         options: ExportOptions | None = None,
@@ -381,31 +382,22 @@ class Root:
         opened :class:`Root`. Settings are :class:`~shardlake.ExportOptions` (``version``,
         ``keysets``, ``format`` ``"root"`` or ``"npz"``, ``allow_foreign``, ``workers``,
         ``executor``, ``progress``), as an object or as keywords. Re-running resumes."""
-        from .errors import UsageError
         from .lifecycle.export import ExportOptions, export
 
-        if isinstance(dest, (Root, Store)) and dest_storage_options:
-            raise UsageError(
-                "dest_storage_options go with a URL; an opened destination has its own",
-                options=("dest_storage_options",),
-            )
-        target = (
-            dest.store
-            if isinstance(dest, Root)
-            else _opened(dest, dest_storage_options, "export(dest)")
-        )
+        target = as_store(dest, dest_storage_options, name="export(dest)")
         opts = build_options(ExportOptions, options, overrides, "export")
         return export(self.store, target, opts)
 
     def verify(
         self,
-        source: str | os.PathLike[str] | Store | None = None,
+        source: StoreLike | None = None,
         *,
+        source_storage_options: dict[str, Any] | None = None,
         options: VerifyOptions | None = None,
         **overrides: Any,
     ) -> VerifyReport:
-        """Prove a version equals the source tree ``source`` (a local path, or an opened
-        :class:`~shardlake.Store` for a tree in another store), bit for bit.
+        """Prove a version equals the source tree ``source`` (a local path, a URL opened with
+        ``source_storage_options``, or an opened :class:`~shardlake.Store`), bit for bit.
 
         Settings are :class:`~shardlake.lifecycle.verify.VerifyOptions` (``version``,
         ``allow_missing``, ``path_list``, ``executor``, ...), as an object or as keywords
@@ -423,7 +415,8 @@ class Root:
                 options=("source",),
             )
         opts = build_options(VerifyOptions, options, overrides, "verify")
-        return verify_version(self.store, _opened(source, name="verify(source)"), opts)
+        source_store = as_store(source, source_storage_options, name="verify(source)")
+        return verify_version(self.store, source_store, opts)
 
     @_writes
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
@@ -475,26 +468,38 @@ def _build(
     return build_options(cls, options, overrides, where)
 
 
-def _opened(
-    url: str | os.PathLike[str] | Store,
-    storage_options: dict[str, Any] | None = None,
-    name: str = "url",
+StoreLike = str | os.PathLike[str] | Store | Root
+"""What every argument naming another store takes: a URL or path, an opened store or a root."""
+
+
+def as_store(
+    x: StoreLike, storage_options: Mapping[str, Any] | None = None, *, name: str = "url"
 ) -> Store:
-    """``url`` as an opened store (the operations below the facade take no URL); ``name``:
-    the argument a blank ``url`` is refused as."""
-    if isinstance(url, Store):
-        return url
-    return open_store(location(url, name), storage_options or None)
+    """``x`` as an opened store: the one door through which a URL (with ``storage_options``),
+    an opened :class:`~shardlake.Store` or a :class:`Root` becomes a store (the operations
+    below the facade take no URL). Storage options given with an already-opened store or root
+    are refused: they would be ignored. ``name``: the argument, for messages."""
+    if isinstance(x, Root):
+        x = x.store
+    if isinstance(x, Store):
+        if storage_options:
+            raise UsageError(
+                f"{name}: storage options go with a URL; the opened store {x.url} has its own",
+                options=("storage_options",),
+            )
+        return x
+    return open_store(location(x, name), dict(storage_options) if storage_options else None)
 
 
-def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  # noqa: A001
+def open(url: StoreLike, **storage_options: Any) -> Root:  # noqa: A001
     """Open the dataset root at ``url``.
 
     Parameters
     ----------
     url
         ``/abs/path`` (or a relative local path), ``file://``, ``memory://``,
-        ``s3://bucket/prefix``, ``gs://bucket/prefix``, or an opened :class:`~shardlake.Store`.
+        ``s3://bucket/prefix``, ``gs://bucket/prefix``, an opened :class:`~shardlake.Store` or
+        a :class:`Root` (:func:`as_store`; storage options go with a URL only).
     **storage_options
         fsspec storage options for the filesystem (``key``, ``secret``, ``endpoint_url``,
         ``token``, ...). fsspec's own config files and ``FSSPEC_<PROTOCOL>_<OPTION>``
@@ -506,10 +511,24 @@ def open(url: str | os.PathLike[str] | Store, **storage_options: Any) -> Root:  
         The root; opening makes no request (a missing bucket or bad credentials surface on
         first use).
     """
-    return Root(_opened(url, storage_options, "shardlake.open(url)"))
+    return Root(as_store(url, storage_options, name="shardlake.open(url)"))
 
 
 __all__ = [
     "Root",
+    "StoreLike",
+    "as_store",
+    "check_store",
     "open",
 ]
+
+
+def check_store(
+    url: StoreLike, *, create_bucket: bool = False, **storage_options: Any
+) -> StoreReport:
+    """Run the named checks against the store at ``url`` (:func:`as_store`); never raises for a
+    failed check (see :func:`shardlake.store.check.check_store`)."""
+    from .store.check import check_store as run_checks
+
+    store = as_store(url, storage_options, name="check_store(url)")
+    return run_checks(store, create_bucket=create_bucket)

@@ -340,7 +340,6 @@ _SOURCE_FLAGS = (
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    import shardlake
     from shardlake import VerifyOptions
 
     if args.source is None:
@@ -365,9 +364,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
         **_task_options(args),
     )
     source_options = parse_storage_options(args.source_storage_options)
-    # A source in another store is opened with its own options (storage options enter at open).
-    source = shardlake.open_store(args.source, source_options) if source_options else args.source
-    report = open_root(args).verify(source, options=options)
+    report = open_root(args).verify(
+        args.source, source_storage_options=source_options, options=options
+    )
     return print_report(args, report.to_json(), lambda: _print_verify(report), ok=report.ok)
 
 

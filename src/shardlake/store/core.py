@@ -561,6 +561,11 @@ def open_store(
     Opening makes no request: a missing bucket or bad credentials surface on first use.
     """
     if isinstance(url, Store):
+        if storage_options:  # they would be ignored: an opened store has its own
+            raise UsageError(
+                f"storage options go with a URL; the opened store {url.url} has its own",
+                options=("storage_options",),
+            )
         return url
     store = Store(url, storage_options, retry=retry)
     store.backend  # noqa: B018 - fail now on unknown protocols, missing packages, bad options
