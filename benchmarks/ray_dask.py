@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         synth_corpus(src, args.partitions, per, seed=5, neighbors=args.neighbors)
     url = str(work / "root")
     root = shardlake.open(url)
-    if not root.versions():
+    if not (work / "root").exists():
         root.pack(str(src), tag="v1", progress=False)
     if "bench" not in {k.name for k in root.keysets()}:
         keys = root.dataset("v1").keys()
