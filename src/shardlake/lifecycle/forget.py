@@ -34,23 +34,21 @@ import pyarrow as pa
 
 from ..errors import (
     SHOW_MAX,
-    AlreadyExistsError,
     ConflictError,
-    FormatError,
     ObjectsGoneError,
     SelectionError,
 )
 from ..executors.tasks import Task, executor_for, run_tasks
 from ..format.documents import PartitionEntry
-from ..format.layout import DATA_DIR, receipt_key, version_key
+from ..format.layout import DATA_DIR, receipt_key
 from ..meta.catalog import load_catalog, publish_catalog
 from ..meta.commits import commit_state, read_state
 from ..meta.gcwait import commit_beside_gc
 from ..meta.keysets import list_keysets, redact_keyset, reindex_keysets
 from ..meta.leases import Lease
-from ..meta.publish import build_version_doc
+from ..meta.publish import build_version_doc, store_version_doc
 from ..meta.rootmarker import require_root
-from ..meta.state import RootState, canonical_json, hash_bytes, utc_now
+from ..meta.state import RootState, canonical_json, utc_now
 from ..meta.versions import StoredVersion, load_version_by_hash
 from ..progress.bar import Progress, plural
 from ..read.receipts import RECEIPT_SCHEMA, committed_receipts
@@ -207,15 +205,7 @@ def _successor(
     body = {k: v for k, v in old.header_doc.items() if k not in _COMPUTED}
     body["redacted"] = {"forget": forget_id, "from": old.hash}
     data = build_version_doc(old.tag, body, parts, catalog)
-    new_hash = hash_bytes(data)
-    key = version_key(old.tag, new_hash)
-    try:
-        store.create(key, data)
-    except AlreadyExistsError:
-        if store.read(key) != data:
-            raise FormatError(
-                f"{store.key_url(key)}: holds different bytes than its hash"
-            ) from None
+    new_hash, key = store_version_doc(store, old.tag, data)
     version = StoredVersion.parse(old.tag, new_hash, data, store.key_url(key), store)
     return version, removed, rewritten, written + len(data)
 

@@ -28,7 +28,7 @@ from .rootmarker import ensure_root
 from .state import RootState, canonical_json, hash_bytes, utc_now
 from .versions import StoredVersion, load_version_by_hash
 
-__all__ = ["build_version_doc", "check_new_tag", "publish_version"]
+__all__ = ["build_version_doc", "check_new_tag", "publish_version", "store_version_doc"]
 
 
 # Fields of a body that publish computes itself (a body copied from an older record may hold them).
@@ -47,6 +47,21 @@ def build_version_doc(
     doc["catalog"] = catalog.to_json()
     doc.setdefault("created_at", utc_now())
     return canonical_json(doc)
+
+
+def store_version_doc(store: Store, tag: str, data: bytes) -> tuple[str, str]:
+    """Store a version record under its content hash (create-if-absent; the same bytes already
+    there are fine, other bytes under that hash are damage); ``(hash, key)``."""
+    version_hash = hash_bytes(data)
+    key = version_key(tag, version_hash)
+    try:
+        store.create(key, data)
+    except AlreadyExistsError:
+        if store.read(key) != data:
+            raise FormatError(
+                f"{store.key_url(key)}: holds different bytes than its hash"
+            ) from None
+    return version_hash, key
 
 
 def check_new_tag(state: RootState, tag: str, store: Store) -> None:
@@ -204,15 +219,7 @@ def publish_version(
         raise FormatError(f"{store.url}: version {tag!r} lists a partition twice")
     catalog, parts = publish_catalog(store, parts, base_catalog, fresh)
     data = build_version_doc(tag, body, parts, catalog)
-    version_hash = hash_bytes(data)
-    key = version_key(tag, version_hash)
-    try:
-        store.create(key, data)
-    except AlreadyExistsError:
-        if store.read(key) != data:
-            raise FormatError(
-                f"{store.key_url(key)}: holds different bytes than its hash"
-            ) from None
+    version_hash, key = store_version_doc(store, tag, data)
     versions = dict(base.versions)
     versions[tag] = version_hash
     new = RootState(base.seq + 1, versions, base.retired, tag)
