@@ -26,6 +26,8 @@ SKIP = {
     "python examples/train_ddp.py": "a multi-process training run; see test_train_example.py",
     "shardlake compare-runs": "needs the two training runs above",
     "shardlake bench": "a benchmark (minutes); test_bench_cli.py runs it on a tiny corpus",
+    "shardlake forget": "erases samples for good; tests/lifecycle/test_forget.py and the contract "
+    "suite run it and its --check",
 }
 
 
@@ -87,6 +89,8 @@ def _run_documented(doc, place, capsys, monkeypatch, tmp_path, stack):
         "s3://bucket/scratch": str(tmp_path / "scratch"),
         # The cluster's scheduler of the docs: test_lifecycle_dask.py runs a real one.
         "dask://sched:8786": "thread",
+        # The Ray cluster of the docs: tests/ray/test_ray.py runs the executor on a real one.
+        "ray://head:10001": "thread",
     }
     # The documented web server: the root itself, served on loopback.
     server = stack.enter_context(static_http_server(tmp_path))
