@@ -53,7 +53,8 @@ def _fork_server(pid: int) -> bool:
 @pytest.fixture(scope="module")
 def source(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("ctrl_c") / "src"
-    synth_corpus(src, 6, [40] * 6, seed=3, neighbors=8, lanes=16)
+    # Large enough that pack is still running 2 s in on a quiet machine (CI).
+    synth_corpus(src, 6, [500] * 6, seed=3, neighbors=32, lanes=16)
     return src
 
 
