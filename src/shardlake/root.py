@@ -12,11 +12,12 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
-from .errors import UsageError, build_options
+from .errors import UsageError
 from .format.documents import GcLock
 from .format.layout import natural_key
 from .meta.commits import read_state
 from .meta.versions import Version, live_versions, version_of, versions_for
+from .options import build_options
 from .query.dataset import Dataset
 from .store import Store, open_store
 from .store.url import location

@@ -35,7 +35,6 @@ from ..errors import (
     NotFoundError,
     ShardlakeError,
     UsageError,
-    options_class,
 )
 from ..executors.tasks import ExecutorSpec, Task, error_text, executor_for
 from ..format.catalog import ObjectRef
@@ -50,6 +49,7 @@ from ..meta.leases import Lease
 from ..meta.rootmarker import check_foreign, ensure_root, parse_root_marker, read_root_marker
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version, load_version_bytes, resolve_tag
+from ..options import options_class
 from ..progress.bar import Progress, plural
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest

@@ -50,14 +50,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import (
-    ConflictError,
-    FormatError,
-    IntegrityError,
-    KeyNotFoundError,
-    UsageError,
-    options_class,
-)
+from ..errors import ConflictError, FormatError, IntegrityError, KeyNotFoundError, UsageError
 from ..format.documents import GcLock, LeaseRecord
 from ..format.layout import (
     COMMITS_DIR,
@@ -77,6 +70,7 @@ from ..meta.leases import LeaseSet, owner_name, parse_duration, read_leases
 from ..meta.rootmarker import require_root
 from ..meta.state import RootState, lock_holder_gone, takeover_note
 from ..meta.versions import load_version_by_hash
+from ..options import options_class
 from ..progress.bar import Progress, plural
 from ..store import Leftover, ObjectInfo, Store
 from ..store.keys import TEMP_PREFIX

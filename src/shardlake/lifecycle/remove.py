@@ -15,14 +15,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..errors import (
-    SHOW_MAX,
-    AlreadyExistsError,
-    NotFoundError,
-    SelectionError,
-    UsageError,
-    options_class,
-)
+from ..errors import SHOW_MAX, AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.documents import PartitionEntry
 from ..format.layout import DATA_DIR, manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
@@ -32,6 +25,7 @@ from ..meta.leases import Lease
 from ..meta.publish import check_new_tag, publish_version
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version
+from ..options import options_class
 from ..progress.bar import plural
 from ..query.dataset import Dataset
 from ..read.manifests import read_entry_manifest, read_manifest

@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import options_class
 from ..executors.tasks import ExecutorSpec, Task, executor_for
 from ..format.documents import PartitionEntry
 from ..meta.commits import read_state
 from ..meta.rootindex import index_problems
 from ..meta.versions import versions_for
+from ..options import options_class
 from ..progress.bar import Progress
 from ..store import Store
 from .common import (

@@ -31,7 +31,6 @@ from ..errors import (
     ShardlakeError,
     SourceError,
     UsageError,
-    options_class,
 )
 from ..executors.tasks import ExecutorSpec, Task, executor_for
 from ..format.codec import Decoder, arrays_equal_exact
@@ -41,6 +40,7 @@ from ..format.manifest import CORE_COLUMNS, METADATA_MISMATCH, entry_mismatches
 from ..format.tar import iter_members
 from ..meta.catalog import catalog_mismatch, catalog_rows, rows_by_partition
 from ..meta.versions import load_version
+from ..options import options_class
 from ..progress.bar import Progress, plural
 from ..read.payloads import TRANSPORT
 from ..source.npz import load_npz

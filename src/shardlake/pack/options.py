@@ -6,8 +6,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..errors import options_class
 from ..executors.tasks import ExecutorSpec as ExecutorSpec
+from ..options import options_class
 from ..progress.bar import DEFAULT_HEARTBEAT_S
 
 __all__ = [

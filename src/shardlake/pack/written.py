@@ -10,12 +10,13 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
-from ..errors import SourceError, UsageError, options_class
+from ..errors import SourceError, UsageError
 from ..format.documents import PartitionEntry
 from ..meta.leases import Lease
 from ..meta.publish import check_new_tag
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion
+from ..options import options_class
 from ..read.manifests import read_entry_manifest
 from ..source.tree import PartitionRule
 from ..store import Store

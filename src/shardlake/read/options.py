@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import options_class
+from ..options import options_class
 
 __all__ = [
     "DEFAULT_REQUEST_BYTES",

@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import UsageError, build_options, options_class
+from ..errors import UsageError
+from ..options import build_options, options_class
 from ..read.options import ReadOptions
 from .plan_types import DEFAULT_MAX_PAD_FRACTION, DEFAULT_SHUFFLE_BUFFER, ORDERS
 
@@ -139,6 +140,6 @@ class LoaderOptions:
         cls, options: LoaderOptions | None, keywords: Mapping[str, Any], *, where: str
     ) -> LoaderOptions:
         """``options`` (default: all defaults) with ``keywords`` replacing single fields, by
-        the routine every options object shares (:func:`shardlake.errors.build_options`): an
+        the routine every options object shares (:func:`shardlake.options.build_options`): an
         unknown keyword fails here, at construction, naming the nearest valid one."""
         return build_options(cls, options, keywords, where)
