@@ -96,16 +96,25 @@ def _shard(keys: list[str], payload: bytes) -> tuple[bytes, list[int]]:
 
 
 def partition(
-    store: Store, path: str, samples: int, encoded: tuple[bytes, bytes]
+    store: Store, path: str, samples: int, encoded: tuple[bytes, bytes], lean: bool = False
 ) -> dict[str, Any]:
-    """Write one tiny partition revision (one shard + manifest); return its version entry."""
+    """Write one tiny partition revision (one shard + manifest); return its version entry.
+
+    ``lean``: the shard holds one member and every sample's manifest row points at it (same
+    offset, size and CRC), so a root costs its manifests and catalog only (~60 B a sample
+    instead of ~1.1 KB): what the loader's start-up reads is the same (the catalog, then the
+    first batch's ranged reads), but ``verify`` would refuse such a root."""
     raw, payload = encoded
     pid = partition_id(path)
-    data_rev = short_hash("scale-data", path, str(samples), length=24)
+    data_rev = short_hash("scale-data", path, str(samples), "lean" if lean else "", length=24)
     meta_rev = short_hash("scale-meta", path, length=24)
     manifest_rev = short_hash("manifest-rev", data_rev, meta_rev, length=24)
     keys = [f"{path}/{path}_{i:06d}" for i in range(samples)]
-    data, offsets = _shard(keys, payload)
+    if lean:
+        data, first = _shard(keys[:1], payload)
+        offsets = first * samples
+    else:
+        data, offsets = _shard(keys, payload)
     crc = payload_checksum(payload)
     # Columnar: what build_manifest_table makes of these rows and sidecars, ~5x faster (5M rows).
     table = pa.table(
@@ -149,9 +158,14 @@ def encoded_sample() -> tuple[bytes, bytes]:
 
 
 def build_root(
-    url: str, partitions: int, per_partition: int, options: dict[str, Any] | None = None
+    url: str,
+    partitions: int,
+    per_partition: int,
+    options: dict[str, Any] | None = None,
+    lean: bool = False,
 ) -> Store:
-    """A root with version ``v1`` of ``partitions`` x ``per_partition`` tiny samples."""
+    """A root with version ``v1`` of ``partitions`` x ``per_partition`` tiny samples
+    (``lean``: see :func:`partition`)."""
     from shardlake.meta.commits import read_state
     from shardlake.meta.publish import publish_version
 
@@ -160,7 +174,8 @@ def build_root(
     with ThreadPoolExecutor(max_workers=8) as pool:
         entries = list(
             pool.map(
-                lambda i: partition(store, f"log{i:06d}", per_partition, sample), range(partitions)
+                lambda i: partition(store, f"log{i:06d}", per_partition, sample, lean),
+                range(partitions),
             )
         )
     body = {
@@ -178,19 +193,21 @@ def build_root(
 # Disk per sample of a built root: a 512 B tar header, the tiny payload padded to 512 B, and
 # about 60 B of manifest and catalog (measured: 20M samples took 21 GB).
 ROOT_BYTES_PER_SAMPLE = 2 * BLOCK + 60
+LEAN_BYTES_PER_SAMPLE = 70  # --lean: manifests and catalog only
 
 
-def root_bytes(partitions: int, per_partition: int) -> int:
+def root_bytes(partitions: int, per_partition: int, lean: bool = False) -> int:
     """About how much disk ``build_root`` needs for this many samples."""
-    return partitions * per_partition * ROOT_BYTES_PER_SAMPLE
+    per = LEAN_BYTES_PER_SAMPLE if lean else ROOT_BYTES_PER_SAMPLE
+    return partitions * per_partition * per
 
 
-def check_disk(url: str, partitions: int, per_partition: int) -> None:
+def check_disk(url: str, partitions: int, per_partition: int, lean: bool = False) -> None:
     """Refuse, before writing anything, a local root the disk cannot hold (100M samples need
     ~105 GB); a full disk half-way through a build would hit every other user of it."""
     import shutil
 
-    need = root_bytes(partitions, per_partition)
+    need = root_bytes(partitions, per_partition, lean)
     where = Path(url).parent
     where.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(where).free
@@ -214,9 +231,10 @@ def reuse_or_build(
     already there: a 1M-sample root takes ~2 minutes to build, 5M ~4."""
     if os.environ.get("SCALE_REUSE") and options is None and (Path(url) / "versions").is_dir():
         return open_store(url, options)
+    lean = bool(os.environ.get("SCALE_LEAN"))
     if options is None:
-        check_disk(url, partitions, per_partition)
-    return build_root(url, partitions, per_partition, options)
+        check_disk(url, partitions, per_partition, lean)
+    return build_root(url, partitions, per_partition, options, lean)
 
 
 # --- start-up in a fresh interpreter -----------------------------------------------------------
@@ -508,6 +526,12 @@ def main(argv: list[str] | None = None) -> int:
         help="keep the roots under this directory and reuse them on a later run (local store; "
         "with SCALE_STARTUP_ONLY=1, as the keyset and publish steps change a root)",
     )
+    parser.add_argument(
+        "--lean",
+        action="store_true",
+        help="catalog-only roots: each partition's samples share its shard's one payload "
+        "(~70 B of disk a sample instead of ~1.1 KB; the loader reads the same catalog)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("URL", "OPTIONS"), help=argparse.SUPPRESS)
     parser.add_argument("--rank-doc", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -522,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
     kinds = ([] if args.no_local else ["local"]) + (["s3"] if args.s3 else [])
     if args.work:
         os.environ["SCALE_REUSE"] = "1"
+    if args.lean:
+        os.environ["SCALE_LEAN"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
             run_store(kind, sizes, Path(args.work or tmp) / kind, (args.ranks, args.engines))
