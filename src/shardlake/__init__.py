@@ -26,6 +26,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    from .executors.options import RunOptions
     from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
     from .lifecycle.forget import ForgetReport
     from .lifecycle.forget_check import ForgetCheckReport
@@ -75,6 +76,7 @@ _LAZY = {
     "RaggedFieldWarning": "pack.writer",
     "RetryPolicy": "store",
     "Root": "root",
+    "RunOptions": "executors.options",
     "Selection": "query.selection",
     "Store": "store",
     "StoreReport": "store.check",
@@ -131,6 +133,7 @@ __all__ = [
     "PackOptions",
     "PackReport",
     "Root",
+    "RunOptions",
     "PruneReport",
     "RemoveOptions",
     "RemoveReport",

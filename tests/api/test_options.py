@@ -71,3 +71,37 @@ def test_every_options_class_names_the_nearest_field_when_built_directly(
         ):
             cls(**{typo: 1})
     assert cls() == cls()  # the right fields still build it
+
+
+RUNS_TASKS = [
+    shardlake.PackOptions,
+    shardlake.VerifyOptions,
+    shardlake.OffsetsOptions,
+    shardlake.ScrubOptions,
+    shardlake.ExportOptions,
+    shardlake.ForgetOptions,
+]
+
+
+@pytest.mark.parametrize("cls", RUNS_TASKS)
+def test_every_operation_that_runs_tasks_shares_run_options(cls: type) -> None:
+    assert issubclass(cls, shardlake.RunOptions)
+    # The same three defaults everywhere: the operation picks the count and the executor.
+    assert {n: getattr(cls(), n) for n in ("workers", "executor", "progress")} == {
+        "workers": None,
+        "executor": None,
+        "progress": None,
+    }
+    assert cls(workers=3, executor="inline").worker_count() == 3
+    with pytest.raises(UsageError, match="workers must be >= 1"):
+        cls(workers=0).worker_count()
+
+
+def test_run_options_are_flat_keywords_of_the_root_methods(packed: tuple[Path, str]) -> None:
+    _src, root = packed
+    lake = shardlake.open(root)
+    by_keywords = lake.scrub("v1", workers=2, executor="inline", progress=False)
+    by_object = lake.scrub(options=shardlake.ScrubOptions(version="v1", workers=2))
+    assert by_keywords.ok and by_keywords.to_json() == by_object.to_json()
+    with pytest.raises(UsageError, match="workers must be >= 1"):
+        lake.verify_offsets("v1", workers=0)

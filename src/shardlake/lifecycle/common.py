@@ -25,7 +25,6 @@ if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
 __all__ = [
-    "DEFAULT_WORKERS",
     "FieldsJson",
     "Problem",
     "ShardRow",
@@ -42,8 +41,6 @@ __all__ = [
 
 # Payload bytes fetched per multi-range read: the memory bound of scrub/verify/export.
 BATCH_BYTES = 32 * 2**20
-# Shards checked at once by scrub/verify (threads; memory bound is workers x BATCH_BYTES).
-DEFAULT_WORKERS = 4
 
 
 class FieldsJson:

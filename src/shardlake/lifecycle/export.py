@@ -36,6 +36,7 @@ from ..errors import (
     ShardlakeError,
     UsageError,
 )
+from ..executors.options import RunOptions
 from ..executors.tasks import ExecutorSpec, Task, error_text, executor_for
 from ..format.catalog import ObjectRef
 from ..format.codec import Decoder
@@ -57,7 +58,6 @@ from ..read.verified import read_verified
 from ..source.source_form import npz_bytes, sidecar_json
 from ..store import Store
 from .common import (
-    DEFAULT_WORKERS,
     FieldsJson,
     ShardRow,
     check_shard_payloads,
@@ -263,7 +263,7 @@ def _export_shard(
 
 @options_class
 @dataclass(frozen=True)
-class ExportOptions:
+class ExportOptions(RunOptions):
     """What ``export`` copies and how.
 
     Parameters
@@ -279,22 +279,15 @@ class ExportOptions:
     allow_foreign
         A root export may go into a location that already holds other objects (refused by
         default; gc leaves them alone).
-    workers
-        Partitions copied at once (root export).
-    executor
-        Where the per-partition copies run: the spec pack takes (default threads; root
-        export only).
-    progress
-        Show progress on standard error (``None``: only on a terminal).
+    workers, executor, progress
+        How it runs (:class:`~shardlake.RunOptions`: one copy task per partition, 4 threads by default;
+        ``workers`` and ``executor`` apply to a root export).
     """
 
     version: str | None = None
     keysets: Sequence[str] | None = None
     format: str = "root"
     allow_foreign: bool = False
-    workers: int = DEFAULT_WORKERS
-    executor: ExecutorSpec = None
-    progress: bool | None = None
 
 
 def export(src: Store, dest: Store, options: ExportOptions) -> ExportReport | NpzExportReport:
@@ -353,7 +346,7 @@ def _copy_and_commit(
     spec: ExecutorSpec,
     options: ExportOptions,
 ) -> ExportReport:
-    progress, workers = options.progress, options.workers
+    progress, workers = options.progress, options.worker_count()
     report = ExportReport(src.url, dest.url, ver.tag, ver.hash)
     entries = ver.entries
     bar = shards_progress(entries, "export", progress)

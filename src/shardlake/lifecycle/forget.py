@@ -294,7 +294,7 @@ def _rewrite(
     ]
     bar = Progress(len(tasks), "shardlake forget", unit="shards", enabled=options.progress)
     with bar:
-        results, failures = run_tasks(tasks, spec, options.workers, bar)
+        results, failures = run_tasks(tasks, spec, options.worker_count(), bar)
     if failures:
         raise failures[0][1]  # nothing committed yet: the rerun rewrites the same names
     return {r.old: r for r in results}

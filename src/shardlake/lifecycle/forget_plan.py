@@ -11,12 +11,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import SHOW_MAX, NotFoundError, SelectionError, UsageError
-from ..executors.tasks import ExecutorSpec
+from ..executors.options import RunOptions
 from ..format.layout import shard_key
 from ..meta.catalog import load_catalog
 from ..meta.keysets import Keyset, list_keysets, read_key_list
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version_by_hash
+from ..options import options_class
 from ..query.dataset import Dataset
 from ..store import Store
 from .forget_shards import _member_keys, _new_data_rev
@@ -39,8 +40,9 @@ UNREACHABLE = (
 )
 
 
+@options_class
 @dataclass(frozen=True)
-class ForgetOptions:
+class ForgetOptions(RunOptions):
     """What ``forget`` erases: exactly one of ``keys``, ``key_file`` and ``where``; and why.
 
     Parameters
@@ -58,12 +60,8 @@ class ForgetOptions:
         Only list the affected versions, keysets, counts and bytes to rewrite.
     strip_prefix
         Maps absolute paths of ``key_file`` to keys (default: the latest version's namespace).
-    executor
-        Where the shard rewrites run: thread (default), process, inline or dask://HOST:PORT.
-    workers
-        Shards rewritten at once.
-    progress
-        A progress bar on stderr.
+    workers, executor, progress
+        How it runs (:class:`~shardlake.RunOptions`: one rewrite task per shard, 4 threads by default).
     retries
         How often a commit lost to a racing writer is redone on top of it.
     """
@@ -74,9 +72,6 @@ class ForgetOptions:
     reason: str = ""
     dry_run: bool = False
     strip_prefix: str | None = None
-    executor: ExecutorSpec = None
-    workers: int = 4
-    progress: bool | None = False
     retries: int = 5
 
 
@@ -237,5 +232,4 @@ def _check_options(options: ForgetOptions) -> None:
             "forget needs a reason (recorded in the commit log and the receipt; no personal data)",
             options=("reason",),
         )
-    if options.workers < 1:
-        raise UsageError("workers must be >= 1", options=("workers",))
+    options.worker_count()  # refuses a count below 1 before anything is read

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..executors.tasks import ExecutorSpec, Task, executor_for
+from ..executors.options import RunOptions
+from ..executors.tasks import Task, executor_for
 from ..format.documents import PartitionEntry
 from ..meta.commits import read_state
 from ..meta.rootindex import index_problems
@@ -21,7 +22,6 @@ from ..options import options_class
 from ..progress.bar import Progress
 from ..store import Store
 from .common import (
-    DEFAULT_WORKERS,
     FieldsJson,
     Problem,
     check_shard_payloads,
@@ -113,7 +113,7 @@ def _scrub_partition(
 
 @options_class
 @dataclass(frozen=True)
-class ScrubOptions:
+class ScrubOptions(RunOptions):
     """What ``scrub`` re-reads and how.
 
     Parameters
@@ -122,30 +122,24 @@ class ScrubOptions:
         The version to check (a tag or ``latest``).
     all_versions
         Check every live version instead.
-    workers
-        Partition revisions checked at once.
     batch_bytes
         About this many payload bytes read per request (default: the reader's).
-    progress
-        Show progress on standard error (``None``: only on a terminal).
-    executor
-        Where the per-partition tasks run: the spec pack takes (default threads; zstd and
-        CRC-32 release the GIL).
+    workers, executor, progress
+        How it runs (:class:`~shardlake.RunOptions`: one task per partition revision, 4 threads by
+        default; zstd and CRC-32 release the GIL).
     """
 
     version: str = "latest"
     all_versions: bool = False
-    workers: int = DEFAULT_WORKERS
     batch_bytes: int | None = None
-    progress: bool | None = None
-    executor: ExecutorSpec = None
 
 
 def scrub(store: Store, options: ScrubOptions) -> ScrubReport:
     """Check every payload of ``options.version`` (or every live version); see
     :class:`ScrubReport`. One task per partition revision; memory per task stays below
     ``batch_bytes``. The report does not depend on the executor."""
-    progress, batch_bytes, workers = options.progress, options.batch_bytes, options.workers
+    progress, batch_bytes = options.progress, options.batch_bytes
+    workers = options.worker_count()
     spec = executor_for(store, options.executor, "scrubbed")
     versions = versions_for(store, options.version, options.all_versions)
     report = ScrubReport([v.tag for v in versions])

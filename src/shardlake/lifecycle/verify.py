@@ -32,7 +32,8 @@ from ..errors import (
     SourceError,
     UsageError,
 )
-from ..executors.tasks import ExecutorSpec, Task, executor_for
+from ..executors.options import RunOptions
+from ..executors.tasks import Task, executor_for
 from ..format.codec import Decoder, arrays_equal_exact
 from ..format.documents import PartitionEntry, ShardEntry
 from ..format.layout import member_name
@@ -47,7 +48,6 @@ from ..source.npz import load_npz
 from ..source.tree import scoped_frame_keys
 from ..store import Store
 from .common import (
-    DEFAULT_WORKERS,
     Problem,
     ShardRow,
     check_shard_payloads,
@@ -191,7 +191,7 @@ def _scoped(
 
 @options_class
 @dataclass(frozen=True)
-class VerifyOptions:
+class VerifyOptions(RunOptions):
     """How ``verify`` compares a version with its source tree.
 
     Parameters
@@ -206,12 +206,8 @@ class VerifyOptions:
         Scope the source as pack did (a path-list file; its prefix; glob patterns).
     only_keys
         Compare only these sample keys (``path_list`` computes them).
-    workers
-        Partitions checked at once.
-    progress
-        Show progress on standard error (``None``: only on a terminal).
-    executor
-        Where the per-partition tasks run: the spec pack takes (default threads).
+    workers, executor, progress
+        How it runs (:class:`~shardlake.RunOptions`: one task per partition, 4 threads by default).
     """
 
     version: str = "latest"
@@ -222,9 +218,6 @@ class VerifyOptions:
     include: Sequence[str] = ()
     exclude: Sequence[str] = ()
     only_keys: Collection[str] | None = None
-    workers: int = DEFAULT_WORKERS
-    progress: bool | None = None
-    executor: ExecutorSpec = None
 
 
 def verify_version(store: Store, source: Store, options: VerifyOptions) -> VerifyReport:
@@ -234,7 +227,11 @@ def verify_version(store: Store, source: Store, options: VerifyOptions) -> Verif
     if opts.allow_missing is not None and opts.allow_missing < 0:
         raise UsageError("allow_missing must be >= 0", options=("allow_missing",))
     version, allow_missing = opts.version, opts.allow_missing
-    expected_partitions, progress, workers = opts.expected_partitions, opts.progress, opts.workers
+    expected_partitions, progress, workers = (
+        opts.expected_partitions,
+        opts.progress,
+        opts.worker_count(),
+    )
     spec = executor_for(store, opts.executor, "verified")
     spec = executor_for(source, spec, "verified")
     ver = load_version(store, version)
@@ -424,22 +421,18 @@ class OffsetsReport:
 
 @options_class
 @dataclass(frozen=True)
-class OffsetsOptions:
-    """What ``verify-offsets`` checks and how: ``version``, ``workers``, ``progress`` and
-    ``executor`` are those of :class:`VerifyOptions` (the version to check; partitions checked
-    at once; progress on standard error; where the per-partition tasks run)."""
+class OffsetsOptions(RunOptions):
+    """What ``verify-offsets`` checks (``version``, a tag or ``latest``) and how it runs
+    (:class:`~shardlake.RunOptions`: one task per partition, 4 threads by default)."""
 
     version: str = "latest"
-    workers: int = DEFAULT_WORKERS
-    progress: bool | None = None
-    executor: ExecutorSpec = None
 
 
 def verify_offsets(store: Store, options: OffsetsOptions) -> OffsetsReport:
     """Check manifests against tar headers and version entries; see the module docs.
 
     One task per partition runs on ``executor`` (default: ``workers`` threads)."""
-    progress, workers = options.progress, options.workers
+    progress, workers = options.progress, options.worker_count()
     spec = executor_for(store, options.executor, "verified")
     ver = load_version(store, options.version)
     report = OffsetsReport(ver.tag)

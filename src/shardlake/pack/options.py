@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..executors.options import RunOptions
 from ..executors.tasks import ExecutorSpec as ExecutorSpec
 from ..options import options_class
 from ..progress.bar import DEFAULT_HEARTBEAT_S
@@ -18,17 +19,14 @@ __all__ = [
 
 @options_class
 @dataclass(frozen=True)
-class PackOptions:
+class PackOptions(RunOptions):
     """How to pack: partitioning, scope, recipe, skip policy and execution.
 
     Parameters
     ----------
-    workers
-        Parallel partition builds (default: the CPU count).
-    executor
-        ``"process"`` (default), ``"thread"``, ``"inline"``, a ``dask://host:port`` address,
-        ``"ray"`` (this process's Ray instance, else a local one), a ``ray://host:port`` address
-        or a :class:`concurrent.futures.Executor`.
+    workers, executor, progress
+        How it runs (:class:`~shardlake.RunOptions`: one build per partition; by default the CPU
+        count of processes; ``"ray"`` is this process's Ray instance, else a local one).
     mp_context
         Multiprocessing start method for ``"process"`` (default ``forkserver`` where available).
     partition_depth, partition_regex
@@ -55,8 +53,6 @@ class PackOptions:
         Rebuild every partition even where the base could be reused.
     source_namespace
         The identity of the source for incremental packs (default: its absolute path).
-    progress
-        Show progress on standard error (a bar in a terminal, periodic lines otherwise).
     allow_foreign
         Publish the first version into a location that already holds objects shardlake did not
         write (refused by default; gc leaves such objects alone either way).
@@ -66,8 +62,6 @@ class PackOptions:
         How often the pack checks on its partition builds (seconds).
     """
 
-    workers: int | None = None
-    executor: ExecutorSpec = None
     mp_context: str | None = None
     partition_depth: int | None = None
     partition_regex: str | None = None
@@ -84,7 +78,6 @@ class PackOptions:
     require_sidecars: bool = False
     replace_all: bool = False
     source_namespace: str | None = None
-    progress: bool = False
     allow_foreign: bool = False
     heartbeat_s: float = DEFAULT_HEARTBEAT_S
     poll_s: float = 1.0

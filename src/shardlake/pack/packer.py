@@ -118,8 +118,9 @@ def pack(
     check_options(source, tag, opts)
     executor = _executor_for(store, opts.executor)
     settings = resolve_settings(store, source, tag, base, opts)
-    if opts.progress:
-        print(f"shardlake pack: scanning {source}", file=progress_stream or sys.stderr, flush=True)
+    stream = progress_stream or sys.stderr
+    if opts.progress or (opts.progress is None and stream.isatty()):  # None: a terminal only
+        print(f"shardlake pack: scanning {source}", file=stream, flush=True)
     tree = scan_source(source, settings.rule, opts)
     plan = plan_builds(store, tree, settings, opts)
     progress = Progress(
