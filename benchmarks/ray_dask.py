@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     root = shardlake.open(url)
     if not (work / "root").exists():
         root.pack(str(src), tag="v1", progress=False)
-    if "bench" not in {k.name for k in root.keysets()}:
+    if "bench" not in {k.name for k in root.keysets.list()}:
         keys = root.dataset("v1").keys()
-        root.create_keyset("bench", version="v1", keys=keys[::10])  # a 10% selection
+        root.keysets.create("bench", version="v1", keys=keys[::10])  # a 10% selection
     ratios = executors(root, src, args.rounds, args.workers)
     ratios["ray / dask verify (goal <= 1.2)"] = round(
         ratios["ray verify s"] / ratios["dask verify s"], 3

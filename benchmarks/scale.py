@@ -418,7 +418,7 @@ def measure(
         return {**row, **{c: 0 for c in COLUMNS if c not in row and c != "store"}}
     store, counter = counted_store(url, options)
     started = time.perf_counter()
-    shardlake.open(store).create_keyset("turns", version="v1", where="scenario = 'turn'")
+    shardlake.open(store).keysets.create("turns", version="v1", where="scenario = 'turn'")
     row["keyset_where_s"] = time.perf_counter() - started
     row["keyset_requests"] = counter.total_requests
     store, counter = counted_store(url, options)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from .pack.written import WriteOptions
     from .query.dataset import Dataset
     from .query.selection import Selection
-    from .root import Root, StoreLike, as_store, check_store, open
+    from .root import Keysets, Root, StoreLike, as_store, check_store, open
     from .store import RetryPolicy, Store, open_store
     from .store.check import StoreReport
 
@@ -71,6 +71,7 @@ _LAZY = {
     "VerifyReport": "lifecycle.verify",
     "inspect_source": "pack",
     "Keyset": "meta.keysets",
+    "Keysets": "root",
     "PackOptions": "pack",
     "PackReport": "pack",
     "RaggedFieldWarning": "pack.writer",
@@ -126,6 +127,7 @@ __all__ = [
     "GcReport",
     "IntegrityError",
     "Keyset",
+    "Keysets",
     "NotFoundError",
     "NpzExportReport",
     "OffsetsOptions",

@@ -82,14 +82,14 @@ def test_root_versions_dataset_selection(store_location: StoreLocation, tmp_path
     with pytest.raises(SelectionError, match="at most one"):
         ds.select(where="true", keys=keys)
 
-    keyset = root.create_keyset("first", where=where)
-    assert len(keyset) == 4 and [k.name for k in root.keysets()] == ["first"]
-    assert root.keyset("first").keys == sorted(selection.key_list())
+    keyset = root.keysets.create("first", where=where)
+    assert len(keyset) == 4 and [k.name for k in root.keysets.list()] == ["first"]
+    assert root.keysets.get("first").keys == sorted(selection.key_list())
     assert ds.select(keyset="first").key_list() == selection.key_list()
     with pytest.raises(ConflictError):
-        root.create_keyset("first", keys=keys[:1])
+        root.keysets.create("first", keys=keys[:1])
     with pytest.raises(NotFoundError):
-        root.keyset("nope")
+        root.keysets.get("nope")
 
 
 def test_root_writers_and_checks(tmp_path: Path) -> None:

@@ -87,13 +87,13 @@ def test_inspect_pack_verify_keysets_with_no_workaround(
     assert "verify OK" in capsys.readouterr().out
     for split in ("train", "valid"):
         assert main(["keyset", "root", "create", split, "--keys", f"{split}.json"]) == 0
-        keyset = shardlake.open(str(work / "root")).keyset(split)
+        keyset = shardlake.open(str(work / "root")).keysets.get(split)
         wanted = sorted(_key(corpus, Path(p)) for p in _training_list(corpus, split))
         assert sorted(keyset.keys) == wanted
     assert main(["keyset", "root", "check", "train", "valid"]) == 0
     where = "key LIKE 'odaiba/valid/%'"
     assert main(["keyset", "root", "create", "odaiba-valid", "--where", where]) == 0
-    odaiba = shardlake.open(str(work / "root")).keyset("odaiba-valid")
+    odaiba = shardlake.open(str(work / "root")).keysets.get("odaiba-valid")
     assert odaiba.keys and all(k.startswith("odaiba/valid/") for k in odaiba.keys)
     capsys.readouterr()
 

@@ -231,27 +231,27 @@ def test_keyset_lifecycle(world: World) -> None:
     made = world.cli("keyset", world.url, "create", "cli-ks", "--where", where, "--version", "v1")
     assert "keyset cli-ks: 3 samples" in made
     root = world.open()
-    api = root.create_keyset("api-ks", version="v2", where=where)
+    api = root.keysets.create("api-ks", version="v2", where=where)
     assert len(api) == 3
 
     listed = world.cli("keyset", world.url, "list", "--json")
     assert {"cli-ks", "api-ks"} <= {k["name"] for k in listed}
-    assert {"cli-ks", "api-ks"} <= {k.name for k in root.keysets()}
+    assert {"cli-ks", "api-ks"} <= {k.name for k in root.keysets.list()}
 
     shown = world.cli("keyset", world.url, "show", "cli-ks", "--json")
-    assert shown["version"] == "v1" and root.keyset("cli-ks").version_tag == "v1"
+    assert shown["version"] == "v1" and root.keysets.get("cli-ks").version_tag == "v1"
 
     rebased = world.cli(
         "keyset", world.url, "rebase", "cli-ks", "--version", "v2", "--as", "cli-ks2", "--json"
     )
     assert rebased["kept"] == 3
-    assert root.rebase_keyset("api-ks", "v3", new_name="api-ks2").kept == 3
+    assert root.keysets.rebase("api-ks", "v3", new_name="api-ks2").kept == 3
 
     for name in ("cli-ks", "cli-ks2"):
         assert world.cli("keyset", world.url, "delete", name, "--json")["deleted"] is True
     for name in ("api-ks", "api-ks2"):
-        assert root.delete_keyset(name).name == name
-    assert not {"cli-ks", "cli-ks2", "api-ks", "api-ks2"} & {k.name for k in root.keysets()}
+        assert root.keysets.delete(name).name == name
+    assert not {"cli-ks", "cli-ks2", "api-ks", "api-ks2"} & {k.name for k in root.keysets.list()}
 
 
 def test_diff(world: World) -> None:

@@ -40,8 +40,8 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     root = tmp / "root"
     shardlake.open(str(root)).pack(src.root, tag="v1", workers=1)
     valid_log = src.partitions[-1]
-    shardlake.open(str(root)).create_keyset("train", where=f"log_file_id <> '{valid_log}'")
-    shardlake.open(str(root)).create_keyset("valid", where=f"log_file_id = '{valid_log}'")
+    shardlake.open(str(root)).keysets.create("train", where=f"log_file_id <> '{valid_log}'")
+    shardlake.open(str(root)).keysets.create("valid", where=f"log_file_id = '{valid_log}'")
     files = sorted(str(f) for f in src.files)
     valid = [f for f in files if f"/{valid_log}/" in f]
     train = [f for f in files if f not in valid]

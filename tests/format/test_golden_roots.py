@@ -76,7 +76,7 @@ def test_keyset_and_loader(golden: tuple[str, dict[str, Any]]) -> None:
     root, expected = golden
     for name, info in expected["keysets"].items():
         ds = shardlake.open(root).dataset(info["version"])
-        keyset = shardlake.open(ds.store).keyset(name)
+        keyset = shardlake.open(ds.store).keysets.get(name)
         keyset.check_version(ds.version)
         wanted = sorted(ds.query(info["where"]).column("key").to_pylist())
         assert sorted(keyset.keys) == wanted and wanted
@@ -108,7 +108,7 @@ def test_served_over_http_after_the_one_line_upgrade(golden: tuple[str, dict[str
                 url, info["version"], keyset=name, batch_size=1, num_workers=0, include_key=True
             )
             assert sorted(item["__key__"] for item in loader) == sorted(
-                shardlake.open(root).keyset(name).keys
+                shardlake.open(root).keysets.get(name).keys
             )
 
 

@@ -65,12 +65,12 @@ def _rewrite(store: Store, key: str, old: bytes, new: bytes) -> None:
 @pytest.mark.parametrize("what", ["commit", "version", "keyset"])
 def test_a_flip_in_transit_is_reread_away(tmp_path: Path, what: str) -> None:
     store = _root(tmp_path)
-    shardlake.open(store).create_keyset("all", where="true")
-    clean = (read_state(store), load_version(store).doc, shardlake.open(store).keyset("all"))
+    shardlake.open(store).keysets.create("all", where="true")
+    clean = (read_state(store), load_version(store).doc, shardlake.open(store).keysets.get("all"))
     store.prefix = {"commit": "commits/", "version": "versions/", "keyset": "keysets/"}[what]
     store.flips = 2  # two bad reads, then a good one
     if what == "keyset":
-        assert shardlake.open(store).keyset("all") == clean[2]
+        assert shardlake.open(store).keysets.get("all") == clean[2]
     elif what == "commit":
         assert read_state(store) == clean[0]
     else:
@@ -111,7 +111,7 @@ def test_version_document_changed_at_rest_is_refused(tmp_path: Path) -> None:
 
 def test_keyset_changed_at_rest_is_refused(tmp_path: Path) -> None:
     store = _root(tmp_path)
-    shardlake.open(store).create_keyset("all", where="true")
+    shardlake.open(store).keysets.create("all", where="true")
     key = keyset_key("all")
     table = pq.read_table(pa.BufferReader(store.read(key)))
     keys = table.column("key").to_pylist()
@@ -121,7 +121,7 @@ def test_keyset_changed_at_rest_is_refused(tmp_path: Path) -> None:
     pq.write_table(changed.replace_schema_metadata(table.schema.metadata), sink)
     store.write(key, sink.getvalue().to_pybytes())
     with pytest.raises(FormatError, match="content_sha256") as info:
-        shardlake.open(store).keyset("all")
+        shardlake.open(store).keysets.get("all")
     assert key in str(info.value)
 
 
@@ -146,7 +146,7 @@ def test_export_refuses_a_version_document_damaged_at_the_source(tmp_path: Path)
 
 def test_export_rereads_metadata_flipped_in_transit(tmp_path: Path) -> None:
     store = _root(tmp_path)
-    shardlake.open(store).create_keyset("all", where="true")
+    shardlake.open(store).keysets.create("all", where="true")
     for prefix in ("versions/", "keysets/", "data/", "shardlake.json"):
         store.prefix, store.flips = prefix, 1
         dest = tmp_path / f"dest-{prefix.strip('/.')}"
@@ -242,7 +242,7 @@ def test_golden_root_with_record_digests_is_checked(tmp_path: Path) -> None:
     assert RECORD_DIGEST in json.loads(store.read(commit_key(2)))
     keyset = pq.read_schema(pa.BufferReader(store.read(keyset_key("turns"))))
     assert b"shardlake.content_sha256" in (keyset.metadata or {})
-    assert read_state(store).latest == "v2" and shardlake.open(store).keyset("turns")
+    assert read_state(store).latest == "v2" and shardlake.open(store).keysets.get("turns")
     _rewrite(store, commit_key(2), b'"latest":"v2"', b'"latest":"v1"')
     with pytest.raises(FormatError, match=RECORD_DIGEST):
         read_state(store)

@@ -66,7 +66,7 @@ def test_forget_erases_everywhere_and_keeps_the_rest_bit_identical(
         assert ds.query("true", columns=["key"]).num_rows == len(keys)
         assert root.verify_offsets(tag).ok and root.scrub(tag).ok
     for name in ("ks-v2", "ks-v4"):
-        keyset = root.keyset(name)
+        keyset = root.keysets.get(name)
         assert not forgotten & set(keyset.keys)
         assert keyset.version_hash == after[keyset.version_tag]
     assert raw_scan(root, world.payloads, world.forgotten) == []
@@ -184,7 +184,7 @@ def test_forget_killed_at_random_points_then_rerun_completes(tmp_path: Path) -> 
                 fresh.dataset(version.tag).manifests(columns=["key"]).column("key").to_pylist()
             )
         for name in ("ks-v2", "ks-v4"):
-            assert key not in fresh.keyset(name).keys
+            assert key not in fresh.keysets.get(name).keys
         assert fresh.check_forget().ok, limit
         assert fresh.scrub().ok, limit
 
@@ -229,7 +229,7 @@ def test_forget_where_reaches_pruned_versions_kept_by_keysets(tmp_path: Path) ->
     root = shardlake.open(tmp_path / "root")
     world = build(root, tmp_path / "src")
     key = world.forgotten[0]
-    root.create_keyset("ks-v1", version="v1", where="true")
+    root.keysets.create("ks-v1", version="v1", where="true")
     root.prune(["v1"])  # kept by ks-v1: retained, so redacted too
     report = root.forget(where=f"key = '{key}'", reason="where", executor="process", workers=2)
     assert [(v.tag, v.live) for v in report.versions] == [
@@ -239,7 +239,7 @@ def test_forget_where_reaches_pruned_versions_kept_by_keysets(tmp_path: Path) ->
         ("v1", False),
     ]
     assert report.keys == 1 and report.unmatched == []
-    ks = root.keyset("ks-v1")
+    ks = root.keysets.get("ks-v1")
     assert key not in ks.keys and ks.version_hash == report.versions[-1].new
     assert root.gc(grace_s=0, dry_run=True).garbage == []  # nothing superseded was left
     receipt = json.loads(root.store.read(report.receipt or ""))

@@ -114,7 +114,7 @@ def test_keyset_pins_a_retired_version(tmp_path: Path) -> None:
     _pack(location, src, "v1")
     store = open_store(location.url)
     v1 = load_version(store, "v1")
-    shardlake.open(store).create_keyset("frozen", where="true")
+    shardlake.open(store).keysets.create("frozen", where="true")
     shardlake.open(store).remove("v2", partitions=[v1.entries[0].id])
     shardlake.open(store).prune(["v1"])
     report = shardlake.open(store).gc(grace_s=0)

@@ -36,7 +36,7 @@ def _root(location: StoreLocation, tmp_path: Path) -> shardlake.Root:
     synth_corpus(src, 2, 2, seed=4, neighbors=2, lanes=4)
     pack_small(location, src)
     root = shardlake.open(location.url, **(location.storage_options or {}))
-    root.create_keyset("train", version="v1", where="true")
+    root.keysets.create("train", version="v1", where="true")
     synth_corpus(tmp_path / "more", 3, 2, seed=5, neighbors=2, lanes=4)
     extra = sorted(p for p in (tmp_path / "more").iterdir() if p.is_dir())[0]
     extra.rename(src / "zz_new")
@@ -76,8 +76,8 @@ def test_recreate_identical_is_a_noop_different_fails(
     assert main(argv) == 0
     assert "keyset train: 4 samples" in capsys.readouterr().out
     assert root.store.read(keyset_key("train")) == before
-    with pytest.raises(ConflictError, match=r"retire it first \(Root.delete_keyset\)") as info:
-        root.create_keyset("train", version="v2", where="true")
+    with pytest.raises(ConflictError, match=r"retire it first \(Root.keysets.delete\)") as info:
+        root.keysets.create("train", version="v2", where="true")
     assert "shardlake" not in str(info.value).replace(str(tmp_path), "")  # API words only
     assert info.value.hint == "to retire it: shardlake keyset ROOT delete train"
     assert main(["keyset", location.url, "create", "train", "--where", "true"]) == 1
@@ -104,25 +104,25 @@ def test_delete_leaves_a_tombstone_and_gc_releases_the_pruned_version(
     assert "keyset train retired" in capsys.readouterr().out
     assert root.store.exists(tombstone_key("train"))
     assert not root.store.exists(keyset_key("train"))
-    assert [k.name for k in root.keysets()] == []
+    assert [k.name for k in root.keysets.list()] == []
     with pytest.raises(NotFoundError):
-        root.keyset("train")
+        root.keysets.get("train")
     assert main(["gc", url, "--grace", "0s"]) == 0
     capsys.readouterr()
     assert not root.store.exists(record)
     # The name can be used again after a delete.
-    again = root.create_keyset("train", version="v2", where="true")
-    assert again.version_tag == "v2" and root.keyset("train").version_tag == "v2"
+    again = root.keysets.create("train", version="v2", where="true")
+    assert again.version_tag == "v2" and root.keysets.get("train").version_tag == "v2"
 
 
 def test_delete_then_identical_recreate_is_live(tmp_path: Path) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     root = _root(location, tmp_path)
-    root.delete_keyset("train")
-    again = root.create_keyset("train", version="v1", where="true")  # same second, same rows
-    assert root.keyset("train") == again and [k.name for k in root.keysets()] == ["train"]
-    root.delete_keyset("train")
-    assert root.keysets() == []
+    root.keysets.delete("train")
+    again = root.keysets.create("train", version="v1", where="true")  # same second, same rows
+    assert root.keysets.get("train") == again and [k.name for k in root.keysets.list()] == ["train"]
+    root.keysets.delete("train")
+    assert root.keysets.list() == []
 
 
 def test_export_npz_with_keyset_uses_its_version(tmp_path: Path) -> None:
@@ -132,5 +132,5 @@ def test_export_npz_with_keyset_uses_its_version(tmp_path: Path) -> None:
     argv = ["export", location.url, str(dest), "--format", "npz", "--keyset", "train"]
     assert main(argv) == 0
     assert sorted(p.relative_to(dest).as_posix()[:-4] for p in dest.rglob("*.npz")) == sorted(
-        root.keyset("train").keys
+        root.keysets.get("train").keys
     )

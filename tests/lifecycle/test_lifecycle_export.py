@@ -53,8 +53,8 @@ def test_round_trip_local_remote_local_is_byte_identical(
     shardlake.open(src).remove(
         "v2", keys=[keys[0]]
     )  # the exported version has its own manifest revision
-    shardlake.open(src).create_keyset("val", where="true")  # bound to v2 -> exported
-    shardlake.open(src).create_keyset(
+    shardlake.open(src).keysets.create("val", where="true")  # bound to v2 -> exported
+    shardlake.open(src).keysets.create(
         "old", where="true", version="v1"
     )  # bound to v1 -> not exported
     s3 = store_factory(label="mid")
@@ -80,7 +80,7 @@ def test_round_trip_local_remote_local_is_byte_identical(
     for key in keys[1:3]:
         a, b = ds.get(key), src_v2.get(key)
         assert list(a) == list(b) and all(a[n].tobytes() == b[n].tobytes() for n in a)
-    assert shardlake.open(back_store).keyset("val").keys == keys[1:]
+    assert shardlake.open(back_store).keysets.get("val").keys == keys[1:]
     assert shardlake.open(back_store).scrub().ok
 
 
@@ -158,7 +158,7 @@ def test_export_npz_is_bit_exact(
         assert json.loads((out / f"{key}.json").read_text()) == json.loads(
             (src_dir / f"{key}.json").read_text()
         )
-    shardlake.open(store).create_keyset("two", keys=keys[:2])
+    shardlake.open(store).keysets.create("two", keys=keys[:2])
     sub = shardlake.open(store).export(str(tmp_path / "sub"), format="npz", keysets=["two"])
     assert sub.samples == 2 and sorted(p.name for p in (tmp_path / "sub").rglob("*.npz")) == sorted(
         k.split("/")[-1] + ".npz" for k in keys[:2]

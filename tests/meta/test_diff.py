@@ -107,9 +107,9 @@ def test_diff_then_rebase_reports_exactly(
     report = json.loads(capsys.readouterr().out)
     assert (report["kept"], report["dropped"], report["changed"]) == (6, 3, 1)
     opened = shardlake.open(store_location.url, **(store_location.storage_options or {}))
-    carried = opened.keyset("all2")
-    v1_keys = opened.keyset("all").keys
-    assert carried.version_tag == "v2" and len(opened.keyset("all")) == 9  # NAME untouched
+    carried = opened.keysets.get("all2")
+    v1_keys = opened.keysets.get("all").keys
+    assert carried.version_tag == "v2" and len(opened.keysets.get("all")) == 9  # NAME untouched
     assert carried.keys == [k for k in v1_keys if k not in want["removed_keys"]]
     assert carried.rebased_from == f"all@{opened.version('v1').hash}"
     assert main(["keyset", root, "list"]) == 0
@@ -122,7 +122,7 @@ def test_diff_then_rebase_reports_exactly(
     # It says what to do instead: rebase without --strict to carry the 6 keys v2 still has.
     assert "rebase without strict to carry the 6 keys it still has" in err
     assert f"(shardlake keyset {root} rebase all --version v2 --as strict2 without --strict)" in err
-    assert {k.name for k in opened.keysets()} == {"all", "all2"}
+    assert {k.name for k in opened.keysets.list()} == {"all", "all2"}
     # The version's lineage: v2's base is v1, in `versions` and `show`.
     assert opened.version("v2").base == "v1"
     assert main(["versions", root, "--json"]) == 0
@@ -195,8 +195,8 @@ def test_diff_and_rebase_see_samples_remove_dropped(
     back = shardlake.open(root).diff("v2", "v1", samples=True)
     assert back.added_keys == ["a/f01", "b/f02"] and back.data_changed == ["a", "b"]
     r = shardlake.open(root)
-    r.create_keyset("all", version="v1", where="true")
-    report = r.rebase_keyset("all", "v2", new_name="all2")
+    r.keysets.create("all", version="v1", where="true")
+    report = r.keysets.rebase("all", "v2", new_name="all2")
     assert (report.dropped, report.dropped_keys) == (2, ["a/f01", "b/f02"])
 
 
@@ -218,8 +218,8 @@ def test_same_payloads_from_other_files_are_not_changed(
     diff = r.diff("v1", "v2", samples=True)
     assert (diff.samples_changed, diff.samples_meta_changed, diff.changed_keys) == (0, 0, [])
     assert diff.identical and diff.unchanged == 2
-    r.create_keyset("all", version="v1", where="true")
-    assert r.rebase_keyset("all", "v2", new_name="all2", strict=True).changed == 0
+    r.keysets.create("all", version="v1", where="true")
+    assert r.keysets.rebase("all", "v2", new_name="all2", strict=True).changed == 0
     # One array really changed: that sample, and only it, is changed.
     arrays, meta = samples["b/f01"]
     with r.writer("v3", base="v2") as w:

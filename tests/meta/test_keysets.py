@@ -53,10 +53,10 @@ def test_keyset_cli_on_every_backend(
     assert "share 1 key" in out and keys[2] in out
     # Immutable: a second create with the same name is refused and changes nothing.
     opened = shardlake.open(root, **store_location.storage_options)
-    before = opened.keyset("val")
+    before = opened.keysets.get("val")
     assert main(["keyset", root, "create", "val", "--where", "true"]) == 1
     assert "already exists" in capsys.readouterr().err
-    assert opened.keyset("val") == before  # created_at included: not rewritten
+    assert opened.keysets.get("val") == before  # created_at included: not rewritten
 
 
 def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path) -> None:
@@ -79,7 +79,7 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
     ]
     # Three entries match nothing: refused unless --allow-unmatched says exactly 3.
     with pytest.raises(SelectionError, match="3 entries match no key") as info:
-        shardlake.open(location.url).create_keyset(
+        shardlake.open(location.url).keysets.create(
             "t", key_file=str(listing), strip_prefix=old_root
         )
     assert "gone/a" in str(info.value) or "gone/b" in str(info.value)
@@ -87,9 +87,9 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
     assert main(argv) == 1
     assert main([*argv, "--allow-unmatched", "2"]) == 1
     assert main([*argv, "--allow-unmatched", "4"]) == 1
-    assert not shardlake.open(location.url).keysets()
+    assert not shardlake.open(location.url).keysets.list()
     assert main([*argv, "--allow-unmatched", "3"]) == 0
-    keyset = shardlake.open(location.url).keyset("t")
+    keyset = shardlake.open(location.url).keysets.get("t")
     assert keyset.keys == keys[:4]
     assert keyset.recipe["unmatched"] == 3
 
@@ -97,15 +97,15 @@ def test_json_training_list_with_strip_prefix_and_exact_unmatched(tmp_path: Path
 def test_keyset_is_bound_to_its_version(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     location = StoreLocation("local", str(tmp_path / "root"))
     keys = _packed(location, tmp_path / "src")
-    ks = shardlake.open(location.url).create_keyset("val", keys=keys[:2])
+    ks = shardlake.open(location.url).keysets.create("val", keys=keys[:2])
     v1 = shardlake.open(location.url).dataset("v1").version
     ks.check_version(v1)
     shardlake.open(location.url).remove("v2", keys=[keys[-1]])
     v2 = shardlake.open(location.url).dataset("v2").version
     with pytest.raises(SelectionError, match="bound to version 'v1'") as info:
-        shardlake.open(location.url).keyset("val").check_version(v2)
+        shardlake.open(location.url).keysets.get("val").check_version(v2)
     # The API names the API call that carries it over; the CLI names `keyset rebase`.
-    assert "Root.rebase_keyset('val', 'v2', new_name=...)" in str(info.value)
+    assert "Root.keysets.rebase('val', 'v2', new_name=...)" in str(info.value)
     assert "shardlake" not in str(info.value)
     out = tmp_path / "out"
     argv = ["export", location.url, str(out), "--format", "npz", "--keyset", "val"]
@@ -114,7 +114,7 @@ def test_keyset_is_bound_to_its_version(tmp_path: Path, capsys: pytest.CaptureFi
     assert f"(shardlake keyset {location.url} rebase val --version v2 --as NEW_NAME)" in err
     assert "bound to version 'v1'" in err and err.count("\n") == 1
     # --version picks the version a new keyset binds to.
-    ks2 = shardlake.open(location.url).create_keyset("val2", version="v1", where="true")
+    ks2 = shardlake.open(location.url).keysets.create("val2", version="v1", where="true")
     assert ks2.version_hash == v1.hash and len(ks2) == len(keys)
 
 
@@ -123,12 +123,12 @@ def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     _packed(location, tmp_path / "src")
     root = location.url
     with pytest.raises(NotFoundError, match="no keyset 'nope'"):
-        shardlake.open(root).keyset("nope")
+        shardlake.open(root).keysets.get("nope")
     # An identical re-create is a no-op (issue 18); a different selection is refused.
-    first = shardlake.open(root).create_keyset("a", where="true")
-    assert shardlake.open(root).create_keyset("a", where="true") == first
+    first = shardlake.open(root).keysets.create("a", where="true")
+    assert shardlake.open(root).keysets.create("a", where="true") == first
     with pytest.raises(ConflictError):
-        shardlake.open(root).create_keyset("a", keys=first.keys[:1])
+        shardlake.open(root).keysets.create("a", keys=first.keys[:1])
     cases = [
         (["keyset", root, "show", "nope"], 1, "no keyset"),
         (["keyset", root, "create", "x", "--where", "true; SELECT 1"], 1, "';' is not allowed"),
@@ -154,7 +154,7 @@ def test_keyset_bad_input(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
         assert main(argv) == code, argv
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, (argv, err)
-    assert "x" not in [k.name for k in shardlake.open(root).keysets()]
+    assert "x" not in [k.name for k in shardlake.open(root).keysets.list()]
 
 
 def test_keyset_list_sorts_names_naturally(
@@ -164,7 +164,7 @@ def test_keyset_list_sorts_names_naturally(
     _packed(location, tmp_path / "src")
     root = location.url
     for name in ("train-list", "train10", "train", "train2", "val"):
-        shardlake.open(root).create_keyset(name, where="true")
+        shardlake.open(root).keysets.create(name, where="true")
     want = ["train", "train2", "train10", "train-list", "val"]
     assert main(["keyset", root, "list"]) == 0
     assert [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()] == want

@@ -111,8 +111,8 @@ def test_cli_imports_a_brace_pattern_verified_and_loadable(
     diff = root.diff("v1", "v2", samples=True)
     assert diff.data_changed == ["train-000001"]
     assert diff.changed_keys == ["train-000001/00100000"]
-    root.create_keyset("rain", version="v1", where="weather = 'rain'")
-    rebased = root.rebase_keyset("rain", "v2", new_name="rain-v2")
+    root.keysets.create("rain", version="v1", where="weather = 'rain'")
+    rebased = root.keysets.rebase("rain", "v2", new_name="rain-v2")
     assert (rebased.kept, rebased.dropped, rebased.changed) == (4, 0, 0)
 
 

@@ -59,8 +59,8 @@ def test_write_bag_on_a_cluster_equals_pack(
     again = root.write_bag(_bag(changed, 2), "v2", base="v1")
     assert again.built == ["log2"] and sorted(again.carried) == ["log0", "log1"]
     assert root.diff("v1", "v2").data_changed == ["log2"]
-    root.create_keyset("odd", version="v1", where='"index" % 2 = 1')
-    rebased = root.rebase_keyset("odd", "v2", new_name="odd-v2")
+    root.keysets.create("odd", version="v1", where='"index" % 2 = 1')
+    rebased = root.keysets.rebase("odd", "v2", new_name="odd-v2")
     assert (rebased.kept, rebased.dropped, rebased.changed) == (12, 0, 4)
 
 

@@ -75,7 +75,7 @@ def test_base_carries_reuses_replaces_and_deletes(tmp_path: Path) -> None:
     with root.writer("v1") as w:
         for key, arrays, meta in samples:
             w.write(key, arrays, meta)
-    root.create_keyset("all", version="v1", where="true")
+    root.keysets.create("all", version="v1", where="true")
     changed = {k: a for k, a, _ in samples if k.startswith("log1/")}
     changed["log1/000000"] = {**changed["log1/000000"], "ego": np.zeros((4, 3), np.float32)}
     with root.writer("v2", base="v1") as w:
@@ -95,7 +95,7 @@ def test_base_carries_reuses_replaces_and_deletes(tmp_path: Path) -> None:
     diff = root.diff("v1", "v2", samples=True)
     assert diff.removed == ["log3"] and diff.data_changed == ["log1"]
     assert diff.changed_keys == ["log1/000000"]
-    rebased = root.rebase_keyset("all", "v2", new_name="all-v2")
+    rebased = root.keysets.rebase("all", "v2", new_name="all-v2")
     assert (rebased.kept, rebased.dropped, rebased.changed) == (len(samples) - 6, 6, 1)
     assert rebased.changed_keys == ["log1/000000"]
     assert root.scrub().ok

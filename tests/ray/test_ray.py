@@ -119,7 +119,7 @@ def test_read_equals_the_loader_for_a_selection(
     _src, root = packed
     opened = shardlake.open(root)
     keys = opened.dataset("v1").keys()
-    opened.create_keyset("odd", version="v1", keys=keys[1::2])
+    opened.keysets.create("odd", version="v1", keys=keys[1::2])
     first = keys[0].split("/")[0]
     where = f"key NOT LIKE '{first}/%'"
     rows = shardlake.ray.read(str(root), keyset="odd", where=where).take_all()

@@ -106,7 +106,7 @@ def test_tools_read_the_stores_own_copy(root: str, cache_dir: Path, tmp_path: Pa
     ShardDataset(root, "v1", batch_size=1)
     log = tmp_path / "requests.jsonl"
     store = open_store(root).with_layers(RequestCounter(str(log)))
-    shardlake.open(store).create_keyset("turns", version="v1", where="scenario = 'turn'")
+    shardlake.open(store).keysets.create("turns", version="v1", where="scenario = 'turn'")
     assert len(_catalog_reads(log)) == 2
 
 

@@ -46,7 +46,7 @@ def _requests(url: str) -> dict[str, Any]:
     record = shardlake.open(store).dataset("v1").version.record  # what `show` prints
     assert record.partitions
     show = _take(counter)
-    shardlake.open(store).create_keyset("turns", version="v1", where="scenario = 'turn'")
+    shardlake.open(store).keysets.create("turns", version="v1", where="scenario = 'turn'")
     keyset = _take(counter)
     version = load_version(store, "v1")
     entry = scale.partition(store, "added", 3, scale.encoded_sample())

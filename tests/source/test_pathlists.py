@@ -70,8 +70,8 @@ def test_keys_map_through_the_shared_parser(
     listing = tmp_path / "k.txt"
     listing.write_text(f"{keys[2]}\n{keys[0]}\n")
     # ... and the keyset keeps the file's order (the loader's unshuffled order follows it).
-    assert root.create_keyset("t", key_file=str(listing)).keys == [keys[2], keys[0]]
+    assert root.keysets.create("t", key_file=str(listing)).keys == [keys[2], keys[0]]
     bad = tmp_path / "k.json"
     bad.write_bytes(b'["a", {"b": 1}]')
     with pytest.raises(SelectionError, match=r"k\.json\[1\]"):
-        root.create_keyset("bad", key_file=str(bad))
+        root.keysets.create("bad", key_file=str(bad))

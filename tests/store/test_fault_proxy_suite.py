@@ -324,11 +324,11 @@ def published_root(s3: S3Server, source: Path) -> tuple[str, tuple[Any, ...]]:
     url = s3.fresh_url("flip")
     clean = open_store(url, s3.storage_options)
     pack_through(source, clean, "v1")()
-    shardlake.open(clean).create_keyset("all", where="true")
+    shardlake.open(clean).keysets.create("all", where="true")
     return url, (
         read_state(clean),
         shardlake.open(clean).dataset().version.doc,
-        shardlake.open(clean).keyset("all"),
+        shardlake.open(clean).keysets.get("all"),
     )
 
 
@@ -350,7 +350,7 @@ def test_a_body_damaged_in_transit_costs_a_reread(
         store = open_store(url, through(proxy, s3, checksums=checksums))
         proxy.inject("flip", method="GET", path_contains=target)
         ds = shardlake.open(store).dataset()
-        got = (read_state(store), ds.version.doc, shardlake.open(store).keyset("all"))
+        got = (read_state(store), ds.version.doc, shardlake.open(store).keysets.get("all"))
         assert ds.manifests().num_rows == want[1]["samples"]
         assert proxy.injected == {"flip": 1}
     assert got == want

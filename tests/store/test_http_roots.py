@@ -48,12 +48,12 @@ def roots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     base = tmp_path_factory.mktemp("http")
     source, root = make_root(base, [5, 7, 3], shard_size=40_000)
     local = shardlake.open(str(root))
-    local.create_keyset("early", where="key LIKE '%0%'")
+    local.keysets.create("early", where="key LIKE '%0%'")
     (source / "extra").mkdir()
     first = next(source.glob("*/*.npz"))
     shutil.copy(first, source / "extra" / first.name)
     local.pack(str(source), tag="v2", base="v1")
-    local.create_keyset("late", where="key LIKE '%1%'")
+    local.keysets.create("late", where="key LIKE '%1%'")
     local.export(str(base / "export"), version="v2", keysets=["late"])
     return {"source": source, "root": root, "export": base / "export"}
 
@@ -332,12 +332,12 @@ def test_the_index_follows_every_publish_keyset_change_and_prune(tmp_path: Path)
         return RootIndex.from_bytes((root / ROOT_INDEX).read_bytes(), "index")
 
     assert index().latest == "v1" and index().commit == 1 and not index().keysets
-    local.create_keyset("a", where="true")
+    local.keysets.create("a", where="true")
     data = (root / "keysets" / "a.parquet").read_bytes()
     assert index().keysets["a"].size == len(data)
     local.pack(str(source), tag="v2", base="v1")
     assert index().latest == "v2" and [t for t, _ in index().versions] == ["v1", "v2"]
-    local.delete_keyset("a")
+    local.keysets.delete("a")
     assert not index().keysets
     local.prune(["v1"])
     assert [t for t, _ in index().versions] == ["v2"] and index().retired == ("v1",)
@@ -397,7 +397,7 @@ def test_export_from_http_to_local_and_s3(
     copy = shardlake.open(dest.url, **dest.storage_options)
     want = shardlake.open(str(roots["export"]))
     assert [v.hash for v in copy.versions()] == [v.hash for v in want.versions()]
-    assert copy.scrub().ok and copy.keyset("late").keys == want.keyset("late").keys
+    assert copy.scrub().ok and copy.keysets.get("late").keys == want.keysets.get("late").keys
 
 
 def test_a_keyset_is_checked_against_the_digest_the_index_records(

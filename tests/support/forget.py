@@ -59,8 +59,8 @@ def build(root: shardlake.Root, src: Path, *, executor: str = "thread") -> Forge
     in_p1 = [k for k in keys if k.startswith(parts[1] + "/")]
     removed_in_v4 = in_p1[2]
     root.remove("v4", base="v3", keys=[removed_in_v4, in_p0[4]])
-    root.create_keyset("ks-v2", version="v2", where="true")
-    root.create_keyset("ks-v4", version="v4", where=f"key <> '{in_p1[0]}'")
+    root.keysets.create("ks-v2", version="v2", where="true")
+    root.keysets.create("ks-v4", version="v4", where=f"key <> '{in_p1[0]}'")
     forgotten = [in_p0[1], removed_in_v4, "extra/000002"]
     tags = ["v1", "v2", "v3", "v4"]
     snapshot: dict[str, dict[str, dict[str, bytes]]] = {}

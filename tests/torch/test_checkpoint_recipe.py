@@ -42,7 +42,7 @@ def root(packed_root: Callable[..., tuple[Path, Path]]) -> Path:
 
 
 def test_getting_started_checkpoint_loads_with_plain_torch_load(root: Path, tmp_path: Path) -> None:
-    shardlake.open(str(root)).create_keyset("train", where="key IS NOT NULL")
+    shardlake.open(str(root)).keysets.create("train", where="key IS NOT NULL")
     model = torch.nn.Linear(3, 1)
     ds = ShardDataset(str(root), version="v1", keyset="train", batch_size=4, seed=0, num_workers=1)
     loader = ds.loader()

@@ -39,7 +39,7 @@ def test_a_sparse_keyset_read_fetches_its_planned_spans(client: str) -> None:
     every = root.dataset("v1").keys()
     keys = [k for k in every if _picked(k)]
     assert SAMPLES * 0.05 < len(keys) < SAMPLES * 0.15
-    root.create_keyset("tenth", version="v1", keys=keys)
+    root.keysets.create("tenth", version="v1", keys=keys)
     selected = sum(root.dataset("v1").select(keys=keys).rows(["size"]).column("size").to_pylist())
 
     with FaultProxy(shared_servers().get("seaweedfs").endpoint_url, rate=0) as proxy:

@@ -238,7 +238,7 @@ def test_where_keyset_and_errors(corpus: tuple[Path, Path]) -> None:
     assert len(ds.table) == COUNTS_BY_PID(everything)[pid]
 
     chosen = everything.table.keys[1::4]
-    shardlake.open(str(root)).create_keyset("held-out", keys=chosen)
+    shardlake.open(str(root)).keysets.create("held-out", keys=chosen)
     by_name = ShardDataset(str(root), batch_size=4, num_workers=0, keyset="held-out")
     assert sorted(by_name.table.keys) == sorted(chosen)
     assert by_name.run_record()["selection"] == {"keyset": "held-out"}

@@ -176,7 +176,7 @@ def test_unshuffled_order_is_the_list_or_keysets_order(
     # A keyset made from a JSON list keeps the list's order (CLI, as the migration guide does).
     half = listed[::2]
     (tmp_path / "list.json").write_text(json.dumps(half))
-    made = shardlake.open(root).create_keyset(
+    made = shardlake.open(root).keysets.create(
         f"half{workers}", key_file=str(tmp_path / "list.json")
     )
     assert made.keys == half

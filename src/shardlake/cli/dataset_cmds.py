@@ -266,7 +266,7 @@ def cmd_keyset_create(args: argparse.Namespace) -> int:
             "strip_prefix and allow_unmatched go with a key list",
             options=("keys", "strip_prefix", "allow_unmatched"),
         )
-    keyset = open_root(args).create_keyset(
+    keyset = open_root(args).keysets.create(
         args.name,
         version=args.tag,
         where=args.where,
@@ -283,7 +283,7 @@ def cmd_keyset_create(args: argparse.Namespace) -> int:
 
 
 def cmd_keyset_list(args: argparse.Namespace) -> int:
-    keysets = open_root(args).keysets()
+    keysets = open_root(args).keysets.list()
     return print_report(args, [k.info() for k in keysets], lambda: _print_keysets(keysets))
 
 
@@ -296,7 +296,7 @@ def _print_keysets(keysets: list[Keyset]) -> None:
 
 
 def cmd_keyset_show(args: argparse.Namespace) -> int:
-    keyset = open_root(args).keyset(args.name)
+    keyset = open_root(args).keysets.get(args.name)
     info = keyset.info()
     keys = keyset.keys if args.show_keys else keyset.keys[:SHOW_MAX]
     more = "" if args.show_keys or len(keyset) <= SHOW_MAX else f" (first {SHOW_MAX})"
@@ -315,7 +315,7 @@ def _print_keyset(info: dict[str, Any], keys: list[str], more: str) -> None:
 
 
 def cmd_keyset_check(args: argparse.Namespace) -> int:
-    report = open_root(args).check_disjoint(args.a, args.b)
+    report = open_root(args).keysets.check_disjoint(args.a, args.b)
     return print_report(
         args, report.to_json(), lambda: _print_overlap(args, report), ok=report.disjoint
     )
@@ -333,7 +333,7 @@ def _print_overlap(args: argparse.Namespace, report: Any) -> None:
 
 
 def cmd_keyset_rebase(args: argparse.Namespace) -> int:
-    report = open_root(args).rebase_keyset(
+    report = open_root(args).keysets.rebase(
         args.name, args.tag, new_name=args.new_name, strict=args.strict
     )
     return print_report(
@@ -346,7 +346,7 @@ def cmd_keyset_rebase(args: argparse.Namespace) -> int:
 
 
 def cmd_keyset_delete(args: argparse.Namespace) -> int:
-    keyset = open_root(args).delete_keyset(args.name)
+    keyset = open_root(args).keysets.delete(args.name)
     return print_report(
         args,
         {**keyset.info(), "deleted": True},

@@ -88,7 +88,7 @@ class Keyset:
             raise SelectionError(
                 f"keyset {self.name!r} is bound to version {self.version_tag!r} "
                 f"({self.version_hash}), not {version.tag!r} ({version.hash}); carry it to that "
-                f"version as a new keyset with Root.rebase_keyset({self.name!r}, "
+                f"version as a new keyset with Root.keysets.rebase({self.name!r}, "
                 f"{version.tag!r}, new_name=...)",
                 hint=f"shardlake keyset ROOT rebase {self.name} --version {version.tag} "
                 "--as NEW_NAME",

@@ -152,7 +152,7 @@ def create_keyset(
         raise ConflictError(
             f"{store.key_url(key)}: keyset {name!r} already exists with a different selection "
             f"(bound to {existing.version_tag!r}, {plural(len(existing), 'sample')}); keysets are "
-            f"immutable: choose a new name, or retire it first (Root.delete_keyset)",
+            f"immutable: choose a new name, or retire it first (Root.keysets.delete)",
             hint=f"to retire it: shardlake keyset ROOT delete {name}",
         )
     return publish_keyset(store, name, rows, ds.version, recipe)
@@ -261,7 +261,7 @@ def rebase_keyset(
         if not (_same(existing, rows, new.hash) and existing.rebased_from == origin):
             raise ConflictError(
                 f"{store.key_url(keyset_key(new_name))}: keyset {new_name!r} already exists; "
-                f"choose a new name, or retire it first (Root.delete_keyset)",
+                f"choose a new name, or retire it first (Root.keysets.delete)",
                 hint=f"to retire it: shardlake keyset ROOT delete {new_name}",
             )
         made = existing

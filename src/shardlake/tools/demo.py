@@ -131,9 +131,9 @@ def _keysets(
 ) -> dict[str, Any]:
     lake = shardlake.open(root, **(so or {}))
     where_valid = f"log_file_id IN {_in_list(valid_logs)}"
-    train = lake.create_keyset(f"train-{version}", version=version, where=f"NOT ({where_valid})")
-    valid = lake.create_keyset(f"valid-{version}", version=version, where=where_valid)
-    report = lake.check_disjoint(train.name, valid.name)
+    train = lake.keysets.create(f"train-{version}", version=version, where=f"NOT ({where_valid})")
+    valid = lake.keysets.create(f"valid-{version}", version=version, where=where_valid)
+    report = lake.keysets.check_disjoint(train.name, valid.name)
     if not report.disjoint:
         raise RuntimeError(f"keysets overlap: {report.to_json()}")
     say(

@@ -116,7 +116,7 @@ def make_root(out: Path) -> None:
             )
             kept = {k: v for k, v in arrays.items() if not k.endswith("frame.004")}
             expected["versions"][tag] = {k: sample_digests(v) for k, v in sorted(kept.items())}
-    shardlake.open(str(root)).create_keyset("turns", version="v2", where="scenario = 'left_turn'")
+    shardlake.open(str(root)).keysets.create("turns", version="v2", where="scenario = 'left_turn'")
     expected["keysets"] = {"turns": {"version": "v2", "where": "scenario = 'left_turn'"}}
     (out / "expected.json").write_text(json.dumps(expected, indent=1, sort_keys=True) + "\n")
 

@@ -12,34 +12,35 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
-from .errors import UsageError
-from .format.documents import GcLock
-from .format.layout import natural_key
-from .meta.commits import read_state
-from .meta.versions import Version, live_versions, version_of, versions_for
-from .options import build_options
-from .query.dataset import Dataset
-from .store import Store, open_store
-from .store.url import location
+from ..errors import UsageError
+from ..format.documents import GcLock
+from ..format.layout import natural_key
+from ..meta.commits import read_state
+from ..meta.versions import Version, live_versions, version_of, versions_for
+from ..options import build_options
+from ..query.dataset import Dataset
+from ..store import Store, open_store
+from ..store.url import location
+from .keysets import Keysets, deprecated
 
 if TYPE_CHECKING:
-    from .lifecycle.export import ExportOptions, ExportReport, NpzExportReport
-    from .lifecycle.forget import ForgetReport
-    from .lifecycle.forget_check import ForgetCheckReport
-    from .lifecycle.forget_plan import ForgetOptions
-    from .lifecycle.gc import GcOptions, GcReport
-    from .lifecycle.prune import PruneReport
-    from .lifecycle.remove import RemoveOptions, RemoveReport
-    from .lifecycle.scrub import ScrubOptions, ScrubReport
-    from .lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
-    from .meta.catalog import CatalogInfo
-    from .meta.diff import VersionDiff
-    from .meta.keysets import Keyset
-    from .pack import PackOptions, PackReport
-    from .pack.writer import Writer
-    from .pack.written import WriteOptions
-    from .query.keyset_build import DisjointReport, KeysetReport
-    from .store.check import StoreReport
+    from ..lifecycle.export import ExportOptions, ExportReport, NpzExportReport
+    from ..lifecycle.forget import ForgetReport
+    from ..lifecycle.forget_check import ForgetCheckReport
+    from ..lifecycle.forget_plan import ForgetOptions
+    from ..lifecycle.gc import GcOptions, GcReport
+    from ..lifecycle.prune import PruneReport
+    from ..lifecycle.remove import RemoveOptions, RemoveReport
+    from ..lifecycle.scrub import ScrubOptions, ScrubReport
+    from ..lifecycle.verify import OffsetsOptions, OffsetsReport, VerifyOptions, VerifyReport
+    from ..meta.catalog import CatalogInfo
+    from ..meta.diff import VersionDiff
+    from ..meta.keysets import Keyset
+    from ..pack import PackOptions, PackReport
+    from ..pack.writer import Writer
+    from ..pack.written import WriteOptions
+    from ..query.keyset_build import DisjointReport, KeysetReport
+    from ..store.check import StoreReport
 
 _O = TypeVar("_O")
 P = ParamSpec("P")
@@ -110,80 +111,43 @@ class Root:
         """What changed from version ``a`` to ``b``: partitions added, removed, with new data or
         only new metadata, and samples added, removed or with different payload bytes (their
         keys too with ``samples``). Reads only the catalog objects that differ."""
-        from .meta.diff import diff_tags
+        from ..meta.diff import diff_tags
 
         return diff_tags(self.store, a, b, samples=samples)
 
-    # --- keysets -------------------------------------------------------------------------------
+    # --- keysets ---------------------------------------------------------------------------
 
-    @_writes
-    def rebase_keyset(
-        self, name: str, version: str, *, new_name: str, strict: bool = False
-    ) -> KeysetReport:
-        """Publish keyset ``new_name`` bound to ``version`` with the keys of keyset ``name``
-        that version still has (``name`` is not modified); ``strict``: fail instead when a key
-        is dropped or its payload changed."""
-        from .query.keyset_build import rebase_keyset
+    @property
+    def keysets(self) -> Keysets:
+        """The keyset verbs: ``root.keysets.create/list/get/rebase/delete/check_disjoint``
+        (:class:`Keysets`). Calling it, ``root.keysets()``, lists them (deprecated: use
+        ``root.keysets.list()``)."""
+        return Keysets(self.store)
 
-        return rebase_keyset(self.store, name, version, new_name=new_name, strict=strict)
-
-    @_writes
-    def delete_keyset(self, name: str) -> Keyset:
-        """Retire keyset ``name`` (a tombstone, then its object goes); the next :meth:`gc`
-        releases what only it pinned. Returns the retired keyset."""
-        from .meta.keysets import delete_keyset
-
-        return delete_keyset(self.store, name)
-
-    def keysets(self) -> list[Keyset]:
-        """Every keyset of the root."""
-        from .meta.keysets import list_keysets
-
-        return list_keysets(self.store)
+    def create_keyset(self, name: str, **kwargs: Any) -> Keyset:
+        """Deprecated: :meth:`Keysets.create` (``root.keysets.create``)."""
+        deprecated("create_keyset", "keysets.create")
+        return self.keysets.create(name, **kwargs)
 
     def keyset(self, name: str) -> Keyset:
-        """Keyset ``name`` (:class:`~shardlake.errors.NotFoundError` if there is none)."""
-        from .meta.keysets import load_keyset
+        """Deprecated: :meth:`Keysets.get` (``root.keysets.get``)."""
+        deprecated("keyset", "keysets.get")
+        return self.keysets.get(name)
 
-        return load_keyset(self.store, name)
+    def rebase_keyset(self, name: str, version: str, **kwargs: Any) -> KeysetReport:
+        """Deprecated: :meth:`Keysets.rebase` (``root.keysets.rebase``)."""
+        deprecated("rebase_keyset", "keysets.rebase")
+        return self.keysets.rebase(name, version, **kwargs)
 
-    @_writes
-    def create_keyset(
-        self,
-        name: str,
-        *,
-        version: str = "latest",
-        where: str | None = None,
-        keys: Sequence[str] | None = None,
-        allow_unmatched: int | None = None,
-        strip_prefix: str | None = None,
-        key_file: str | None = None,
-    ) -> Keyset:
-        """Select samples of ``version`` and publish them as keyset ``name`` (immutable).
-
-        Exactly one of ``where``, ``keys`` and ``key_file`` (a local key list: text, or a JSON
-        list of keys or ``.npz`` paths; ``-`` is stdin). ``strip_prefix`` maps absolute paths
-        of the list to keys (default: the version's source namespace). ``allow_unmatched``:
-        exactly this many entries may match no key.
-        """
-        from .query.keyset_build import create_keyset
-
-        return create_keyset(
-            self.store,
-            name,
-            version=version,
-            where=where,
-            keys=keys,
-            key_file=key_file,
-            strip_prefix=strip_prefix,
-            allow_unmatched=allow_unmatched,
-        )
+    def delete_keyset(self, name: str) -> Keyset:
+        """Deprecated: :meth:`Keysets.delete` (``root.keysets.delete``)."""
+        deprecated("delete_keyset", "keysets.delete")
+        return self.keysets.delete(name)
 
     def check_disjoint(self, a: str, b: str) -> DisjointReport:
-        """Compare keysets ``a`` and ``b`` (``overlap`` counts the keys in both)."""
-        from .query.keyset_build import keyset_overlap
-
-        return keyset_overlap(self.store, a, b)
+        """Deprecated: :meth:`Keysets.check_disjoint` (``root.keysets.check_disjoint``)."""
+        deprecated("check_disjoint", "keysets.check_disjoint")
+        return self.keysets.check_disjoint(a, b)
 
     # --- writers -------------------------------------------------------------------------------
 
@@ -205,7 +169,7 @@ class Root:
         :class:`~shardlake.PackOptions` (``workers``, ``executor``, ``shard_size``,
         ``partition_depth``, ``path_list``, ``partitions``, ...), as an object or as keywords.
         """
-        from .pack import PackOptions, pack
+        from ..pack import PackOptions, pack
 
         opts = build_options(PackOptions, options, overrides, "pack")
         return pack(
@@ -222,7 +186,7 @@ class Root:
         its own; each key goes to the partition the base's partition rule gives, as pack
         would put it); ``options`` is a :class:`~shardlake.WriteOptions`.
         """
-        from .pack.writer import Writer
+        from ..pack.writer import Writer
 
         return Writer(self.store, tag, base=base, options=options)
 
@@ -234,7 +198,7 @@ class Root:
 
         The cluster's workers build and write the partitions; this process publishes.
         """
-        from .pack.bag import write_bag
+        from ..pack.bag import write_bag
 
         return write_bag(self.store, bag, tag, base=base, options=options)
 
@@ -251,7 +215,7 @@ class Root:
         Ray workers encode, verify and build the partitions (one task per partition); this
         process publishes once. The bytes are the writer's for the same samples.
         """
-        from .pack.ray_write import write_ray
+        from ..pack.ray_write import write_ray
 
         return write_ray(self.store, dataset, tag, base=base, options=options)
 
@@ -279,8 +243,8 @@ class Root:
         ``skip_undecoded=True`` leaves them out. ``progress``: MB read on stderr (None: on a
         terminal only).
         """
-        from .pack.wds_import import TAR_SUFFIXES, import_wds, tar_urls
-        from .store.objects import open_objects
+        from ..pack.wds_import import TAR_SUFFIXES, import_wds, tar_urls
+        from ..store.objects import open_objects
 
         tars = open_objects(tar_urls(source), storage_options, suffixes=TAR_SUFFIXES)
         return import_wds(
@@ -304,7 +268,7 @@ class Root:
         Settings are :class:`~shardlake.RemoveOptions` (``base``; exactly one of
         ``partitions``, ``keys``, ``where`` and ``key_file``; ``strip_prefix``), as an object
         or as keywords."""
-        from .lifecycle.remove import RemoveOptions, remove
+        from ..lifecycle.remove import RemoveOptions, remove
 
         return remove(self.store, tag, build_options(RemoveOptions, options, overrides, "remove"))
 
@@ -317,15 +281,15 @@ class Root:
         :class:`~shardlake.ForgetOptions` (exactly one of ``keys``, ``key_file`` and
         ``where``; ``reason`` (required); ``dry_run``; ``executor``, ``workers``), as an object
         or as keywords."""
-        from .lifecycle.forget import forget
-        from .lifecycle.forget_plan import ForgetOptions
+        from ..lifecycle.forget import forget
+        from ..lifecycle.forget_plan import ForgetOptions
 
         return forget(self.store, build_options(ForgetOptions, options, overrides, "forget"))
 
     def check_forget(self, forget_id: str | None = None) -> ForgetCheckReport:
         """Re-read every object under the root and prove that none holds a key or payload a
         forget erased (that forget's receipt only, with ``forget_id``)."""
-        from .lifecycle.forget_check import check_forget
+        from ..lifecycle.forget_check import check_forget
 
         return check_forget(self.store, forget_id)
 
@@ -333,7 +297,7 @@ class Root:
     def prune(self, tags: Sequence[str], *, force: bool = False) -> PruneReport:
         """Prune version ``tags`` (``force`` to prune the one ``latest`` names); their
         bytes go at the next :meth:`gc`."""
-        from .lifecycle.prune import prune
+        from ..lifecycle.prune import prune
 
         return prune(self.store, tags, force=force)
 
@@ -343,7 +307,7 @@ class Root:
 
         Settings are :class:`~shardlake.GcOptions` (``grace_s``: seconds or a duration such
         as ``"6h"``; ``dry_run``; ``progress``), as an object or as keywords."""
-        from .lifecycle.gc import GcOptions, collect_garbage
+        from ..lifecycle.gc import GcOptions, collect_garbage
 
         return collect_garbage(self.store, build_options(GcOptions, options, overrides, "gc"))
 
@@ -354,7 +318,7 @@ class Root:
     @_writes
     def break_gc_lock(self) -> GcLock | None:
         """Release the lock of a gc known to be dead; returns the lock it released."""
-        from .lifecycle.gc import break_lock
+        from ..lifecycle.gc import break_lock
 
         return break_lock(self.store).gc_lock
 
@@ -367,7 +331,7 @@ class Root:
         every live version) and check it. Settings are :class:`~shardlake.ScrubOptions`
         (``workers``, ``batch_bytes``, ``executor``, ``progress``, ...), as an object or as
         keywords."""
-        from .lifecycle.scrub import ScrubOptions, scrub
+        from ..lifecycle.scrub import ScrubOptions, scrub
 
         return scrub(self.store, _build(ScrubOptions, options, overrides, "scrub", version))
 
@@ -383,7 +347,7 @@ class Root:
         opened :class:`Root`. Settings are :class:`~shardlake.ExportOptions` (``version``,
         ``keysets``, ``format`` ``"root"`` or ``"npz"``, ``allow_foreign``, ``workers``,
         ``executor``, ``progress``), as an object or as keywords. Re-running resumes."""
-        from .lifecycle.export import ExportOptions, export
+        from ..lifecycle.export import ExportOptions, export
 
         target = as_store(dest, dest_storage_options, name="export(dest)")
         opts = build_options(ExportOptions, options, overrides, "export")
@@ -406,7 +370,7 @@ class Root:
         A version without a source tree (written from Python, imported) is checked against
         its own checksums by :meth:`scrub`.
         """
-        from .lifecycle.verify import VerifyOptions, verify_version
+        from ..lifecycle.verify import VerifyOptions, verify_version
 
         if source is None:
             raise UsageError(
@@ -423,7 +387,7 @@ class Root:
     def attach_catalogs(self, version: str | None = None) -> list[CatalogInfo]:
         """Write the catalog of ``version`` (default: every live version) where it was published
         before format 2 (idempotent: versions with a catalog are reported, not rewritten)."""
-        from .meta.catalog import attach_catalogs
+        from ..meta.catalog import attach_catalogs
 
         versions = versions_for(self.store, version, all_versions=version is None)
         return attach_catalogs(self.store, versions)
@@ -434,7 +398,7 @@ class Root:
         before the index existed needs before it can be served over HTTP (every publish, keyset
         change and prune rewrites it since). Returns what it names: ``commit``, ``versions``
         (``[tag, hash]`` pairs), ``latest``, ``keysets`` (names)."""
-        from .meta.commits import refresh_index
+        from ..meta.commits import refresh_index
 
         index = refresh_index(self.store, strict=True)
         return {
@@ -454,7 +418,7 @@ class Root:
         """Check manifest offsets against the tar headers and manifests against the version
         (default ``latest``). Settings are :class:`~shardlake.OffsetsOptions` (``workers``,
         ``executor``, ``progress``), as an object or as keywords."""
-        from .lifecycle.verify import OffsetsOptions, verify_offsets
+        from ..lifecycle.verify import OffsetsOptions, verify_offsets
 
         opts = _build(OffsetsOptions, options, overrides, "verify_offsets", version)
         return verify_offsets(self.store, opts)
@@ -516,6 +480,7 @@ def open(url: StoreLike, **storage_options: Any) -> Root:  # noqa: A001
 
 
 __all__ = [
+    "Keysets",
     "Root",
     "StoreLike",
     "as_store",
@@ -529,7 +494,7 @@ def check_store(
 ) -> StoreReport:
     """Run the named checks against the store at ``url`` (:func:`as_store`); never raises for a
     failed check (see :func:`shardlake.store.check.check_store`)."""
-    from .store.check import check_store as run_checks
+    from ..store.check import check_store as run_checks
 
     store = as_store(url, storage_options, name="check_store(url)")
     return run_checks(store, create_bucket=create_bucket)
