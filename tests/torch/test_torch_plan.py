@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from shardlake.errors import PlanError
-from shardlake.torch import Layout, Leg, PlanParams, Rows, plan_epoch, plan_leg
+from shardlake.torch.plan import plan_epoch, plan_leg
+from shardlake.torch.plan_types import Layout, Leg, PlanParams, Rows
 
 
 def make_rows(counts: list[int], shard_size: int = 50) -> tuple[Rows, np.ndarray]:
