@@ -9,10 +9,12 @@ referenced). Nothing unverified is copied or trusted (docs/format.md, "Integrity
 * metadata (root marker, manifests, keysets, version document) is read through
   :func:`~shardlake.read.verified.read_verified` - checked against its digest, re-read on a
   mismatch, refused if it never checks out - written, and read back from the destination;
-* every shard copy is checked at the destination (size, every payload against the manifest's
-  CRC-32, every tar header against the manifest) and copied again if it is damaged.
+* every shard is checked on its way (every payload against the manifest's CRC-32, every tar
+  header against the manifest, its size) and the destination's upload digests prove it stored
+  the bytes sent (:mod:`~shardlake.lifecycle.shard_copy`); a copy that fails a check is aborted
+  before it is visible and sent again.
 
-Objects already present at the destination and verified are skipped, so a re-run after a
+Objects already present at the destination and verified (read back) are skipped, so a re-run after a
 crash (even ``kill -9``) resumes, and the commit that makes the copy visible comes last.
 """
 
@@ -65,6 +67,7 @@ from .common import (
     run_partition_tasks,
     shards_progress,
 )
+from .shard_copy import copy_shard_verified
 from .verify import check_shard_headers
 
 __all__ = [
@@ -76,7 +79,7 @@ __all__ = [
 
 T = TypeVar("T")
 RowList = list[ShardRow]
-# Copies of one shard before export gives up on it (each copy is verified at the destination).
+# Copies of one shard before export gives up on it (each is checked on its way).
 SHARD_COPIES = 3
 
 
@@ -242,23 +245,21 @@ def _shard_problem(dest: Store, pid: str, shard: ShardEntry, rows: RowList) -> s
 def _export_shard(
     src: Store, dest: Store, pid: str, shard: ShardEntry, rows: RowList, report: ExportReport
 ) -> None:
-    """Copy one shard unless an intact copy is there; verify the copy, re-copying a bad one."""
+    """Copy one shard unless an intact copy is there, checked on its way (a copy that fails a
+    check never becomes visible); a source that fails every copy is refused."""
     key = shard.key
     if _shard_problem(dest, pid, shard, rows) is None:
         report.skipped.append(key)
         return
-    problem: str | None = None
+    problem = None
     for _attempt in range(SHARD_COPIES):
-        src.copy_to(dest, key)
-        problem = _shard_problem(dest, pid, shard, rows)
+        problem = copy_shard_verified(src, dest, pid, shard, rows)
         if problem is None:
             report.copied.append(key)
             report.bytes_copied += shard.size
             return
-    dest.delete(key)  # never leave a bad copy for a resume to trust
-    source_bad = [p for _r, _b, p in check_shard_payloads(src, pid, key, rows, decode=False) if p]
-    where, detail = ("source", str(source_bad[0])) if source_bad else ("copy", str(problem))
-    raise IntegrityError(f"export of {src.key_url(key)} failed verification ({where}): {detail}")
+    dest.delete(key)  # never leave a bad copy (an earlier run's) for a resume to trust
+    raise IntegrityError(f"export of {src.key_url(key)} failed verification (source): {problem}")
 
 
 @options_class

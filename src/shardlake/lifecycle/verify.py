@@ -65,6 +65,7 @@ __all__ = [
     "VerifyOptions",
     "VerifyReport",
     "check_shard_headers",
+    "member_problem",
     "verify_offsets",
     "verify_version",
 ]
@@ -560,13 +561,13 @@ def _header_problems(
         message = f"tar headers unreadable after {plural(len(members), 'member')}: {exc}"
         out.append(Problem(pid, url, None, None, message))
     for row in sorted(rows, key=lambda r: r.member):
-        problem = _member_problem(row, members, raw._size)
+        problem = member_problem(row, members, raw._size)
         if problem is not None:
             out.append(Problem(pid, url, row.key, row.offset, problem))
     return out
 
 
-def _member_problem(
+def member_problem(
     row: ShardRow, members: list[tuple[str, int, int]], shard_size: int
 ) -> str | None:
     """What is wrong with one manifest row against the tar header it names (None: agrees)."""
