@@ -31,13 +31,13 @@ from ..errors import (
 )
 from .backends import Backend, Leftover, is_already_exists, make_backend
 from .classify import Verdict, classify
-from .endpoint import endpoint_id
+from .config import StoreConfig
 from .errors import translate_error
 from .keys import check_key, check_prefix
 from .layers import Request, StoreLayer
 from .probe import prove_create_enforced
 from .ranges import RangeBatch, check_range
-from .retry import RetryLoop, RetryPolicy, has_answered, mark_answered, split_retry_options
+from .retry import RetryLoop, RetryPolicy, has_answered, mark_answered
 from .url import ParsedURL, parse_url, redact
 
 __all__ = ["ObjectInfo", "Store", "open_store"]
@@ -77,10 +77,10 @@ class Store:
         layers: Sequence[StoreLayer] = (),
     ) -> None:
         self._parsed: ParsedURL = parse_url(url)
-        options = dict(storage_options or {})
-        self.retry = (retry or RetryPolicy.from_env()).with_options(options)
-        self._storage_options = split_retry_options(options)
-        self._endpoint = endpoint_id(self.protocol, self._storage_options, self.root)
+        self.config = StoreConfig.parse(self.protocol, storage_options)
+        self.retry = self.config.retry_policy(retry or RetryPolicy.from_env())
+        self._storage_options = self.config.travelling_options()
+        self._endpoint = self.config.endpoint_id(self.root)
         self._layers: tuple[StoreLayer, ...] = tuple(layers)
         self._backend: Backend | None = None
         self._backend_pid = -1
@@ -150,7 +150,9 @@ class Store:
         self.retry = state["retry"]
         self._layers = tuple(state.get("layers", ()))
         self._create_checked = state["create_checked"]
-        self._endpoint = endpoint_id(self.protocol, self._storage_options, self.root)
+        # Parsed again here: the endpoint the client reads from this process's environment.
+        self.config = StoreConfig.parse(self.protocol, self._storage_options)
+        self._endpoint = self.config.endpoint_id(self.root)
         if state.get("answered"):
             mark_answered(self._endpoint)
         self._backend = None
@@ -163,7 +165,7 @@ class Store:
         if self._backend is None or self._backend_pid != pid:
             if self._backend_pid not in (-1, pid):
                 self._lock = threading.Lock()  # forked: the parent's lock may be held forever
-            backend = make_backend(self.protocol, self.root, self._storage_options, self.retry)
+            backend = make_backend(self.config, self.root, self.retry)
             self._backend, self._backend_pid = backend, pid
             return backend
         return self._backend

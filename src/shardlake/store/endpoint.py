@@ -18,9 +18,11 @@ from ..errors import InvalidURLError
 from .url import redact
 
 __all__ = [
+    "Endpoint",
     "check_endpoint",
     "configured_endpoint",
     "endpoint_id",
+    "endpoint_key",
 ]
 
 _S3 = ("s3", "s3a")
@@ -65,26 +67,29 @@ def configured_endpoint(protocol: str, options: Mapping[str, Any]) -> Endpoint |
 
 
 def endpoint_id(protocol: str, options: Mapping[str, Any], root: str = "") -> str:
+    """:func:`endpoint_key` of the endpoint ``options`` (and the environment) configure."""
+    return endpoint_key(protocol, configured_endpoint(protocol, options), root)
+
+
+def endpoint_key(protocol: str, endpoint: Endpoint | None, root: str = "") -> str:
     """Which server a store's requests go to (``scheme://host:port``, or the protocol's default
     endpoint as ``s3:``), so an answer from it can be remembered without its credentials.
     An ``http(s)://`` root is its own endpoint (``root``: host and path)."""
     if protocol in ("http", "https") and root:
         return f"{protocol}://{root.split('/', 1)[0]}"
-    found = configured_endpoint(protocol, options)
-    if found is None:
+    if endpoint is None:
         return f"{protocol}:"
     try:
-        parts = urlsplit(found.url)
+        parts = urlsplit(endpoint.url)
         port = parts.port
     except ValueError:
-        return redact(found.url)  # check_endpoint refuses it before any request
+        return redact(endpoint.url)  # check_endpoint refuses it before any request
     host = parts.hostname or ""
     return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
-def check_endpoint(protocol: str, options: Mapping[str, Any]) -> None:
+def check_endpoint(found: Endpoint | None) -> None:
     """Raise :class:`InvalidURLError` for a custom endpoint no request could reach."""
-    found = configured_endpoint(protocol, options)
     if found is None:
         return
     shown = redact(found.url)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
 import threading
 import time
 import uuid
@@ -154,16 +153,14 @@ def run_create_checks(store: Store, prefix: str = PROBE_PREFIX) -> list[ProbeChe
 
 
 def _store_identity(store: Store) -> dict[str, Any]:
-    """What the record is tied to: the protocol, the root URL and the endpoint it was reached at."""
-    options = store.storage_options
-    endpoint = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get(
-        "endpoint_url"
-    )
-    if endpoint is None and store.protocol == "s3":
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint is None and store.protocol in ("gs", "gcs"):
-        endpoint = options.get("endpoint") or os.environ.get("STORAGE_EMULATOR_HOST")
-    return {"protocol": store.protocol, "url": store.url, "endpoint": endpoint}
+    """What the record is tied to: the protocol, the root URL and the endpoint it was reached at
+    (the store's own, as its client finds it: ``StoreConfig.endpoint``)."""
+    endpoint = store.config.endpoint
+    return {
+        "protocol": store.protocol,
+        "url": store.url,
+        "endpoint": None if endpoint is None else endpoint.url,
+    }
 
 
 def _shardlake_version() -> str:

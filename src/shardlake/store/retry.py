@@ -14,8 +14,8 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -33,9 +33,6 @@ DEFAULT_ATTEMPT_TIMEOUT = 30.0
 # Extra reads of a checksum mismatch before a verdict (3 reads in all).
 DEFAULT_INTEGRITY_REREADS = 2
 
-# Storage options the store consumes itself (never passed to the fsspec filesystem).
-DEADLINE_OPTION = "retry_deadline"
-ATTEMPT_TIMEOUT_OPTION = "retry_attempt_timeout"
 _ENV = {
     "attempts": "SHARDLAKE_RETRY_ATTEMPTS",
     "base_delay": "SHARDLAKE_RETRY_BASE_DELAY",
@@ -101,22 +98,6 @@ class RetryPolicy:
             raise UsageError(f"invalid SHARDLAKE_RETRY_* setting: {exc}") from None
         return cls(**values)
 
-    def with_options(self, options: Mapping[str, Any]) -> RetryPolicy:
-        """This policy with ``retry_deadline`` / ``retry_attempt_timeout`` storage options."""
-        changes: dict[str, Any] = {}
-        for option, field in (
-            (DEADLINE_OPTION, "deadline"),
-            (ATTEMPT_TIMEOUT_OPTION, "attempt_timeout"),
-        ):
-            if option in options:
-                try:
-                    changes[field] = float(options[option])
-                except (TypeError, ValueError):
-                    raise UsageError(
-                        f"storage option {option}={options[option]!r}: expected seconds"
-                    ) from None
-        return replace(self, **changes) if changes else self
-
     @property
     def request_timeout(self) -> float:
         """The timeout handed to the backend's library: ``attempt_timeout``, but never longer
@@ -129,11 +110,6 @@ class RetryPolicy:
 
 
 NO_RETRY = RetryPolicy(attempts=1)
-
-
-def split_retry_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` without the ones the store's retry policy consumes."""
-    return {k: v for k, v in options.items() if k not in (DEADLINE_OPTION, ATTEMPT_TIMEOUT_OPTION)}
 
 
 # A wrong endpoint URL fails fast: while an endpoint has not answered this job, a host DNS does
@@ -303,8 +279,6 @@ def call_with_retry(
 
 
 __all__ = [
-    "ATTEMPT_TIMEOUT_OPTION",
-    "DEADLINE_OPTION",
     "DEFAULT_ATTEMPT_TIMEOUT",
     "DEFAULT_DEADLINE",
     "DEFAULT_INTEGRITY_REREADS",
@@ -316,6 +290,5 @@ __all__ = [
     "has_answered",
     "mark_answered",
     "refused_endpoint",
-    "split_retry_options",
     "unresolved_host",
 ]

@@ -29,22 +29,23 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+from ..endpoint import Endpoint, configured_endpoint
 from ..url import redact
+from .options import READ_CLIENT_OPTION
 
 __all__ = [
     "FSSPEC",
     "FSSPEC_CLIENTS",
     "OBSTORE",
-    "READ_CLIENT_OPTION",
     "ObstoreReads",
     "ReadClientWarning",
     "obstore_config",
     "obstore_config_or_reason",
+    "obstore_config_for",
     "obstore_installed",
     "warn_fallback",
 ]
 
-READ_CLIENT_OPTION = "read_client"
 OBSTORE = "obstore"
 FSSPEC = "fsspec"
 # The fsspec client of each protocol obstore can read, by its own name too ("s3fs" was the only
@@ -107,10 +108,18 @@ def obstore_config(protocol: str, options: dict[str, Any]) -> dict[str, Any] | N
 
 def obstore_config_or_reason(protocol: str, options: dict[str, Any]) -> dict[str, Any] | str:
     """:func:`obstore_config`, or why obstore cannot serve (for the fall-back's warning)."""
+    return obstore_config_for(protocol, options, configured_endpoint(protocol, options))
+
+
+def obstore_config_for(
+    protocol: str, options: dict[str, Any], endpoint: Endpoint | None
+) -> dict[str, Any] | str:
+    """:func:`obstore_config_or_reason` with the store's ``endpoint`` (``StoreConfig``), the
+    one the fsspec client talks to."""
     if protocol in ("s3", "s3a"):
-        return _s3_config(options)
+        return _s3_config(options, endpoint)
     if protocol in ("gs", "gcs"):
-        return _gcs_config(options)
+        return _gcs_config(options, endpoint)
     if protocol in ("az", "abfs", "abfss"):
         return _azure_config(options)
     return f"obstore does not read {protocol}://"
@@ -166,7 +175,7 @@ def _profile_credentials(
     return None
 
 
-def _s3_config(options: dict[str, Any]) -> dict[str, Any] | str:
+def _s3_config(options: dict[str, Any], endpoint: Endpoint | None) -> dict[str, Any] | str:
     """obstore ``S3Store`` keywords from s3fs-style storage options and the environment, as
     botocore reads them (unknown options ignored): the endpoint from ``endpoint_url`` /
     ``client_kwargs`` / ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, the region from
@@ -174,8 +183,6 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any] | str:
     options or ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` (obstore
     reads those itself, and the instance metadata service). Credentials only a profile holds
     (shared credentials file, SSO, a credential process, an assumed role) keep s3fs."""
-    from ..endpoint import configured_endpoint
-
     if options.get("session") is not None or options.get("requester_pays"):
         return "a botocore session or requester-pays bucket is given"
     profile, where = _aws_profile(options)
@@ -190,7 +197,6 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any] | str:
         config["secret_access_key"] = options["secret"]
     if options.get("token"):
         config["session_token"] = options["token"]
-    endpoint = configured_endpoint("s3", options)
     if endpoint is not None:
         config["endpoint"] = endpoint.url
         # obstore lets AWS_ENDPOINT_URL_S3 from the environment win over `endpoint`; botocore
@@ -210,20 +216,17 @@ def _s3_config(options: dict[str, Any]) -> dict[str, Any] | str:
     return config
 
 
-def _gcs_config(options: dict[str, Any]) -> dict[str, Any] | str:
-    """obstore ``GCSStore`` keywords from gcsfs options: an endpoint (``endpoint_url`` or
-    ``STORAGE_EMULATOR_HOST``, as gcsfs reads them) and ``token="anon"`` or a credentials file
+def _gcs_config(options: dict[str, Any], endpoint: Endpoint | None) -> dict[str, Any] | str:
+    """obstore ``GCSStore`` keywords from gcsfs options: the store's endpoint (``endpoint_url``
+    or ``STORAGE_EMULATOR_HOST``, as gcsfs reads them) and ``token="anon"`` or a credentials file
     (given as ``token``, or found where gcsfs's ``google_default`` finds one). With no token and
     no such file, gcsfs tries the metadata server and then anonymous access, which obstore does
     not: that store keeps gcsfs."""
     if options.get("requester_pays") or options.get("user_project"):
         return "a requester-pays bucket is given"
     config: dict[str, Any] = {}
-    endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
-    if endpoint and endpoint != "default":
-        if not str(endpoint).startswith(("http://", "https://")):
-            endpoint = f"http://{endpoint}"  # gcsfs reads a bare host:port so
-        config["base_url"] = str(endpoint).rstrip("/")
+    if endpoint is not None:
+        config["base_url"] = endpoint.url.rstrip("/")
     token = options.get("token")
     if token == "anon":
         config["skip_signature"] = True

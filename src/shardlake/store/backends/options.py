@@ -20,12 +20,22 @@ from typing import Any
 from ...errors import UsageError
 
 __all__ = [
+    "READ_CLIENT_OPTION",
+    "RETRY_ATTEMPT_TIMEOUT_OPTION",
+    "RETRY_DEADLINE_OPTION",
+    "SHARDLAKE_OPTIONS",
     "accepted_options",
     "check_storage_options",
 ]
 
-# Options shardlake consumes itself (store layer), never handed to the filesystem.
-SHARDLAKE_OPTIONS = frozenset({"read_client", "retry_deadline", "retry_attempt_timeout"})
+# shardlake's own storage options, the one list: ``StoreConfig.parse`` takes them out of the
+# options (store/config.py), so the filesystem never sees them.
+READ_CLIENT_OPTION = "read_client"  # which client reads: "obstore", "fsspec" (or its name)
+RETRY_DEADLINE_OPTION = "retry_deadline"  # seconds: RetryPolicy.deadline
+RETRY_ATTEMPT_TIMEOUT_OPTION = "retry_attempt_timeout"  # seconds: RetryPolicy.attempt_timeout
+SHARDLAKE_OPTIONS = frozenset(
+    {READ_CLIENT_OPTION, RETRY_DEADLINE_OPTION, RETRY_ATTEMPT_TIMEOUT_OPTION}
+)
 # fsspec.AbstractFileSystem: its instance cache and listings cache (DirCache) options.
 _BASE_OPTIONS = frozenset(
     {"skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths"}

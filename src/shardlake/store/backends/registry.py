@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ...errors import InvalidURLError, UsageError
 from ..endpoint import check_endpoint
@@ -13,8 +13,11 @@ from .gcs import GCSBackend
 from .http import HTTPBackend, HTTPSBackend
 from .local import LocalBackend
 from .memory import MemoryBackend
-from .options import check_storage_options
+from .options import READ_CLIENT_OPTION, check_storage_options
 from .s3 import S3Backend
+
+if TYPE_CHECKING:
+    from ..config import StoreConfig
 
 __all__ = [
     "check_protocol",
@@ -86,20 +89,16 @@ def check_protocol(protocol: str) -> None:
         )
 
 
-def make_backend(
-    protocol: str, root: str, storage_options: dict[str, Any], policy: RetryPolicy
-) -> Backend:
-    """The backend for ``protocol`` with a filesystem built from ``storage_options``."""
+def make_backend(config: StoreConfig, root: str, policy: RetryPolicy) -> Backend:
+    """The backend for ``config.protocol`` with a filesystem built from its options."""
+    protocol = config.protocol
     check_protocol(protocol)
-    check_endpoint(protocol, storage_options)
-    from . import obstore
-
+    check_endpoint(config.endpoint)
     cls = _BACKENDS.get(protocol, Backend)
+    storage_options = dict(config.fs_options)
     if cls in _BUILTIN:  # a registered backend's make_filesystem may take options of its own
         check_storage_options(protocol, storage_options)
-    storage_options = dict(storage_options)
-    read_client = storage_options.pop(obstore.READ_CLIENT_OPTION, None)
-    fast_config = _fast_read_config(protocol, read_client, storage_options)
+    fast_config = _fast_read_config(config)
     try:
         fs = cls.make_filesystem(protocol, storage_options, policy)
     except ImportError as exc:
@@ -114,6 +113,8 @@ def make_backend(
         ) from None
     backend = cls(fs, root, policy)
     if isinstance(backend, BucketBackend):
+        from . import obstore
+
         if isinstance(fast_config, dict):
             backend.fast_reads = obstore.ObstoreReads(protocol, fast_config, policy.request_timeout)
         elif fast_config is not None:  # said at the first read obstore would have served
@@ -121,41 +122,31 @@ def make_backend(
     return backend
 
 
-def _fast_read_config(
-    protocol: str, read_client: Any, storage_options: dict[str, Any]
-) -> dict[str, Any] | str | None:
-    """obstore's store keywords when reads of ``protocol`` go through obstore; else why not
-    where obstore was the default but cannot serve (a fall-back), or None.
+def _fast_read_config(config: StoreConfig) -> dict[str, Any] | str | None:
+    """obstore's store keywords when reads go through obstore; else why not where obstore was
+    the default but cannot serve (a fall-back), or None.
 
     ``read_client`` unset: obstore where it is installed and the options map onto it (S3, GCS,
     Azure), else the fsspec client. ``"obstore"``: obstore, or a clear error where it cannot
     serve. ``"fsspec"`` (or the protocol's fsspec client by name): the fsspec client."""
     from . import obstore
 
-    fsspec_name = obstore.FSSPEC_CLIENTS.get(protocol)
-    choices = [obstore.OBSTORE, obstore.FSSPEC, *([fsspec_name] if fsspec_name else [])]
-    option = f"storage option {obstore.READ_CLIENT_OPTION}={read_client!r}"
-    if read_client is not None and read_client not in choices:
-        raise UsageError(
-            f"{option} for {protocol}://: use one of {', '.join(map(repr, choices))} "
-            "('obstore' reads s3://, gs:// and az:// stores)"
-        )
-    if read_client not in (None, obstore.OBSTORE) or fsspec_name is None:
-        if read_client == obstore.OBSTORE:
-            raise UsageError(f"{option}: 'obstore' reads s3://, gs:// and az:// stores only")
-        return None
+    read_client, protocol = config.read_client, config.protocol
+    if read_client not in (None, obstore.OBSTORE) or protocol not in obstore.FSSPEC_CLIENTS:
+        return None  # StoreConfig.parse refused "obstore" for a protocol it cannot read
+    option = f"storage option {READ_CLIENT_OPTION}={read_client!r}"
     if not obstore.obstore_installed():
         if read_client == obstore.OBSTORE:
             raise UsageError(
                 f"{option}: the obstore package is not installed (pip install obstore)"
             )
         return None
-    config = obstore.obstore_config_or_reason(protocol, storage_options)
-    if isinstance(config, dict):
-        return config
+    found = obstore.obstore_config_for(protocol, dict(config.fs_options), config.endpoint)
+    if isinstance(found, dict):
+        return found
     if read_client == obstore.OBSTORE:
         raise UsageError(
             f"{option}: obstore cannot sign for {protocol}:// with these storage options "
-            f"(keys: {', '.join(sorted(storage_options))}): {config}; use read_client='fsspec'"
+            f"(keys: {', '.join(sorted(config.fs_options))}): {found}; use read_client='fsspec'"
         )
-    return config
+    return found

@@ -1,0 +1,107 @@
+"""Storage options, parsed once per store: the filesystem's, and shardlake's own.
+
+:meth:`StoreConfig.parse` is the one place storage options are read. shardlake's own options
+(``read_client``, ``retry_deadline``, ``retry_attempt_timeout``; the one list is
+``backends.options.SHARDLAKE_OPTIONS``) are taken out and checked, the rest is handed to the
+fsspec filesystem, and the custom endpoint the protocol's client will use is found (the
+options, then the environment: :func:`endpoint.configured_endpoint`). ``open_store`` parses
+once per store; a pickled store parses again where it lands, in the environment its client
+reads there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..errors import UsageError
+from .backends.obstore import FSSPEC, FSSPEC_CLIENTS, OBSTORE
+from .backends.options import (
+    READ_CLIENT_OPTION,
+    RETRY_ATTEMPT_TIMEOUT_OPTION,
+    RETRY_DEADLINE_OPTION,
+    SHARDLAKE_OPTIONS,
+)
+from .endpoint import Endpoint, configured_endpoint, endpoint_key
+from .retry import RetryPolicy
+
+__all__ = ["StoreConfig"]
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """A store's storage options, parsed: what its filesystem gets, how its requests are
+    retried, which client reads, and the endpoint its client talks to."""
+
+    protocol: str
+    # Handed to the fsspec filesystem (never shardlake's own options); not to be mutated.
+    fs_options: dict[str, Any] = field(default_factory=dict, hash=False)
+    # "obstore", "fsspec" or the protocol's fsspec client by name; None: obstore where it can.
+    read_client: str | None = None
+    retry_deadline: float | None = None  # seconds; None: the policy's own
+    retry_attempt_timeout: float | None = None
+    # The custom endpoint (options, then environment); None: the client's default.
+    endpoint: Endpoint | None = None
+
+    @classmethod
+    def parse(cls, protocol: str, options: Mapping[str, Any] | None) -> StoreConfig:
+        """Split and check ``options`` (the storage options given with a ``protocol`` URL)."""
+        given = dict(options or {})
+        fs_options = {k: v for k, v in given.items() if k not in SHARDLAKE_OPTIONS}
+        return cls(
+            protocol=protocol,
+            fs_options=fs_options,
+            read_client=_read_client(protocol, given.get(READ_CLIENT_OPTION)),
+            retry_deadline=_seconds(given, RETRY_DEADLINE_OPTION),
+            retry_attempt_timeout=_seconds(given, RETRY_ATTEMPT_TIMEOUT_OPTION),
+            endpoint=configured_endpoint(protocol, fs_options),
+        )
+
+    def retry_policy(self, base: RetryPolicy) -> RetryPolicy:
+        """``base`` with this store's ``retry_deadline`` / ``retry_attempt_timeout``."""
+        if self.retry_deadline is not None:
+            base = replace(base, deadline=self.retry_deadline)
+        if self.retry_attempt_timeout is not None:
+            base = replace(base, attempt_timeout=self.retry_attempt_timeout)
+        return base
+
+    def travelling_options(self) -> dict[str, Any]:
+        """The options a copy of the store is opened with (pickled, or a twin): all but the
+        retry settings, which travel as the store's :class:`RetryPolicy`."""
+        out = dict(self.fs_options)
+        if self.read_client is not None:
+            out[READ_CLIENT_OPTION] = self.read_client
+        return out
+
+    def endpoint_id(self, root: str) -> str:
+        """Which server the store's requests go to (:func:`endpoint.endpoint_key`)."""
+        return endpoint_key(self.protocol, self.endpoint, root)
+
+
+def _seconds(options: Mapping[str, Any], name: str) -> float | None:
+    if name not in options:
+        return None
+    try:
+        return float(options[name])
+    except (TypeError, ValueError):
+        raise UsageError(f"storage option {name}={options[name]!r}: expected seconds") from None
+
+
+def _read_client(protocol: str, given: Any) -> str | None:
+    """``read_client`` checked against the clients that can read ``protocol``."""
+    if given is None:
+        return None
+    own = FSSPEC_CLIENTS.get(protocol)
+    choices = [OBSTORE, FSSPEC, *([own] if own else [])]
+    if given not in choices:
+        raise UsageError(
+            f"storage option {READ_CLIENT_OPTION}={given!r} for {protocol}://: use one of "
+            f"{', '.join(map(repr, choices))} ('obstore' reads s3://, gs:// and az:// stores)"
+        )
+    if given == OBSTORE and own is None:
+        raise UsageError(
+            f"storage option {READ_CLIENT_OPTION}={given!r}: 'obstore' reads s3://, gs:// and "
+            "az:// stores only"
+        )
+    return str(given)
