@@ -166,8 +166,8 @@ def build_root(
 ) -> Store:
     """A root with version ``v1`` of ``partitions`` x ``per_partition`` tiny samples
     (``lean``: see :func:`partition`)."""
-    from shardlake.meta.commits import read_state
-    from shardlake.meta.publish import publish_version
+    from shardlake.format.documents import PartitionEntry
+    from shardlake.meta.publish import VersionBody, prepare_publish, publish_version
 
     store = open_store(url, options)
     sample = encoded_sample()
@@ -178,15 +178,15 @@ def build_root(
                 range(partitions),
             )
         )
-    body = {
-        "base": None,
-        "recipe": RECIPE,
-        "partition_rule": {"depth": 1},
-        "source_namespace": "scale",
-        "keep_skipped": False,
-        "partitions": entries,
-    }
-    publish_version(store, "v1", body, read_state(store))
+    body = VersionBody(
+        "v1",
+        None,
+        tuple(PartitionEntry.from_json(e, url) for e in entries),
+        recipe=RECIPE,
+        partition_rule={"depth": 1},
+        source_namespace="scale",
+    )
+    publish_version(store, body, prepare_publish(store, "v1"))
     return store
 
 
@@ -394,8 +394,9 @@ def measure(
     empty_pss: int,
     ranks: tuple[list[int], list[str]] = ([], []),
 ) -> dict[str, Any]:
+    from shardlake.format.documents import PartitionEntry
     from shardlake.meta.commits import read_state
-    from shardlake.meta.publish import publish_version
+    from shardlake.meta.publish import VersionBody, publish_version
     from shardlake.meta.versions import load_version
 
     started = time.perf_counter()
@@ -425,9 +426,9 @@ def measure(
     started = time.perf_counter()
     version = load_version(store, "v1")
     entry = partition(store, "added", per_partition, encoded_sample())
-    stored = [e.to_json() for e in version.entries]
-    body = {**version.header_doc, "base": "v1", "partitions": [*stored, entry]}
-    publish_version(store, "v2", body, read_state(store))
+    parts = [*version.entries, PartitionEntry.from_json(entry, url)]
+    body = VersionBody.successor(version.header_doc, tag="v2", base="v1", partitions=parts)
+    publish_version(store, body, read_state(store))
     row["add_one_s"] = time.perf_counter() - started
     row["add_one_requests"] = counter.total_requests
     row["record_bytes"] = len(store.read(f"versions/v1/{version.hash}.json"))

@@ -27,7 +27,7 @@ from shardlake.format.catalog import (
 )
 from shardlake.meta.catalog import catalog_rows, load_catalog
 from shardlake.meta.commits import read_state
-from shardlake.meta.publish import publish_version
+from shardlake.meta.publish import VersionBody, publish_version
 from shardlake.meta.versions import load_version
 from shardlake.query.sql import select
 from shardlake.read.manifests import read_entry_manifest
@@ -189,8 +189,8 @@ def test_format_1_versions_load_and_get_an_attached_catalog(
     assert got.equals(built.select(got.column_names))
     assert not [k for k in recorder.keys if "manifest" in k]
     # A publish on top of it reuses the attached catalog's segments.
-    body = {"base": "v2", "partitions": [e.to_json() for e in load_version(store, "v2").entries]}
-    v3 = publish_version(store, "v3", body, read_state(store))
+    body = VersionBody("v3", "v2", load_version(store, "v2").entries)
+    v3 = publish_version(store, body, read_state(store))
     assert v3.header.catalog is not None and attached.ref is not None
     assert v3.header.catalog.segments == attached.ref.segments
     assert shardlake.open(str(root)).dataset("v3").version.samples == built.num_rows

@@ -17,13 +17,14 @@ from shardlake.format.layout import partition_id, version_key
 from shardlake.format.manifest import CORE_SCHEMA
 from shardlake.meta.catalog import load_catalog, publish_catalog, rows_by_partition
 from shardlake.meta.commits import commit_state, read_state
-from shardlake.meta.publish import build_version_doc
+from shardlake.meta.publish import VersionBody, build_version_doc
 from shardlake.meta.rootmarker import ensure_root
 from shardlake.meta.state import RootState, hash_bytes
 from shardlake.meta.versions import load_version
 from shardlake.store.layers import RequestCounter
 
-BODY = {"recipe": {"codec": "raw"}, "partition_rule": {"depth": 1}, "keep_skipped": False}
+RECIPE = {"codec": "raw"}
+RULE = {"depth": 1}
 
 
 def _entry(path: str) -> dict[str, Any]:
@@ -65,7 +66,8 @@ def _publish(store: Store, tag: str, entries: list[dict[str, Any]], base: str | 
     fresh = rows_by_partition(_rows([e for e in entries if e["id"] not in known]))
     parts = [PartitionEntry.from_json(e, tag) for e in entries]
     catalog, parts = publish_catalog(store, parts, base_catalog, fresh)
-    data = build_version_doc(tag, {**BODY, "base": base}, parts, catalog)
+    body = VersionBody(tag, base, tuple(parts), recipe=RECIPE, partition_rule=RULE)
+    data = build_version_doc(body, parts, catalog)
     digest = hash_bytes(data)
     store.create(version_key(tag, digest), data)
     new = RootState(state.seq + 1, {**state.versions, tag: digest}, state.retired, tag)

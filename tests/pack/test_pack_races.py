@@ -18,7 +18,7 @@ from support.pack import assert_consistent, make_source, read_all, small_frame
 import shardlake
 from shardlake.errors import ConflictError
 from shardlake.meta.commits import read_state
-from shardlake.meta.publish import publish_version
+from shardlake.meta.publish import VersionBody, publish_version
 from shardlake.meta.versions import load_version
 from shardlake.testing.fixtures import LOOPBACK_KINDS, StoreLocation
 
@@ -82,16 +82,16 @@ def test_racing_latest_updates_exactly_one_wins(
     store = store_location.open()
     v0 = shardlake.open(store).pack(src, tag="v0", executor="inline").record
     base = read_state(store)
-    body = {
-        k: v for k, v in v0.doc.items() if k not in ("format", "format_version", "tag", "samples")
-    }
     barrier = threading.Barrier(6)
     results: dict[str, str] = {}
 
     def publisher(tag: str) -> None:
         barrier.wait()
         try:
-            publish_version(store, tag, body, base)
+            body = VersionBody.successor(
+                v0.header_doc, tag=tag, base=v0.header.base, partitions=v0.entries
+            )
+            publish_version(store, body, base)
             results[tag] = "won"
         except ConflictError as exc:
             results[tag] = f"lost: {exc}"

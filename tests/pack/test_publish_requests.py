@@ -14,7 +14,7 @@ from support.pack import make_source, small_frame
 import shardlake
 from shardlake.errors import ConflictError
 from shardlake.meta.commits import read_state
-from shardlake.meta.publish import publish_version
+from shardlake.meta.publish import VersionBody, publish_version
 from shardlake.meta.state import RootState
 from shardlake.store import Request, open_store
 
@@ -59,7 +59,7 @@ def test_publish_refuses_a_missing_new_object(tmp_path: Path) -> None:
     v1 = shardlake.open(store).pack(src, tag="v1", workers=0).record
     entry = v1.entries[0]
     gone = replace(entry, manifest=entry.manifest.replace("manifest-", "manifest-gone"))
-    body = {"base": "v1", "partitions": [gone.to_json()]}
+    body = VersionBody("v2", "v1", (gone,))
     state: RootState = read_state(store)
     with pytest.raises(ConflictError, match="manifest-gone"):
-        publish_version(store, "v2", body, state)
+        publish_version(store, body, state)

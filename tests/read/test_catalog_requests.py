@@ -13,8 +13,9 @@ from typing import Any
 
 import shardlake
 from shardlake import open_store
+from shardlake.format.documents import PartitionEntry
 from shardlake.meta.commits import read_state
-from shardlake.meta.publish import publish_version
+from shardlake.meta.publish import VersionBody, publish_version
 from shardlake.meta.versions import load_version
 from shardlake.store.layers import RequestCounter
 from shardlake.torch import ShardDataset
@@ -51,9 +52,9 @@ def _requests(url: str) -> dict[str, Any]:
     version = load_version(store, "v1")
     entry = scale.partition(store, "added", 3, scale.encoded_sample())
     _take(counter)
-    stored = [e.to_json() for e in version.entries]
-    body = {**version.header_doc, "base": "v1", "partitions": [*stored, entry]}
-    publish_version(store, "v2", body, read_state(store))
+    parts = [*version.entries, PartitionEntry.from_json(entry, "added")]
+    body = VersionBody.successor(version.header_doc, tag="v2", base="v1", partitions=parts)
+    publish_version(store, body, read_state(store))
     return {"startup": startup, "show": show, "keyset": keyset, "add_one": _take(counter)}
 
 

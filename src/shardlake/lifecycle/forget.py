@@ -46,7 +46,7 @@ from ..meta.commits import commit_state, read_state
 from ..meta.gcwait import commit_beside_gc
 from ..meta.keysets import list_keysets, redact_keyset, reindex_keysets
 from ..meta.leases import Lease
-from ..meta.publish import build_version_doc, store_version_doc
+from ..meta.publish import VersionBody, build_version_doc, store_version_doc
 from ..meta.rootmarker import require_root
 from ..meta.state import RootState, canonical_json, utc_now
 from ..meta.versions import StoredVersion, load_version_by_hash
@@ -161,9 +161,6 @@ class ForgetReport:
         return "\n".join(lines)
 
 
-_COMPUTED = ("format", "format_version", "tag", "samples", "created_at", "partition_count")
-
-
 def _successor(
     store: Store,
     old: StoredVersion,
@@ -202,9 +199,14 @@ def _successor(
         )
     base = load_catalog(store, old, build=False)
     catalog, parts = publish_catalog(store, entries, base, fresh, avoid=dirty)
-    body = {k: v for k, v in old.header_doc.items() if k not in _COMPUTED}
-    body["redacted"] = {"forget": forget_id, "from": old.hash}
-    data = build_version_doc(old.tag, body, parts, catalog)
+    body = VersionBody.successor(
+        old.header_doc,
+        tag=old.tag,
+        base=old.header_doc.get("base"),
+        partitions=parts,
+        redacted={"forget": forget_id, "from": old.hash},
+    )
+    data = build_version_doc(body, parts, catalog)
     new_hash, key = store_version_doc(store, old.tag, data)
     version = StoredVersion.parse(old.tag, new_hash, data, store.key_url(key), store)
     return version, removed, rewritten, written + len(data)

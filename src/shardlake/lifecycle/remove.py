@@ -17,12 +17,13 @@ import pyarrow.compute as pc
 
 from ..errors import SHOW_MAX, AlreadyExistsError, NotFoundError, SelectionError, UsageError
 from ..format.documents import PartitionEntry
-from ..format.layout import DATA_DIR, manifest_key, short_hash
+from ..format.layout import DATA_DIR, check_name, manifest_key, short_hash
 from ..format.manifest import ManifestMeta, write_manifest
 from ..meta.commits import read_state
 from ..meta.gcwait import commit_beside_gc
 from ..meta.leases import Lease
-from ..meta.publish import check_new_tag, publish_version
+from ..meta.publish import VersionBody, check_tag_free, publish_version
+from ..meta.rootmarker import ensure_root
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version
 from ..options import options_class
@@ -37,8 +38,6 @@ __all__ = [
     "RemoveReport",
     "remove",
 ]
-
-_DOC_FIELDS_SET_BY_PUBLISH = ("format", "format_version", "tag", "samples", "created_at")
 
 
 def _new_manifest(
@@ -140,9 +139,13 @@ def remove(store: Store, tag: str, options: RemoveOptions) -> RemoveReport:
             "remove takes exactly one of partitions, keys, key_file and where",
             options=("partitions", "keys", "key_file", "where"),
         )
+    check_name("tag", tag)  # remove's door: the tag's one name check
     state = read_state(store)  # the base of the commit; a racing commit makes the publish fail
-    check_new_tag(state, tag, store)
+    check_tag_free(state, tag, store)
     base_version = load_version(store, base, state)
+    # Once, before any manifest is written: the marker read, create-if-absent proven (after
+    # the base loaded, so a wrong location is refused as no root, not made one).
+    ensure_root(store)
     ds = Dataset(store, base_version)
     entries = {e.id: e for e in base_version.entries}
     dropped_parts: set[str] = set()
@@ -208,61 +211,52 @@ def _publish_without(
     dropped_parts: set[str],
     removed_by_part: dict[str, list[str]],
 ) -> RemoveReport:
-    # gc keeps the manifests this run writes, its version record and catalog objects.
+    """Write the new manifest revisions and publish ``tag`` over ``state``, under a lease: gc
+    keeps the manifests this run writes, its version record and catalog objects."""
     covers = [f"{DATA_DIR}/{pid}/" for pid in removed_by_part] + [f"versions/{tag}/", "catalog/"]
     with Lease(store, "remove", tag=tag, covers=covers):
-        return _write_and_publish(
-            store, state, tag, base_version, entries, dropped_parts, removed_by_part
+        new_entries: list[PartitionEntry] = []
+        samples_removed = 0
+        manifests_written = 0
+        for pid, entry in entries.items():
+            if pid in dropped_parts:
+                samples_removed += entry.samples
+                continue
+            removed = removed_by_part.get(pid)
+            if not removed:
+                new_entries.append(entry)
+                continue
+            table, meta = read_entry_manifest(store, entry)
+            keys = pa.array(removed, pa.string())
+            keep = table.filter(pc.invert(pc.is_in(table.column("key"), value_set=keys)))
+            samples_removed += table.num_rows - keep.num_rows
+            if keep.num_rows == 0:
+                dropped_parts.add(pid)  # every sample removed: the partition goes
+                continue
+            new_entries.append(_new_manifest(store, entry, keep, meta, removed))
+            manifests_written += 1
+        if not new_entries:
+            raise SelectionError(
+                f"removing that would leave version {tag!r} empty; nothing published"
+            )
+        body = VersionBody.successor(
+            base_version.header_doc,
+            tag=tag,
+            base=base_version.tag,
+            partitions=new_entries,
+            derived={
+                "op": "remove",
+                "from": base_version.tag,
+                "partitions_removed": len(dropped_parts),
+                "samples_removed": samples_removed,
+            },
         )
-
-
-def _write_and_publish(
-    store: Store,
-    state: RootState,
-    tag: str,
-    base_version: StoredVersion,
-    entries: dict[str, PartitionEntry],
-    dropped_parts: set[str],
-    removed_by_part: dict[str, list[str]],
-) -> RemoveReport:
-    new_entries: list[PartitionEntry] = []
-    samples_removed = 0
-    manifests_written = 0
-    for pid, entry in entries.items():
-        if pid in dropped_parts:
-            samples_removed += entry.samples
-            continue
-        removed = removed_by_part.get(pid)
-        if not removed:
-            new_entries.append(entry)
-            continue
-        table, meta = read_entry_manifest(store, entry)
-        mask = pc.invert(pc.is_in(table.column("key"), value_set=pa.array(removed, pa.string())))
-        keep = table.filter(mask)
-        samples_removed += table.num_rows - keep.num_rows
-        if keep.num_rows == 0:
-            dropped_parts.add(pid)  # every sample removed: the partition goes
-            continue
-        new_entries.append(_new_manifest(store, entry, keep, meta, removed))
-        manifests_written += 1
-    if not new_entries:
-        raise SelectionError(f"removing that would leave version {tag!r} empty; nothing published")
-
-    body = {k: v for k, v in base_version.doc.items() if k not in _DOC_FIELDS_SET_BY_PUBLISH}
-    body["partitions"] = [e.to_json() for e in new_entries]
-    body["base"] = base_version.tag
-    body["derived"] = {
-        "op": "remove",
-        "from": base_version.tag,
-        "partitions_removed": len(dropped_parts),
-        "samples_removed": samples_removed,
-    }
-    version = commit_beside_gc(
-        store,
-        state,
-        lambda current: publish_version(store, tag, body, current),
-        what="nothing was published by this run - re-run it",
-    )
+        version = commit_beside_gc(
+            store,
+            state,
+            lambda current: publish_version(store, body, current, operation="remove"),
+            what="nothing was published by this run - re-run it",
+        )
     counts = {
         "partitions_removed": len(dropped_parts),
         "samples_removed": samples_removed,

@@ -1,14 +1,25 @@
-"""Publishing a version: its document (create-if-absent), its catalog, then the next commit.
+"""Publishing a version: its catalog, its record (create-if-absent), then the next commit.
 
 A version is *published* when a commit record naming it is created; a commit that lost a race
-leaves the new document unreferenced (garbage for gc).
+leaves the new record unreferenced (garbage for gc).
+
+Every publisher (pack, the writers, remove) states each fact once:
+
+* the tag's name, at the operation's door (``check_name("tag", ...)``), before any request;
+* :func:`prepare_publish`, once before the work: the root (made if new, create-if-absent
+  proven), its state, and the tag free in it (:func:`check_tag_free`: fails fast, one wording
+  for every publisher);
+* :func:`publish_version`, at the commit, against the state the commit builds on: the tag still
+  free and the base still live (a run can take hours), then the commit record created with
+  create-if-absent. That create is the lock: two publishers of one state cannot both win. The
+  fail-fast check only spares the work; the commit's check is the one that holds.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -16,7 +27,7 @@ import pyarrow as pa
 from ..errors import AlreadyExistsError, ConflictError, FormatError, ObjectsGoneError
 from ..format.catalog import CatalogRef
 from ..format.documents import VERSION_SCHEMA, PartitionEntry
-from ..format.layout import DATA_DIR, RECORD_FORMAT_VERSION, check_name, version_key
+from ..format.layout import DATA_DIR, RECORD_FORMAT_VERSION, commit_key, version_key
 from ..format.manifest import entry_mismatches, parse_manifest
 from ..progress.bar import plural
 from ..read.payloads import TRANSPORT
@@ -28,24 +39,105 @@ from .rootmarker import ensure_root
 from .state import RootState, canonical_json, hash_bytes, utc_now
 from .versions import StoredVersion, load_version_by_hash
 
-__all__ = ["build_version_doc", "check_new_tag", "publish_version", "store_version_doc"]
+__all__ = [
+    "VersionBody",
+    "build_version_doc",
+    "check_tag_free",
+    "prepare_publish",
+    "publish_version",
+    "store_version_doc",
+]
 
 
-# Fields of a body that publish computes itself (a body copied from an older record may hold them).
-_COMPUTED_FIELDS = ("partitions", "partition_count", "catalog", "samples", "format")
+# Fields of a stored record that publish computes (never copied into a successor's body).
+_COMPUTED_FIELDS = frozenset(
+    ["format", "format_version", "tag", "partitions", "partition_count", "samples", "catalog"]
+    + ["created_at"]
+)
+# Fields a body states; any other field of a record it succeeds is kept as it was.
+_BODY_FIELDS = frozenset(
+    ["base", "recipe", "partition_rule", "source_namespace", "keep_skipped", "derived"]
+    + ["redacted"]
+)
+
+
+@dataclass(frozen=True)
+class VersionBody:
+    """A new version as its publisher states it; publish adds what it computes (the catalog,
+    partition count, sample total, format and ``created_at``).
+
+    ``derived`` (remove: the version it was made from and what it left out) and ``redacted``
+    (forget: the forget run and the record it replaces) are absent from most records; ``kept``
+    holds the fields of a record it succeeds (:meth:`successor`) that this shardlake does not
+    know, unchanged.
+    """
+
+    tag: str
+    base: str | None
+    partitions: tuple[PartitionEntry, ...]
+    recipe: Mapping[str, Any] = field(default_factory=dict)
+    partition_rule: Mapping[str, Any] = field(default_factory=dict)
+    source_namespace: str | None = None
+    keep_skipped: bool = False
+    derived: Mapping[str, Any] | None = None
+    redacted: Mapping[str, Any] | None = None
+    kept: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def successor(
+        cls,
+        doc: Mapping[str, Any],
+        *,
+        tag: str,
+        base: str | None,
+        partitions: Iterable[PartitionEntry],
+        derived: Mapping[str, Any] | None = None,
+        redacted: Mapping[str, Any] | None = None,
+    ) -> VersionBody:
+        """The body of a version made from the stored record ``doc`` (remove, forget): its
+        recipe, rule, namespace and other fields, with the new tag, base and partitions;
+        ``derived`` / ``redacted`` given replace the record's."""
+        return cls(
+            tag=tag,
+            base=base,
+            partitions=tuple(partitions),
+            recipe=doc.get("recipe", {}),
+            partition_rule=doc.get("partition_rule", {}),
+            source_namespace=doc.get("source_namespace"),
+            keep_skipped=bool(doc.get("keep_skipped", False)),
+            derived=doc.get("derived") if derived is None else derived,
+            redacted=doc.get("redacted") if redacted is None else redacted,
+            kept={k: v for k, v in doc.items() if k not in _COMPUTED_FIELDS | _BODY_FIELDS},
+        )
 
 
 def build_version_doc(
-    tag: str, body: Mapping[str, Any], partitions: Sequence[PartitionEntry], catalog: CatalogRef
+    body: VersionBody, partitions: Sequence[PartitionEntry], catalog: CatalogRef
 ) -> bytes:
     """Serialise a format-2 version record (``body``'s fields, the partition count and sample
-    total of ``partitions``, and the ``catalog`` reference) to its canonical bytes."""
-    doc = {k: v for k, v in body.items() if k not in _COMPUTED_FIELDS}
-    doc.update({"format": VERSION_SCHEMA, "format_version": RECORD_FORMAT_VERSION, "tag": tag})
-    doc["partition_count"] = len(partitions)
-    doc["samples"] = sum(p.samples for p in partitions)
-    doc["catalog"] = catalog.to_json()
-    doc.setdefault("created_at", utc_now())
+    total of ``partitions`` as the catalog placed them, and the ``catalog`` reference) to its
+    canonical bytes."""
+    doc: dict[str, Any] = dict(body.kept)
+    doc.update(
+        base=body.base,
+        recipe=dict(body.recipe),
+        partition_rule=dict(body.partition_rule),
+        source_namespace=body.source_namespace,
+        keep_skipped=body.keep_skipped,
+    )
+    if body.derived is not None:
+        doc["derived"] = dict(body.derived)
+    if body.redacted is not None:
+        doc["redacted"] = dict(body.redacted)
+    doc.update(
+        format=VERSION_SCHEMA,
+        format_version=RECORD_FORMAT_VERSION,
+        tag=body.tag,
+        partition_count=len(partitions),
+        samples=sum(p.samples for p in partitions),
+        catalog=catalog.to_json(),
+        created_at=utc_now(),
+    )
     return canonical_json(doc)
 
 
@@ -64,12 +156,23 @@ def store_version_doc(store: Store, tag: str, data: bytes) -> tuple[str, str]:
     return version_hash, key
 
 
-def check_new_tag(state: RootState, tag: str, store: Store) -> None:
-    check_name("tag", tag)
+def check_tag_free(state: RootState, tag: str, store: Store) -> None:
+    """Fail fast, before the work, when ``tag`` is live or was pruned in ``state`` (the same
+    words for every publisher; the commit checks again, :func:`publish_version`)."""
     if tag in state.versions or tag in state.retired:
         raise ConflictError(
             f"{store.url}: version tag {tag!r} already exists; tags are never reused"
         )
+
+
+def prepare_publish(store: Store, tag: str, *, allow_foreign: bool = False) -> RootState:
+    """What a publishing operation does once, before its work: the root made if new (and its
+    create-if-absent proven, :func:`~shardlake.meta.rootmarker.ensure_root`), its state read,
+    and ``tag`` free in it. The state returned is the one the publish builds on."""
+    ensure_root(store, allow_foreign=allow_foreign)
+    state = read_state(store)
+    check_tag_free(state, tag, store)
+    return state
 
 
 # Above this many new revision directories one listing of data/ is cheaper than one per directory.
@@ -85,13 +188,12 @@ def _referenced(partitions: Iterable[PartitionEntry]) -> set[str]:
     return keys
 
 
-def _base_catalog(store: Store, body: Mapping[str, Any], state: RootState) -> Catalog | None:
-    """The catalog of the live base version ``body`` names (none without one).
+def _base_catalog(store: Store, base_tag: str | None, state: RootState) -> Catalog | None:
+    """The catalog of the live base version ``base_tag`` (none without one).
 
     Reading it costs the base record and its partitions table (segments are read only if a
     merge needs them); a format-1 base without an attached catalog has none to reuse.
     """
-    base_tag = body.get("base")
     if base_tag is None or base_tag not in state.versions:
         return None
     base = load_version_by_hash(store, base_tag, state.versions[base_tag])
@@ -179,31 +281,46 @@ def _agreed_read(store: Store, key: str) -> bytes:
 
 
 def publish_version(
-    store: Store, tag: str, body: Mapping[str, Any], base: RootState
+    store: Store, body: VersionBody, state: RootState, *, operation: str = "publish"
 ) -> StoredVersion:
-    """Publish a version made from ``base`` (the state read before the work began).
+    """Publish ``body`` as the commit after ``state`` (the state read before the work began,
+    or re-read by a caller that retries).
 
-    Order: version document (create-if-absent), then the commit record (create-if-absent). If any
-    other commit landed since ``base`` the publish is refused with :class:`ConflictError` and the
-    new document stays unreferenced (garbage for ``gc``).
+    The commit's facts are checked against ``state``, which is the state the commit builds on:
+    the tag still free, the base still live, no gc holding the root (``operation`` names the
+    run in a refusal). Then, if no later commit exists, the catalog and the version record are
+    written and the commit record is created with create-if-absent, the one lock there is:
+    if another commit landed after ``state`` the publish is refused with
+    :class:`ConflictError` and the new record stays unreferenced (garbage for ``gc``).
+    The caller ran :func:`prepare_publish` once (the root made, create-if-absent proven).
     """
-    ensure_root(store)
-    check_new_tag(base, tag, store)
-    current = read_state(store)
-    if current.seq != base.seq:
+    tag = body.tag
+    if tag in state.versions or tag in state.retired:
         raise ConflictError(
-            f"{store.url}: another writer committed (now at commit {current.seq}, this run started "
-            f"at {base.seq}); nothing was published by this run - re-run it"
+            f"{store.url}: version tag {tag!r} was published by another writer while this "
+            f"{operation} ran; nothing was published by this run"
         )
-    if current.gc_locked():
+    if body.base is not None and body.base not in state.versions:
         raise ConflictError(
-            f"{store.url}: gc is deleting unreferenced objects (commit {current.seq}); nothing "
+            f"{store.url}: base version {body.base!r} was pruned while this {operation} ran; "
+            "nothing was published - re-run (finished revisions are reused)"
+        )
+    if state.gc_locked():
+        raise ConflictError(
+            f"{store.url}: gc is deleting unreferenced objects (commit {state.seq}); nothing "
             "was published by this run - re-run it when gc has finished"
         )
-    base_catalog = _base_catalog(store, body, current)
+    store.ensure_create_enforced()  # proven by prepare_publish; cached: no request
+    # One request instead of reading the state again: a later commit means ``state`` is stale
+    # (spare the catalog and record writes; the create below would refuse anyway).
+    if store.exists(commit_key(state.seq + 1)):
+        raise ConflictError(
+            f"{store.url}: another writer committed (commit {state.seq + 1}) after this run "
+            f"read the root at commit {state.seq}; nothing was published by this run - re-run it"
+        )
+    base_catalog = _base_catalog(store, body.base, state)
     base_parts = base_catalog.entries if base_catalog is not None else []
-    where = f"{store.url}: version {tag!r}"
-    entries = [PartitionEntry.from_json(p, where) for p in body.get("partitions", [])]
+    entries = list(body.partitions)
     missing = _missing_objects(store, entries, base_parts)
     if missing:
         # A writer that reused an unreferenced revision while gc deleted it: refuse rather than
@@ -218,10 +335,10 @@ def publish_version(
     if len(set(ids)) != len(ids):
         raise FormatError(f"{store.url}: version {tag!r} lists a partition twice")
     catalog, parts = publish_catalog(store, parts, base_catalog, fresh)
-    data = build_version_doc(tag, body, parts, catalog)
+    data = build_version_doc(body, parts, catalog)
     version_hash, key = store_version_doc(store, tag, data)
-    versions = dict(base.versions)
+    versions = dict(state.versions)
     versions[tag] = version_hash
-    new = RootState(base.seq + 1, versions, base.retired, tag)
-    commit_state(store, base, new, "publish", {"tag": tag, "version": version_hash})
+    new = RootState(state.seq + 1, versions, state.retired, tag)
+    commit_state(store, state, new, "publish", {"tag": tag, "version": version_hash})
     return StoredVersion.parse(tag, version_hash, data, store.key_url(key), store)

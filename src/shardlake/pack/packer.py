@@ -33,6 +33,7 @@ from ..executors.tasks import (
 )
 from ..format.layout import DATA_DIR
 from ..meta.leases import Lease, gone_error
+from ..meta.publish import VersionBody
 from ..meta.versions import StoredVersion, Version
 from ..progress.bar import Progress, plural
 from ..source.tree import SourcePartition
@@ -171,16 +172,16 @@ def _build_and_publish(
                 store, exc.missing, since_seq=settings.state.seq, lease=lease, what=_NOTHING
             ) from exc
     outcome = _collect(plan, results)
-    base_tag = settings.base_version.tag if settings.base_version is not None else None
-    body = {
-        "base": base_tag,
-        "recipe": settings.recipe.to_json(),
-        "partition_rule": settings.rule.to_json(),
-        "source_namespace": settings.namespace,
-        "keep_skipped": opts.keep_skipped,
-        "partitions": [e.to_json() for e in plan.entries.values()],
-    }
-    version = publish(store, tag, body, settings.state, base_tag, lease)
+    body = VersionBody(
+        tag=tag,
+        base=settings.base_version.tag if settings.base_version is not None else None,
+        partitions=tuple(plan.entries.values()),
+        recipe=settings.recipe.to_json(),
+        partition_rule=settings.rule.to_json(),
+        source_namespace=settings.namespace,
+        keep_skipped=opts.keep_skipped,
+    )
+    version = publish(store, body, settings.state, lease)
     return version, outcome
 
 

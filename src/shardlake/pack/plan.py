@@ -13,9 +13,7 @@ from dataclasses import dataclass, field
 from ..errors import SourceError, UsageError, VersionNotFoundError
 from ..format.documents import PartitionEntry, VersionRecord
 from ..format.layout import check_name
-from ..meta.commits import read_state
-from ..meta.publish import check_new_tag
-from ..meta.rootmarker import ensure_root
+from ..meta.publish import prepare_publish
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion, load_version
 from ..source.pathlists import PathEntry, source_npz_paths
@@ -70,7 +68,8 @@ class PackPlan:
 
 
 def check_options(source: str | os.PathLike[str], tag: str, opts: PackOptions) -> None:
-    """Refuse bad options with one line, before opening anything."""
+    """Refuse bad options with one line, before opening anything (the tag's name: its one
+    check on the pack path)."""
     check_name("tag", tag)
     if opts.shard_size is not None and opts.shard_size < 1:
         raise UsageError("shard_size must be >= 1 byte", options=("shard_size",))
@@ -109,11 +108,11 @@ def check_apart(source: str | os.PathLike[str], store: Store) -> None:
 def resolve_root(
     store: Store, tag: str, base: str | None, *, allow_foreign: bool
 ) -> tuple[RootState, StoredVersion | None]:
-    """What pack and the writer check before writing: the root (made if new), ``tag`` not
-    taken, and ``base`` loaded; ``(state, base version or None)``."""
-    ensure_root(store, allow_foreign=allow_foreign)
-    state = read_state(store)
-    check_new_tag(state, tag, store)
+    """What pack and the writers check once before writing (``tag``'s name was checked at
+    their door): the root (made if new), ``tag`` not taken
+    (:func:`~shardlake.meta.publish.prepare_publish`), and ``base`` loaded; ``(state, base
+    version or None)``."""
+    state = prepare_publish(store, tag, allow_foreign=allow_foreign)
     if base is None:
         return state, None
     try:

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 from ..errors import SourceError, UsageError
 from ..format.documents import PartitionEntry
+from ..format.layout import check_name
 from ..meta.leases import Lease
-from ..meta.publish import check_new_tag
+from ..meta.publish import VersionBody
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion
 from ..options import options_class
@@ -104,7 +105,7 @@ def resolve_write_settings(
         raise UsageError("shard_size must be >= 1 byte", options=("shard_size",))
     if opts.level is not None and not 1 <= opts.level <= 22:
         raise UsageError("the zstd level must be between 1 and 22", options=("level",))
-    check_new_tag(RootState(), tag, store)  # the name, before touching the store
+    check_name("tag", tag)  # the writers' door: the tag's one name check, before any request
     state, base_version = resolve_root(store, tag, base, allow_foreign=opts.allow_foreign)
     base_recipe = Recipe.from_json(base_version.record.recipe) if base_version else Recipe()
     recipe = recipe_over(base_recipe, opts.level, opts.shard_size, opts.seed)
@@ -206,17 +207,17 @@ def publish_written(
     if not entries:
         raise SourceError(f"version {tag!r} would hold no partitions; nothing was published")
     record = base.record if base is not None else None
-    base_tag = base.tag if base is not None else None
-    body = {
-        "base": base_tag,
-        "recipe": settings.recipe.to_json(),
-        "partition_rule": record.partition_rule if record else PARENT_RULE.to_json(),
-        "source_namespace": record.source_namespace if record else None,
-        "keep_skipped": keep_skipped,
-        "partitions": [entries[p].to_json() for p in sorted(entries)],
-    }
+    body = VersionBody(
+        tag=tag,
+        base=base.tag if base is not None else None,
+        partitions=tuple(entries[p] for p in sorted(entries)),
+        recipe=settings.recipe.to_json(),
+        partition_rule=record.partition_rule if record else PARENT_RULE.to_json(),
+        source_namespace=record.source_namespace if record else None,
+        keep_skipped=keep_skipped,
+    )
     operation = lease.op if lease is not None else "writer"  # named in a conflict
-    version = publish(store, tag, body, settings.state, base_tag, lease, operation)
+    version = publish(store, body, settings.state, lease, operation)
     return PackReport(
         version,
         built=built,

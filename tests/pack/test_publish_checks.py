@@ -1,0 +1,113 @@
+"""Every publisher checks each fact once, in the same words: the tag's name, the tag free, the
+root state read once before the work (the commit checks the state it builds on again)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from support.pack import make_source, small_frame
+
+import shardlake
+from shardlake.errors import ConflictError, UsageError
+from shardlake.store import Request
+
+
+class KeyLog:
+    """A store layer counting (operation, key) of every request."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[str, str]] = Counter()
+
+    def __call__(self, request: Request, send: Callable[[], Any]) -> Any:
+        self.calls[(request.op, request.key)] += 1
+        return send()
+
+    def state_reads(self) -> dict[str, int]:
+        """Root marker reads, commit-log listings, commit record reads."""
+        calls = self.calls
+        return {
+            "marker": calls[("read", "shardlake.json")],
+            "list_commits": calls[("list", "commits/")],
+            "read_commits": sum(
+                n for (op, k), n in calls.items() if op == "read" and "commits/" in k
+            ),
+        }
+
+
+def _tar(path: Path) -> Path:
+    """A one-sample WebDataset tar."""
+    with tarfile.open(path, "w") as tar:
+        data = b"3"
+        info = tarfile.TarInfo("000000.cls")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[shardlake.Root, Path, Path]:
+    src = tmp_path / "src"
+    make_source(src, {f"{p}/f{i}": small_frame(i) for p in "ab" for i in range(2)})
+    root = shardlake.open(str(tmp_path / "root"))
+    root.pack(src, tag="v1", executor="inline")
+    return root, src, _tar(tmp_path / "train-000000.tar")
+
+
+def _publishers(root: shardlake.Root, src: Path, tar: Path) -> dict[str, Callable[[str], object]]:
+    def write(tag: str) -> None:
+        with root.writer(tag, base="v1") as w:
+            w.write("a/x", {"x": np.zeros(2, np.float32)})
+
+    return {
+        "pack": lambda tag: root.pack(src, tag=tag, base="v1", executor="inline"),
+        "writer": write,
+        "remove": lambda tag: root.remove(tag, partitions=["a"]),
+        "import-wds": lambda tag: root.import_wds([str(tar)], tag),
+    }
+
+
+def _refusals(
+    publishers: dict[str, Callable[[str], object]], tag: str, error: type[Exception]
+) -> dict[str, str]:
+    texts = {}
+    for name, publish in publishers.items():
+        with pytest.raises(error) as refused:
+            publish(tag)
+        texts[name] = str(refused.value)
+    return texts
+
+
+def test_a_bad_or_taken_tag_is_refused_in_the_same_words_by_every_publisher(setup: Any) -> None:
+    root, src, tar = setup
+    publishers = _publishers(root, src, tar)
+    bad = _refusals(publishers, "no spaces", UsageError)
+    assert len(set(bad.values())) == 1, bad
+    assert "invalid tag 'no spaces'" in bad["pack"]
+    taken = _refusals(publishers, "v1", ConflictError)
+    assert len(set(taken.values())) == 1, taken
+    assert "version tag 'v1' already exists; tags are never reused" in taken["pack"]
+    assert [v.tag for v in root.versions()] == ["v1"]  # nothing was published
+
+
+def test_each_publisher_reads_the_root_state_once(setup: Any) -> None:
+    root, src, tar = setup
+    log = KeyLog()
+    counted = shardlake.open(root.store.with_layers(log))
+    publishers = _publishers(counted, src, tar)
+    seen = {}
+    for i, (name, publish) in enumerate(publishers.items()):
+        log.calls.clear()
+        publish(f"v{i + 2}")
+        seen[name] = log.state_reads()
+        # The commit's one freshness check: does the next commit exist already?
+        assert sum(n for (op, _k), n in log.calls.items() if op == "exists") == 1, name
+    # Once each (before: the marker, the listing and the record twice each for pack and the
+    # writers; the listing and the record twice for remove).
+    assert seen == {name: {"marker": 1, "list_commits": 1, "read_commits": 1} for name in seen}
