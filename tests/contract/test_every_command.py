@@ -313,7 +313,7 @@ def test_import_wds(world: World) -> None:
 
     api_dest = world.fresh("api-wds")
     root = shardlake.open(api_dest, **world.options)
-    report = root.import_wds(tars, "w1", storage_options=world.options)
+    report = root.import_wds(tars, "w1", source_storage_options=world.options)
     assert report.to_json()["samples"] == 6
     assert root.dataset("w1").get("part-1/000002")["ego"].shape == (4, 3)
 

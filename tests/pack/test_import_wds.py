@@ -134,7 +134,7 @@ def test_import_from_a_store_directory_by_key(
         "v1",
         key_prefix="scenes/",
         partition_by="key",
-        storage_options=src.storage_options or None,
+        source_storage_options=src.storage_options or None,
     )
     samples = _expected(shards, lambda s, k: f"scenes/{k}")
     assert report.built == ["scenes"] and report.version.samples == len(samples)

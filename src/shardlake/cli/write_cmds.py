@@ -56,7 +56,7 @@ def cmd_import_wds(args: argparse.Namespace) -> int:
         args.tag,
         **flag_values(args, "key_prefix", "partition_by", "base", "skip_undecoded"),
         options=options,
-        storage_options=parse_storage_options(args.source_storage_options) or None,
+        source_storage_options=parse_storage_options(args.source_storage_options) or None,
         progress=progress_wanted(args),
     )
     return print_report(args, report.to_json(), report.summary())

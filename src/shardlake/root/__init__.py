@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TextIO, TypeVar
 
 from ..errors import UsageError
@@ -19,8 +20,8 @@ from ..meta.commits import read_state
 from ..meta.versions import Version, live_versions, version_of, versions_for
 from ..options import build_options
 from ..query.dataset import Dataset
-from ..store import Store, open_store
-from ..store.url import location
+from ..store import Store
+from .door import HoldsStore, StoreLike, as_store, store_like
 from .keysets import Keysets, deprecated
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ def _writes(
     return checked
 
 
-class Root:
+class Root(HoldsStore):
     """A dataset root: its versions, keysets and the operations that change them.
 
     Get one with :func:`shardlake.open`. Every method reads the root's current state when
@@ -229,16 +230,18 @@ class Root:
         partition_by: str = "shard",
         base: str | None = None,
         options: WriteOptions | None = None,
-        storage_options: dict[str, Any] | None = None,
+        source_storage_options: dict[str, Any] | None = None,
         skip_undecoded: bool = False,
         progress: bool | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> PackReport:
         """Import a WebDataset tar set (brace pattern, list or directory) as version ``tag``.
 
         ``partition_by="shard"`` (default): one partition per tar, ``key_prefix + <tar name>``,
         keys ``<partition>/<webdataset key>``. ``partition_by="key"``: keys are ``key_prefix +
-        <webdataset key>`` and a key's parent path is its partition. ``storage_options`` open the
-        source. Members that are not .npy, .npz, .json or numeric text (images, audio,
+        <webdataset key>`` and a key's parent path is its partition.
+        ``source_storage_options`` open the source tars (``storage_options``, its old name,
+        is deprecated). Members that are not .npy, .npz, .json or numeric text (images, audio,
         captions) are kept bit-exact as ``uint8`` arrays named by their field;
         ``skip_undecoded=True`` leaves them out. ``progress``: MB read on stderr (None: on a
         terminal only).
@@ -246,7 +249,21 @@ class Root:
         from ..pack.wds_import import TAR_SUFFIXES, import_wds, tar_urls
         from ..store.objects import open_objects
 
-        tars = open_objects(tar_urls(source), storage_options, suffixes=TAR_SUFFIXES)
+        if storage_options is not None:
+            if source_storage_options is not None:
+                raise UsageError(
+                    "import_wds: give source_storage_options only (storage_options is its "
+                    "deprecated name)",
+                    options=("source_storage_options",),
+                )
+            warnings.warn(
+                "Root.import_wds(storage_options=) is deprecated: they open the source tars, "
+                "use source_storage_options=",
+                DeprecationWarning,
+                stacklevel=3,  # past _writes
+            )
+            source_storage_options = storage_options
+        tars = open_objects(tar_urls(source), source_storage_options, suffixes=TAR_SUFFIXES)
         return import_wds(
             self.store,
             tars,
@@ -349,7 +366,9 @@ class Root:
         ``executor``, ``progress``), as an object or as keywords. Re-running resumes."""
         from ..lifecycle.export import ExportOptions, export
 
-        target = as_store(dest, dest_storage_options, name="export(dest)")
+        target = as_store(
+            dest, dest_storage_options, name="export(dest)", option="dest_storage_options"
+        )
         opts = build_options(ExportOptions, options, overrides, "export")
         return export(self.store, target, opts)
 
@@ -380,7 +399,9 @@ class Root:
                 options=("source",),
             )
         opts = build_options(VerifyOptions, options, overrides, "verify")
-        source_store = as_store(source, source_storage_options, name="verify(source)")
+        source_store = as_store(
+            source, source_storage_options, name="verify(source)", option="source_storage_options"
+        )
         return verify_version(self.store, source_store, opts)
 
     @_writes
@@ -433,29 +454,6 @@ def _build(
     return build_options(cls, options, overrides, where)
 
 
-StoreLike = str | os.PathLike[str] | Store | Root
-"""What every argument naming another store takes: a URL or path, an opened store or a root."""
-
-
-def as_store(
-    x: StoreLike, storage_options: Mapping[str, Any] | None = None, *, name: str = "url"
-) -> Store:
-    """``x`` as an opened store: the one door through which a URL (with ``storage_options``),
-    an opened :class:`~shardlake.Store` or a :class:`Root` becomes a store (the operations
-    below the facade take no URL). Storage options given with an already-opened store or root
-    are refused: they would be ignored. ``name``: the argument, for messages."""
-    if isinstance(x, Root):
-        x = x.store
-    if isinstance(x, Store):
-        if storage_options:
-            raise UsageError(
-                f"{name}: storage options go with a URL; the opened store {x.url} has its own",
-                options=("storage_options",),
-            )
-        return x
-    return open_store(location(x, name), dict(storage_options) if storage_options else None)
-
-
 def open(url: StoreLike, **storage_options: Any) -> Root:  # noqa: A001
     """Open the dataset root at ``url``.
 
@@ -485,6 +483,7 @@ __all__ = [
     "StoreLike",
     "as_store",
     "check_store",
+    "store_like",
     "open",
 ]
 

@@ -25,8 +25,8 @@ from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
 from ..read.catalog_cache import catalog_cache
 from ..read.forget_caches import drop_forgotten
+from ..root.door import StoreLike, store_like
 from ..store import Store
-from ..store.url import location
 from .batches import INDEX_KEY, VALID_KEY, OutputOptions, SlotBatches
 from .checkpoint import check_state, plain
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, make_sample
@@ -92,7 +92,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
 
     def __init__(
         self,
-        url: str | Store,
+        url: StoreLike,
         version: str | None = None,
         *,
         batch_size: int,
@@ -104,8 +104,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         **overrides: Any,
     ) -> None:
         opts = LoaderOptions.build(options, overrides, where="ShardDataset")
-        if not isinstance(url, Store):
-            location(url, "ShardDataset(url)")  # a blank URL names this argument, not MixMember's
+        # A blank URL, or storage options with an opened store, named as this argument.
+        store_like(url, storage_options, name="ShardDataset(url)")
         source = MixMember(
             url, version, keyset=keyset, where=where, keys=keys, storage_options=storage_options
         )

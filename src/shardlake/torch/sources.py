@@ -14,6 +14,7 @@ import contextlib
 import functools
 import gc
 import hashlib
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -27,8 +28,8 @@ from ..meta.catalog_objects import node_catalog_cache
 from ..query.dataset import Dataset
 from ..query.selection import in_listed_order
 from ..read.catalog_cache import catalog_cache
-from ..store import Store, open_store
-from ..store.url import location
+from ..root.door import HoldsStore, StoreLike, as_store, store_like
+from ..store import Store
 from .heap import trim_heap
 from .reader import RowTable
 from .strings import LazyStrings, StringColumn, key_digest
@@ -92,9 +93,13 @@ class MixMember:
     ``repeat=1``. An epoch takes ``floor(count / size)`` full passes of the source plus a seeded
     random subset (without replacement) for the rest, so repeats are explicit and no sample is
     taken twice more often than the count requires.
+
+    ``url`` is a :data:`~shardlake.StoreLike` (a URL or path opened with ``storage_options``,
+    an opened :class:`~shardlake.Store` or a :class:`~shardlake.Root`; storage options with an
+    opened one are refused), opened through :func:`shardlake.as_store`.
     """
 
-    url: str | Store
+    url: StoreLike
     version: str | None = None  # None: the keyset's own version, else latest
     keyset: str | None = None
     where: str | None = None
@@ -106,8 +111,9 @@ class MixMember:
     storage_options: dict[str, Any] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, Store):
-            location(self.url, f"{type(self).__name__}(url)")  # a blank URL: refused here
+        checked = store_like(self.url, self.storage_options, name=f"{type(self).__name__}(url)")
+        if not isinstance(self.url, str):  # a Root: its store; a path object: its text
+            object.__setattr__(self, "url", checked)
         if sum(x is not None for x in (self.keyset, self.where, self.keys)) > 1:
             raise SelectionError("pass at most one of keyset=, where= and keys=")
         if sum(x is not None for x in (self.weight, self.repeat, self.choose)) > 1:
@@ -121,7 +127,7 @@ class MixMember:
     def label(self) -> str:
         if self.name is not None:
             return self.name
-        url = self.url if isinstance(self.url, str) else self.url.url
+        url = self.url.url if isinstance(self.url, Store | HoldsStore) else os.fspath(self.url)
         return f"{url}@{self.version or (self.keyset and 'keyset ' + self.keyset) or 'latest'}"
 
 
@@ -266,8 +272,8 @@ def select_rows(
 
 
 def _select_rows(source: MixMember, meta_columns: Sequence[str], cached: bool) -> SourceRows:
-    store = source.url if isinstance(source.url, Store) else location(source.url)
-    ds = Dataset.open(open_store(store, source.storage_options), source.version, source.keyset)
+    store = as_store(source.url, source.storage_options, name="MixMember(url)")
+    ds = Dataset.open(store, source.version, source.keyset)
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
     selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
     everything = source.where is None and source.keyset is None and source.keys is None

@@ -5,15 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..store import Store
-from ..store.url import location
+from ..root.door import StoreLike, as_store
 from .dataset import ShardDataset
 
 __all__ = ["train_valid"]
 
 
 def train_valid(
-    url: str | Store,
+    url: StoreLike,
     version: str = "latest",
     *,
     batch_size: int,
@@ -29,10 +28,13 @@ def train_valid(
 
     The validation set is given by ``valid_keyset``/``valid_where``/``valid_keys`` and is not
     shuffled; the training set is ``train_keyset``/``train_where`` or else everything else.
-    The two are checked to be disjoint and to resolve the same version.
+    The two are checked to be disjoint and to resolve the same version. ``url`` is a
+    :data:`~shardlake.StoreLike` opened once through :func:`shardlake.as_store` (with
+    ``storage_options`` among ``options``, for a URL only); both datasets read that store.
     """
+    store = as_store(url, options.pop("storage_options", None), name="train_valid(url)")
     valid = ShardDataset(
-        url,
+        store,
         version,
         batch_size=valid_batch_size or batch_size,
         keyset=valid_keyset,
@@ -43,12 +45,7 @@ def train_valid(
     )
     from ..query.dataset import Dataset
     from ..query.selection import require_disjoint
-    from ..store import open_store
 
-    store = open_store(
-        url if isinstance(url, Store) else location(url, "train_valid(url)"),
-        options.get("storage_options"),
-    )
     version_ds = Dataset.open(store, valid.version_tag)
     valid_sel = version_ds.select(keyset=valid_keyset, where=valid_where, keys=valid_keys)
     train_sel = version_ds.select(keyset=train_keyset, where=train_where)
@@ -57,7 +54,7 @@ def train_valid(
     require_disjoint(train_sel, valid_sel, "train and valid selections")
     chosen: dict[str, Any] = {} if train_sel.keys is None else {"keys": train_sel.keys}
     train = ShardDataset(
-        url,
+        store,
         valid.version_tag,
         batch_size=batch_size,
         keyset=train_keyset,

@@ -209,9 +209,10 @@ def _selection_fields(ds: Any, selection_payload: int) -> dict[str, Any]:
 def _open_store(url: str, storage_options: dict[str, Any] | None, log_path: str | None) -> Any:
     """The root's store; with ``log_path``, every request of every process (DataLoader workers
     too) appends one JSON line there."""
-    from ...store import RequestCounter, open_store
+    from ...root import as_store
+    from ...store import RequestCounter
 
-    store = open_store(url, storage_options)
+    store = as_store(url, storage_options, name="bench load ROOT")
     return store if log_path is None else store.with_layers(RequestCounter(log_path))
 
 

@@ -156,9 +156,9 @@ def bench_pack(
     if calibrate < 1 or workers < 1:
         raise UsageError("--calibrate and --workers must be >= 1")
     if root is not None:  # it packs there: a read-only (HTTP) root is refused before any work
-        from ...store import open_store
+        from ...root import as_store
 
-        open_store(root, storage_options).require_writable("bench pack")
+        as_store(root, storage_options, name="bench pack ROOT").require_writable("bench pack")
     # Read the corpus table first: a bad file should fail before minutes of calibration.
     corpus_sizes = load_partition_sizes(corpus) if corpus is not None else None
     scratch = Path(tempfile.mkdtemp(prefix="shardlake-bench-pack-"))
@@ -310,8 +310,8 @@ def _memory_peaks(mem: MemorySampler) -> dict[str, float]:
 
 
 def _delete_run(run_prefix: str, storage_options: dict[str, Any] | None) -> None:
-    from ...store import open_store
+    from ...root import as_store
 
-    store = open_store(run_prefix, storage_options)
+    store = as_store(run_prefix, storage_options, name="bench pack ROOT")
     for key in store.list(""):
         store.delete(key)
