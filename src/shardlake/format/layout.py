@@ -22,7 +22,6 @@ import hashlib
 import re
 
 from ..errors import UsageError
-from ..store.backends.http import ROOT_INDEX_KEY
 
 __all__ = [
     "COMMITS_DIR",
@@ -61,7 +60,7 @@ FORMAT_VERSION = 1
 RECORD_FORMAT_VERSION = 2
 ROOT_MARKER = "shardlake.json"
 # Rewritten at every commit and keyset change: the one mutable document (docs/format.md, 12).
-ROOT_INDEX = ROOT_INDEX_KEY
+ROOT_INDEX = "index.json"
 DATA_DIR = "data"
 VERSIONS_DIR = "versions"
 COMMITS_DIR = "commits"

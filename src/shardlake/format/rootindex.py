@@ -14,14 +14,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import FormatError
-from ..store.backends.http import INDEX_SCHEMA
+from ..errors import FormatError, UsageError
+from .layout import check_name
 
 __all__ = [
+    "INDEX_SCHEMA",
+    "IndexListing",
     "KeysetRef",
     "RootIndex",
 ]
 
+INDEX_SCHEMA = "shardlake.index/1"
 INDEX_DIGEST = "index_sha256"
 
 
@@ -108,3 +111,41 @@ class RootIndex:
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise FormatError(f"{where}: malformed root index ({exc!r})") from exc
+
+
+@dataclass(frozen=True)
+class IndexListing:
+    """What a reader that cannot list takes from the index in place of listings: the commit it
+    names and the size of each live keyset. Shape-checked only: what is read through it is
+    checked on its own (the index's digest is :meth:`RootIndex.from_bytes`'s check)."""
+
+    commit: int
+    keysets: Mapping[str, int] = field(default_factory=dict)  # name -> parquet size
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> IndexListing:
+        """The listing facts of an index; :class:`ValueError` saying what is wrong."""
+        try:
+            doc = json.loads(data)
+            if not isinstance(doc, dict) or doc.get("format") != INDEX_SCHEMA:
+                raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}")
+            commit = doc["commit"]
+            keysets = doc["keysets"]
+            if not isinstance(commit, int) or commit < 0 or not isinstance(keysets, dict):
+                raise ValueError("commit or keysets malformed")
+            sizes: dict[str, int] = {}
+            for name, ref in keysets.items():
+                if not _is_name(name) or not isinstance(ref, dict):
+                    raise ValueError(f"keyset entry {name!r} malformed")
+                sizes[name] = int(ref.get("size") or 0)
+        except (KeyError, TypeError) as exc:
+            raise ValueError(str(exc)) from None
+        return cls(commit, sizes)
+
+
+def _is_name(name: object) -> bool:
+    try:
+        check_name("keyset", str(name))
+    except UsageError:
+        return False
+    return isinstance(name, str)

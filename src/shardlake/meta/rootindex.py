@@ -3,8 +3,9 @@
 The index (``shardlake.format.rootindex``) is rewritten after every commit and keyset change
 (:func:`write_index`, called by ``meta.commits.commit_state`` and ``meta.keysets``), so a root
 can be served as static files; a reader that can list checks it against the commit log and the
-keysets (:func:`index_problems`, run by ``scrub``). Readers over HTTP take the commit it names
-(and any later one) from ``store.backends.http``.
+keysets (:func:`index_problems`, run by ``scrub``). Readers over HTTP list through it: this
+module installs :class:`IndexListing` as the HTTP backend's listing (``store.backends.http``
+knows nothing of the index but its key; the store layer sits below the format layer).
 """
 
 from __future__ import annotations
@@ -12,22 +13,31 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import FormatError, KeyNotFoundError
-from ..format.layout import KEYSETS_DIR, ROOT_INDEX, keyset_key
-from ..format.rootindex import KeysetRef, RootIndex
+from ..errors import CapabilityError, FormatError, KeyNotFoundError
+from ..format.layout import (
+    COMMITS_DIR,
+    KEYSETS_DIR,
+    ROOT_INDEX,
+    ROOT_MARKER,
+    commit_key,
+    keyset_key,
+)
+from ..format.rootindex import IndexListing, KeysetRef, RootIndex
 from ..store import Store
+from ..store.backends.http import list_roots_with
 
 if TYPE_CHECKING:
     from .state import RootState
 
 __all__ = [
+    "RootIndexListing",
     "check_indexed",
     "index_problems",
     "indexed_keyset",
@@ -203,3 +213,58 @@ def index_problems(store: Store, state: RootState) -> list[str]:
         )
         problems.append(f"{where}: keysets differ from the root's ({', '.join(names[:10])})")
     return [f"{p}; rewrite it with `shardlake index ROOT`" for p in problems]
+
+
+class RootIndexListing:
+    """The listings a reader needs where the store cannot list (HTTP), from the root index:
+    ``commits/`` gives the commit the index names and any later one found by probing the next
+    commit key (commits are never deleted, so a stale index is caught up), ``keysets/`` the
+    keysets the index names. Any other listing cannot be answered (None)."""
+
+    index_key = ROOT_INDEX
+
+    def list(
+        self,
+        prefix: str,
+        read: Callable[[str], bytes],
+        exists: Callable[[str], bool],
+        url: Callable[[str], str],
+    ) -> list[tuple[str, int]] | None:
+        if prefix not in (f"{COMMITS_DIR}/", f"{KEYSETS_DIR}/"):
+            return None
+        index = self._index(read, exists, url)
+        if index is None:
+            return []
+        if prefix == f"{KEYSETS_DIR}/":
+            return [(keyset_key(name), size) for name, size in sorted(index.keysets.items())]
+        seq = index.commit
+        while exists(commit_key(seq + 1)):  # the index may lag the log
+            seq += 1
+        return [] if seq == 0 else [(commit_key(seq), 0)]
+
+    @staticmethod
+    def _index(
+        read: Callable[[str], bytes], exists: Callable[[str], bool], url: Callable[[str], str]
+    ) -> IndexListing | None:
+        """The index's listing facts; None where the location has no root at all."""
+        try:
+            data = read(ROOT_INDEX)
+        except FileNotFoundError:
+            if not exists(ROOT_MARKER):
+                return None  # no root here: readers report "no shardlake root"
+            raise CapabilityError(
+                f"{url('').rstrip('/')} has no {ROOT_INDEX}, which an HTTP reader needs in place "
+                "of a listing (the root was published before it existed): write it with "
+                "Root.write_index() where the root is stored, or re-export it",
+                hint="where the root is stored: shardlake index STORED_ROOT",
+            ) from None
+        try:
+            return IndexListing.from_bytes(data)
+        except ValueError as exc:
+            raise CapabilityError(
+                f"{url(ROOT_INDEX)}: not a shardlake root index ({exc})"
+            ) from None
+
+
+# HTTP roots list through their index (the HTTP backend asks this layer: it sits below it).
+list_roots_with(RootIndexListing())

@@ -31,6 +31,17 @@ class Verdict(enum.Enum):
     AMBIGUOUS = "ambiguous"
 
 
+# S3 error codes meaning the credentials themselves are wrong (not merely lacking permission).
+CREDENTIAL_REJECTED_CODES = frozenset(
+    {
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "ExpiredToken",
+        "InvalidToken",
+        "TokenRefreshRequired",
+    }
+)
+
 # HTTP statuses: the server refused without acting vs. it may have acted before failing.
 _REFUSED_STATUS = {408, 429, 502, 503}
 _MAYBE_ACTED_STATUS = {500, 504}
@@ -286,6 +297,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 __all__ = [
+    "CREDENTIAL_REJECTED_CODES",
     "Verdict",
     "azure_error_code",
     "causes",

@@ -16,17 +16,21 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UsageError
-from .backends.obstore import FSSPEC, FSSPEC_CLIENTS, OBSTORE
+from .backends import obstore
+from .backends.base import Backend, BucketBackend
+from .backends.obstore import FSSPEC, OBSTORE
 from .backends.options import (
     READ_CLIENT_OPTION,
     RETRY_ATTEMPT_TIMEOUT_OPTION,
     RETRY_DEADLINE_OPTION,
     SHARDLAKE_OPTIONS,
+    check_storage_options,
 )
-from .endpoint import Endpoint, configured_endpoint, endpoint_key
+from .backends.registry import backend_class, check_protocol, is_builtin
+from .endpoint import Endpoint, check_endpoint, configured_endpoint, endpoint_key
 from .retry import RetryPolicy
 
-__all__ = ["StoreConfig"]
+__all__ = ["StoreConfig", "make_backend"]
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,7 @@ def _read_client(protocol: str, given: Any) -> str | None:
     """``read_client`` checked against the clients that can read ``protocol``."""
     if given is None:
         return None
-    own = FSSPEC_CLIENTS.get(protocol)
+    own = backend_class(protocol).fsspec_client
     choices = [OBSTORE, FSSPEC, *([own] if own else [])]
     if given not in choices:
         raise UsageError(
@@ -105,3 +109,65 @@ def _read_client(protocol: str, given: Any) -> str | None:
             "az:// stores only"
         )
     return str(given)
+
+
+def make_backend(config: StoreConfig, root: str, policy: RetryPolicy) -> Backend:
+    """The backend of ``config.protocol`` with a filesystem built from its options."""
+    protocol = config.protocol
+    check_protocol(protocol)
+    check_endpoint(config.endpoint)
+    cls = backend_class(protocol)
+    storage_options = dict(config.fs_options)
+    if is_builtin(cls):  # a registered backend's make_filesystem may take options of its own
+        check_storage_options(protocol, storage_options)
+    fast_config = _fast_read_config(config, cls)
+    try:
+        fs = cls.make_filesystem(protocol, storage_options, policy)
+    except ImportError as exc:
+        hint = (
+            f"pip install 'shardlake[{cls.extra}]'" if cls.extra else "install its fsspec package"
+        )
+        raise UsageError(f"store protocol {protocol!r} needs a missing package: {hint}") from exc
+    except TypeError as exc:
+        # An unknown storage option; name it without echoing any values.
+        raise UsageError(
+            f"invalid storage_options for {protocol!r} (keys: {', '.join(sorted(storage_options))}): "
+            f"{exc}"
+        ) from None
+    backend = cls(fs, root, policy)
+    if isinstance(backend, BucketBackend):
+        if isinstance(fast_config, dict):
+            backend.fast_reads = obstore.ObstoreReads(protocol, fast_config, policy.request_timeout)
+        elif fast_config is not None:  # said at the first read obstore would have served
+            reason = fast_config
+            backend.fast_reads_unavailable = lambda: obstore.warn_fallback(protocol, reason)
+    return backend
+
+
+def _fast_read_config(config: StoreConfig, cls: type[Backend]) -> dict[str, Any] | str | None:
+    """obstore's store keywords when reads go through obstore; else why not where obstore was
+    the default but cannot serve (a fall-back), or None.
+
+    ``read_client`` unset: obstore where it is installed and the backend maps the options
+    onto it (S3, GCS, Azure: ``Backend.obstore_config``), else the fsspec client.
+    ``"obstore"``: obstore, or a clear error where it cannot serve. ``"fsspec"`` (or the
+    protocol's fsspec client by name): the fsspec client."""
+    read_client, protocol = config.read_client, config.protocol
+    if read_client not in (None, OBSTORE) or cls.fsspec_client is None:
+        return None  # StoreConfig.parse refused "obstore" for a backend it cannot read
+    option = f"storage option {READ_CLIENT_OPTION}={read_client!r}"
+    if not obstore.obstore_installed():
+        if read_client == OBSTORE:
+            raise UsageError(
+                f"{option}: the obstore package is not installed (pip install obstore)"
+            )
+        return None
+    found = cls.obstore_config(dict(config.fs_options), config.endpoint)
+    if isinstance(found, dict):
+        return found
+    if read_client == OBSTORE:
+        raise UsageError(
+            f"{option}: obstore cannot sign for {protocol}:// with these storage options "
+            f"(keys: {', '.join(sorted(config.fs_options))}): {found}; use read_client='fsspec'"
+        )
+    return found

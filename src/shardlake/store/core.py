@@ -29,9 +29,10 @@ from ..errors import (
     TransientStoreError,
     UsageError,
 )
-from .backends import Backend, Leftover, is_already_exists, make_backend
+from .backends import Backend, Leftover, is_already_exists
+from .backends.registry import WRITABLE_STORES
 from .classify import Verdict, classify
-from .config import StoreConfig
+from .config import StoreConfig, make_backend
 from .errors import translate_error
 from .keys import check_key, check_prefix
 from .layers import Request, StoreLayer
@@ -177,7 +178,7 @@ class Store:
         if reason is not None:
             raise ReadOnlyStoreError(
                 f"{self.url}: the root is {reason}, so {what} cannot run on it; run it where "
-                "the root is stored (a local path, s3://, gs://, az://)"
+                f"the root is stored ({WRITABLE_STORES})"
             )
 
     @property
@@ -217,7 +218,7 @@ class Store:
         for layer in reversed(self._layers):
             send = functools.partial(layer, request, send)
         result = send()
-        if self.protocol not in ("file", "memory"):
+        if backend.networked:
             mark_answered(self._endpoint)  # later refusals are outages, retried in full
         return result
 
@@ -484,24 +485,7 @@ class Store:
             )
 
         def make(backend: Backend) -> bool:
-            fs = backend.fs
-            fs.invalidate_cache()
-            if fs.exists(bucket):
-                return False
-            if self.protocol in ("s3", "s3a"):
-                # Not s3fs's mkdir: it sends LocationConstraint us-east-1, which S3 refuses, and
-                # none for a region set only in the AWS config, which a regional endpoint refuses.
-                region = (getattr(fs, "client_kwargs", None) or {}).get("region_name") or getattr(
-                    getattr(getattr(fs, "s3", None), "meta", None), "region_name", None
-                )
-                params: dict[str, Any] = {"Bucket": bucket}
-                if region and region != "us-east-1":
-                    params["CreateBucketConfiguration"] = {"LocationConstraint": region}
-                fs.call_s3("create_bucket", **params)
-            else:
-                fs.mkdir(bucket)
-            fs.invalidate_cache()
-            return True
+            return backend.make_bucket(bucket)
 
         return self._send("create_bucket", ".", bucket, make)
 

@@ -1,21 +1,22 @@
 """The endpoint a store talks to, found where its client finds it and checked before any request.
 
-A custom endpoint (``endpoint_url``, s3fs' ``client_kwargs.endpoint_url``, ``AWS_ENDPOINT_URL_S3``
-/ ``AWS_ENDPOINT_URL`` for S3, ``STORAGE_EMULATOR_HOST`` for GCS) that can never work fails here,
+A custom endpoint (``endpoint_url``, s3fs' ``client_kwargs.endpoint_url``, or what the backend's
+client reads from the environment: ``Backend.environment_endpoint``) that can never work fails here,
 at once and naming what to fix: no scheme, a scheme other than http(s), no host, or credentials
 in the URL (refused with the secret masked: a client would send them or refuse the request).
 """
 
 from __future__ import annotations
 
-import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import InvalidURLError
-from .url import redact
+from .backends.registry import backend_class
+from .redact import redact
 
 __all__ = [
     "Endpoint",
@@ -25,8 +26,9 @@ __all__ = [
     "endpoint_key",
 ]
 
-_S3 = ("s3", "s3a")
-_GCS = ("gs", "gcs")
+
+# The schemes an endpoint URL may have: its client speaks HTTP to it.
+_ENDPOINT_SCHEME = re.compile(r"https?")
 
 
 @dataclass(frozen=True)
@@ -37,33 +39,20 @@ class Endpoint:
     source: str
 
 
-def _ignore_configured() -> bool:
-    # botocore: AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true drops the environment's endpoints.
-    return os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true"
-
-
 def configured_endpoint(protocol: str, options: Mapping[str, Any]) -> Endpoint | None:
     """The custom endpoint the protocol's client would use, in its order of precedence:
-    the storage options, then the environment (S3: ``AWS_ENDPOINT_URL_S3`` before
-    ``AWS_ENDPOINT_URL``, as botocore; GCS: ``STORAGE_EMULATOR_HOST``, as gcsfs).
-    None: the client's default endpoint."""
+    the storage options, then the environment (``Backend.environment_endpoint``; S3:
+    ``AWS_ENDPOINT_URL_S3`` before ``AWS_ENDPOINT_URL``, as botocore; GCS:
+    ``STORAGE_EMULATOR_HOST``, as gcsfs). None: the client's default endpoint.
+    ``StoreConfig.parse`` asks once per store (``StoreConfig.endpoint``)."""
     given = options.get("endpoint_url")
     if given:
         return Endpoint(str(given), "storage option endpoint_url")
     client = options.get("client_kwargs")
     if isinstance(client, Mapping) and client.get("endpoint_url"):
         return Endpoint(str(client["endpoint_url"]), "storage option client_kwargs.endpoint_url")
-    if protocol in _S3 and not _ignore_configured():
-        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
-            if os.environ.get(name):
-                return Endpoint(os.environ[name], f"environment variable {name}")
-    if protocol in _GCS:
-        host = os.environ.get("STORAGE_EMULATOR_HOST", "")
-        if host and host != "default":
-            # gcsfs reads a bare host:port as http://host:port
-            url = host if "://" in host else f"http://{host}"
-            return Endpoint(url, "environment variable STORAGE_EMULATOR_HOST")
-    return None
+    found = backend_class(protocol).environment_endpoint()
+    return None if found is None else Endpoint(*found)
 
 
 def endpoint_id(protocol: str, options: Mapping[str, Any], root: str = "") -> str:
@@ -74,8 +63,9 @@ def endpoint_id(protocol: str, options: Mapping[str, Any], root: str = "") -> st
 def endpoint_key(protocol: str, endpoint: Endpoint | None, root: str = "") -> str:
     """Which server a store's requests go to (``scheme://host:port``, or the protocol's default
     endpoint as ``s3:``), so an answer from it can be remembered without its credentials.
-    An ``http(s)://`` root is its own endpoint (``root``: host and path)."""
-    if protocol in ("http", "https") and root:
+    Where the URL names the endpoint (``http(s)://``), the root is its own (``root``: host and
+    path)."""
+    if backend_class(protocol).endpoint_in_url and root:
         return f"{protocol}://{root.split('/', 1)[0]}"
     if endpoint is None:
         return f"{protocol}:"
@@ -101,7 +91,7 @@ def check_endpoint(found: Endpoint | None) -> None:
     except ValueError as exc:
         raise InvalidURLError(f"{where} cannot be parsed: {exc}") from None
     scheme = parts.scheme.lower()
-    if scheme not in ("http", "https"):
+    if not _ENDPOINT_SCHEME.fullmatch(scheme):
         raise InvalidURLError(
             f"{where} has scheme {scheme!r}: an endpoint URL starts with http:// or https://"
         )

@@ -21,12 +21,17 @@ from ..errors import (
     StoreError,
     StorePermissionError,
 )
-from .backends import is_already_exists
-from .backends.base import EndpointMismatch
-from .backends.s3 import CREDENTIAL_REJECTED_CODES
-from .classify import azure_error_code, causes, chain, s3_error_code, status_of
-from .credentials import credential_hint
-from .url import redact
+from .backends.base import EndpointMismatch, is_already_exists
+from .backends.registry import backend_class
+from .classify import (
+    CREDENTIAL_REJECTED_CODES,
+    azure_error_code,
+    causes,
+    chain,
+    s3_error_code,
+    status_of,
+)
+from .redact import redact
 
 __all__ = ["translate_error"]
 
@@ -47,7 +52,6 @@ _BAD_CREDENTIALS = ("invalidaccesskeyid", "signaturedoesnotmatch", "expiredtoken
 # permission); Azurite answers a bad shared key with AuthorizationFailure "Server failed to
 # authenticate the request".
 _AZURE_REJECTED_CODES = frozenset({"AuthenticationFailed", "InvalidAuthenticationInfo"})
-_AZURE_PROTOCOLS = frozenset({"az", "abfs", "abfss"})
 
 
 def _is_missing_bucket(exc: BaseException, text: str) -> bool:
@@ -119,10 +123,9 @@ def translate_error(
     lowered = text.lower()
     status = status_of(exc)
     code = s3_error_code(exc)
+    backend = backend_class(protocol or "")
     if any(marker in lowered for marker in _NO_CREDENTIALS):
-        return CredentialsMissingError(
-            f"{where}: credentials missing - {credential_hint(protocol)}"
-        )
+        return CredentialsMissingError(f"{where}: credentials missing - {backend.credential_hint}")
     if (
         code in CREDENTIAL_REJECTED_CODES
         or status == 401
@@ -140,7 +143,7 @@ def translate_error(
     if is_already_exists(exc):
         return AlreadyExistsError(f"{where}: already exists")
     if bucket is not None and (code == "NoSuchBucket" or _is_missing_bucket(exc, text)):
-        noun = "container" if protocol in _AZURE_PROTOCOLS else "bucket"
+        noun = backend.bucket_noun or "bucket"
         scheme = url.split("://", 1)[0]
         return BucketNotFoundError(
             f"{where}: {noun} {bucket!r} does not exist - create it (shardlake.check_store("
@@ -154,7 +157,7 @@ def translate_error(
             f"{where}: access denied to {redact(url)} - the credentials lack permission"
         )
     if isinstance(exc, NotADirectoryError):
-        blocker = _local_file_above(url) if protocol in (None, "file", "local") else None
+        blocker = _local_file_above(url) if protocol is None or backend.local_paths else None
         if blocker is not None:  # e.g. a root or export destination given as an existing file
             return StoreError(f"{where}: {blocker} is a file, not a folder")
         return StoreError(f"{where}: a parent of this key is an object, not a directory")

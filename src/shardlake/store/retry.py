@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 from ..errors import EndpointError, RetriesExhaustedError, UsageError
 from ..progress.bar import plural
 from .classify import Verdict, chain, classify
-from .url import redact
+from .redact import redact
 
 T = TypeVar("T")
 
@@ -147,7 +147,7 @@ def _endpoint_in(exc: BaseException) -> str | None:
     for current in chain(exc):
         host, port = getattr(current, "host", None), getattr(current, "port", None)
         if isinstance(host, str) and isinstance(port, int):
-            return f"{'https' if port == 443 else 'http'}://{host}:{port}"
+            return f"http{'s' if port == 443 else ''}://{host}:{port}"
     return None
 
 

@@ -1,13 +1,14 @@
-"""Parsing and redaction of store URLs."""
+"""Parsing of store URLs (each backend splits its own roots: ``Backend.split_root``)."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from ..errors import InvalidURLError
+from .backends.registry import backend_class, path_protocol
+from .redact import redact
 
 __all__ = [
     "ParsedURL",
@@ -15,20 +16,6 @@ __all__ = [
     "parse_url",
     "redact",
 ]
-
-_SECRET_QUERY = re.compile(r"(?i)(secret|token|key|password|signature|credential)[^=&]*=[^&]*")
-# Userinfo of any URL in the text (a library's message quotes the endpoint URL it used).
-_USERINFO = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s\"'<>]*@")
-
-# Protocols with a bucket as the first path component.
-BUCKET_PROTOCOLS = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss"}
-
-
-def redact(url: str) -> str:
-    """Mask userinfo and secret-looking query parameters of URLs in ``url`` (a URL, or a message
-    quoting some) for messages and reprs."""
-    url = _USERINFO.sub(r"\1***@", url)
-    return _SECRET_QUERY.sub(lambda m: m.group(0).split("=", 1)[0] + "=***", url)
 
 
 @dataclass(frozen=True)
@@ -38,12 +25,7 @@ class ParsedURL:
     protocol: str
     root: str
     url: str  # normalised, redacted form for messages
-
-    @property
-    def bucket(self) -> str | None:
-        if self.protocol in BUCKET_PROTOCOLS:
-            return self.root.split("/", 1)[0]
-        return None
+    bucket: str | None = None  # the first path component where the backend has buckets
 
 
 def parse_url(url: str) -> ParsedURL:
@@ -56,7 +38,7 @@ def parse_url(url: str) -> ParsedURL:
             raise InvalidURLError(
                 f"store path {url!r} is relative: give an absolute path (e.g. {os.path.abspath(url)})"
             )
-        return ParsedURL("file", os.path.normpath(url), os.path.normpath(url))
+        return ParsedURL(path_protocol(), os.path.normpath(url), os.path.normpath(url))
     parts = urlsplit(url)
     protocol = parts.scheme.lower()
     if not protocol:
@@ -71,24 +53,10 @@ def parse_url(url: str) -> ParsedURL:
         raise InvalidURLError(
             f"store URL {redact(url)!r} has a query or fragment: pass options via storage_options"
         )
-    if protocol == "file":
-        if not rest.startswith("/"):
-            raise InvalidURLError(
-                f"store URL {redact(url)!r} is not absolute: write file:///absolute/path"
-            )
-        path = os.path.normpath(rest)
-        return ParsedURL("file", path, f"file://{path}")
-    if protocol == "memory":
-        path = "/" + rest.strip("/")
-        return ParsedURL("memory", path.rstrip("/") or "/", f"memory://{rest.strip('/')}")
-    root = rest.strip("/")
-    if protocol in BUCKET_PROTOCOLS and not root:
-        raise InvalidURLError(
-            f"store URL {redact(url)!r} names no bucket: use {protocol}://BUCKET/PREFIX"
-        )
-    if ".." in root.split("/"):
-        raise InvalidURLError(f"store URL {redact(url)!r} contains a '..' segment")
-    return ParsedURL(protocol, root, f"{protocol}://{root}")
+    cls = backend_class(protocol)
+    root, shown = cls.split_root(protocol, rest, url)
+    bucket = root.split("/", 1)[0] if cls.bucket_noun is not None else None
+    return ParsedURL(protocol, root, shown, bucket)
 
 
 def location(url: str | os.PathLike[str], name: str = "url") -> str:

@@ -6,15 +6,19 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
 from ..classify import azure_error_code, chain
 from ..retry import RetryPolicy
 from .base import BucketBackend
+
+if TYPE_CHECKING:
+    from ..endpoint import Endpoint
 
 __all__ = [
     "AzureBackend",
@@ -53,7 +57,31 @@ class AzureBackend(BucketBackend):
     ``az login``).  ``anon=True`` reads a public container.
     """
 
+    protocols = ("az", "abfs", "abfss")
+    extra = "azure"
+    bucket_noun = "container"
+    credential_hint = (
+        "set AZURE_STORAGE_CONNECTION_STRING, or AZURE_STORAGE_ACCOUNT_NAME with "
+        "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_TOKEN, or sign in for "
+        "DefaultAzureCredential (az login, managed identity, AZURE_CLIENT_ID...), or pass "
+        "connection_string / account_name with account_key, sas_token or credential in "
+        "storage_options"
+    )
+    fsspec_client = "adlfs"
     whole_read_options: Mapping[str, Any] = MappingProxyType({"max_concurrency": 1})
+
+    @classmethod
+    def obstore_config(
+        cls, options: dict[str, Any], endpoint: Endpoint | None
+    ) -> dict[str, Any] | str:
+        # The endpoint is the account's (connection string, account_host), not endpoint_url.
+        return _obstore_config(options)
+
+    @classmethod
+    def obstore_store(cls, bucket: str, config: dict[str, Any], common: dict[str, Any]) -> Any:
+        from obstore.store import AzureStore
+
+        return AzureStore(bucket, **common, **config)
 
     @classmethod
     def make_filesystem(
@@ -69,10 +97,9 @@ class AzureBackend(BucketBackend):
             if "must provide either a connection_string" not in str(exc).lower():
                 raise
             from ...errors import CredentialsMissingError
-            from ..credentials import credential_hint
 
             raise CredentialsMissingError(
-                f"open {protocol}://: credentials missing - {credential_hint(protocol)}"
+                f"open {protocol}://: credentials missing - {cls.credential_hint}"
             ) from None
         _single_try(fs)
         _send_content_md5(fs)
@@ -106,6 +133,55 @@ class AzureBackend(BucketBackend):
                 code = azure_error_code(exc)
                 raise OSError(f"{path}: create refused ({code}), not by an existing blob") from exc
             raise
+
+
+def _connection_string(text: str) -> dict[str, str]:
+    """``Key=Value;...`` pairs of an Azure storage connection string."""
+    pairs = (part.split("=", 1) for part in text.split(";") if "=" in part)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+def _obstore_config(options: dict[str, Any]) -> dict[str, Any] | str:
+    """obstore ``AzureStore`` keywords from adlfs options: a connection string (given or in
+    ``AZURE_STORAGE_CONNECTION_STRING``), an account with a key or SAS token, a service
+    principal, or anonymous access. Other credentials (a credential object, the default
+    credential chain) stay with adlfs."""
+    if options.get("credential") is not None:
+        return "a credential object is given"
+    text = options.get("connection_string")
+    if not text and not options.get("account_name"):
+        text = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
+    parts = _connection_string(text) if text else {}
+    name = parts.get("AccountName") or options.get("account_name")
+    config: dict[str, Any] = {}
+    if parts.get("UseDevelopmentStorage", "").lower() == "true":
+        config["use_emulator"] = True
+    if name:
+        config["account_name"] = name
+    key = parts.get("AccountKey") or options.get("account_key")
+    sas = parts.get("SharedAccessSignature") or options.get("sas_token")
+    principal = [options.get(k) for k in ("client_id", "client_secret", "tenant_id")]
+    if key:
+        config["account_key"] = key
+    elif sas:
+        config["sas_key"] = str(sas).lstrip("?")
+    elif all(principal):
+        config.update(zip(("client_id", "client_secret", "tenant_id"), principal, strict=True))
+    elif options.get("anon"):
+        config["skip_signature"] = True
+    elif not config.get("use_emulator"):
+        return "no key, SAS token or service principal (adlfs uses the default credential chain)"
+    endpoint = parts.get("BlobEndpoint")
+    if not endpoint and options.get("account_host"):
+        endpoint = f"https://{options['account_host']}"
+    if not endpoint and name and parts.get("EndpointSuffix"):
+        scheme = parts.get("DefaultEndpointsProtocol", "https")
+        endpoint = f"{scheme}://{name}.blob.{parts['EndpointSuffix']}"
+    if endpoint:
+        config["endpoint"] = endpoint.rstrip("/")
+    if not name and not config.get("use_emulator"):
+        return "no storage account named"
+    return config
 
 
 def _single_try(fs: Any) -> None:

@@ -12,13 +12,18 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, ClassVar
 
 import fsspec
 
+from ...errors import InvalidURLError
 from ..classify import status_of
 from ..layers import note_read_client
+from ..redact import redact
 from ..retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from ..endpoint import Endpoint
 
 __all__ = [
     "Backend",
@@ -67,8 +72,62 @@ class Backend:
     implementation's ``pipe_file(mode="create")`` does (often check-then-write, not atomic).
     """
 
+    # --- the backend's facts: all the store layer and the registry know of it ---------------
+    # (docs/architecture.md, "Add a backend"). The URL schemes it serves, its name first.
+    protocols: ClassVar[tuple[str, ...]] = ()
+    # The extra that installs its packages: pip install 'shardlake[<extra>]'.
+    extra: ClassVar[str | None] = None
+    # What the first component of a root is ("bucket", "container"); None: a plain path.
+    bucket_noun: ClassVar[str | None] = None
+    # What to set when no credentials are found (environment variables, storage options).
+    credential_hint: ClassVar[str] = "configure the backend's credentials"
+    # Requests cross a network (an endpoint that answered is remembered: store.retry).
+    networked: ClassVar[bool] = True
+    # Roots are paths of this machine's filesystem.
+    local_paths: ClassVar[bool] = False
+    # The URL's host is the endpoint (no endpoint is configured apart from the URL).
+    endpoint_in_url: ClassVar[bool] = False
+    # The fsspec client obstore stands in for on reads (``read_client`` takes its name too);
+    # None: obstore does not read this backend (see :meth:`obstore_config`).
+    fsspec_client: ClassVar[str | None] = None
     # Why the store cannot be written ("read-only over HTTP"), or None where it can.
     read_only: str | None = None
+
+    @classmethod
+    def split_root(cls, protocol: str, rest: str, url: str) -> tuple[str, str]:
+        """``(root, url for messages)`` of a URL ``protocol://rest``; :class:`InvalidURLError`
+        for one that names no root (no bucket where the backend has buckets, a ``..``)."""
+        root = rest.strip("/")
+        if cls.bucket_noun is not None and not root:
+            upper = cls.bucket_noun.upper()
+            raise InvalidURLError(
+                f"store URL {redact(url)!r} names no {cls.bucket_noun}: use "
+                f"{protocol}://{upper}/PREFIX"
+            )
+        if ".." in root.split("/"):
+            raise InvalidURLError(f"store URL {redact(url)!r} contains a '..' segment")
+        return root, f"{protocol}://{root}"
+
+    @classmethod
+    def environment_endpoint(cls) -> tuple[str, str] | None:
+        """``(url, where)``: the custom endpoint the client takes from the environment when the
+        storage options name none (``endpoint_url``, ``client_kwargs.endpoint_url``)."""
+        return None
+
+    @classmethod
+    def obstore_config(
+        cls, options: dict[str, Any], endpoint: Endpoint | None
+    ) -> dict[str, Any] | str:
+        """obstore's store keywords for these fsspec storage ``options`` and the store's
+        ``endpoint``, or why obstore cannot read this store as the fsspec client would."""
+        return f"obstore does not read {cls.protocols[0] if cls.protocols else 'it'}://"
+
+    @classmethod
+    def obstore_store(cls, bucket: str, config: dict[str, Any], common: dict[str, Any]) -> Any:
+        """obstore's store of ``bucket`` (:meth:`obstore_config` keywords, ``common`` client
+        and retry settings); only called where :attr:`fsspec_client` is set."""
+        raise NotImplementedError(f"obstore does not read {cls.__name__} stores")
+
     # Keyword arguments of ``cat_file`` for a whole-object read (per filesystem class).
     whole_read_options: Mapping[str, Any] = MappingProxyType({})
 
@@ -91,6 +150,17 @@ class Backend:
         """The filesystem for ``protocol``; backends of networked stores override this to cap
         their library's own retries and timeouts at ``policy`` (the store retries, not them)."""
         return fsspec.filesystem(protocol, **storage_options)
+
+    def make_bucket(self, bucket: str) -> bool:
+        """Create ``bucket`` (the URL's first component) unless it exists (fsspec ``mkdir``,
+        which s3fs, gcsfs and adlfs implement); True when it was created."""
+        fs = self.fs
+        fs.invalidate_cache()
+        if fs.exists(bucket):
+            return False
+        fs.mkdir(bucket)
+        fs.invalidate_cache()
+        return True
 
     def leftovers(self, prefix_path: str) -> list[Leftover]:
         """Staging left by killed streaming writers under ``prefix_path`` (none by default)."""
@@ -267,9 +337,9 @@ class BucketBackend(Backend):
 
     _bucket_seen = False
     fast_reads: Any = None  # backends.obstore.ObstoreReads, unless read_client="fsspec"
-    # (protocol, why): obstore, the default, cannot serve these reads (options it cannot
-    # sign with); said at the first read it would have served.
-    fast_reads_unavailable: tuple[str, str] | None = None
+    # Says why obstore, the default, cannot serve these reads (options it cannot sign with);
+    # called at the first read it would have served (backends.obstore.warn_fallback).
+    fast_reads_unavailable: Callable[[], None] | None = None
 
     def batches_single_ranges(self) -> bool:
         # The loader's chunks are one coalesced range each: they must reach obstore too (or
@@ -282,14 +352,10 @@ class BucketBackend(Backend):
         fast = self.fast_reads
         if fast is None:
             if self.fast_reads_unavailable is not None:
-                from .obstore import warn_fallback
-
-                warn_fallback(*self.fast_reads_unavailable)
+                self.fast_reads_unavailable()
             return super().read_ranges(paths, starts, ends, views=views)
         if not fast.usable():
-            from .obstore import warn_fallback
-
-            warn_fallback(fast.protocol, _FORKED)
+            fast.warn(_FORKED)
             return super().read_ranges(paths, starts, ends, views=views)
         failed: BaseException | None = None
         try:

@@ -6,7 +6,8 @@ import base64
 import contextlib
 import functools
 import hashlib
-from typing import Any
+import os
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
@@ -14,6 +15,9 @@ from ...errors import TransientStoreError
 from ..classify import causes, http_status
 from ..retry import RetryPolicy
 from .base import BucketBackend
+
+if TYPE_CHECKING:
+    from ..endpoint import Endpoint
 
 __all__ = [
     "GCSBackend",
@@ -27,6 +31,37 @@ class GCSBackend(BucketBackend):
     gcsfs ``open("xb")`` and resumable uploads do not carry the precondition everywhere (the
     fake-gcs-server emulator ignores it), so create always uses a single simple upload.
     """
+
+    protocols = ("gs", "gcs")
+    extra = "gcs"
+    bucket_noun = "bucket"
+    credential_hint = (
+        "set GOOGLE_APPLICATION_CREDENTIALS (or run gcloud auth application-default login), "
+        "or pass token in storage_options"
+    )
+    fsspec_client = "gcsfs"
+
+    @classmethod
+    def environment_endpoint(cls) -> tuple[str, str] | None:
+        host = os.environ.get("STORAGE_EMULATOR_HOST", "")
+        if not host or host == "default":
+            return None
+        # gcsfs reads a bare host:port as http://host:port
+        return (
+            host if "://" in host else f"http://{host}"
+        ), "environment variable STORAGE_EMULATOR_HOST"
+
+    @classmethod
+    def obstore_config(
+        cls, options: dict[str, Any], endpoint: Endpoint | None
+    ) -> dict[str, Any] | str:
+        return _obstore_config(options, endpoint)
+
+    @classmethod
+    def obstore_store(cls, bucket: str, config: dict[str, Any], common: dict[str, Any]) -> Any:
+        from obstore.store import GCSStore
+
+        return GCSStore(bucket, **common, **config)
 
     @classmethod
     def make_filesystem(
@@ -104,6 +139,39 @@ class GCSBackend(BucketBackend):
             f"{path}: GCS stored other bytes than were sent (MD5 {stored}, sent {sent}): damaged "
             "in transit; sending it again"
         )
+
+
+def _obstore_config(options: dict[str, Any], endpoint: Endpoint | None) -> dict[str, Any] | str:
+    """obstore ``GCSStore`` keywords from gcsfs options: the store's endpoint (``endpoint_url``
+    or ``STORAGE_EMULATOR_HOST``, as gcsfs reads them) and ``token="anon"`` or a credentials file
+    (given as ``token``, or found where gcsfs's ``google_default`` finds one). With no token and
+    no such file, gcsfs tries the metadata server and then anonymous access, which obstore does
+    not: that store keeps gcsfs."""
+    if options.get("requester_pays") or options.get("user_project"):
+        return "a requester-pays bucket is given"
+    config: dict[str, Any] = {}
+    if endpoint is not None:
+        config["base_url"] = endpoint.url.rstrip("/")
+    token = options.get("token")
+    if token == "anon":
+        config["skip_signature"] = True
+        return config
+    if token in (None, "google_default"):
+        token = _default_credentials_file()
+    if not isinstance(token, str) or not os.path.isfile(token):
+        # a credentials object, an interactive flow, or none to be found
+        return "no credentials file or token='anon' (gcsfs asks the metadata server)"
+    config["application_credentials"] = token
+    return config
+
+
+def _default_credentials_file() -> str | None:
+    """The application default credentials file, where google.auth looks first."""
+    named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    if named:
+        return named
+    home = os.environ.get("CLOUDSDK_CONFIG") or os.path.expanduser("~/.config/gcloud")
+    return os.path.join(home, "application_default_credentials.json")
 
 
 def refused_create(exc: BaseException) -> bool:

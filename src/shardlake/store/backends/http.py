@@ -1,10 +1,10 @@
 """Plain HTTP(S) roots, read-only: GET and ``Range`` through fsspec's HTTP filesystem.
 
 A static web server, CDN or artifact host can serve a root (``docs/storage.md``, "Serving a
-root over HTTPS"); it cannot list. The two listings a reader needs are answered from the root's
-published index document ``index.json`` (``docs/format.md``, "Root index"): ``commits/`` gives
-the commit the index names and any later one found by probing ``commits/<seq+1>.json`` (commits
-are never deleted, so a stale index is caught up), ``keysets/`` the keysets the index names.
+root over HTTPS"); it cannot list. The listings a reader needs are answered by a
+:class:`RootListing` that the layer knowing the root's layout installs
+(:func:`list_roots_with`; ``meta.rootindex`` answers from the root's index document,
+``docs/format.md``, "Root index"): this backend knows nothing of that document but its key.
 Any other listing, and every write, is refused with one line.
 
 Ranged reads send ``Range``; a server that answers with the whole object (200, not 206) is
@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import re
 import ssl
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, Protocol
 
 import fsspec
 from fsspec.asyn import sync
@@ -32,24 +31,49 @@ from ...errors import CapabilityError, EndpointError, ReadOnlyStoreError, UsageE
 from ..classify import chain
 from ..retry import RetryPolicy
 from .base import Backend, Entry, Leftover, nested_options
+from .registry import WRITABLE_STORES
 
 __all__ = [
-    "INDEX_SCHEMA",
-    "ROOT_INDEX_KEY",
     "HTTPBackend",
     "HTTPSBackend",
     "RangeIgnoredWarning",
+    "RootListing",
+    "list_roots_with",
 ]
 
-# The root index (format layer: shardlake.format.layout.ROOT_INDEX names the same object).
-ROOT_INDEX_KEY = "index.json"
-INDEX_SCHEMA = "shardlake.index/1"
-_ROOT_MARKER = "shardlake.json"
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _CONTENT_RANGE_RE = re.compile(r"^bytes (\d+)-(\d+)/(\d+|\*)$")
 # Ranged GETs of one read_ranges call in flight at once.
 _CONCURRENCY = 16
 _CHUNK = 1 << 20
+
+
+class RootListing(Protocol):
+    """Listings of a root that cannot be listed, from what the root publishes; installed by
+    the layer that knows the root's layout (``meta.rootindex``), never known here."""
+
+    # The document every served root holds: once it was read, a 403 for a key means "absent".
+    index_key: str
+
+    def list(
+        self,
+        prefix: str,
+        read: Callable[[str], bytes],
+        exists: Callable[[str], bool],
+        url: Callable[[str], str],
+    ) -> builtins.list[tuple[str, int]] | None:
+        """``(key, size)`` of the objects under the directory ``prefix`` (``"commits/"``),
+        keys relative to the root; None where that listing cannot be answered. ``read`` and
+        ``exists`` take keys relative to the root (``read`` raises ``FileNotFoundError``),
+        ``url`` names one for messages."""
+
+
+_listing: RootListing | None = None
+
+
+def list_roots_with(listing: RootListing) -> None:
+    """Answer the listings of HTTP roots with ``listing`` (called by ``meta.rootindex``)."""
+    global _listing
+    _listing = listing
 
 
 class RangeIgnoredWarning(UserWarning):
@@ -83,8 +107,12 @@ def _untrusted_certificate(exc: BaseException) -> bool:
 
 
 class HTTPBackend(Backend):
-    """``http://HOST[:PORT]/PATH``: read-only, listing from the root index, ranged GETs."""
+    """``http://HOST[:PORT]/PATH``: read-only, listings from above (:class:`RootListing`), ranged
+    GETs."""
 
+    protocols = ("http",)
+    extra = "http"
+    endpoint_in_url = True
     scheme = "http"
     read_only = "read-only over HTTP"
 
@@ -146,9 +174,9 @@ class HTTPBackend(Backend):
         """Whether a reply of ``status`` for ``path`` means "no such key"."""
         if status == 404:
             return True
-        if status != 403:
+        if status != 403 or _listing is None:
             return False
-        index = self.root.rstrip("/") + "/" + ROOT_INDEX_KEY
+        index = self.root.rstrip("/") + "/" + _listing.index_key
         if not self._served and path != index:
             try:
                 await self._get(index)  # readable: the 403 was for a missing key
@@ -250,76 +278,39 @@ class HTTPBackend(Backend):
                 raise OSError(f"{url}: the server gives no Content-Length")
         return int(length), mtime
 
-    # --- listings from the root index --------------------------------------------------------
+    # --- listings, answered from above (RootListing) ------------------------------------------
 
     def list(self, prefix_path: str) -> list[Entry]:
         base = self.root.rstrip("/") + "/"
         rel = prefix_path[len(base) :] if prefix_path.startswith(base) else prefix_path
-        if rel == "commits/":
-            return self._list_commits(base)
-        if rel == "keysets/":
-            index = self._index(base)
-            if index is None:
-                return []
-            return [
-                (f"{base}keysets/{name}.parquet", int(ref.get("size") or 0), None)
-                for name, ref in sorted(index["keysets"].items())
-            ]
-        raise CapabilityError(
-            f"{self._url(prefix_path)}: listing {rel or 'the root'} is not possible over HTTP "
-            f"(only what {ROOT_INDEX_KEY} names is known); run this command where the root is "
-            "stored (a local path, s3://, gs://, az://)"
-        )
+        listing = _listing
+        found = None
+        if listing is not None:
 
-    def _index(self, base: str) -> dict[str, Any] | None:
-        """The root index, shape-checked (its content digest is the format layer's check);
-        None where the location has no root at all."""
-        url = self._url(base + ROOT_INDEX_KEY)
-        try:
-            data = self.read(base + ROOT_INDEX_KEY)
-        except FileNotFoundError:
-            if not self.exists(base + _ROOT_MARKER):
-                return None  # no root here: readers report "no shardlake root"
+            def read(key: str) -> bytes:
+                data = self.read(base + key)
+                if key == listing.index_key:
+                    self._served = True
+                return data
+
+            found = listing.list(
+                rel, read, lambda key: self.exists(base + key), lambda key: self._url(base + key)
+            )
+        if found is None:
+            known = "what the root publishes" if listing is None else listing.index_key
             raise CapabilityError(
-                f"{self._url(base.rstrip('/'))} has no {ROOT_INDEX_KEY}, which an HTTP reader "
-                "needs in place of a listing (the root was published before it existed): write "
-                "it with Root.write_index() where the root is stored, or re-export it",
-                hint="where the root is stored: shardlake index STORED_ROOT",
-            ) from None
-        try:
-            doc = json.loads(data)
-            if not isinstance(doc, dict) or doc.get("format") != INDEX_SCHEMA:
-                raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}")
-            commit = doc["commit"]
-            keysets = doc["keysets"]
-            if not isinstance(commit, int) or commit < 0 or not isinstance(keysets, dict):
-                raise ValueError("commit or keysets malformed")
-            for name, ref in keysets.items():
-                if not _NAME_RE.match(name) or not isinstance(ref, dict):
-                    raise ValueError(f"keyset entry {name!r} malformed")
-        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
-            raise CapabilityError(f"{url}: not a shardlake root index ({exc})") from None
-        self._served = True
-        return doc
-
-    def _list_commits(self, base: str) -> builtins.list[Entry]:
-        index = self._index(base)
-        if index is None:
-            return []
-        seq = int(index["commit"])
-        # Commits are never deleted: any later one is the next number (the index may lag).
-        while self.exists(f"{base}commits/{seq + 1:012d}.json"):
-            seq += 1
-        if seq == 0:
-            return []
-        return [(f"{base}commits/{seq:012d}.json", 0, None)]
+                f"{self._url(prefix_path)}: listing {rel or 'the root'} is not possible over "
+                f"HTTP (only what {known} names is known); run this command where the root is "
+                f"stored ({WRITABLE_STORES})"
+            )
+        return [(base + key, size, None) for key, size in found]
 
     # --- writes: refused ---------------------------------------------------------------------
 
     def _refuse(self, path: str) -> ReadOnlyStoreError:
         return ReadOnlyStoreError(
             f"{self._url(path)}: the root is read-only over HTTP; write to the store it is "
-            "served from (a local path, s3://, gs://, az://)"
+            f"served from ({WRITABLE_STORES})"
         )
 
     def write(self, path: str, data: bytes) -> None:
@@ -341,5 +332,6 @@ class HTTPBackend(Backend):
 class HTTPSBackend(HTTPBackend):
     """``https://HOST[:PORT]/PATH``: as :class:`HTTPBackend`, over TLS."""
 
+    protocols = ("https",)
     scheme = "https"
     read_only = "read-only over HTTPS"

@@ -11,9 +11,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import BinaryIO
 
-from ...errors import CapabilityError
+from ...errors import CapabilityError, InvalidURLError
 from ..keys import TEMP_PREFIX
 from ..layers import note_read_client
+from ..redact import redact
 from .base import Backend, Entry, Leftover
 
 __all__ = ["LocalBackend"]
@@ -26,6 +27,19 @@ class LocalBackend(Backend):
     its complete bytes.  fsspec's ``pipe_file(mode="create")`` is check-then-write and ``O_EXCL``
     on the final name would expose a partial file, so neither is used.
     """
+
+    protocols = ("file", "local")  # and plain absolute paths (registry.PATH_BACKEND)
+    networked = False
+    local_paths = True
+
+    @classmethod
+    def split_root(cls, protocol: str, rest: str, url: str) -> tuple[str, str]:
+        if not rest.startswith("/"):
+            raise InvalidURLError(
+                f"store URL {redact(url)!r} is not absolute: write {protocol}:///absolute/path"
+            )
+        path = os.path.normpath(rest)
+        return path, f"{protocol}://{path}"
 
     def batches_single_ranges(self) -> bool:
         return True  # read_ranges maps the loader's ranges (views) instead of copying them

@@ -20,7 +20,14 @@ class MemoryBackend(Backend):
     an empty store (a forked one sees a copy as of the fork).
     """
 
+    protocols = ("memory",)
+    networked = False
     _lock = threading.Lock()
+
+    @classmethod
+    def split_root(cls, protocol: str, rest: str, url: str) -> tuple[str, str]:
+        path = "/" + rest.strip("/")
+        return path.rstrip("/") or "/", f"{protocol}://{rest.strip('/')}"
 
     def write(self, path: str, data: bytes) -> None:
         with self._lock:

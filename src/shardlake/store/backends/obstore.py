@@ -29,36 +29,24 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
-from ..endpoint import Endpoint, configured_endpoint
-from ..url import redact
+from ..endpoint import configured_endpoint
+from ..redact import redact
 from .options import READ_CLIENT_OPTION
+from .registry import backend_class
 
 __all__ = [
     "FSSPEC",
-    "FSSPEC_CLIENTS",
     "OBSTORE",
     "ObstoreReads",
     "ReadClientWarning",
     "obstore_config",
     "obstore_config_or_reason",
-    "obstore_config_for",
     "obstore_installed",
     "warn_fallback",
 ]
 
 OBSTORE = "obstore"
 FSSPEC = "fsspec"
-# The fsspec client of each protocol obstore can read, by its own name too ("s3fs" was the only
-# alternative before GCS and Azure reads went through obstore).
-FSSPEC_CLIENTS = {
-    "s3": "s3fs",
-    "s3a": "s3fs",
-    "gs": "gcsfs",
-    "gcs": "gcsfs",
-    "az": "adlfs",
-    "abfs": "adlfs",
-    "abfss": "adlfs",
-}
 _runtime_pid: int | None = None  # the process that started obstore's runtime (fork-inherited)
 
 
@@ -79,7 +67,7 @@ def warn_fallback(protocol: str, reason: str) -> None:
     if _warned_pid == os.getpid():
         return
     _warned_pid = os.getpid()
-    client = FSSPEC_CLIENTS.get(protocol, FSSPEC)
+    client = backend_class(protocol).fsspec_client or FSSPEC
     warnings.warn(
         f"shardlake: reads of {protocol}:// go through {client}, not obstore: {redact(reason)} "
         f"(storage option {READ_CLIENT_OPTION}='{FSSPEC}' chooses {client} without this warning)",
@@ -107,195 +95,13 @@ def obstore_config(protocol: str, options: dict[str, Any]) -> dict[str, Any] | N
 
 
 def obstore_config_or_reason(protocol: str, options: dict[str, Any]) -> dict[str, Any] | str:
-    """:func:`obstore_config`, or why obstore cannot serve (for the fall-back's warning)."""
-    return obstore_config_for(protocol, options, configured_endpoint(protocol, options))
-
-
-def obstore_config_for(
-    protocol: str, options: dict[str, Any], endpoint: Endpoint | None
-) -> dict[str, Any] | str:
-    """:func:`obstore_config_or_reason` with the store's ``endpoint`` (``StoreConfig``), the
-    one the fsspec client talks to."""
-    if protocol in ("s3", "s3a"):
-        return _s3_config(options, endpoint)
-    if protocol in ("gs", "gcs"):
-        return _gcs_config(options, endpoint)
-    if protocol in ("az", "abfs", "abfss"):
-        return _azure_config(options)
-    return f"obstore does not read {protocol}://"
-
-
-# Settings of an AWS profile that give credentials (obstore reads none of these files).
-_PROFILE_CREDENTIALS = (
-    "aws_access_key_id",
-    "credential_process",
-    "sso_session",
-    "sso_start_url",
-    "role_arn",
-    "source_profile",
-    "web_identity_token_file",
-)
-
-
-def _aws_profile(options: dict[str, Any]) -> tuple[dict[str, str], str]:
-    """The settings of the AWS profile botocore would use (shared credentials file, then
-    config file) and where they were read."""
-    import configparser
-
-    name = str(options.get("profile") or os.environ.get("AWS_PROFILE") or "default")
-    found: dict[str, str] = {}
-    where = ""
-    files = (
-        ("AWS_CONFIG_FILE", "~/.aws/config", name if name == "default" else f"profile {name}"),
-        ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials", name),
-    )
-    for variable, default, section in files:
-        path = os.path.expanduser(os.environ.get(variable) or default)
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(path)
-        except (configparser.Error, OSError, UnicodeDecodeError):
-            continue
-        if parser.has_section(section):
-            found.update(parser.items(section))
-            where = path
-    return found, where
-
-
-def _profile_credentials(
-    options: dict[str, Any], profile: dict[str, str], where: str
-) -> str | None:
-    """Why botocore would sign with credentials obstore cannot read, or None."""
-    if options.get("key") or options.get("anon") or options.get("token"):
-        return None
-    if os.environ.get("AWS_ACCESS_KEY_ID") and not options.get("profile"):
-        return None  # botocore takes the environment's key before any profile
-    if any(profile.get(setting) for setting in _PROFILE_CREDENTIALS):
-        return f"credentials come from an AWS profile ({where}), which obstore cannot read"
-    return None
-
-
-def _s3_config(options: dict[str, Any], endpoint: Endpoint | None) -> dict[str, Any] | str:
-    """obstore ``S3Store`` keywords from s3fs-style storage options and the environment, as
-    botocore reads them (unknown options ignored): the endpoint from ``endpoint_url`` /
-    ``client_kwargs`` / ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, the region from
-    ``client_kwargs`` / ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile, the key from the
-    options or ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` (obstore
-    reads those itself, and the instance metadata service). Credentials only a profile holds
-    (shared credentials file, SSO, a credential process, an assumed role) keep s3fs."""
-    if options.get("session") is not None or options.get("requester_pays"):
-        return "a botocore session or requester-pays bucket is given"
-    profile, where = _aws_profile(options)
-    reason = _profile_credentials(options, profile, where)
-    if reason is not None:
-        return reason
-    client = options.get("client_kwargs") or {}
-    config: dict[str, Any] = {}
-    if options.get("key"):
-        config["access_key_id"] = options["key"]
-    if options.get("secret"):
-        config["secret_access_key"] = options["secret"]
-    if options.get("token"):
-        config["session_token"] = options["token"]
-    if endpoint is not None:
-        config["endpoint"] = endpoint.url
-        # obstore lets AWS_ENDPOINT_URL_S3 from the environment win over `endpoint`; botocore
-        # (s3fs) lets the given endpoint win. Given as the service-specific key, it wins here too.
-        config["aws_endpoint_url_s3"] = endpoint.url
-    region = (
-        client.get("region_name")
-        or options.get("region_name")
-        or os.environ.get("AWS_DEFAULT_REGION")
-        or os.environ.get("AWS_REGION")
-        or profile.get("region")
-    )
-    if region:
-        config["region"] = region
-    if options.get("anon"):
-        config["skip_signature"] = True
-    return config
-
-
-def _gcs_config(options: dict[str, Any], endpoint: Endpoint | None) -> dict[str, Any] | str:
-    """obstore ``GCSStore`` keywords from gcsfs options: the store's endpoint (``endpoint_url``
-    or ``STORAGE_EMULATOR_HOST``, as gcsfs reads them) and ``token="anon"`` or a credentials file
-    (given as ``token``, or found where gcsfs's ``google_default`` finds one). With no token and
-    no such file, gcsfs tries the metadata server and then anonymous access, which obstore does
-    not: that store keeps gcsfs."""
-    if options.get("requester_pays") or options.get("user_project"):
-        return "a requester-pays bucket is given"
-    config: dict[str, Any] = {}
-    if endpoint is not None:
-        config["base_url"] = endpoint.url.rstrip("/")
-    token = options.get("token")
-    if token == "anon":
-        config["skip_signature"] = True
-        return config
-    if token in (None, "google_default"):
-        token = _default_credentials_file()
-    if not isinstance(token, str) or not os.path.isfile(token):
-        # a credentials object, an interactive flow, or none to be found
-        return "no credentials file or token='anon' (gcsfs asks the metadata server)"
-    config["application_credentials"] = token
-    return config
-
-
-def _default_credentials_file() -> str | None:
-    """The application default credentials file, where google.auth looks first."""
-    named = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    if named:
-        return named
-    home = os.environ.get("CLOUDSDK_CONFIG") or os.path.expanduser("~/.config/gcloud")
-    return os.path.join(home, "application_default_credentials.json")
-
-
-def _connection_string(text: str) -> dict[str, str]:
-    """``Key=Value;...`` pairs of an Azure storage connection string."""
-    pairs = (part.split("=", 1) for part in text.split(";") if "=" in part)
-    return {key.strip(): value.strip() for key, value in pairs}
-
-
-def _azure_config(options: dict[str, Any]) -> dict[str, Any] | str:
-    """obstore ``AzureStore`` keywords from adlfs options: a connection string (given or in
-    ``AZURE_STORAGE_CONNECTION_STRING``), an account with a key or SAS token, a service
-    principal, or anonymous access. Other credentials (a credential object, the default
-    credential chain) stay with adlfs."""
-    if options.get("credential") is not None:
-        return "a credential object is given"
-    text = options.get("connection_string")
-    if not text and not options.get("account_name"):
-        text = os.environ.get("AZURE_STORAGE_CONNECTION_STRING")
-    parts = _connection_string(text) if text else {}
-    name = parts.get("AccountName") or options.get("account_name")
-    config: dict[str, Any] = {}
-    if parts.get("UseDevelopmentStorage", "").lower() == "true":
-        config["use_emulator"] = True
-    if name:
-        config["account_name"] = name
-    key = parts.get("AccountKey") or options.get("account_key")
-    sas = parts.get("SharedAccessSignature") or options.get("sas_token")
-    principal = [options.get(k) for k in ("client_id", "client_secret", "tenant_id")]
-    if key:
-        config["account_key"] = key
-    elif sas:
-        config["sas_key"] = str(sas).lstrip("?")
-    elif all(principal):
-        config.update(zip(("client_id", "client_secret", "tenant_id"), principal, strict=True))
-    elif options.get("anon"):
-        config["skip_signature"] = True
-    elif not config.get("use_emulator"):
-        return "no key, SAS token or service principal (adlfs uses the default credential chain)"
-    endpoint = parts.get("BlobEndpoint")
-    if not endpoint and options.get("account_host"):
-        endpoint = f"https://{options['account_host']}"
-    if not endpoint and name and parts.get("EndpointSuffix"):
-        scheme = parts.get("DefaultEndpointsProtocol", "https")
-        endpoint = f"{scheme}://{name}.blob.{parts['EndpointSuffix']}"
-    if endpoint:
-        config["endpoint"] = endpoint.rstrip("/")
-    if not name and not config.get("use_emulator"):
-        return "no storage account named"
-    return config
+    """:func:`obstore_config`, or why obstore cannot serve (for the fall-back's warning); the
+    backend of ``protocol`` says (``Backend.obstore_config``), with the endpoint its fsspec
+    client uses."""
+    cls = backend_class(protocol)
+    if cls.fsspec_client is None:
+        return f"obstore does not read {protocol}://"
+    return cls.obstore_config(options, configured_endpoint(protocol, options))
 
 
 class ObstoreReads:
@@ -331,6 +137,10 @@ class ObstoreReads:
             first_line = (str(exc).splitlines() or [""])[0]
             warn_fallback(self._protocol, f"obstore failed: {type(exc).__name__}: {first_line}")
 
+    def warn(self, reason: str) -> None:
+        """Say (once per process) why this read falls back to the fsspec client."""
+        warn_fallback(self._protocol, reason)
+
     @staticmethod
     def usable() -> bool:
         """False in a process forked after its parent started obstore's runtime."""
@@ -347,8 +157,6 @@ class ObstoreReads:
             return found
 
     def _make_store(self, bucket: str) -> Any:
-        from obstore.store import AzureStore, GCSStore, S3Store
-
         config = self._config
         endpoint = str(config.get("endpoint") or config.get("base_url") or "")
         timeout = timedelta(seconds=self._attempt_timeout)
@@ -358,11 +166,7 @@ class ObstoreReads:
         # One try: a failed read falls back to fsspec, which the store's policy retries
         # (obstore's own 10 retries over 3 minutes would run past the deadline).
         common: dict[str, Any] = {"client_options": options, "retry_config": {"max_retries": 0}}
-        if self._protocol in ("gs", "gcs"):
-            return GCSStore(bucket, **common, **config)
-        if self._protocol in ("az", "abfs", "abfss"):
-            return AzureStore(bucket, **common, **config)
-        return S3Store(bucket, **common, **config)
+        return backend_class(self._protocol).obstore_store(bucket, config, common)
 
     def read_ranges(
         self, paths: list[str], starts: list[int], ends: list[int], *, views: bool = False

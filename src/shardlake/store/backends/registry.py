@@ -1,59 +1,89 @@
-"""Which backend serves which protocol, and :func:`register_backend` for a user's own."""
+"""Which backend serves which protocol, and :func:`register_backend` for a user's own.
+
+The shipped backends are listed as ``"module:Class"`` strings and imported on first use, as
+fsspec's ``known_implementations``; each class declares its own facts (``Backend.protocols``,
+its install extra, bucket rule, credential hint, endpoint and obstore configuration), and the
+protocol table is built from them. A new backend is its own module here plus one line in
+:data:`BUILTIN_BACKENDS` (docs/architecture.md, "Add a backend").
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import functools
+import importlib
+import threading
 
 from ...errors import InvalidURLError, UsageError
-from ..endpoint import check_endpoint
-from ..retry import RetryPolicy
-from .azure import AzureBackend
-from .base import Backend, BucketBackend
-from .gcs import GCSBackend
-from .http import HTTPBackend, HTTPSBackend
-from .local import LocalBackend
-from .memory import MemoryBackend
-from .options import READ_CLIENT_OPTION, check_storage_options
-from .s3 import S3Backend
-
-if TYPE_CHECKING:
-    from ..config import StoreConfig
+from .base import Backend
 
 __all__ = [
+    "BUILTIN_BACKENDS",
+    "WRITABLE_STORES",
+    "backend_class",
+    "builtin_backends",
     "check_protocol",
-    "make_backend",
+    "is_builtin",
+    "path_protocol",
     "register_backend",
 ]
 
-_BACKENDS: dict[str, type[Backend]] = {
-    "file": LocalBackend,
-    "local": LocalBackend,
-    "memory": MemoryBackend,
-    "s3": S3Backend,
-    "s3a": S3Backend,
-    "gs": GCSBackend,
-    "gcs": GCSBackend,
-    "az": AzureBackend,
-    "abfs": AzureBackend,
-    "abfss": AzureBackend,
-    "http": HTTPBackend,
-    "https": HTTPSBackend,
-}
+# The backends shipped with shardlake, "module:Class" in this package; the first serves plain
+# absolute paths (its first protocol).
+BUILTIN_BACKENDS = (
+    "local:LocalBackend",
+    "memory:MemoryBackend",
+    "s3:S3Backend",
+    "gcs:GCSBackend",
+    "azure:AzureBackend",
+    "http:HTTPBackend",
+    "http:HTTPSBackend",
+)
+# Where a root is stored and written (for messages refusing a write elsewhere).
+WRITABLE_STORES = "a local path, s3://, gs://, az://"
 
-_EXTRAS = {
-    "s3": "s3",
-    "s3a": "s3",
-    "gs": "gcs",
-    "gcs": "gcs",
-    "az": "azure",
-    "abfs": "azure",
-    "abfss": "azure",
-    "http": "http",
-    "https": "http",
-}
+_registered: dict[str, type[Backend]] = {}  # register_backend's, over the shipped ones
+_lock = threading.Lock()
 
-# The backends shipped here build their filesystem with the protocol's fsspec class.
-_BUILTIN: frozenset[type[Backend]] = frozenset({*_BACKENDS.values(), Backend})
+
+@functools.cache
+def builtin_backends() -> tuple[type[Backend], ...]:
+    """The shipped backend classes, imported now (once)."""
+    found: list[type[Backend]] = []
+    for entry in BUILTIN_BACKENDS:
+        module, _, name = entry.partition(":")
+        cls = getattr(importlib.import_module(f"{__package__}.{module}"), name)
+        if not (isinstance(cls, type) and issubclass(cls, Backend) and cls.protocols):
+            raise TypeError(f"{entry}: not a Backend declaring its protocols")
+        found.append(cls)
+    return tuple(found)
+
+
+@functools.cache
+def _builtin_table() -> dict[str, type[Backend]]:
+    table: dict[str, type[Backend]] = {}
+    for cls in builtin_backends():
+        for protocol in cls.protocols:
+            if protocol in table:
+                raise TypeError(f"protocol {protocol!r}: {table[protocol]} and {cls}")
+            table[protocol] = cls
+    return table
+
+
+def backend_class(protocol: str) -> type[Backend]:
+    """The backend serving ``protocol``: a registered one, a shipped one, else the generic
+    fsspec :class:`Backend`."""
+    found = _registered.get(protocol) or _builtin_table().get(protocol)
+    return found or Backend
+
+
+def is_builtin(cls: type[Backend]) -> bool:
+    """Whether ``cls`` is shipped here (it builds its filesystem with the fsspec class)."""
+    return cls is Backend or cls in builtin_backends()
+
+
+def path_protocol() -> str:
+    """The protocol of a plain absolute path."""
+    return builtin_backends()[0].protocols[0]
 
 
 def register_backend(protocol: str, backend_class: type[Backend]) -> None:
@@ -70,7 +100,8 @@ def register_backend(protocol: str, backend_class: type[Backend]) -> None:
         raise UsageError(
             f"register_backend: {backend_class!r} is not a subclass of shardlake.store.Backend"
         )
-    _BACKENDS[protocol] = backend_class
+    with _lock:
+        _registered[protocol] = backend_class
 
 
 def check_protocol(protocol: str) -> None:
@@ -78,7 +109,8 @@ def check_protocol(protocol: str) -> None:
     from fsspec.registry import known_implementations, registry
 
     if (
-        protocol not in _BACKENDS
+        protocol not in _registered
+        and protocol not in _builtin_table()
         and protocol not in known_implementations
         and protocol not in registry
     ):
@@ -87,66 +119,3 @@ def check_protocol(protocol: str) -> None:
             "s3://BUCKET/PREFIX, gs://BUCKET/PREFIX, az://CONTAINER/PREFIX or (read-only) "
             "https://HOST/PATH"
         )
-
-
-def make_backend(config: StoreConfig, root: str, policy: RetryPolicy) -> Backend:
-    """The backend for ``config.protocol`` with a filesystem built from its options."""
-    protocol = config.protocol
-    check_protocol(protocol)
-    check_endpoint(config.endpoint)
-    cls = _BACKENDS.get(protocol, Backend)
-    storage_options = dict(config.fs_options)
-    if cls in _BUILTIN:  # a registered backend's make_filesystem may take options of its own
-        check_storage_options(protocol, storage_options)
-    fast_config = _fast_read_config(config)
-    try:
-        fs = cls.make_filesystem(protocol, storage_options, policy)
-    except ImportError as exc:
-        extra = _EXTRAS.get(protocol)
-        hint = f"pip install 'shardlake[{extra}]'" if extra else "install its fsspec package"
-        raise UsageError(f"store protocol {protocol!r} needs a missing package: {hint}") from exc
-    except TypeError as exc:
-        # An unknown storage option; name it without echoing any values.
-        raise UsageError(
-            f"invalid storage_options for {protocol!r} (keys: {', '.join(sorted(storage_options))}): "
-            f"{exc}"
-        ) from None
-    backend = cls(fs, root, policy)
-    if isinstance(backend, BucketBackend):
-        from . import obstore
-
-        if isinstance(fast_config, dict):
-            backend.fast_reads = obstore.ObstoreReads(protocol, fast_config, policy.request_timeout)
-        elif fast_config is not None:  # said at the first read obstore would have served
-            backend.fast_reads_unavailable = (protocol, fast_config)
-    return backend
-
-
-def _fast_read_config(config: StoreConfig) -> dict[str, Any] | str | None:
-    """obstore's store keywords when reads go through obstore; else why not where obstore was
-    the default but cannot serve (a fall-back), or None.
-
-    ``read_client`` unset: obstore where it is installed and the options map onto it (S3, GCS,
-    Azure), else the fsspec client. ``"obstore"``: obstore, or a clear error where it cannot
-    serve. ``"fsspec"`` (or the protocol's fsspec client by name): the fsspec client."""
-    from . import obstore
-
-    read_client, protocol = config.read_client, config.protocol
-    if read_client not in (None, obstore.OBSTORE) or protocol not in obstore.FSSPEC_CLIENTS:
-        return None  # StoreConfig.parse refused "obstore" for a protocol it cannot read
-    option = f"storage option {READ_CLIENT_OPTION}={read_client!r}"
-    if not obstore.obstore_installed():
-        if read_client == obstore.OBSTORE:
-            raise UsageError(
-                f"{option}: the obstore package is not installed (pip install obstore)"
-            )
-        return None
-    found = obstore.obstore_config_for(protocol, dict(config.fs_options), config.endpoint)
-    if isinstance(found, dict):
-        return found
-    if read_client == obstore.OBSTORE:
-        raise UsageError(
-            f"{option}: obstore cannot sign for {protocol}:// with these storage options "
-            f"(keys: {', '.join(sorted(config.fs_options))}): {found}; use read_client='fsspec'"
-        )
-    return found

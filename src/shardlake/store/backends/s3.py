@@ -7,33 +7,32 @@ import concurrent.futures as cf
 import functools
 import hashlib
 import io
+import os
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fsspec
 
-from ..classify import causes, http_status, is_transient, s3_error_code
+from ..classify import (
+    CREDENTIAL_REJECTED_CODES,
+    causes,
+    http_status,
+    is_transient,
+    s3_error_code,
+)
+from ..redact import redact
 from ..retry import RetryPolicy, call_with_retry
-from ..url import redact
 from .base import BucketBackend, EndpointMismatch, Leftover, nested_options
 
+if TYPE_CHECKING:
+    from ..endpoint import Endpoint
+
 __all__ = [
-    "CREDENTIAL_REJECTED_CODES",
     "S3Backend",
     "refused_create",
 ]
 
-# S3 error codes meaning the credentials themselves are wrong (not merely lacking permission).
-CREDENTIAL_REJECTED_CODES = frozenset(
-    {
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "TokenRefreshRequired",
-    }
-)
 # A streaming write's part size unless the storage options set ``default_block_size`` (s3fs'
 # own default, 50 MiB, holds a whole shard before its first byte leaves); and how many parts
 # of one object are sent at once. An object holds at most PARTS_IN_FLIGHT + 1 parts in memory.
@@ -78,6 +77,55 @@ class S3Backend(BucketBackend):
     single PUT.
     A SIGKILLed writer cannot abort: its upload is found by :meth:`leftovers` (gc aborts it).
     """
+
+    protocols = ("s3", "s3a")
+    extra = "s3"
+    bucket_noun = "bucket"
+    credential_hint = (
+        "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), or pass key/secret "
+        "in storage_options"
+    )
+    fsspec_client = "s3fs"
+
+    @classmethod
+    def environment_endpoint(cls) -> tuple[str, str] | None:
+        # As botocore: the S3 variable before the general one, both dropped under
+        # AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true.
+        if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+            return None
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if os.environ.get(name):
+                return os.environ[name], f"environment variable {name}"
+        return None
+
+    @classmethod
+    def obstore_config(
+        cls, options: dict[str, Any], endpoint: Endpoint | None
+    ) -> dict[str, Any] | str:
+        return _obstore_config(options, endpoint)
+
+    @classmethod
+    def obstore_store(cls, bucket: str, config: dict[str, Any], common: dict[str, Any]) -> Any:
+        from obstore.store import S3Store
+
+        return S3Store(bucket, **common, **config)
+
+    def make_bucket(self, bucket: str) -> bool:
+        # Not s3fs's mkdir: it sends LocationConstraint us-east-1, which S3 refuses, and none
+        # for a region set only in the AWS config, which a regional endpoint refuses.
+        fs: Any = self.fs
+        fs.invalidate_cache()
+        if fs.exists(bucket):
+            return False
+        region = (getattr(fs, "client_kwargs", None) or {}).get("region_name") or getattr(
+            getattr(getattr(fs, "s3", None), "meta", None), "region_name", None
+        )
+        params: dict[str, Any] = {"Bucket": bucket}
+        if region and region != "us-east-1":
+            params["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        fs.call_s3("create_bucket", **params)
+        fs.invalidate_cache()
+        return True
 
     # One GET per whole read: s3fs would first HEAD the object to split it into parts.
     whole_read_options: Mapping[str, Any] = MappingProxyType({"max_concurrency": 1})
@@ -171,6 +219,96 @@ class S3Backend(BucketBackend):
         self.fs.call_s3(
             "abort_multipart_upload", Bucket=bucket, Key=key, UploadId=leftover.upload_id
         )
+
+
+_PROFILE_CREDENTIALS = (
+    "aws_access_key_id",
+    "credential_process",
+    "sso_session",
+    "sso_start_url",
+    "role_arn",
+    "source_profile",
+    "web_identity_token_file",
+)
+
+
+def _aws_profile(options: dict[str, Any]) -> tuple[dict[str, str], str]:
+    """The settings of the AWS profile botocore would use (shared credentials file, then
+    config file) and where they were read."""
+    import configparser
+
+    name = str(options.get("profile") or os.environ.get("AWS_PROFILE") or "default")
+    found: dict[str, str] = {}
+    where = ""
+    files = (
+        ("AWS_CONFIG_FILE", "~/.aws/config", name if name == "default" else f"profile {name}"),
+        ("AWS_SHARED_CREDENTIALS_FILE", "~/.aws/credentials", name),
+    )
+    for variable, default, section in files:
+        path = os.path.expanduser(os.environ.get(variable) or default)
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except (configparser.Error, OSError, UnicodeDecodeError):
+            continue
+        if parser.has_section(section):
+            found.update(parser.items(section))
+            where = path
+    return found, where
+
+
+def _profile_credentials(
+    options: dict[str, Any], profile: dict[str, str], where: str
+) -> str | None:
+    """Why botocore would sign with credentials obstore cannot read, or None."""
+    if options.get("key") or options.get("anon") or options.get("token"):
+        return None
+    if os.environ.get("AWS_ACCESS_KEY_ID") and not options.get("profile"):
+        return None  # botocore takes the environment's key before any profile
+    if any(profile.get(setting) for setting in _PROFILE_CREDENTIALS):
+        return f"credentials come from an AWS profile ({where}), which obstore cannot read"
+    return None
+
+
+def _obstore_config(options: dict[str, Any], endpoint: Endpoint | None) -> dict[str, Any] | str:
+    """obstore ``S3Store`` keywords from s3fs-style storage options and the environment, as
+    botocore reads them (unknown options ignored): the endpoint from ``endpoint_url`` /
+    ``client_kwargs`` / ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, the region from
+    ``client_kwargs`` / ``AWS_REGION`` / ``AWS_DEFAULT_REGION`` / the profile, the key from the
+    options or ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN`` (obstore
+    reads those itself, and the instance metadata service). Credentials only a profile holds
+    (shared credentials file, SSO, a credential process, an assumed role) keep s3fs."""
+    if options.get("session") is not None or options.get("requester_pays"):
+        return "a botocore session or requester-pays bucket is given"
+    profile, where = _aws_profile(options)
+    reason = _profile_credentials(options, profile, where)
+    if reason is not None:
+        return reason
+    client = options.get("client_kwargs") or {}
+    config: dict[str, Any] = {}
+    if options.get("key"):
+        config["access_key_id"] = options["key"]
+    if options.get("secret"):
+        config["secret_access_key"] = options["secret"]
+    if options.get("token"):
+        config["session_token"] = options["token"]
+    if endpoint is not None:
+        config["endpoint"] = endpoint.url
+        # obstore lets AWS_ENDPOINT_URL_S3 from the environment win over `endpoint`; botocore
+        # (s3fs) lets the given endpoint win. Given as the service-specific key, it wins here too.
+        config["aws_endpoint_url_s3"] = endpoint.url
+    region = (
+        client.get("region_name")
+        or options.get("region_name")
+        or os.environ.get("AWS_DEFAULT_REGION")
+        or os.environ.get("AWS_REGION")
+        or profile.get("region")
+    )
+    if region:
+        config["region"] = region
+    if options.get("anon"):
+        config["skip_signature"] = True
+    return config
 
 
 def _s3_headers(reply: Any) -> bool:
