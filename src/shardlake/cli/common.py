@@ -8,14 +8,16 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import UsageError
+from ..options import build_options
 
 if TYPE_CHECKING:
     from shardlake import Root
 
 __all__ = [
+    "build",
     "flag_advice",
     "flag_values",
     "open_root",
@@ -25,6 +27,16 @@ __all__ = [
     "progress_wanted",
     "resolve_local_paths",
 ]
+
+
+_O = TypeVar("_O")
+
+
+def build(cls: type[_O], **values: Any) -> _O:
+    """The options object of a command, from its flags (every command builds one and hands it
+    to its ``Root`` method): an unset flag (None) means the field's default, as a ``None``
+    keyword does for the ``Root`` methods (:func:`shardlake.options.build_options`)."""
+    return build_options(cls, None, values, cls.__name__)
 
 
 def print_json(obj: Any) -> None:

@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import SHOW_MAX, UsageError
 from ..progress.bar import plural
 from . import flags
-from .common import flag_values, open_root, parse_storage_options, print_report, progress_wanted
+from .common import (
+    build,
+    flag_values,
+    open_root,
+    parse_storage_options,
+    print_report,
+    progress_wanted,
+)
 from .flags import Command
 
 if TYPE_CHECKING:
@@ -22,7 +29,11 @@ def _task_flags(p: argparse.ArgumentParser) -> None:
     """``--quiet``, ``--workers`` and ``--executor``: every per-partition checker takes all three."""
     flags.quiet(p, "no progress bar on stderr")
     p.add_argument(
-        "--workers", type=int, default=4, metavar="N", help="partitions checked at once (default 4)"
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="partitions checked at once (default 4)",
     )
     p.add_argument(
         "--executor",
@@ -156,16 +167,21 @@ def _verify_offsets_flags(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_remove(args: argparse.Namespace) -> int:
-    report = open_root(args).remove(
-        args.tag,
+    from shardlake import RemoveOptions
+
+    options = build(
+        RemoveOptions,
         partitions=args.partition,
         key_file=args.keys_file,
         **flag_values(args, "base", "strip_prefix", "where"),
     )
+    report = open_root(args).remove(args.tag, options=options)
     return print_report(args, report.to_json(), report.summary())
 
 
 def cmd_forget(args: argparse.Namespace) -> int:
+    from shardlake import ForgetOptions
+
     from ..errors import UsageError
 
     root = open_root(args)
@@ -176,12 +192,14 @@ def cmd_forget(args: argparse.Namespace) -> int:
         raise UsageError("a forget ID is taken only with --check")
     if args.keys_file is None and args.where is None:
         raise UsageError("forget needs --keys FILE or --where SQL (or --check)")
-    report = root.forget(
+    options = build(
+        ForgetOptions,
         key_file=args.keys_file,
         reason=args.reason or "",
         **flag_values(args, "where", "dry_run", "strip_prefix"),
         **_task_options(args),
     )
+    report = root.forget(options=options)
     return print_report(args, report.to_json(), report.summary())
 
 
@@ -209,7 +227,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     if args.break_lock:
         return _break_lock(args)
     # Through the Root the flags opened: its storage options reach every request.
-    report = open_root(args).gc(grace_s=args.grace, dry_run=args.dry_run)
+    from shardlake import GcOptions
+
+    options = build(GcOptions, grace_s=args.grace, dry_run=args.dry_run)
+    report = open_root(args).gc(options=options)
     return print_report(args, report.to_json(), lambda: _print_gc(args, report))
 
 
@@ -270,8 +291,14 @@ def _break_lock(args: argparse.Namespace) -> int:
     )
 
 
+def _scrub_options(args: argparse.Namespace, **values: Any) -> Any:
+    from shardlake import ScrubOptions
+
+    return build(ScrubOptions, version=args.tag, **values, **_task_options(args))
+
+
 def cmd_scrub(args: argparse.Namespace) -> int:
-    report = open_root(args).scrub(args.tag, all_versions=args.all, **_task_options(args))
+    report = open_root(args).scrub(options=_scrub_options(args, all_versions=args.all))
     return print_report(args, report.to_json(), lambda: _print_scrub(report), ok=report.ok)
 
 
@@ -304,16 +331,20 @@ def _print_scrub(report: ScrubReport) -> None:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from shardlake import ExportReport
+    from shardlake import ExportOptions, ExportReport
 
-    report = open_root(args).export(
-        args.dest,
+    options = build(
+        ExportOptions,
         version=args.tag,
         keysets=args.keyset,
         format=args.format,
-        dest_storage_options=parse_storage_options(args.dest_storage_options) or None,
         allow_foreign=args.allow_foreign,
         **_task_options(args),
+    )
+    report = open_root(args).export(
+        args.dest,
+        dest_storage_options=parse_storage_options(args.dest_storage_options) or None,
+        options=options,
     )
     if not isinstance(report, ExportReport):
         text = f"wrote {plural(report.samples, 'npz file')} and {report.sidecars} sidecar(s) to {report.dest}"
@@ -353,11 +384,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
                 "its source tree bit for bit",
                 file=sys.stderr,
             )
-        scrubbed = open_root(args).scrub(args.tag, **_task_options(args))
+        scrubbed = open_root(args).scrub(options=_scrub_options(args))
         return print_report(
             args, scrubbed.to_json(), lambda: _print_scrub(scrubbed), ok=scrubbed.ok
         )
-    options = VerifyOptions(
+    options = build(
+        VerifyOptions,
         version=args.tag,
         **flag_values(args, "allow_missing", "expected_partitions", "path_list", "strip_prefix"),
         **flag_values(args, "include", "exclude"),
@@ -389,7 +421,10 @@ def _print_verify(report: VerifyReport) -> None:
 
 
 def cmd_verify_offsets(args: argparse.Namespace) -> int:
-    report = open_root(args).verify_offsets(args.tag, **_task_options(args))
+    from shardlake import OffsetsOptions
+
+    options = build(OffsetsOptions, version=args.tag, **_task_options(args))
+    report = open_root(args).verify_offsets(options=options)
     return print_report(args, report.to_json(), lambda: _print_offsets(report), ok=report.ok)
 
 

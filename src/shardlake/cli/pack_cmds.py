@@ -11,7 +11,7 @@ from typing import Any
 from ..errors import SHOW_MAX, UsageError
 from ..progress.bar import plural
 from . import flags
-from .common import flag_values, open_root, print_report, progress_wanted
+from .common import build, flag_values, open_root, print_report, progress_wanted
 from .flags import Command
 
 __all__ = ["COMMANDS"]
@@ -216,7 +216,8 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_pack(args: argparse.Namespace) -> int:
     from shardlake import PackOptions
 
-    options = PackOptions(
+    options = build(
+        PackOptions,
         **flag_values(args, "workers", "executor", *_RULE_DESTS, "strict", *flags.RECIPE_DESTS),
         **flag_values(args, "keep_skipped", "require_sidecars", "replace_all"),
         **flag_values(args, "source_namespace", "allow_foreign"),

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 
 from . import flags
-from .common import flag_values, open_root, parse_storage_options, print_report, progress_wanted
+from .common import (
+    build,
+    flag_values,
+    open_root,
+    parse_storage_options,
+    print_report,
+    progress_wanted,
+)
 from .flags import Command
 
 __all__ = ["COMMANDS"]
@@ -49,7 +56,7 @@ def cmd_import_wds(args: argparse.Namespace) -> int:
     from shardlake import WriteOptions
 
     names = ("keep_skipped", "spill_dir", "encode_threads", "allow_foreign")
-    options = WriteOptions(**flag_values(args, *flags.RECIPE_DESTS, *names))
+    options = build(WriteOptions, **flag_values(args, *flags.RECIPE_DESTS, *names))
     sources = args.sources[0] if len(args.sources) == 1 else args.sources
     report = open_root(args).import_wds(
         sources,

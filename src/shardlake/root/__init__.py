@@ -179,46 +179,70 @@ class Root(HoldsStore):
 
     @_writes
     def writer(
-        self, tag: str, *, base: str | None = None, options: WriteOptions | None = None
+        self,
+        /,
+        tag: str,
+        *,
+        base: str | None = None,
+        options: WriteOptions | None = None,
+        **overrides: Any,
     ) -> Writer:
         """A :class:`~shardlake.Writer` publishing version ``tag`` when its ``with`` block exits.
 
         ``base`` carries that version's partitions forward (a partition written again replaces
         its own; each key goes to the partition the base's partition rule gives, as pack
-        would put it); ``options`` is a :class:`~shardlake.WriteOptions`.
+        would put it). Settings are :class:`~shardlake.WriteOptions` (``shard_size``,
+        ``workers``, ``encode_threads``, ``spill_dir``, ...), as an object or as keywords.
         """
         from ..pack.writer import Writer
+        from ..pack.written import WriteOptions
 
-        return Writer(self.store, tag, base=base, options=options)
+        opts = build_options(WriteOptions, options, overrides, "writer")
+        return Writer(self.store, tag, base=base, options=opts)
 
     @_writes
     def write_bag(
-        self, bag: Any, tag: str, *, base: str | None = None, options: WriteOptions | None = None
+        self,
+        /,
+        bag: Any,
+        tag: str,
+        *,
+        base: str | None = None,
+        options: WriteOptions | None = None,
+        **overrides: Any,
     ) -> PackReport:
         """Write a ``dask.bag.Bag`` of ``(key, arrays, meta)`` records as version ``tag``.
 
         The cluster's workers build and write the partitions; this process publishes.
+        Settings are :class:`~shardlake.WriteOptions`, as an object or as keywords.
         """
         from ..pack.bag import write_bag
+        from ..pack.written import WriteOptions
 
-        return write_bag(self.store, bag, tag, base=base, options=options)
+        opts = build_options(WriteOptions, options, overrides, "write_bag")
+        return write_bag(self.store, bag, tag, base=base, options=opts)
 
     @_writes
     def write_ray(
         self,
+        /,
         dataset: Any,
         tag: str,
         base: str | None = None,
         options: WriteOptions | None = None,
+        **overrides: Any,
     ) -> PackReport:
         """Write a ``ray.data.Dataset`` of ``{"key", <arrays>..., "meta"}`` rows as version ``tag``.
 
         Ray workers encode, verify and build the partitions (one task per partition); this
-        process publishes once. The bytes are the writer's for the same samples.
+        process publishes once. The bytes are the writer's for the same samples. Settings are
+        :class:`~shardlake.WriteOptions`, as an object or as keywords.
         """
         from ..pack.ray_write import write_ray
+        from ..pack.written import WriteOptions
 
-        return write_ray(self.store, dataset, tag, base=base, options=options)
+        opts = build_options(WriteOptions, options, overrides, "write_ray")
+        return write_ray(self.store, dataset, tag, base=base, options=opts)
 
     @_writes
     def import_wds(
