@@ -34,7 +34,9 @@ loader engines side by side, per round the decode limit then one epoch of each e
 local disk and (``--s3``) from the S3 endpoint: each engine's local epoch against the decode
 limit, its S3 epoch against its local epoch with the client CPU per sample, threads against
 processes, time to first batch and peak PSS (medians over the rounds of ratios within a round).
-PSS per sample at 1M/5M samples and 1, 2, 4 ranks: ``benchmarks/scale.py --ranks 1 2 4``.
+Issue #47's epoch boundary in the same block (``--boundary-epochs``, default 4): that many epochs
+of an open thread-engine loader back to back, timed as one span, with the next epoch's prefetch
+and without it. PSS per sample at 1M/5M samples and 1, 2, 4 ranks: ``benchmarks/scale.py --ranks 1 2 4``.
 
 Prints samples/s, MB/s (decoded bytes), time to first batch, peak RSS and PSS (main process plus
 workers) and the ratios. ``--ttfb-partitions N`` also times the first batch of an N-partition
@@ -504,12 +506,27 @@ def s3_path(
 ENGINES = ("threads", "processes")
 
 
+def back_to_back(loader: Any, first: int, epochs: int, gaps: list[float]) -> Iterator[Any]:
+    """``epochs`` passes of an open loader one after another (``set_epoch`` before each, as a
+    training loop does); ``gaps`` gets, per epoch, the wait from ``set_epoch`` to its first
+    batch: the epoch boundary's fill, or what the next epoch's prefetch left of it."""
+    for epoch in range(first, first + epochs):
+        loader.set_epoch(epoch)
+        t0, waiting = time.monotonic(), True
+        for batch in loader:
+            if waiting:
+                gaps.append(time.monotonic() - t0)
+                waiting = False
+            yield batch
+
+
 def engines_run(
     root: Path,
     b: int,
     w: int,
     rounds: int,
     s3: tuple[str, dict[str, Any], int | None] | None,
+    boundary_epochs: int = 4,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Issue #31: both engines side by side in one run, interleaved round by round with the
     decode limit so that other jobs' load weighs on all alike: per round the decode limit,
@@ -519,19 +536,26 @@ def engines_run(
     version, planning, first batch: what a run pays once). Each epoch row has its rate,
     client CPU per sample (main process + workers), time to first batch and, for cold epochs,
     peak PSS of the process tree. The ratios are medians over the rounds of ratios taken
-    within a round. One warm-up epoch per engine and path comes first (not counted)."""
+    within a round. One warm-up epoch per engine and path comes first (not counted).
+
+    Issue #47 (the epoch boundary): per round, ``boundary_epochs`` epochs of an open
+    thread-engine loader back to back from local disk, timed as one span (every boundary's
+    fill counted), with the next epoch's prefetch and without it (``prefetch_next_epoch``);
+    each row also has the median wait for an epoch's first batch after the first epoch. The
+    single-epoch rows above close the loader's prefetch after each epoch, so they measure an
+    epoch with its whole fill, as before."""
     import s3path
 
     cores = os.cpu_count() or 1
     table = ShardDataset(str(root), batch_size=b, num_workers=w).table
 
-    def open_loader(engine: str, s3_path: bool) -> Any:
+    def open_loader(engine: str, s3_path: bool, **loader: Any) -> Any:
         url: Any = str(root)
         opts = None
         if s3_path and s3 is not None:
             url, opts = s3[0], s3[1]
         ds = ShardDataset(url, batch_size=b, num_workers=w, engine=engine, storage_options=opts)
-        return ds.loader()
+        return ds.loader(**loader)
 
     paths = [False, True] if s3 is not None else [False]
     server = s3[2] if s3 is not None else None
@@ -545,6 +569,9 @@ def engines_run(
         with MemorySampler() as mem:
             row = s3path.timed_epoch(name, make, server_pid=server if s3_path else None,
                                      log=None, count=batch_len, cores=cores)  # fmt: skip
+        close = getattr(loader, "close", None)
+        if close is not None:  # its prefetch would run into the next row's time
+            close()
         if cold:  # an open loader's row would count the other open loaders' memory too
             row["peak_pss_mb"] = round(mem.peak_pss / 2**20)
         row["engine"], row["path"] = engine, "s3" if s3_path else "local"
@@ -558,11 +585,25 @@ def engines_run(
     def key(engine: str, s3_path: bool) -> str:
         return f"{engine} {'s3' if s3_path else 'local'}"
 
+    def boundary(name: str, loader: Any, first: int) -> dict[str, Any]:
+        gaps: list[float] = []
+        row = s3path.timed_epoch(name, lambda: back_to_back(loader, first, boundary_epochs, gaps),
+                                 server_pid=None, log=None, count=batch_len, cores=cores)  # fmt: skip
+        loader.close()
+        row["epochs"] = boundary_epochs
+        row["first_batch_s"] = [round(g, 4) for g in gaps]
+        row["later_first_batch_s_median"] = round(float(np.median(gaps[1:] or gaps)), 4)
+        return row
+
+    prefetch = {"on": True, "off": False} if boundary_epochs > 0 else {}
     loaders: dict[str, Any] = {}
     for engine in ENGINES:
         for s3_path in paths:
             loaders[key(engine, s3_path)] = open_loader(engine, s3_path)
             epoch(f"{key(engine, s3_path)} warm-up", engine, s3_path, loaders[key(engine, s3_path)])
+    for mode, on in prefetch.items():
+        loaders[f"boundary {mode}"] = open_loader("threads", False, prefetch_next_epoch=on)
+        boundary(f"threads local warm-up, prefetch {mode}", loaders[f"boundary {mode}"], 0)
     rows: list[dict[str, Any]] = []
     per_round: list[dict[str, dict[str, Any]]] = []
     for i in range(rounds):
@@ -578,6 +619,11 @@ def engines_run(
                 got[k] = epoch(f"round {i + 1}: {k}", engine, s3_path, loaders[k])
                 got[k + " cold"] = epoch(f"round {i + 1}: {k}, cold", engine, s3_path)
                 rows += [got[k], got[k + " cold"]]
+        for mode in prefetch:
+            name = f"round {i + 1}: threads local, {boundary_epochs} epochs, prefetch {mode}"
+            start = (i + 1) * boundary_epochs
+            got[f"boundary {mode}"] = boundary(name, loaders[f"boundary {mode}"], start)
+            rows.append(got[f"boundary {mode}"])
         per_round.append(got)
 
     def med(f: Callable[[dict[str, dict[str, Any]]], float]) -> float:
@@ -597,6 +643,20 @@ def engines_run(
         )
         ratios[f"{engine}: decode CPU / loader CPU per sample"] = med(
             lambda g, k=loc: g["decode"]["cpu_ms_per_sample"] / g[k]["client_cpu_ms_per_sample"]
+        )
+    if prefetch:
+        for mode in prefetch:
+            ratios[
+                f"threads: {boundary_epochs} local epochs back to back / decode limit, "
+                f"prefetch {mode} (goal >= 0.60)"
+            ] = med(
+                lambda g, k=f"boundary {mode}": g[k]["samples_per_s"] / g["decode"]["samples_per_s"]
+            )
+            ratios[f"threads: an epoch's first batch s after the first, prefetch {mode}"] = med(
+                lambda g, k=f"boundary {mode}": g[k]["later_first_batch_s_median"]
+            )
+        ratios[f"threads: {boundary_epochs} epochs back to back, prefetch on / off"] = med(
+            lambda g: g["boundary on"]["samples_per_s"] / g["boundary off"]["samples_per_s"]
         )
     ratios["threads / processes: local epoch samples/s"] = med(
         lambda g: g["threads local"]["samples_per_s"] / g["processes local"]["samples_per_s"]
@@ -803,6 +863,13 @@ def main(argv: list[str] | None = None) -> int:
         help="issue #31's figures: rounds of decode limit + an epoch of each engine (0: skip)",
     )
     ap.add_argument(
+        "--boundary-epochs",
+        type=int,
+        default=4,
+        help="issue #47's figure: epochs back to back per round, next-epoch prefetch on and off "
+        "(0: skip)",
+    )
+    ap.add_argument(
         "--engines-only",
         action="store_true",
         help="only issue #31's figures (both engines, local and with --s3 S3; no contenders)",
@@ -823,9 +890,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.s3:
             with s3_server(args.s3_server) as (url, opts, pid):
                 _copy_root(str(root), url, opts)
-                print_engines(*engines_run(root, b, w, args.engine_rounds, (url, opts, pid)))
+                print_engines(
+                    *engines_run(
+                        root, b, w, args.engine_rounds, (url, opts, pid), args.boundary_epochs
+                    )
+                )
         else:
-            print_engines(*engines_run(root, b, w, args.engine_rounds, None))
+            print_engines(*engines_run(root, b, w, args.engine_rounds, None, args.boundary_epochs))
         return 0
     if args.s3 and args.s3_path_only:
         with s3_server(args.s3_server) as (url, opts, pid):
@@ -886,13 +957,15 @@ def main(argv: list[str] | None = None) -> int:
             _copy_root(str(root), url, opts)
             path_out = s3_path(url, opts, root, work, b, w, pid, args.s3_rounds)
             if args.engine_rounds:
-                engines_out = engines_run(root, b, w, args.engine_rounds, (url, opts, pid))
+                engines_out = engines_run(
+                    root, b, w, args.engine_rounds, (url, opts, pid), args.boundary_epochs
+                )
             results.extend(s3_goals(url, opts, work, b, w, pid))
             results.append(
                 {"name": "shardlake local, one epoch", "samples_per_s": round(one_epoch(ds0, 1), 1)}
             )
     elif args.engine_rounds:
-        engines_out = engines_run(root, b, w, args.engine_rounds, None)
+        engines_out = engines_run(root, b, w, args.engine_rounds, None, args.boundary_epochs)
     if args.ttfb_partitions:
         results.append(ttfb_many_partitions(work, args.ttfb_partitions, b, w))
 

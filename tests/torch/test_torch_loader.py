@@ -144,7 +144,7 @@ def test_resume_mid_epoch_with_workers_running(
     log = tmp_path / "requests.jsonl"
     store = open_store(str(root)).with_layers(RequestCounter(str(log)))
     fresh = ShardDataset(store, batch_size=8, num_workers=workers_after, include_key=True)
-    resumed = fresh.loader()
+    resumed = fresh.loader(prefetch_next_epoch=False)  # only this epoch's reads are counted
     resumed.load_state_dict(state)
     log.unlink(missing_ok=True)
     after = keys_of(list(resumed))
@@ -210,7 +210,9 @@ def test_sparse_selection_fetches_only_its_bytes(corpus: tuple[Path, Path], tmp_
     keys = probe.table.keys[::3]
     ds = ShardDataset(store, batch_size=4, keys=keys, include_key=True, max_pad_fraction=0.5)
     log.unlink(missing_ok=True)  # count the loader's reads only
-    seen = Counter(k for b in ds.loader(num_workers=2) for k in b["__key__"])
+    seen = Counter(
+        k for b in ds.loader(num_workers=2, prefetch_next_epoch=False) for k in b["__key__"]
+    )
     assert set(seen) == set(keys)
     want = sum(int(probe.table.size[probe.table.keys.index(k)]) for k in keys)
     records = [json.loads(x) for x in log.read_text().splitlines()]
@@ -224,7 +226,9 @@ def test_sparse_selection_fetches_only_its_bytes(corpus: tuple[Path, Path], tmp_
     log.unlink()
     skim = ReadOptions(skim_gap=1 << 20)
     ds = ShardDataset(store, batch_size=4, keys=keys, max_pad_fraction=0.5, read_options=skim)
-    assert sum(len(b["lanes"]) for b in ds.loader(num_workers=2)) == sum(seen.values())
+    assert sum(len(b["lanes"]) for b in ds.loader(num_workers=2, prefetch_next_epoch=False)) == sum(
+        seen.values()
+    )
     records = [json.loads(x) for x in log.read_text().splitlines()]
     skimmed = sum(r["bytes"] for r in records if r["ok"] and r["op"].startswith("read_range"))
     assert skimmed > 1.5 * want

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from ..errors import FormatError, StoreError
 from ..store import Store
-from .cache import EpochCache
-from .catalog_cache import CatalogCache
+from .cache import DEFAULT_CACHE_BYTES, EpochCache
+from .catalog_cache import CatalogCache, catalog_cache
 from .receipts import list_receipt_ids, read_receipt, receipt_committed
 
-__all__ = ["APPLIED", "drop_forgotten"]
+__all__ = ["APPLIED", "drop_forgotten", "drop_forgotten_caches"]
 
 APPLIED = "applied-forgets"
 
@@ -111,3 +112,17 @@ def drop_forgotten(
             if forget_id not in done:
                 done.append(forget_id)
     return done
+
+
+def drop_forgotten_caches(
+    stores: Iterable[Any], cache_dir: str | os.PathLike[str] | None, versions: Iterable[str]
+) -> None:
+    """What a loader does as it opens its roots: this node's catalog cache and the epoch cache
+    in ``cache_dir`` drop what they hold of versions a forget redacted (one listing of each
+    root's receipts, :func:`drop_forgotten`)."""
+    epoch = None if cache_dir is None else EpochCache(cache_dir, DEFAULT_CACHE_BYTES)
+    catalog = catalog_cache()
+    hashes = list(versions)
+    for store in stores:
+        if isinstance(store, Store):
+            drop_forgotten(store, catalog, epoch, hashes)

@@ -23,8 +23,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..errors import PlanError, UsageError
 from ..read.cache import DEFAULT_CACHE_BYTES, EpochCache
-from ..read.catalog_cache import catalog_cache
-from ..read.forget_caches import drop_forgotten
+from ..read.forget_caches import drop_forgotten_caches
 from ..root.door import StoreLike, store_like
 from ..store import Store
 from .batches import INDEX_KEY, VALID_KEY, OutputOptions, SlotBatches
@@ -171,7 +170,11 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.sources = sources
         with paused_gc():  # the set-up makes few cyclic objects but many objects to scan
             self._init_table(epoch_size)
-        self._drop_forgotten()
+        drop_forgotten_caches(  # docs/loader.md, "Across a forget"
+            getattr(self.store, "stores", None) or [self.store],
+            self.cache_dir,
+            [str(r["version_hash"]) for r in self.source_records],
+        )
         shuffled = (not exact) if shuffle is None else shuffle
         self._plan_knobs = (chunk_size, interleave)  # None: the plan shape's default
         self.params = PlanParams(
@@ -322,13 +325,21 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         then grows with what it reads, not with the world size. ``all_ranks=True`` computes
         the whole plan afresh (mixing reports over every rank)."""
         cursor = self.cursor if cursor is None else cursor
-        cache_key = (cursor.epoch, layout, cursor.legs)
         if all_ranks:
             return compact_plan(self._whole_plan(layout, cursor))
-        if self._plan_cache is None or self._plan_cache[0] != cache_key:
-            mine = range(layout.slots_per_rank * self.rank, layout.slots_per_rank * (self.rank + 1))
-            self._plan_cache = (cache_key, self._rank_plan(layout, cursor, mine))
-        return self._plan_cache[1]
+        key = (cursor.epoch, layout, cursor.legs)
+        cached = self._plan_cache  # read once: the next epoch's prefetch may replace it
+        if cached is None or cached[0] != key:
+            cached = self._plan_cache = (key, self.plan_of(layout, cursor))
+        return cached[1]
+
+    def plan_of(self, layout: Layout, cursor: Cursor) -> ReadPlan:
+        """This rank's plan of ``cursor``'s leg, not cached (see ``ThreadBatches.keep_plan``)."""
+        mine = range(layout.slots_per_rank * self.rank, layout.slots_per_rank * (self.rank + 1))
+        return self._rank_plan(layout, cursor, mine)
+
+    def keep_plan(self, layout: Layout, cursor: Cursor, plan: ReadPlan) -> None:
+        self._plan_cache = ((cursor.epoch, layout, cursor.legs), plan)
 
     def _whole_plan(self, layout: Layout, cursor: Cursor) -> ReadPlan:
         mapping = self.epoch_map(cursor.epoch)
@@ -420,15 +431,15 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     # --- slots ---------------------------------------------------------------------------------
 
     def _slot(
-        self, layout: Layout, worker: int, cursor: Cursor, skip: int = 0
+        self, layout: Layout, worker: int, cursor: Cursor, skip: int = 0, plan: Any = None
     ) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], SlotReader]:
         """Worker ``worker``'s reader when the epoch resumes at ``cursor.step`` (+ ``skip``
-        samples of this worker, for a ``StatefulDataLoader`` resume).
+        samples of this worker, for a ``StatefulDataLoader`` resume), by ``plan`` or the cached.
 
         A DataLoader polls worker 0 first, so after a resume at step ``s`` worker ``i`` serves
         the plan's worker ``(s + i) % W`` (steps ``s + i``, ``s + i + W``, ...).
         """
-        plan = self.plan(layout, cursor)
+        plan = self.plan(layout, cursor) if plan is None else plan
         worker = (worker + cursor.step) % layout.slots_per_rank
         if self._store_pid != os.getpid():
             # In a forked worker the inherited filesystem object may hold the parent's event
@@ -519,12 +530,13 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         *,
         pool: BufferPool | None = None,
         shared: bool | None = None,
+        plan: ReadPlan | None = None,
     ) -> SlotBatches:
         """One slot's batches as units of work: iterating yields each batch's fetched
         ``(row, payload)`` items (the reads), :meth:`SlotBatches.build` turns them into the
         batch (decompression, checks, assembly). The process engine runs both in a worker;
         the thread engine builds on a thread pool."""
-        _, valid, reader = self._slot(layout, worker, cursor)
+        _, valid, reader = self._slot(layout, worker, cursor, plan=plan)
         builder = BatchBuilder(layout.batch_size, self.out.drop_keys, shared=shared, pool=pool)
         return SlotBatches(self, reader, valid, builder)
 
@@ -562,19 +574,6 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         self.cursor = Cursor(int(state["epoch"]), legs, int(state["step"]))
         self._resume_samples = int(state["samples"])
         self._plan_cache = None
-
-    def _drop_forgotten(self) -> None:
-        """This node's caches drop what they hold of versions a forget redacted (one listing of
-        each root's receipts; docs/loader.md, "Across a forget")."""
-        epoch = None
-        if self.cache_dir is not None:
-            epoch = EpochCache(self.cache_dir, DEFAULT_CACHE_BYTES)
-        catalog = catalog_cache()
-        stores = getattr(self.store, "stores", None) or [self.store]
-        hashes = [str(r["version_hash"]) for r in self.source_records]
-        for store in stores:
-            if isinstance(store, Store):
-                drop_forgotten(store, catalog, epoch, hashes)
 
     def check_identity(self, state: dict[str, Any]) -> None:
         """Refuse a state saved for another version, selection or seed; one saved on a version

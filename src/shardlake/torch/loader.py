@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import traceback
+import weakref
 from collections.abc import Iterator
 from dataclasses import asdict, replace
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ from .collate import BUFFER_KEY, BufferPool, LocalBufferPool
 from .ddp import RankSync, distributed
 from .options import check_engine
 from .plan_types import Cursor, Layout, Leg
-from .threads import ThreadBatches, batch_buffers, default_threads
+from .threads import Budget, ThreadBatches, batch_buffers, default_threads
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset  # which builds this loader (ShardDataset.loader)
@@ -140,6 +141,14 @@ class ShardLoader:
     ``prefetch_factor`` (batches ahead per slot) and ``timeout``, and ignores
     ``multiprocessing_context``. ``"processes"`` is a DataLoader with a worker process per slot.
     Both yield the same batches.
+
+    The next epoch's prefetch (``prefetch_next_epoch=True``, the default; thread engine):
+    once every batch of a pass is read and handed to the builders, the loader starts the next
+    epoch's pass (its plan, reads and first batches, within the same bound of batches in
+    flight), which the next ``iter()`` takes over if it starts there: after a complete pass,
+    or ``set_epoch`` / ``load_state_dict`` to the epoch that follows it. Anything else drops
+    it. The batches are the same with or without it. With a ``transform`` it reads ahead but
+    builds nothing before ``iter()``. :meth:`close` drops it (so does garbage collection).
     """
 
     def __init__(
@@ -151,6 +160,7 @@ class ShardLoader:
         reuse_buffers: bool = True,
         engine: str | None = None,
         threads: int | None = None,
+        prefetch_next_epoch: bool = True,
         **options: Any,
     ) -> None:
         if options.get("persistent_workers"):
@@ -181,6 +191,9 @@ class ShardLoader:
         self._ranks = RankSync()
         self._checked = False
         self._buffers: LocalBufferPool | None = None  # the thread engine's batch buffers
+        self.prefetch_next_epoch = prefetch_next_epoch
+        self._next = _NextPass()  # the next epoch's pass, started during this one's tail
+        weakref.finalize(self, self._next.drop)  # its threads stop with the loader
 
     # --- cursor ------------------------------------------------------------------------------
 
@@ -196,6 +209,7 @@ class ShardLoader:
         """Go to epoch ``epoch`` (from its start, unless the loader is already in it)."""
         if int(epoch) != self.cursor.epoch:
             self.cursor = Cursor(int(epoch))
+            self._next.keep_if(self._pass_key())
 
     @property
     def epoch(self) -> int:
@@ -232,6 +246,12 @@ class ShardLoader:
         else:
             # Another layout: a new leg over what the earlier legs did not consume.
             self.cursor = Cursor(epoch, (*legs, saved), 0)
+        self._next.keep_if(self._pass_key())
+
+    def close(self) -> None:
+        """Stop the next epoch's prefetch, if one runs (its threads, its batches); the loader
+        stays usable. Garbage collection of the loader does the same."""
+        self._next.drop()
 
     def run_record(self) -> dict[str, Any]:
         record = self.ds.run_record()
@@ -254,27 +274,56 @@ class ShardLoader:
             )
         )
 
-    def _batches(self, seeds: torch.Generator) -> tuple[Iterator[Any], torch.Tensor | None]:
-        """The engine's batch iterator for this pass, and the process engine's buffer flags."""
+    def _ahead(self) -> int:
+        """The thread engine's batches in flight (being built or waiting to be taken)."""
+        factor = int(self.options.get("prefetch_factor") or 2)
+        return max(factor * self.layout.slots_per_rank, 2 * self.threads)
+
+    def _pass_key(self, cursor: Cursor | None = None) -> tuple[Any, ...]:
+        """What a thread-engine pass's batches depend on (a prefetched pass is used only when
+        the pass asked for has the same)."""
+        cursor = self.cursor if cursor is None else cursor
+        return (cursor, self.layout, self.ds.params, self.threads, self._ahead())
+
+    def _thread_pass(
+        self, cursor: Cursor, *, budget: Budget | None = None, gated: bool = False
+    ) -> ThreadBatches:
+        opts = self.options
+        if self._buffers is None:  # kept from pass to pass (see batch_buffers)
+            pin = bool(opts.get("pin_memory", False))
+            self._buffers = batch_buffers(self.threads, self._ahead(), pin, self.reuse_buffers)
+        return ThreadBatches(
+            self.ds,
+            self.layout,
+            cursor,
+            threads=self.threads,
+            ahead=self._ahead(),
+            pool=self._buffers,
+            timeout=opts.get("timeout"),
+            budget=budget,
+            gated=gated,
+            keep_plan=budget is None,  # a prefetch leaves this epoch's plan cached
+        )
+
+    def _prefetch(self, current: ThreadBatches) -> None:
+        """Start the next epoch's pass during ``current``'s tail (its reads are done)."""
+        following = Cursor(self.cursor.epoch + 1)
+        gated = self.ds.out.transform is not None  # it may read what the loop sets per epoch
+        spec = self._thread_pass(following, budget=current.budget, gated=gated)
+        self._next.put(self._pass_key(following), spec)
+
+    def _batches(
+        self, seeds: torch.Generator
+    ) -> tuple[Iterator[Any], torch.Tensor | None, ThreadBatches | None]:
+        """The engine's batch iterator for this pass, the process engine's buffer flags, and
+        the thread engine's pass."""
         if self.engine == "threads":
-            opts = self.options
-            ahead = max(
-                int(opts.get("prefetch_factor") or 2) * self.layout.slots_per_rank,
-                2 * self.threads,
-            )
-            if self._buffers is None:  # kept from pass to pass (see batch_buffers)
-                pin = bool(opts.get("pin_memory", False))
-                self._buffers = batch_buffers(self.threads, ahead, pin, self.reuse_buffers)
-            threads = ThreadBatches(
-                self.ds,
-                self.layout,
-                self.cursor,
-                threads=self.threads,
-                ahead=ahead,
-                pool=self._buffers,
-                timeout=opts.get("timeout"),
-            )
-            return iter(threads), None
+            threads = self._next.take(self._pass_key())
+            if threads is None:
+                threads = self._thread_pass(self.cursor)
+            else:
+                threads.keep_plan()
+            return iter(threads), None, threads
         # Buffer release flags shared with the workers (see collate.BufferPool).
         flags = None
         if self.num_workers > 0 and self.reuse_buffers:
@@ -291,7 +340,7 @@ class ShardLoader:
             generator=seeds,  # its workers' base seed: the draw __iter__ made (not a second)
             **options,
         )
-        return _start_workers(loader), flags
+        return _start_workers(loader), flags, None
 
     def __iter__(self) -> Iterator[Any]:
         """One pass (an epoch, or its rest). Like a ``DataLoader``'s iterator, it draws once
@@ -311,7 +360,9 @@ class ShardLoader:
             self._check_ranks()
             self._checked = True
         held: list[tuple[StorageWeakRef, int]] = []
-        it, flags = self._batches(seeds)
+        it, flags, current = self._batches(seeds)
+        prefetch = current is not None and self.prefetch_next_epoch
+        completed = False
         try:
             while True:
                 error: BaseException | None = None
@@ -331,7 +382,11 @@ class ShardLoader:
                     self._ranks.agree(error, ended)
                 elif error is not None:
                     raise error
+                if prefetch and current is not None and (ended or current.fed.is_set()):
+                    prefetch = False
+                    self._prefetch(current)
                 if ended:
+                    completed = True
                     break
                 batch = unpack_batch(batch)
                 if flags is not None:
@@ -343,6 +398,8 @@ class ShardLoader:
             # The error's traceback holds this frame (and so the loader): this frame must not
             # hold the error, or only the collector frees them (at worst at interpreter exit).
             error = batch = None
+            if not completed:  # the pass stopped early: the epoch after it is not next
+                self._next.drop()
             # Join the workers now, before an error leaves the loader: left to the iterator's
             # __del__ at interpreter shutdown, the join races teardown and a rank can exit 1.
             shutdown = getattr(it, "_shutdown_workers", None) or getattr(it, "close", None)
@@ -351,6 +408,39 @@ class ShardLoader:
             del it
         # A complete pass: the next iteration is the next epoch.
         self.cursor = Cursor(self.cursor.epoch + 1)
+
+
+class _NextPass:
+    """The next epoch's thread-engine pass, started during the current one's tail, and what
+    it was started for (see :meth:`ShardLoader._pass_key`). Holds no reference to the loader,
+    so that the loader's finalizer can stop it."""
+
+    def __init__(self) -> None:
+        self.key: tuple[Any, ...] | None = None
+        self.batches: ThreadBatches | None = None
+
+    def put(self, key: tuple[Any, ...], batches: ThreadBatches) -> None:
+        self.drop()
+        batches.start()
+        self.key, self.batches = key, batches
+
+    def take(self, key: tuple[Any, ...]) -> ThreadBatches | None:
+        """The pass if it was started for ``key`` (then no longer held here); else None."""
+        batches = self.batches if self.key == key else None
+        if batches is None or batches.failed():
+            self.drop()
+            batches = None
+        self.key = self.batches = None
+        return batches
+
+    def keep_if(self, key: tuple[Any, ...]) -> None:
+        if self.key != key:
+            self.drop()
+
+    def drop(self) -> None:
+        batches, self.key, self.batches = self.batches, None, None
+        if batches is not None:
+            batches.close()
 
 
 def _start_workers(loader: DataLoader[Any]) -> Iterator[Any]:

@@ -35,8 +35,10 @@ from .plan_types import Cursor, Layout
 if TYPE_CHECKING:
     from .batches import SlotBatches
     from .dataset import ShardDataset
+    from .plan_types import ReadPlan
 
 __all__ = [
+    "Budget",
     "ThreadBatches",
     "batch_buffers",
     "default_threads",
@@ -78,12 +80,42 @@ def batch_buffers(threads: int, ahead: int, pin_memory: bool, reuse: bool) -> Lo
     return LocalBufferPool(size, buffer_allocator(pin_memory))
 
 
+class Budget:
+    """Batches a loader may have in flight (submitted to the builders, not yet taken by the
+    training loop). A pass and the next epoch's pass started during its tail share one, so
+    the prefetch counts against the same bound as the pass it follows."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.held = 0
+        self._changed = threading.Condition()
+
+    def take(self, stop: threading.Event) -> bool:
+        """Wait for room for one batch (False: ``stop`` was set first)."""
+        with self._changed:
+            while self.held >= self.limit and not stop.is_set():
+                self._changed.wait(_POLL_S)
+            if stop.is_set():
+                return False
+            self.held += 1
+            return True
+
+    def give(self) -> None:
+        with self._changed:
+            self.held -= 1
+            self._changed.notify_all()
+
+
 class ThreadBatches:
     """Iterating yields the batches of ``layout``'s slots of this rank from ``cursor`` on.
 
-    At most ``ahead`` batches are being built or waiting to be taken. Leaving the loop early
-    (``break``, an error: the generator is closed) stops the feeder, the builders and the
-    slots' readers before the iterator is gone.
+    At most ``ahead`` batches are being built or waiting to be taken (counted in ``budget``,
+    which a pass started during this one's tail shares). :meth:`start` starts the reads and
+    builds before anyone iterates (the next epoch's prefetch); ``gated=True`` reads ahead but
+    builds nothing until iteration begins (a ``transform`` may depend on what the training
+    loop sets between epochs). Leaving the loop early (``break``, an error: the generator is
+    closed) or :meth:`close` stops the feeder, the builders and the slots' readers. One pass:
+    iterate it once.
     """
 
     def __init__(
@@ -96,6 +128,9 @@ class ThreadBatches:
         ahead: int,
         pool: LocalBufferPool,
         timeout: float | None = None,
+        budget: Budget | None = None,
+        gated: bool = False,
+        keep_plan: bool = True,
     ) -> None:
         self.ds = ds
         self.layout = layout
@@ -104,43 +139,99 @@ class ThreadBatches:
         self.ahead = max(1, ahead)
         self.timeout = timeout or None
         self.pool = pool  # the loader's, kept from pass to pass (see batch_buffers)
+        # One more than ``ahead``: the feeder used to hold a built batch while the queue was full.
+        self.budget = budget if budget is not None else Budget(self.ahead + 1)
+        self.fed = threading.Event()  # set once every slot's batches are submitted (the tail)
+        self._go = threading.Event()
+        if not gated:
+            self._go.set()
         self._stop = threading.Event()
+        self._done: queue.Queue[Any] = queue.Queue()
+        self._builders: ThreadPoolExecutor | None = None
+        self._feeder: threading.Thread | None = None
+        self._plan_lock = threading.Lock()
+        self._keep_plan = keep_plan
+        self._plan: ReadPlan | None = None
+        self._failed = False
+
+    def failed(self) -> bool:
+        """Whether a read or build of this pass has failed so far. A prefetch that failed is
+        dropped, not taken: its pass runs again when asked for, so an error (a store outage
+        during the tail) is met, or not, as it would be without the prefetch."""
+        with self._done.mutex:
+            items = list(self._done.queue)
+        return self._failed or any(
+            any(f.done() and not f.cancelled() and f.exception() is not None for f in _futures(i))
+            for i in items
+        )
+
+    def start(self) -> None:
+        """Start the feeder and the builders (iterating starts them too)."""
+        if self._feeder is not None:
+            return
+        builders = ThreadPoolExecutor(self.threads, thread_name_prefix="shardlake-build")
+        self._builders = builders
+        self._feeder = threading.Thread(
+            target=self._feed, args=(builders,), name="shardlake-feed", daemon=True
+        )
+        self._feeder.start()
+
+    def keep_plan(self) -> None:
+        """From now on, this pass's plan is the dataset's cached plan (a prefetch, once taken)."""
+        with self._plan_lock:
+            self._keep_plan = True
+            if self._plan is not None:
+                self.ds.keep_plan(self.layout, self.cursor, self._plan)
+
+    def _read_plan(self) -> ReadPlan:
+        with self._plan_lock:
+            keep = self._keep_plan
+        ds = self.ds
+        plan = ds.plan(self.layout, self.cursor) if keep else ds.plan_of(self.layout, self.cursor)
+        with self._plan_lock:
+            self._plan = plan
+            if self._keep_plan and not keep:
+                self.ds.keep_plan(self.layout, self.cursor, plan)
+        return plan
 
     def __iter__(self) -> Iterator[Any]:
-        self._stop.clear()
-        done: queue.Queue[Any] = queue.Queue(maxsize=self.ahead)
-        builders = ThreadPoolExecutor(self.threads, thread_name_prefix="shardlake-build")
-        feeder = threading.Thread(
-            target=self._feed, args=(done, builders), name="shardlake-feed", daemon=True
-        )
-        feeder.start()
+        self.start()
+        self._go.set()
         try:
             while True:
-                item = done.get()
+                item = self._done.get()
                 if item is _END:
                     return
                 if isinstance(item, BaseException):
                     raise item
+                self.budget.give()
                 yield item.result(timeout=self.timeout)
         finally:
-            self._stop.set()
-            while feeder.is_alive():  # unblock a feeder waiting on a full queue
-                try:
-                    item = done.get(timeout=_POLL_S)
-                    if isinstance(item, (Future, _BatchParts)):
-                        item.cancel()
-                except queue.Empty:
-                    pass
-            builders.shutdown(wait=True, cancel_futures=True)
+            self.close()
 
-    def _put(self, done: queue.Queue[Any], item: Any) -> bool:
-        while not self._stop.is_set():
+    def close(self) -> None:
+        """Stop the feeder, the builders and the readers; drop what was built and not taken."""
+        self._stop.set()
+        me = threading.current_thread()  # a finalizer may run in one of this pass's threads
+        if self._feeder is not None and self._feeder is not me:
+            self._feeder.join()
+        while True:
             try:
-                done.put(item, timeout=_POLL_S)
-                return True
-            except queue.Full:
-                continue
-        return False
+                item = self._done.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, (Future, _BatchParts)):
+                item.cancel()
+                self.budget.give()
+        if self._builders is not None:
+            mine = me is self._feeder or me in getattr(self._builders, "_threads", ())
+            self._builders.shutdown(wait=not mine, cancel_futures=True)
+
+    def _wait_go(self) -> bool:
+        while not self._go.wait(_POLL_S):
+            if self._stop.is_set():
+                return False
+        return not self._stop.is_set()
 
     def _submit(
         self, builders: ThreadPoolExecutor, slot: SlotBatches, items: Any, busy: list[Future[Any]]
@@ -163,14 +254,18 @@ class ThreadBatches:
         busy += futures
         return _BatchParts(job, futures)
 
-    def _feed(self, done: queue.Queue[Any], builders: ThreadPoolExecutor) -> None:
+    def _feed(self, builders: ThreadPoolExecutor) -> None:
         """Walk the slots in step order and submit each batch's work (runs in its own thread,
         which also closes the slots' readers: a generator is closed where it runs)."""
         slots: list[SlotBatches] = []
         iters: list[Iterator[Any] | None] = []
+        walked = False
         try:
+            plan = self._read_plan()
             for worker in range(self.layout.slots_per_rank):
-                work = self.ds.slot_work(self.layout, worker, self.cursor, pool=self.pool)
+                work = self.ds.slot_work(
+                    self.layout, worker, self.cursor, pool=self.pool, plan=plan
+                )
                 slots.append(work)
                 iters.append(iter(work))
             rounds = 0
@@ -188,16 +283,32 @@ class ThreadBatches:
                     if items is None:
                         iters[j] = None
                         continue
-                    if not self._put(done, self._submit(builders, slots[j], items, busy)):
+                    if not self._wait_go() or not self.budget.take(self._stop):
                         return
-            self._put(done, _END)
+                    try:
+                        self._done.put(self._submit(builders, slots[j], items, busy))
+                    except BaseException:
+                        self.budget.give()
+                        raise
+            walked = not self._stop.is_set()
+            if walked:  # every read is done: a pass started now reads within the same budget
+                self.fed.set()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
-            self._put(done, exc)
+            self._failed = True
+            self._done.put(exc)
         finally:
             for it in iters:
                 close = getattr(it, "close", None)
                 if close is not None:
                     close()
+            if walked:
+                self._done.put(_END)
+
+
+def _futures(item: Any) -> list[Future[Any]]:
+    if isinstance(item, Future):
+        return [item]
+    return item.futures if isinstance(item, _BatchParts) else []
 
 
 class _BatchParts:
