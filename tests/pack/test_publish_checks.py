@@ -111,3 +111,19 @@ def test_each_publisher_reads_the_root_state_once(setup: Any) -> None:
     # Once each (before: the marker, the listing and the record twice each for pack and the
     # writers; the listing and the record twice for remove).
     assert seen == {name: {"marker": 1, "list_commits": 1, "read_commits": 1} for name in seen}
+
+
+def test_the_commit_checks_the_state_it_builds_on(setup: Any) -> None:
+    root, _src, _tar = setup
+    # Another version committed while this writer ran: retried on the new state, published.
+    with root.writer("w1", base="v1") as w:
+        w.write("a/x", {"x": np.zeros(2, np.float32)})
+        with root.writer("other") as other:
+            other.write("c/x", {"x": np.ones(2, np.float32)})
+    assert [v.tag for v in root.versions()] == ["v1", "other", "w1"]
+    # The base pruned while this writer ran: refused at the commit, nothing published.
+    with pytest.raises(ConflictError) as refused, root.writer("w2", base="w1") as w:
+        w.write("a/y", {"x": np.zeros(2, np.float32)})
+        root.prune(["w1"], force=True)
+    assert "base version 'w1' was pruned while this write ran" in str(refused.value)
+    assert [v.tag for v in root.versions()] == ["v1", "other"]
