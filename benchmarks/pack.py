@@ -32,9 +32,10 @@ of two shards per active partition (``2 * shard_size * partitions``)::
 (started here, as the tests do), with s3fs' production part size (not the tests' 5 MiB): in
 each round, alternating, ``pack`` to local disk, ``pack`` to SeaweedFS, ``export`` of the
 local root to SeaweedFS, and a bare upload of the local root's files (boto3 ``put_object`` on
-8 threads, one file each); the best of ``--repeat`` rounds each, with the CPU seconds of this
-process (both packs use the thread executor, so that their CPU is counted) and of SeaweedFS,
-and the ratios against the goals (pack to S3 <= 1.25x the larger of pack local and the bare upload; export <= 1.25x the
+8 threads, one file each); the median and the best of ``--repeat`` rounds each (the machine
+is shared: use 3 or more), with the CPU seconds of this process (both packs use the thread
+executor, so that their CPU is counted) and of SeaweedFS, and the ratios of the medians
+against the goals (pack to S3 <= 1.25x the larger of pack local and the bare upload; export <= 1.25x the
 bare upload). ``--serial-too`` adds ``pack-s3-serial`` and ``export-s3-serial``: the same
 through the upload path before issue #47 (one 50 MiB part at a time), for an A/B in one run::
 
@@ -48,6 +49,7 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -308,7 +310,7 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
 
     best: dict[str, float] = {}
     runs: dict[str, list[float]] = {}
-    cpu: dict[str, tuple[float, float]] = {}  # the best run's (client, server) CPU seconds
+    cpus: dict[str, list[tuple[float, float]]] = {}  # each run's (client, server) CPU seconds
     written = 0
     with seaweedfs_server(set_env=False) as server:
         # The production part size: drop the tests' 5 MiB parts.
@@ -370,34 +372,44 @@ def run_s3(args: argparse.Namespace, src: Path, work: Path) -> int:
                 seconds = time.perf_counter() - start
                 used = (_cpu_s() - client0, (_cpu_s(weed) - server0) if weed else 0.0)
                 runs.setdefault(name, []).append(seconds)
-                if seconds < best.get(name, float("inf")):
-                    best[name], cpu[name] = seconds, used
+                cpus.setdefault(name, []).append(used)
+                best[name] = min(best.get(name, float("inf")), seconds)
             shutil.rmtree(local, ignore_errors=True)
         s3_backend._parallel_file_class = parallel
     print(f"bytes per root: {written / 1e6:.1f} MB; rounds: {args.repeat} (alternating order)")
-    for name, seconds in best.items():
+    # The machine is shared: a row's rounds spread widely, so the ratios use the medians (and,
+    # for comparison, the best rounds), and each row's CPU is its median round's.
+    med = {name: statistics.median(times) for name, times in runs.items()}
+    for name, seconds in med.items():
         all_runs = ", ".join(f"{t:.2f}" for t in runs[name])
-        client, srv = cpu[name]
+        client, srv = (statistics.median(c[i] for c in cpus[name]) for i in (0, 1))
         print(
-            f"{name:>12}: {seconds:6.2f}s  {written / seconds / 1e6:7.1f} MB/s  cpu client "
-            f"{client:6.2f}s server {srv:6.2f}s  runs {all_runs}"
+            f"{name:>16}: median {seconds:6.2f}s {written / seconds / 1e6:6.1f} MB/s, best "
+            f"{best[name]:6.2f}s; cpu client {client:5.2f}s server {srv:5.2f}s; runs {all_runs}"
         )
-    ceiling = max(best["pack-local"], best["bare-upload"])
-    pack_ratio = best["pack-s3"] / ceiling
-    export_ratio = best["export-s3"] / best["bare-upload"]
-    ok = pack_ratio <= GOAL_S3_OVER and export_ratio <= GOAL_S3_OVER
-    for what, value in (
-        ("pack to S3 / max(pack local, bare upload)", pack_ratio),
-        ("export to S3 / bare upload", export_ratio),
-    ):
-        verdict = "met" if value <= GOAL_S3_OVER else "MISSED"
-        print(f"{what}: {value:.2f}x (goal <= {GOAL_S3_OVER:g}x: {verdict})")
-    # With every core busy, wall time cannot fall below (client + server CPU) / cores.
+    ok = True
+    for label, figures in (("median", med), ("best", best)):
+        ceiling = max(figures["pack-local"], figures["bare-upload"])
+        for what, value in (
+            ("pack to S3 / max(pack local, bare upload)", figures["pack-s3"] / ceiling),
+            ("export to S3 / bare upload", figures["export-s3"] / figures["bare-upload"]),
+        ):
+            verdict = "met" if value <= GOAL_S3_OVER else "MISSED"
+            ok = ok and (label != "median" or value <= GOAL_S3_OVER)
+            print(f"{label}: {what}: {value:.2f}x (goal <= {GOAL_S3_OVER:g}x: {verdict})")
+    # With every core busy, wall time cannot fall below (client + server CPU) / cores; and
+    # where the store runs on the same cores as the packer, pack to S3 cannot fall below
+    # pack local's CPU plus the bare upload's (client and server) on those cores.
     cores = len(os.sched_getaffinity(0))
-    floor = {name: sum(cpu[name]) / cores for name in cpu}
+    cpu = {n: statistics.median(sum(c) for c in cpus[n]) for n in cpus}
     print(
-        f"CPU floor ((client + server CPU) / {cores} cores): "
-        + ", ".join(f"{name} {value:.2f}s" for name, value in floor.items())
+        f"CPU floor ((client + server CPU) / {cores} cores, medians): "
+        + ", ".join(f"{name} {value / cores:.2f}s" for name, value in cpu.items())
+    )
+    print(
+        "ratios the CPU allows (rows at equal CPU utilisation): pack to S3 / pack local "
+        f"{(cpu['pack-local'] + cpu['bare-upload']) / cpu['pack-local']:.2f}x (pack local's "
+        f"CPU + the bare upload's), export / bare upload {cpu['export-s3'] / cpu['bare-upload']:.2f}x"
     )
     print("command: " + " ".join([os.path.basename(sys.executable), *sys.argv]))
     return 0 if ok else 1
