@@ -15,6 +15,7 @@ import pytest
 from support.pack import make_source, small_frame
 
 import shardlake
+from shardlake.cli.main import main
 from shardlake.errors import ConflictError, UsageError
 from shardlake.store import Request
 
@@ -94,6 +95,26 @@ def test_a_bad_or_taken_tag_is_refused_in_the_same_words_by_every_publisher(setu
     assert len(set(taken.values())) == 1, taken
     assert "version tag 'v1' already exists; tags are never reused" in taken["pack"]
     assert [v.tag for v in root.versions()] == ["v1"]  # nothing was published
+
+
+@pytest.mark.parametrize(("tag", "code"), [("no spaces", 2), ("v1", 1)])
+def test_the_cli_publishers_print_the_same_one_line(
+    setup: Any, tag: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root, src, tar = setup
+    url = root.store.url
+    commands = {
+        "pack": ["pack", str(src), url, "--executor", "inline", "--quiet"],
+        "remove": ["remove", url, "--partition", "a"],
+        "import-wds": ["import-wds", str(tar), url],
+    }
+    lines = {}
+    for name, argv in commands.items():
+        assert main([*argv, "--tag", tag]) == code, name
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"shardlake {name}: error: ") and "\n" not in err, err
+        lines[name] = err.split(": error: ", 1)[1]
+    assert len(set(lines.values())) == 1, lines
 
 
 def test_each_publisher_reads_the_root_state_once(setup: Any) -> None:

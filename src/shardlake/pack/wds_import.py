@@ -370,6 +370,9 @@ def import_wds(
         )
     problems: list[str] = []
     spill_dir = options.spill_dir if options is not None else None
+    # The tag, the root and the base are checked before any tar is read (nothing is held
+    # until the writer's block is entered).
+    writer = Writer(root, tag, base=base, options=options, op="import-wds")
     total = sum(store.size(key) for _, store, key in tars) if progress is not False else 0
     bar = Progress(
         -(-total // 10**6),
@@ -380,7 +383,7 @@ def import_wds(
         enabled=progress,
     )
     read = _MegabyteCounter(bar)
-    with bar, Writer(root, tag, base=base, options=options, op="import-wds") as writer:
+    with bar, writer:
         for url, store, key in tars:
             # shard: the tar is the partition, whatever directories its keys hold
             part = key_prefix + _stem(key) if partition_by == "shard" else None
