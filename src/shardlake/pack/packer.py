@@ -41,11 +41,9 @@ from ..store import Store
 from .build import BuildResult, BuildTask, build_partition
 from .options import ExecutorSpec, PackOptions
 from .plan import PackPlan, PackSettings, check_options, plan_builds, resolve_settings, scan_source
-from .publish import publish
+from .publish import NOTHING, publish
 
 __all__ = ["InlineExecutor", "PackReport", "make_executor", "pack"]
-
-_NOTHING = "nothing was published by this run - re-run it (finished revisions are reused)"
 
 
 @dataclass
@@ -169,7 +167,7 @@ def _build_and_publish(
             )
         except ObjectsGoneError as exc:  # a build's objects were removed under it
             raise gone_error(
-                store, exc.missing, since_seq=settings.state.seq, lease=lease, what=_NOTHING
+                store, exc.missing, since_seq=settings.state.seq, lease=lease, what=NOTHING
             ) from exc
     outcome = _collect(plan, results)
     body = VersionBody(

@@ -27,6 +27,7 @@ __all__ = [
     "PackPlan",
     "PackSettings",
     "check_options",
+    "check_recipe_options",
     "plan_builds",
     "recipe_over",
     "resolve_root",
@@ -71,10 +72,7 @@ def check_options(source: str | os.PathLike[str], tag: str, opts: PackOptions) -
     """Refuse bad options with one line, before opening anything (the tag's name: its one
     check on the pack path)."""
     check_name("tag", tag)
-    if opts.shard_size is not None and opts.shard_size < 1:
-        raise UsageError("shard_size must be >= 1 byte", options=("shard_size",))
-    if opts.level is not None and not 1 <= opts.level <= 22:
-        raise UsageError("the zstd level must be between 1 and 22", options=("level",))
+    check_recipe_options(opts.shard_size, opts.level)
     if opts.replace_all and (opts.path_list is not None or opts.partitions is not None):
         raise UsageError(
             "replace_all rebuilds every partition; it cannot be combined with a path_list or "
@@ -83,6 +81,14 @@ def check_options(source: str | os.PathLike[str], tag: str, opts: PackOptions) -
         )
     if not os.path.isdir(source):
         raise SourceError(f"{source}: source is not a directory")
+
+
+def check_recipe_options(shard_size: int | None, level: int | None) -> None:
+    """Refuse a recipe setting out of range (pack's and the writers' options)."""
+    if shard_size is not None and shard_size < 1:
+        raise UsageError("shard_size must be >= 1 byte", options=("shard_size",))
+    if level is not None and not 1 <= level <= 22:
+        raise UsageError("the zstd level must be between 1 and 22", options=("level",))
 
 
 def check_apart(source: str | os.PathLike[str], store: Store) -> None:

@@ -23,7 +23,7 @@ from ..source.tree import PartitionRule
 from ..store import Store
 from .build import BuildResult, Recipe
 from .packer import PackReport
-from .plan import recipe_over, resolve_root
+from .plan import check_recipe_options, recipe_over, resolve_root
 from .publish import publish
 from .samples import PARENT_RULE, rule_owner
 
@@ -101,10 +101,7 @@ def resolve_write_settings(
     store: Store, tag: str, base: str | None, opts: WriteOptions
 ) -> WriteSettings:
     """Check the options, the root, the new tag and the base; the recipe to write with."""
-    if opts.shard_size is not None and opts.shard_size < 1:
-        raise UsageError("shard_size must be >= 1 byte", options=("shard_size",))
-    if opts.level is not None and not 1 <= opts.level <= 22:
-        raise UsageError("the zstd level must be between 1 and 22", options=("level",))
+    check_recipe_options(opts.shard_size, opts.level)
     check_name("tag", tag)  # the writers' door: the tag's one name check, before any request
     state, base_version = resolve_root(store, tag, base, allow_foreign=opts.allow_foreign)
     base_recipe = Recipe.from_json(base_version.record.recipe) if base_version else Recipe()
