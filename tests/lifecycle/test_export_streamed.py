@@ -14,6 +14,7 @@ import pytest
 import shardlake
 from shardlake import Store, open_store
 from shardlake.errors import IntegrityError
+from shardlake.lifecycle import shard_copy
 from shardlake.testing import synth_corpus
 from shardlake.testing.proxy import FaultProxy
 from shardlake.testing.servers import StoreServer
@@ -97,3 +98,22 @@ def test_export_source_bytes_damaged_on_their_way_abort_that_copy(
     failed = open_store(again, seaweedfs_server.storage_options)
     assert not _shards(failed) and not failed.list("commits/")
     assert not failed.leftovers(older_than=time.time() + 60)
+
+
+def test_export_checks_headers_and_payloads_across_read_pieces(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Pieces of 777 bytes: tar headers and payloads straddle piece ends.
+    monkeypatch.setattr(shard_copy, "CHUNK", 777)
+    src = _local_root(tmp_path, frames=6)
+    report = shardlake.open(src).export(str(tmp_path / "dest"), progress=False)
+    dest = open_store(str(tmp_path / "dest"))
+    assert report.committed and _shards(dest) == _shards(src)
+    # A flipped byte in a tar header is found on the way, and nothing is published.
+    shard = next(iter(_shards(src)))
+    data = bytearray(src.read(shard))
+    data[5] ^= 0x20  # the first member's name, in its tar header (payloads intact)
+    src.write(shard, bytes(data))
+    with pytest.raises(IntegrityError, match=r"failed verification \(source\).*tar header"):
+        shardlake.open(src).export(str(tmp_path / "again"), progress=False)
+    assert not open_store(str(tmp_path / "again")).exists(shard)

@@ -116,15 +116,19 @@ class _Passing(io.RawIOBase):
         return target
 
     def readinto(self, buffer: Any) -> int:
+        # Fills ``buffer`` across pieces (tarfile takes a short read for the end of the data).
         view = memoryview(buffer).cast("B")
-        while self._pos >= self._start + len(self._piece):
-            if not self._advance():
-                return 0
-        at = self._pos - self._start
-        count = min(len(view), len(self._piece) - at)
-        view[:count] = self._piece[at : at + count]
-        self._pos += count
-        return count
+        filled = 0
+        while filled < len(view):
+            while self._pos >= self._start + len(self._piece):
+                if not self._advance():
+                    return filled
+            at = self._pos - self._start
+            count = min(len(view) - filled, len(self._piece) - at)
+            view[filled : filled + count] = self._piece[at : at + count]
+            self._pos += count
+            filled += count
+        return filled
 
     def drain(self) -> None:
         while self._advance():
