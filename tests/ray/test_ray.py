@@ -79,6 +79,13 @@ def test_memory_root_refuses_ray(ray_instance: Any) -> None:
         shardlake.open("memory://ray-refuse").scrub(executor="ray")
 
 
+def test_read_takes_a_store_like_and_refuses_options_with_an_opened_one(tmp_path: Path) -> None:
+    lake = shardlake.open(str(tmp_path / "root"))
+    for opened in (lake, lake.store):
+        with pytest.raises(UsageError, match=r"ray.read\(root\): storage options go with a URL"):
+            shardlake.ray.read(opened, storage_options={"auto_mkdir": True})
+
+
 def _rows(samples: list[Sample]) -> list[dict[str, Any]]:
     return [{"key": key, **arrays, "meta": meta} for key, arrays, meta in samples]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,8 +14,7 @@ from ..errors import IntegrityError, UsageError
 from ..format.codec import Decoder
 from ..query.dataset import Dataset
 from ..read.payloads import PayloadRef, describe, read_payloads
-from ..root import Root
-from ..root import open as open_root
+from ..root import Root, StoreLike, as_store
 from ..store import Store
 
 try:
@@ -46,7 +44,7 @@ class ShardRange:
 
 
 def read(
-    root: str | os.PathLike[str] | Root,
+    root: StoreLike,
     version: str | None = None,
     keyset: str | None = None,
     where: str | None = None,
@@ -60,8 +58,9 @@ def read(
     Parameters
     ----------
     root
-        The dataset root: a URL or path (opened with ``storage_options``), or an opened
-        :class:`~shardlake.Root`.
+        The dataset root, a :data:`~shardlake.StoreLike` (:func:`shardlake.as_store`): a URL
+        or path (opened with ``storage_options``), an opened :class:`~shardlake.Store` or
+        :class:`~shardlake.Root` (storage options with those are refused).
     version
         A tag (default: the version ``keyset`` is bound to, else ``latest``).
     keyset
@@ -83,15 +82,7 @@ def read(
     """
     if task_bytes < 1:
         raise UsageError("task_bytes must be >= 1", options=("task_bytes",))
-    if isinstance(root, Root):
-        if storage_options:
-            raise UsageError(
-                "storage_options apply to a URL, not to an opened Root",
-                options=("storage_options",),
-            )
-        opened = root
-    else:
-        opened = open_root(root, **(storage_options or {}))
+    opened = Root(as_store(root, storage_options, name="shardlake.ray.read(root)"))
     if opened.store.protocol == "memory":
         raise UsageError("a memory:// root cannot be read by Ray workers (other processes)")
     dataset = opened.dataset(version, keyset=keyset)
