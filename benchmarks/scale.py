@@ -6,7 +6,8 @@ hand-written ustar headers, manifests written with the format modules, then one 
 which writes the catalog), and prints per store and N:
 
 * ``startup_s``: ``ShardDataset(...)`` then the first batch of a 2-worker ``ShardLoader``
-  (a fresh interpreter each time);
+  (a fresh interpreter each time); ``warm_resume_s``: then ``load_state_dict`` of a state two
+  steps in and the first batch after it;
 * ``startup_requests``: store requests before the first shard read (the table set-up), with
   an empty catalog cache; ``warm_*``: the same for a second rank of the node;
 * ``pss_mb`` / ``pss_b_per_sample``: PSS of trainer + 2 workers after the first batch, and its
@@ -271,9 +272,11 @@ def child_startup(url: str, options: dict[str, Any] | None, rank_doc: str = "") 
     rank = json.loads(rank_doc) if rank_doc else {}
     store, counter = counted_store(url, options)
     started = time.perf_counter()  # imports (torch: ~3 s here) are not start-up
+    keyset = rank.get("keyset")
     ds = ShardDataset(
         store,
-        "v1",
+        None if keyset else "v1",
+        keyset=keyset,
         batch_size=8,
         num_workers=2,
         engine=rank.get("engine"),
@@ -285,7 +288,7 @@ def child_startup(url: str, options: dict[str, Any] | None, rank_doc: str = "") 
     batches = iter(loader)
     next(batches)
     out = {"startup_s": time.perf_counter() - started, "startup_requests": requests}
-    if rank:
+    if "barrier" in rank:
         barrier, world = Path(rank["barrier"]), int(rank["world_size"])
         _wait_for(barrier, "first", world)
         out["pss_bytes"] = _pss_tree()
@@ -296,7 +299,15 @@ def child_startup(url: str, options: dict[str, Any] | None, rank_doc: str = "") 
         _wait_for(barrier, "measured-read", world)
     else:
         out["pss_bytes"] = _pss_tree()
-    del batches
+        # load_state_dict of a state two steps in, then its first batch (this rank set up).
+        next(batches)
+        state = loader.state_dict()
+        del batches
+        again = ds.loader()
+        started = time.perf_counter()
+        again.load_state_dict(state)
+        next(iter(again))
+        out["resume_s"] = time.perf_counter() - started
     return out
 
 
@@ -410,11 +421,15 @@ def measure(
     warm = run_child(url, options)
     row["warm_startup_s"] = warm["startup_s"]
     row["warm_requests"] = warm["startup_requests"]
+    row["warm_resume_s"] = warm["resume_s"]
     row["pss_mb"] = row["pss_bytes"] / 2**20
     row["pss_b_per_sample"] = (row.pop("pss_bytes") - empty_pss) / row["samples"]
     if ranks[0]:
         empty_url = url.rsplit("/", 1)[0] + "/empty"
         ranks_rows(url, options, row["samples"], empty_url, *ranks)
+    share = float(os.environ.get("SCALE_KEYSET_SHARE", "0"))
+    if share:
+        print(json.dumps({"keyset": keyset_row(url, options, share)}), flush=True)
     if os.environ.get("SCALE_STARTUP_ONLY"):
         return {**row, **{c: 0 for c in COLUMNS if c not in row and c != "store"}}
     store, counter = counted_store(url, options)
@@ -435,6 +450,37 @@ def measure(
     return row
 
 
+def keyset_row(url: str, options: dict[str, Any] | None, share: float) -> dict[str, Any]:
+    """Issue #47: a keyset of ``share`` of the samples (``speed % k = 0``: every k-th sample
+    of each partition) created, then opened in the loader: ``ShardDataset(keyset=...)`` to
+    the first batch, a node's first rank (the catalog cache empty) and a second one. The
+    keyset is deleted afterwards, so a kept root (``--work``) stays as it was."""
+    store, counter = counted_store(url, options)
+    root = shardlake.open(store)
+    name = "scale-share"
+    if name in {k.name for k in root.keysets()}:
+        root.delete_keyset(name)
+    every = max(1, round(1 / share))
+    started = time.perf_counter()
+    made = root.create_keyset(name, version="v1", where=f"speed % {every} = 0")
+    out: dict[str, Any] = {
+        "share": share,
+        "keys": len(made.keys),
+        "create_s": round(time.perf_counter() - started, 2),
+        "create_requests": counter.total_requests,
+    }
+    del made
+    os.environ[CACHE_ENV] = tempfile.mkdtemp(prefix="catalog-cache-", dir=os.path.dirname(url))
+    doc = json.dumps({"keyset": name})
+    for label in ("open", "warm_open"):
+        got = run_child(url, options, doc)
+        out[f"{label}_s"] = round(got["startup_s"], 2)
+        out[f"{label}_requests"] = got["startup_requests"]
+        out[f"{label}_pss_mb"] = round(got["pss_bytes"] / 2**20, 1)
+    shardlake.open(url, **(options or {})).delete_keyset(name)
+    return out
+
+
 COLUMNS = [
     "store",
     "N",
@@ -444,6 +490,7 @@ COLUMNS = [
     "startup_requests",
     "warm_startup_s",
     "warm_requests",
+    "warm_resume_s",
     "pss_mb",
     "pss_b_per_sample",
     "keyset_where_s",
@@ -533,6 +580,13 @@ def main(argv: list[str] | None = None) -> int:
         help="catalog-only roots: each partition's samples share its shard's one payload "
         "(~70 B of disk a sample instead of ~1.1 KB; the loader reads the same catalog)",
     )
+    parser.add_argument(
+        "--keyset-share",
+        type=float,
+        default=0.0,
+        help="issue #47: also create a keyset of this share of the samples (e.g. 0.1) and "
+        "open it in the loader (first batch, cold and warm)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("URL", "OPTIONS"), help=argparse.SUPPRESS)
     parser.add_argument("--rank-doc", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -549,6 +603,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SCALE_REUSE"] = "1"
     if args.lean:
         os.environ["SCALE_LEAN"] = "1"
+    if args.keyset_share:
+        os.environ["SCALE_KEYSET_SHARE"] = str(args.keyset_share)
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
             run_store(kind, sizes, Path(args.work or tmp) / kind, (args.ranks, args.engines))

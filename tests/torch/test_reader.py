@@ -143,8 +143,9 @@ def test_request_bytes_sets_the_chunk_size_and_plan_shape_1_caps_it(
     ds = ShardDataset(str(root), batch_size=4)
     table = ds.table
     tiny = ReadOptions(request_bytes=int(table.size.mean()) * 40)
-    # Plan shape 2 (the default): shuffled runs of about request_bytes (8 MiB by default).
-    assert ds.params.shape == 2
+    # Plan shape 3 (the default; 2 alike): shuffled runs of about request_bytes (8 MiB by
+    # default).
+    assert ds.params.shape == 3
     assert ds.params.chunk_size == request_chunk_size(table, ReadOptions()) > DEFAULT_CHUNK_SIZE
     # A state saved before shape 2 plans as it did: shuffled chunks held to 16 samples.
     ds.adopt_plan_shape({})

@@ -267,10 +267,16 @@ def test_split_segments_matches_a_chunk_by_chunk_split() -> None:
     assert got == expected
 
 
-def test_plan_shape_2_lanes_open_runs_one_at_a_time() -> None:
+@pytest.mark.parametrize("shape", [2, 3])
+def test_plan_shape_2_lanes_open_runs_one_at_a_time(shape: int) -> None:
     rows, _ = make_rows([300] * 12, shard_size=300)
     params = PlanParams(
-        version_hash="v" * 32, selection_digest="s" * 32, seed=3, chunk_size=40, interleave=6
+        version_hash="v" * 32,
+        selection_digest="s" * 32,
+        seed=3,
+        chunk_size=40,
+        interleave=6,
+        shape=shape,
     )
     plan = plan_leg(rows, params, 0, Layout(1, 2, 32))
     for slot, (read, chunks) in enumerate(zip(plan.slot_read, plan.slot_chunks, strict=True)):
@@ -289,15 +295,18 @@ def test_plan_shape_2_lanes_open_runs_one_at_a_time() -> None:
     old = plan_leg(rows, PlanParams(**{**params.__dict__, "shape": 1}), 0, Layout(1, 2, 32))
     assert old.slot_rows[0].tolist() != plan.slot_rows[0].tolist()
     with pytest.raises(PlanError, match="plan shape"):
-        PlanParams(version_hash="v", selection_digest="s", shape=3)
+        PlanParams(version_hash="v", selection_digest="s", shape=4)
 
 
-def test_plan_shape_2_mixes_as_well_as_shape_1_with_longer_runs() -> None:
+@pytest.mark.parametrize("shape", [2, 3])
+def test_plan_shape_2_mixes_as_well_as_shape_1_with_longer_runs(shape: int) -> None:
     from shardlake.torch import batch_mixing
 
     rows, part = make_rows([180] * 6, shard_size=180)
     layout = Layout(1, 2, 32)
-    runs = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, seed=5, chunk_size=40)
+    runs = PlanParams(
+        version_hash="v" * 32, selection_digest="s" * 32, seed=5, chunk_size=40, shape=shape
+    )
     chunks16 = PlanParams(**{**runs.__dict__, "shape": 1, "chunk_size": 16, "interleave": 16})
     js = {}
     for name, params in (("runs", runs), ("chunks16", chunks16)):
@@ -315,7 +324,7 @@ def test_plan_shape_2_mixes_as_well_as_shape_1_with_longer_runs() -> None:
 
 
 def test_plan_shape_2_first_batches_need_the_first_runs_only() -> None:
-    from shardlake.torch.plan import _lane_starts
+    from shardlake.torch.plan_steps import _lane_starts
 
     # Lanes open one after another over the first run's length, then one as each run ends.
     starts = _lane_starts(np.full(40, 30, dtype=np.int64), 15, staggered=True)
@@ -339,7 +348,7 @@ def test_plan_shape_2_first_batches_need_the_first_runs_only() -> None:
 def test_rows_already_in_shard_order_are_not_sorted_again() -> None:
     """The plan's (shard, offset) order is a stable lexsort's; rows already in it (a catalog's
     mostly are) come back as they are, without a sort."""
-    from shardlake.torch.plan import _in_shard_order
+    from shardlake.torch.plan_steps import _in_shard_order
 
     rng = np.random.default_rng(7)
     shard = np.repeat(np.arange(40), 25)
@@ -374,7 +383,7 @@ def _per_member_balanced_cuts(
 def test_shape_2_cuts_per_run_are_the_per_member_cuts(chunk_size: int) -> None:
     """The run boundaries computed per run (not per member: 0.8 s at 5M rows) cut at exactly
     the members the per-member form cuts at, phases and clamped end pieces included."""
-    from shardlake.torch.plan import _balanced_cuts
+    from shardlake.torch.plan_steps import _balanced_cuts
 
     sizes = np.random.default_rng(chunk_size)
     for trial in range(20):
@@ -392,7 +401,7 @@ def test_shape_2_cuts_per_run_are_the_per_member_cuts(chunk_size: int) -> None:
 
 
 def test_emit_order_sort_is_the_stable_sort_with_and_without_ties() -> None:
-    from shardlake.torch.plan import _stable_argsort
+    from shardlake.torch.plan_steps import _stable_argsort
 
     rng = np.random.default_rng(3)
     distinct = np.arange(5000) + rng.random(5000) * 300

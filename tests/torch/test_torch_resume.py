@@ -12,6 +12,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+from shardlake.errors import PlanError
 from shardlake.torch import ShardDataset
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.usefixtures("loader_engine")]
@@ -117,25 +118,33 @@ def test_dcp_round_trip(root: str, tmp_path: Path) -> None:
     )
 
 
-def test_state_without_plan_shape_resumes_the_shape_1_plan(root: str) -> None:
-    # A state saved before plan shape 2 names no shape: it resumes the batches it had.
+@pytest.mark.parametrize("shape", [1, 2])
+def test_a_state_of_an_older_plan_shape_resumes_that_plan(root: str, shape: int) -> None:
+    # A state saved before plan shape 2 names no shape (1); one saved before shape 3 names 2:
+    # either resumes exactly the batches it had, then the epoch ends as it would have.
     old = dataset(root)
-    old.adopt_plan_shape({})
+    old.adopt_plan_shape({} if shape == 1 else {"plan_shape": 2})
+    assert old.params.shape == shape
     full = keys(list(old.loader(num_workers=0)))
+    assert full != keys(list(dataset(root).loader(num_workers=0)))  # shape 3 plans another
     loader = old.loader(num_workers=0)
     got = keys(take(iter(loader), 2))
     state = loader.state_dict()
-    assert state.pop("plan_shape") == 1
+    assert state["plan_shape"] == shape
+    if shape == 1:
+        del state["plan_shape"]
     fresh = dataset(root)
-    assert fresh.params.shape == 2
+    assert fresh.params.shape == 3
     resumed = fresh.loader(num_workers=0)
     resumed.load_state_dict(state)
-    assert fresh.params.shape == 1
+    assert fresh.params.shape == shape
     assert got + keys(list(resumed)) == full
-    # ... and a state of the default shape resumes shape 2.
+    # ... and a state of the default shape resumes shape 3; an unknown shape is refused.
     again = dataset(root).loader(num_workers=0)
-    again.load_state_dict({**state, "plan_shape": 2})
-    assert again.ds.params.shape == 2
+    again.load_state_dict({**state, "plan_shape": 3})
+    assert again.ds.params.shape == 3
+    with pytest.raises(PlanError, match="plan shape 4"):
+        dataset(root).loader(num_workers=0).load_state_dict({**state, "plan_shape": 4})
 
 
 def test_a_state_saved_on_one_engine_resumes_on_the_other(root: str, loader_engine: str) -> None:

@@ -14,11 +14,13 @@ import torch
 from ..errors import PlanError, VersionRedactedError
 from ..read.receipts import find_redaction
 from ..store import Store
+from .plan_types import PLAN_SHAPES
 
 __all__ = [
     "ResumedOnSuccessorWarning",
     "check_state",
     "plain",
+    "saved_plan_shape",
 ]
 
 
@@ -76,3 +78,15 @@ def check_state(store: Store | None, state: Mapping[str, Any], mine: Mapping[str
                 f"loader state was saved with {name} {state.get(name)!r}, this loader has "
                 f"{value!r}; resume with the same version, selection and seed"
             )
+
+
+def saved_plan_shape(state: Mapping[str, Any]) -> int:
+    """The plan shape a loader state was saved with: 1 when it names none (states saved before
+    shape 2), so that it resumes exactly the batches it would have had."""
+    shape = int(state.get("plan_shape", 1))
+    if shape not in PLAN_SHAPES:
+        raise PlanError(
+            f"loader state was saved with plan shape {shape}; this shardlake knows "
+            f"{', '.join(map(str, PLAN_SHAPES))}"
+        )
+    return shape

@@ -8,17 +8,24 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..read.catalog_cache import DerivedArrays, catalog_cache
-from .plan_types import Layout, ReadPlan
-from .reader import ChunkList
+from .plan_rank import Groups, plan_epoch3, shard_groups
+from .plan_types import Cursor, Layout, ReadPlan, Rows, resolve
+from .reader import ChunkList, RowTable
+
+if TYPE_CHECKING:
+    from .dataset import ShardDataset
 
 __all__ = [
     "compact_plan",
     "rank_plan",
+    "rank_plan3",
+    "sampled_mean",
+    "table_groups",
 ]
 
 
@@ -143,3 +150,52 @@ def rank_plan(
     what = json.dumps({"entry": PLAN_ENTRY, **key}, sort_keys=True)
     made = cache.fetch_arrays(what, lambda: plan_arrays(whole()))
     return plan_from_arrays(layout, *made, keep=mine)
+
+
+GROUPS_ENTRY = "loader-groups/1"
+
+
+def table_groups(
+    table: RowTable, mapping: np.ndarray[Any, Any] | None, version: str | None
+) -> Groups:
+    """The shard groups (plan shape 3) of an epoch's rows: ``mapping`` (epoch position ->
+    table row) or the table itself. ``version`` (a whole version's table: its hash) keeps
+    them in the node-local catalog cache, so the node's other ranks map the shards' first
+    positions (a few KB) instead of reading every row's shard and offset."""
+    if mapping is not None:
+        return shard_groups(Rows(table.shard[mapping], table.offset[mapping]))
+    cache = catalog_cache() if version is not None else None
+
+    def make() -> DerivedArrays:
+        got = shard_groups(Rows(table.shard, table.offset))
+        order = np.zeros(0, np.int64) if got.order is None else got.order
+        small = np.int32 if got.n < 2**31 else np.int64
+        doc = {"n": got.n, "ordered": got.order is None}
+        return doc, {"starts": got.starts.astype(small), "order": order.astype(small)}
+
+    what = json.dumps({"entry": GROUPS_ENTRY, "version": version, "rows": len(table)})
+    doc, arrays = make() if cache is None else cache.fetch_arrays(what, make)
+    order = None if doc["ordered"] else arrays["order"]
+    return Groups(int(doc["n"]), arrays["starts"].astype(np.int64), order)
+
+
+def rank_plan3(ds: ShardDataset, layout: Layout, cursor: Cursor, mine: range) -> ReadPlan:
+    """The slots ``mine`` of ``ds``'s plan (shape 3), planned on their own
+    (:mod:`.plan_rank`): a whole version's shard groups come from the node-local cache
+    (:func:`table_groups`)."""
+    mapping = ds.epoch_map(cursor.epoch)
+    whole = mapping is None and ds.source_records[0]["selection"] == {"all": True}
+    groups = table_groups(ds.table, mapping, ds.version_hash if whole else None)
+    n_all = len(ds.table) if mapping is None else len(mapping)
+    leg = plan_epoch3(groups, ds.params, cursor.epoch, layout, cursor.legs, n_all=n_all, slots=mine)
+    return resolve(leg, mapping)
+
+
+def sampled_mean(values: np.ndarray[Any, Any], blocks: int = 64, width: int = 1024) -> float:
+    """The mean of ``values`` over ``blocks`` evenly spaced runs of ``width``: a mapped
+    column's few pages instead of all of them (plan shape 3's run length)."""
+    n = len(values)
+    if n <= blocks * width:
+        return float(values.mean()) if n else 1.0
+    starts = np.linspace(0, n - width, blocks).astype(np.int64).tolist()
+    return float(np.mean([values[s : s + width].mean() for s in starts]))

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import pickle
@@ -27,9 +28,9 @@ from ..read.forget_caches import drop_forgotten_caches
 from ..root.door import StoreLike, store_like
 from ..store import Store
 from .batches import INDEX_KEY, VALID_KEY, OutputOptions, SlotBatches
-from .checkpoint import check_state, plain
+from .checkpoint import check_state, plain, saved_plan_shape
 from .collate import BatchBuilder, BufferPool, PayloadDecoder, make_sample
-from .compact import compact_plan, rank_plan
+from .compact import compact_plan, rank_plan, rank_plan3, sampled_mean
 from .ddp import rank_and_world
 from .heap import trim_heap
 from .options import LoaderOptions
@@ -218,7 +219,11 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             shape=shape,
             chunk_size=chunk_size
             or request_chunk_size(
-                self.table, self.read_options, shuffled=self.params.shuffle, shape=shape
+                self.table,
+                self.read_options,
+                shuffled=self.params.shuffle,
+                shape=shape,
+                mean=sampled_mean(self.table.size) if shape >= 3 else None,
             ),
             interleave=interleave or (DEFAULT_INTERLEAVE if shape >= 2 else SHAPE1_INTERLEAVE),
             # An explicit run length (chunk_size, request_bytes) is kept as asked.
@@ -228,11 +233,7 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
     def adopt_plan_shape(self, state: dict[str, Any]) -> None:
         """Plan with the shape a saved state was made with (1 when it names none: states saved
         before plan shape 2), so that it resumes exactly the batches it would have had."""
-        shape = int(state.get("plan_shape", 1))
-        if shape not in (1, 2):
-            raise PlanError(
-                f"loader state was saved with plan shape {shape}; this shardlake knows 1 and 2"
-            )
+        shape = saved_plan_shape(state)
         if shape != self.params.shape:
             self.params = self._shaped(shape)
             self._plan_cache = None
@@ -370,10 +371,10 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
         return plan_torch_leg(rows, self.params, layout, perm)
 
     def _rank_plan(self, layout: Layout, cursor: Cursor, mine: range) -> ReadPlan:
-        """This rank's share of the leg's plan. With the node-local catalog cache on, the whole
-        plan is a derived file keyed by everything it depends on (the plan parameters, which
-        name the version and selection, the layout, the epoch and its legs): the node's first
-        rank computes and writes it, the others (and later runs) map their slots from it."""
+        """This rank's share of the leg's plan. With the node-local catalog cache on, it is a
+        derived file keyed by everything it depends on: shape 3 plans and keeps a rank's own
+        slots (so a restarted rank maps them); shapes 1-2 the whole plan, which the node's
+        first rank computes and writes, the others mapping their slots from it."""
         if self.params.order == "torch":  # torch's permutation: not cached
             return compact_plan(self._whole_plan(layout, cursor), keep=mine)
         from .. import __version__
@@ -387,6 +388,9 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             "sizes": self.source_sizes,
             "counts": self.source_counts,
         }
+        if self.params.shape >= 3 and self.params.shuffle:  # this rank's slots only
+            plan = functools.partial(rank_plan3, self, layout, cursor, mine)
+            return rank_plan(plan, {**key, "slots": [mine.start, mine.stop]}, layout, mine)
         return rank_plan(lambda: self._whole_plan(layout, cursor), key, layout, mine)
 
     def set_epoch(self, epoch: int) -> None:

@@ -46,21 +46,23 @@ not possible in general: a batch must hold B samples of one rank.)
 
 from __future__ import annotations
 
-import hashlib
-import heapq
 import math
-import warnings
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
-from ..errors import PlanError
-from ..progress.bar import plural
 from .plan_batches import _ordered_leg
+from .plan_rank import plan_epoch3, plan_leg3, shard_groups, without_rows
+from .plan_steps import (
+    _balanced_cuts,
+    _check_padding,
+    _in_shard_order,
+    _rng,
+    _slot_order,
+    _slot_sizes,
+)
 from .plan_types import (
     MIN_RUN_SAMPLES,
-    SHUFFLE_RAMP,
     IntArray,
     Layout,
     Leg,
@@ -72,42 +74,7 @@ from .plan_types import (
 __all__ = ["SHAPE1_INTERLEAVE", "plan_epoch", "plan_leg"]
 
 SHAPE1_INTERLEAVE = 16  # plan shape 1's default
-
-
-def _rng(
-    params: PlanParams, epoch: int, layout: Layout, leg: int, purpose: str
-) -> np.random.Generator:
-    text = "|".join(
-        str(x)
-        for x in (
-            "shardlake.plan/1",
-            params.version_hash,
-            params.selection_digest,
-            params.seed,
-            epoch,
-            layout.world_size,
-            layout.slots_per_rank,
-            layout.batch_size,
-            leg,
-            purpose,
-        )
-    )
-    digest = hashlib.sha256(text.encode()).digest()
-    return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
-
-
-def _in_shard_order(rows: Rows, ids: IntArray) -> IntArray:
-    """``ids`` in (shard, offset) order, as a stable ``lexsort`` orders them. Rows already in
-    that order (a catalog's rows mostly are) are found so by one comparison of neighbours
-    and not sorted: at 5M rows the sort was a second of a rank's start-up."""
-    if len(ids) < 2:
-        return ids
-    shard, offset = rows.shard[ids], rows.offset[ids]
-    ahead = shard[1:] > shard[:-1]
-    level = shard[1:] == shard[:-1]
-    if bool(np.all(ahead | (level & (offset[1:] >= offset[:-1])))):
-        return ids
-    return ids[np.lexsort((offset, shard))]
+_NONE: IntArray = np.zeros(0, dtype=np.int64)
 
 
 def _chunks(
@@ -143,97 +110,6 @@ def _chunks(
     return [ids[a:b] for a, b in zip(cuts.tolist(), ends, strict=True)]
 
 
-def _balanced_cuts(
-    starts: IntArray, counts: IntArray, chunk_size: int, rng: np.random.Generator | None
-) -> IntArray:
-    """Where plan shape 2's runs begin (positions in the shard-ordered ids): each shard's
-    ``m`` members in ``k = round(m / chunk_size)`` near-equal runs, the cut points moved by a
-    random phase ``u`` (of a run) per shard every epoch; the piece shorter than half a run
-    (the first when u < 1/2, else the last) joins its neighbour.
-
-    Member ``p`` of a shard is in run ``floor(p * k / m - u) + 1`` (clamped as just said); the
-    cuts are computed per run, not per member (at 5M rows the per-member form was 0.8 s of a
-    rank's start-up): each run's first member from the formula, then moved onto the exact
-    float boundary of the per-member form, so both cut at the same members.
-    """
-    m = counts.astype(np.int64)
-    k = np.maximum(1, np.rint(m / chunk_size)).astype(np.int64)
-    u = rng.random(len(starts)) if rng is not None else np.zeros(len(starts))
-
-    def run_of(shard: IntArray, p: IntArray) -> IntArray:  # unclamped, as the per-member form
-        return np.floor(p * k[shard] / m[shard] - u[shard]).astype(np.int64) + 1
-
-    every = np.arange(len(starts))
-    first, last = run_of(every, np.zeros(len(starts), np.int64)), run_of(every, m - 1)
-    low = u < 0.5
-    # The runs that begin a new (clamped) block: low shards merge run <= 1 into 1, the
-    # others merge runs >= k - 1 into k - 1.
-    lo = np.where(low, np.maximum(first, 1), first) + 1
-    hi = np.where(low, last, np.minimum(last, k - 1))
-    per = np.maximum(hi - lo + 1, 0)
-    shard = np.repeat(every, per)
-    run = np.repeat(lo, per) + np.arange(int(per.sum())) - np.repeat(np.cumsum(per) - per, per)
-    # First member with run_of >= run: the formula, then onto the exact boundary.
-    p = np.ceil((run - 1 + u[shard]) * m[shard] / k[shard]).astype(np.int64)
-    p = np.clip(p, 1, m[shard] - 1)
-    for _ in range(4):
-        back = (p > 1) & (run_of(shard, p - 1) >= run)
-        ahead = run_of(shard, p) < run
-        if not (back.any() or ahead.any()):
-            break
-        p = p - back + (ahead & ~back)
-    else:
-        raise PlanError("plan shape 2: run boundaries did not settle")  # float drift > 4
-    return np.unique(np.concatenate([starts, starts[shard] + p]))
-
-
-def _slot_order(
-    segment: list[IntArray], params: PlanParams, rng: np.random.Generator | None
-) -> tuple[IntArray, IntArray, IntArray, IntArray]:
-    """(emit order, read order, read position and chunk of each emitted sample) for one slot."""
-    if not segment:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty
-    ids = np.concatenate(segment)
-    lengths = np.fromiter((len(c) for c in segment), dtype=np.int64, count=len(segment))
-    chunk_no = np.repeat(np.arange(len(segment)), lengths)
-    if rng is None:  # no shuffle: read order is emit order
-        return ids, ids, np.arange(len(ids)), chunk_no
-    in_chunk = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    if params.shape >= 2:
-        # Lanes: `interleave` runs are open at once and their samples alternate; when a run
-        # ends, the next chunk opens in its lane (the least-filled one), so runs start and end
-        # one at a time (a steady refill) instead of `interleave` together.
-        lane_start = _lane_starts(lengths, params.interleave, staggered=True)
-        tick = np.repeat(lane_start, lengths) + in_chunk
-        read_order = np.lexsort((chunk_no, tick))
-    else:
-        # Shape 1: chunks are taken `interleave` at a time and their samples alternate.
-        group = chunk_no // params.interleave
-        read_order = np.lexsort((chunk_no, in_chunk, group))
-    read = ids[read_order]
-    # Bounded shuffle: emit by (read position + uniform jitter); a sample moves < buffer places,
-    # so the reader never holds more than `shuffle_buffer` samples it read but has not emitted.
-    reach: float | IntArray = params.shuffle_buffer
-    if params.shape >= 2:
-        # The reach widens from SHUFFLE_RAMP over the slot's first samples: the first batches
-        # come from the first lanes' runs (see the module docstring).
-        reach = np.minimum(params.shuffle_buffer, SHUFFLE_RAMP + np.arange(len(read)))
-    key = np.arange(len(read)) + rng.random(len(read)) * reach
-    emit_pos = _stable_argsort(key)
-    return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
-
-
-def _stable_argsort(key: np.ndarray[Any, Any]) -> IntArray:
-    """``np.argsort(key, kind="stable")``, by the faster unstable sort where no two keys are
-    equal (then every sort gives the one order): 0.1 s less per slot at 2.5M samples."""
-    order = np.argsort(key)
-    ranked = key[order]
-    if len(ranked) > 1 and bool(np.any(ranked[1:] == ranked[:-1])):
-        order = np.argsort(key, kind="stable")
-    return order.astype(np.int64, copy=False)
-
-
 def _spread(rows: Rows, chunks: list[IntArray], rng: np.random.Generator) -> IntArray:
     """A random chunk order in which every shard's chunks are spread evenly (plan shape 2).
 
@@ -253,25 +129,6 @@ def _spread(rows: Rows, chunks: list[IntArray], rng: np.random.Generator) -> Int
     group = np.searchsorted(kinds, shard)
     place = (rank + rng.random(len(kinds))[group]) / count[group]
     return np.lexsort((rng.random(len(chunks)), place))
-
-
-def _lane_starts(lengths: IntArray, lanes: int, *, staggered: bool = False) -> IntArray:
-    """Where each chunk starts (in samples of its lane) when chunks, in order, are put into
-    ``lanes`` lanes, each chunk into the lane that ends first (ties: the lowest lane). Starts
-    never decrease with the chunk number, so chunks are first read in chunk order.
-
-    ``staggered``: the first ``k`` lanes open one after another, lane ``j`` at ``j * L / k``
-    (``L`` the mean length of the first ``k`` chunks), so runs end, and the next open, one at
-    a time from the slot's start instead of all together after the first run."""
-    k = min(lanes, len(lengths))
-    step = float(lengths[:k].mean()) / k if staggered and k else 0.0
-    heap = [(round(lane * step), lane) for lane in range(k)]
-    out = np.zeros(len(lengths), dtype=np.int64)
-    for c, length in enumerate(lengths.tolist()):
-        start, lane = heap[0]
-        out[c] = start
-        heapq.heapreplace(heap, (start + length, lane))
-    return out
 
 
 def _split_segments(chunks: list[IntArray], sizes: list[int]) -> list[list[IntArray]]:
@@ -308,6 +165,11 @@ def plan_leg(
     Unshuffled, the leg keeps the rows' own order (see :func:`_ordered_leg`).
     """
     n_all = len(rows)
+    if params.shape >= 3 and params.shuffle:
+        groups = without_rows(shard_groups(rows), exclude if exclude is not None else _NONE, n_all)
+        return plan_leg3(
+            groups, params, epoch, layout, n_all=n_all, leg=leg, epoch_samples=epoch_samples
+        )
     ids = _leg_ids(n_all, exclude)
     per_step = layout.global_batch
     rng = _rng(params, epoch, layout, leg, "order") if params.shuffle else None
@@ -383,20 +245,6 @@ def _leg_ids(n_all: int, exclude: IntArray | None) -> IntArray:
     return ids[keep]
 
 
-def _check_padding(n: int, pad: int, basis: int, params: PlanParams, layout: Layout) -> None:
-    """Warn when a leg's padding (replayed samples) exceeds ``max_pad_fraction`` of ``basis``.
-    Any size plans, as DistributedSampler pads any size: a large share is a warning only."""
-    if pad and not params.exact and pad > params.max_pad_fraction * basis:
-        warnings.warn(
-            f"{n} selected samples over {plural(layout.world_size, 'rank')} x batch_size "
-            f"{layout.batch_size} leave {pad} slots filled by replaying samples "
-            f"({pad / max(basis, 1):.1%} of the epoch, more than max_pad_fraction="
-            f"{params.max_pad_fraction:g}); drop_last=True drops the remainder instead, and a "
-            "smaller batch_size or fewer ranks replay less",
-            stacklevel=2,
-        )
-
-
 def _replay(
     ids: IntArray, pad: int, rng: np.random.Generator | None, rows: Rows | None = None
 ) -> IntArray:
@@ -413,16 +261,6 @@ def _replay(
     return ids[rng.choice(len(ids), size=pad, replace=pad > len(ids))]
 
 
-def _slot_sizes(layout: Layout, steps: int) -> list[int]:
-    """Rows of each slot (rank-major): its whole batches of the ``steps`` steps."""
-    w = layout.slots_per_rank
-    return [
-        len(range(k, steps, w)) * layout.batch_size
-        for _r in range(layout.world_size)
-        for k in range(w)
-    ]
-
-
 def plan_epoch(
     rows: Rows,
     params: PlanParams,
@@ -431,6 +269,8 @@ def plan_epoch(
     legs: Sequence[Leg] = (),
 ) -> LegPlan:
     """The plan of the current leg of ``epoch``, after the finished ``legs`` (resume)."""
+    if params.shape >= 3 and params.shuffle:
+        return plan_epoch3(shard_groups(rows), params, epoch, layout, legs, n_all=len(rows))
     exclude: list[IntArray] = []
     for i, done in enumerate(legs):
         prev = plan_leg(

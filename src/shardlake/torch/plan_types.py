@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
     "MIN_SLOT_RUNS",
     "PLAN_SHAPE",
+    "PLAN_SHAPES",
     "Cursor",
     "Layout",
     "Leg",
@@ -40,7 +41,8 @@ DEFAULT_MAX_PAD_FRACTION = 0.1
 DEFAULT_CHUNK_SIZE = 16
 DEFAULT_INTERLEAVE = 32  # lanes of plan shape 2
 DEFAULT_SHUFFLE_BUFFER = 512
-PLAN_SHAPE = 2
+PLAN_SHAPE = 3
+PLAN_SHAPES = (1, 2, 3)  # what saved loader states may name
 MIN_SLOT_RUNS = 16  # plan shape 2: runs per slot at least (shorter runs in a small epoch)
 MIN_RUN_SAMPLES = 4  # plan shape 2: the shortest run a small epoch gets
 SHUFFLE_RAMP = 64  # plan shape 2: the shuffle's reach at a slot's first sample
@@ -90,7 +92,9 @@ class PlanParams:
     # Evaluation: the padding for equal steps is marked invalid (not capped, not a replay).
     exact: bool = False
     # How a slot's chunks are read and mixed: 1 = `interleave` chunks at a time (loaders
-    # before plan shape 2, 16-sample chunks); 2 = `interleave` lanes of long runs (default).
+    # before plan shape 2, 16-sample chunks); 2 = `interleave` lanes of long runs; 3 (default)
+    # = shape 2's runs and lanes, the runs ordered by a stateless permutation, so that a rank
+    # plans its own slots only (plan_rank.py).
     shape: int = PLAN_SHAPE
     # Shape 2: shorter runs where a slot would get fewer (0: chunk_size as given).
     min_slot_runs: int = MIN_SLOT_RUNS
@@ -109,8 +113,8 @@ class PlanParams:
             raise PlanError("chunk_size, interleave and shuffle_buffer must be >= 1")
         if self.min_slot_runs < 0:
             raise PlanError("min_slot_runs must be >= 0")
-        if self.shape not in (1, 2):
-            raise PlanError(f"unknown plan shape {self.shape} (this shardlake knows 1 and 2)")
+        if self.shape not in PLAN_SHAPES:
+            raise PlanError(f"unknown plan shape {self.shape} (this shardlake knows 1, 2 and 3)")
         if not self.max_pad_fraction >= 0.0:
             raise PlanError("max_pad_fraction must be >= 0")
 

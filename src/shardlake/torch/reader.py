@@ -85,7 +85,12 @@ class RowTable:
 
 
 def request_chunk_size(
-    table: RowTable, options: ReadOptions, *, shuffled: bool = True, shape: int = PLAN_SHAPE
+    table: RowTable,
+    options: ReadOptions,
+    *,
+    shuffled: bool = True,
+    shape: int = PLAN_SHAPE,
+    mean: float | None = None,
 ) -> int:
     """Samples per plan chunk so that a dense chunk is about one ``request_bytes`` GET.
 
@@ -96,7 +101,8 @@ def request_chunk_size(
     saved before it) held a shuffled chunk to at most ``DEFAULT_CHUNK_SIZE`` samples.
     """
     target = options.request_bytes or DEFAULT_REQUEST_BYTES
-    mean = float(table.size.mean()) if len(table) else 1.0
+    if mean is None:  # `mean`: the mean payload size, where the caller knows it
+        mean = float(table.size.mean()) if len(table) else 1.0
     samples = max(1, min(4096, round(target / max(mean, 1.0))))
     if options.request_bytes or not shuffled:
         return samples
