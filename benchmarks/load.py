@@ -34,7 +34,7 @@ loader engines side by side, per round the decode limit then one epoch of each e
 local disk and (``--s3``) from the S3 endpoint: each engine's local epoch against the decode
 limit, its S3 epoch against its local epoch with the client CPU per sample, threads against
 processes, time to first batch and peak PSS (medians over the rounds of ratios within a round).
-Issue #47's epoch boundary in the same block (``--boundary-epochs``, default 4): that many epochs
+Issue #47's epoch boundary in the same block (``--boundary-epochs``, default 6): that many epochs
 of an open thread-engine loader back to back, timed as one span, with the next epoch's prefetch
 and without it. PSS per sample at 1M/5M samples and 1, 2, 4 ranks: ``benchmarks/scale.py --ranks 1 2 4``.
 
@@ -526,7 +526,7 @@ def engines_run(
     w: int,
     rounds: int,
     s3: tuple[str, dict[str, Any], int | None] | None,
-    boundary_epochs: int = 4,
+    boundary_epochs: int = 6,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Issue #31: both engines side by side in one run, interleaved round by round with the
     decode limit so that other jobs' load weighs on all alike: per round the decode limit,
@@ -619,7 +619,7 @@ def engines_run(
                 got[k] = epoch(f"round {i + 1}: {k}", engine, s3_path, loaders[k])
                 got[k + " cold"] = epoch(f"round {i + 1}: {k}, cold", engine, s3_path)
                 rows += [got[k], got[k + " cold"]]
-        for mode in prefetch:
+        for mode in list(prefetch)[:: 1 if i % 2 == 0 else -1]:  # alternated: no order bias
             name = f"round {i + 1}: threads local, {boundary_epochs} epochs, prefetch {mode}"
             start = (i + 1) * boundary_epochs
             got[f"boundary {mode}"] = boundary(name, loaders[f"boundary {mode}"], start)
@@ -865,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--boundary-epochs",
         type=int,
-        default=4,
+        default=6,
         help="issue #47's figure: epochs back to back per round, next-epoch prefetch on and off "
         "(0: skip)",
     )
