@@ -82,17 +82,22 @@ def commit_beside_gc(
     *,
     what: str,
     wait: bool = True,
+    beside_writers: bool = False,
 ) -> T:
-    """``commit(state)``, run again on the new state when it lost a race to gc's own commits.
+    """``commit(state)``, run again on the new state when it lost a race to gc's own commits,
+    or with ``beside_writers`` to any commit (pack and the writers: ``commit`` then checks what
+    it needs of the new state, as ``publish_version`` checks the tag and the base).
 
-    A conflict is retried only when the log moved and the versions are what ``state`` said
-    (only gc committed meanwhile); any other writer's commit is the caller's conflict. With ``wait`` a gc holding
-    the root is waited for first (:class:`GcWait`); a prune, which references nothing new,
-    passes ``wait=False``.
+    A conflict is retried only when the log moved (a conflict over an unmoved log is the
+    state refusing the commit: the caller's), and without ``beside_writers`` only when the
+    versions are what ``state`` said (only gc committed meanwhile). With ``wait`` a gc holding
+    the root is waited for first (:class:`GcWait`; such rounds are not attempts); a prune,
+    which references nothing new, passes ``wait=False``.
     """
     gc_wait = GcWait(store)
     last: ConflictError | None = None
-    for _attempt in range(COMMIT_ATTEMPTS):
+    attempts = 0
+    while attempts < COMMIT_ATTEMPTS:
         if wait:
             state = gc_wait.until_free(state, what=what)
         try:
@@ -101,9 +106,12 @@ def commit_beside_gc(
             raise
         except ConflictError as exc:
             fresh = read_state(store)
-            # Not a lost race (the log did not move), or another writer's commit: the caller's.
-            if fresh.seq == state.seq or _published(fresh) != _published(state):
+            if fresh.seq == state.seq:
                 raise
+            if not beside_writers and _published(fresh) != _published(state):
+                raise  # another writer's commit: the caller's conflict
+            if not (wait and fresh.gc_locked()):
+                attempts += 1
             state, last = fresh, exc
     raise ConflictError(
         f"{store.url}: the commit log kept moving ({plural(COMMIT_ATTEMPTS, 'attempt')}); {what}"

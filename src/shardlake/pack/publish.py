@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from ..errors import ConflictError, ObjectsGoneError, OutcomeUnknownError
-from ..meta.commits import read_state
-from ..meta.gcwait import GcWait
+from ..errors import ObjectsGoneError, OutcomeUnknownError
+from ..meta.gcwait import commit_beside_gc
 from ..meta.leases import Lease, gone_error
 from ..meta.publish import VersionBody, publish_version
 from ..meta.state import RootState
 from ..meta.versions import StoredVersion
-from ..progress.bar import plural
 from ..store import Store
 
 __all__ = ["publish"]
 
-PUBLISH_ATTEMPTS = 10
 NOTHING = "nothing was published by this run - re-run it (finished revisions are reused)"
 
 
@@ -27,8 +24,9 @@ def publish(
 ) -> StoredVersion:
     """Publish, tolerating unrelated commits that landed while the (possibly hours-long) pack ran.
 
-    Another commit since ``state`` is retried against the new state: the version document is
-    self-contained, so it does not depend on what else was published meanwhile, and
+    Another commit since ``state`` is retried against the new state
+    (:func:`~shardlake.meta.gcwait.commit_beside_gc`): the version document is self-contained,
+    so it does not depend on what else was published meanwhile, and
     :func:`~shardlake.meta.publish.publish_version` checks the tag still free and the base
     still live against each state it commits on (a taken tag is a conflict: exactly one of two
     racing packs of the same tag wins). A gc holding the root is waited for (up to the store's
@@ -37,33 +35,22 @@ def publish(
     names the run in a conflict (``pack``, ``writer``, ``write_bag``).
     """
     tag = body.tag
-    since = state.seq
     if lease is not None:  # what publish writes: its version record and catalog objects
         lease.cover([f"versions/{tag}/", "catalog/"])
-    gc_wait = GcWait(store)
-    attempts = 0
-    while True:
-        state = gc_wait.until_free(state, what=NOTHING)
-        try:
-            return publish_version(store, body, state, operation=operation)
-        except OutcomeUnknownError as exc:
-            raise OutcomeUnknownError(
-                f"{store.url}: publishing version {tag!r}: outcome unknown; run `shardlake "
-                f"versions` to see whether {tag} exists ({exc})"
-            ) from exc
-        except ObjectsGoneError as exc:
-            raise gone_error(
-                store, exc.missing, since_seq=since, lease=lease, what=NOTHING
-            ) from exc
-        except ConflictError as exc:
-            fresh = read_state(store)
-            if fresh.seq == state.seq:
-                raise  # no later commit: the state itself refused it (tag taken, base pruned)
-            if attempts >= PUBLISH_ATTEMPTS:
-                raise ConflictError(
-                    f"{store.url}: the commit log kept moving ({plural(PUBLISH_ATTEMPTS, 'attempt')}); "
-                    "nothing was published - re-run (finished revisions are reused)"
-                ) from exc
-            state = fresh
-            if not state.gc_locked():  # a gc lock is waited for (until_free), not an attempt
-                attempts += 1
+    try:
+        return commit_beside_gc(
+            store,
+            state,
+            lambda current: publish_version(store, body, current, operation=operation),
+            what=NOTHING,
+            beside_writers=True,
+        )
+    except OutcomeUnknownError as exc:
+        raise OutcomeUnknownError(
+            f"{store.url}: publishing version {tag!r}: outcome unknown; run `shardlake "
+            f"versions` to see whether {tag} exists ({exc})"
+        ) from exc
+    except ObjectsGoneError as exc:
+        raise gone_error(
+            store, exc.missing, since_seq=state.seq, lease=lease, what=NOTHING
+        ) from exc
