@@ -10,7 +10,7 @@ from ..meta.state import RootState
 from ..meta.versions import StoredVersion
 from ..store import Store
 
-__all__ = ["publish"]
+__all__ = ["NOTHING", "publish"]
 
 NOTHING = "nothing was published by this run - re-run it (finished revisions are reused)"
 
