@@ -270,6 +270,9 @@ def _iterate(
     bar = Progress(total, "bench load", unit="batches", enabled=progress)
     for epoch in range(epochs):
         loader.set_epoch(epoch)
+        if hasattr(loader, "prefetch_next_epoch"):
+            # No epoch follows the last one: its prefetch would be reads counted for nothing.
+            loader.prefetch_next_epoch = epoch + 1 < epochs
         t_epoch, epoch_samples, cpu_epoch = time.perf_counter(), run.samples, cpu()
         for batch in loader:
             if run.first_batch_s is None:
