@@ -117,3 +117,20 @@ def test_export_checks_headers_and_payloads_across_read_pieces(
     with pytest.raises(IntegrityError, match=r"failed verification \(source\).*tar header"):
         shardlake.open(src).export(str(tmp_path / "again"), progress=False)
     assert not open_store(str(tmp_path / "again")).exists(shard)
+
+
+def test_export_sends_nothing_past_a_damaged_payload(
+    seaweedfs_server: StoreServer, proxy: FaultProxy, tmp_path: Path
+) -> None:
+    src = _local_root(tmp_path)
+    shard = next(iter(_shards(src)))
+    data = bytearray(src.read(shard))
+    data[2000] ^= 0x01  # inside the first payload: the first 8 MiB piece fails its CRC-32
+    src.write(shard, bytes(data))
+    url = seaweedfs_server.fresh_url("rot")
+    options = proxy.storage_options(seaweedfs_server.storage_options)
+    with pytest.raises(IntegrityError, match=r"failed verification \(source\).*checksum"):
+        shardlake.open(src).export(url, dest_storage_options=options, progress=False)
+    # Every copy stopped at the damage: no part of the shard left for the store.
+    assert not [p for m, p, _k in proxy.history if m == "PUT" and "/shard-" in p]
+    assert not open_store(url, seaweedfs_server.storage_options).exists(shard)

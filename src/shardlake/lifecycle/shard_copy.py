@@ -7,8 +7,8 @@ a read-back of the copy would make, on the bytes that were sent. That the destin
 exactly those bytes is the store's own guarantee (docs/storage.md, "What is stored is what was
 sent": every S3 part carries its ``Content-MD5``, Azure blocks theirs, GCS uploads are
 compared with the MD5 GCS reports), so the copy is never read back. A copy that fails a check
-is aborted before it becomes visible (the streaming write is discarded), so nothing
-unverified ever appears at the destination.
+is aborted before it becomes visible (the streaming write is discarded; a payload that fails
+stops it before its piece is sent), so nothing unverified ever appears at the destination.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ CHUNK = 8 << 20
 
 
 class _Mismatch(Exception):
-    """The bytes on their way failed a check: abort this copy."""
+    """The bytes on their way failed a check: abort this copy (raised as soon as a payload
+    fails, so the rest of a damaged shard is never sent)."""
 
 
 class _Payloads:
@@ -94,8 +95,10 @@ class _Passing(io.RawIOBase):
             return False
         self._start += len(self._piece)
         self._piece = piece
-        self._out.write(piece)
         self._payloads.update(self._start, piece)
+        if self._payloads.bad:
+            raise _Mismatch  # not one more byte of a copy that will be aborted
+        self._out.write(piece)
         self.sent += len(piece)
         return True
 
@@ -170,13 +173,11 @@ def _problems(
             members.append((member.name, member.offset, member.size))
     except (FormatError, IntegrityError, OSError, EOFError) as exc:
         message = f"tar headers unreadable after {plural(len(members), 'member')}: {exc}"
-        out.append(Problem(pid, url, None, None, message))
+        return [Problem(pid, url, None, None, message)]  # the rest is not sent: aborted
     passing.drain()
     if passing.sent != shard.size:
         message = f"shard is {plural(passing.sent, 'byte')}, version says {shard.size}"
         out.append(Problem(pid, url, None, None, message))
-    for row, message in payloads.bad:
-        out.append(Problem(pid, url, row.key, row.offset, message))
     for row in sorted(rows, key=lambda r: r.member):
         problem = member_problem(row, members, passing.sent)
         if problem is not None:
@@ -207,7 +208,10 @@ def copy_shard_verified(
             if found:
                 raise _Mismatch
     except _Mismatch:
-        return found[0]
+        if found:
+            return found[0]
+        row, message = payloads.bad[0]
+        return Problem(pid, url, row.key, row.offset, message)
     finally:
         pieces.close()  # stop the read ahead now, not when collected
     return None
