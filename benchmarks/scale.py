@@ -458,11 +458,11 @@ def keyset_row(url: str, options: dict[str, Any] | None, share: float) -> dict[s
     store, counter = counted_store(url, options)
     root = shardlake.open(store)
     name = "scale-share"
-    if name in {k.name for k in root.keysets()}:
-        root.delete_keyset(name)
+    if name in {k.name for k in root.keysets.list()}:
+        root.keysets.delete(name)
     every = max(1, round(1 / share))
     started = time.perf_counter()
-    made = root.create_keyset(name, version="v1", where=f"speed % {every} = 0")
+    made = root.keysets.create(name, version="v1", where=f"speed % {every} = 0")
     out: dict[str, Any] = {
         "share": share,
         "keys": len(made.keys),
@@ -477,7 +477,7 @@ def keyset_row(url: str, options: dict[str, Any] | None, share: float) -> dict[s
         out[f"{label}_s"] = round(got["startup_s"], 2)
         out[f"{label}_requests"] = got["startup_requests"]
         out[f"{label}_pss_mb"] = round(got["pss_bytes"] / 2**20, 1)
-    shardlake.open(url, **(options or {})).delete_keyset(name)
+    shardlake.open(url, **(options or {})).keysets.delete(name)
     return out
 
 
