@@ -54,11 +54,15 @@ def wait_for(check: Callable[[], bool]) -> bool:
 
 
 def run(loader: ShardLoader, script: list[int | None]) -> Iterator[list[dict[str, Any]]]:
-    """One pass per entry: ``set_epoch(e)`` first, or none (``None``: the loader moves on)."""
+    """One pass per entry: ``set_epoch(e)`` first, or none (``None``: the loader moves on);
+    ``len(loader)`` before each, as a progress bar asks (it shares a prefetch's plan)."""
     for epoch in script:
         if epoch is not None:
             loader.set_epoch(epoch)
-        yield list(loader)
+        steps = len(loader)
+        batches = list(loader)
+        assert len(batches) == steps
+        yield batches
 
 
 def assert_same(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> None:
@@ -216,3 +220,21 @@ def test_a_prefetch_that_failed_is_read_again(root: Path) -> None:
     outage.allow = None  # over before epoch 1 starts
     assert_same(list(on), reference[1])
     on.close()
+
+
+def test_each_epoch_is_planned_once(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prefetch's plan is the one the next pass and ``len(loader)`` use: no epoch is
+    planned twice."""
+    planned: list[int] = []
+    real = ShardDataset._rank_plan
+
+    def counted(self: ShardDataset, layout: Any, cursor: Any, mine: Any) -> Any:
+        planned.append(cursor.epoch)
+        return real(self, layout, cursor, mine)
+
+    monkeypatch.setattr(ShardDataset, "_rank_plan", counted)
+    loader = open_loader(root)
+    for _ in run(loader, [0, None, None]):
+        pass
+    loader.close()
+    assert sorted(planned) == [0, 1, 2, 3]  # 3: the last prefetch, which nobody took

@@ -203,6 +203,7 @@ class ShardLoader:
 
     def __len__(self) -> int:
         """Steps left in the current epoch."""
+        self._next.share_plan(self._pass_key())  # a prefetch's plan, not a second planning
         return max(0, self.ds.plan(self.layout, self.cursor).steps - self.cursor.step)
 
     def set_epoch(self, epoch: int) -> None:
@@ -432,6 +433,11 @@ class _NextPass:
             batches = None
         self.key = self.batches = None
         return batches
+
+    def share_plan(self, key: tuple[Any, ...]) -> None:
+        """The dataset's cached plan becomes the prefetch's, if it was started for ``key``."""
+        if self.key == key and self.batches is not None:
+            self.batches.keep_plan(wait=True)
 
     def keep_if(self, key: tuple[Any, ...]) -> None:
         if self.key != key:

@@ -152,6 +152,7 @@ class ThreadBatches:
         self._plan_lock = threading.Lock()
         self._keep_plan = keep_plan
         self._plan: ReadPlan | None = None
+        self._planned = threading.Event()  # set once the plan is made (or the feeder ended)
         self._failed = False
 
     def failed(self) -> bool:
@@ -176,8 +177,11 @@ class ThreadBatches:
         )
         self._feeder.start()
 
-    def keep_plan(self) -> None:
-        """From now on, this pass's plan is the dataset's cached plan (a prefetch, once taken)."""
+    def keep_plan(self, wait: bool = False) -> None:
+        """From now on, this pass's plan is the dataset's cached plan (a prefetch, once taken);
+        ``wait``: until the feeder has made it (rather than planning the epoch a second time)."""
+        if wait and self._feeder is not None:
+            self._planned.wait()
         with self._plan_lock:
             self._keep_plan = True
             if self._plan is not None:
@@ -192,6 +196,7 @@ class ThreadBatches:
             self._plan = plan
             if self._keep_plan and not keep:
                 self.ds.keep_plan(self.layout, self.cursor, plan)
+        self._planned.set()
         return plan
 
     def __iter__(self) -> Iterator[Any]:
@@ -297,6 +302,7 @@ class ThreadBatches:
             self._failed = True
             self._done.put(exc)
         finally:
+            self._planned.set()
             for it in iters:
                 close = getattr(it, "close", None)
                 if close is not None:
