@@ -97,3 +97,29 @@ def test_ctrl_c_at_any_moment_of_pack_exits_130_with_one_line(
     if root.exists():
         store = open_store(str(root))
         assert store.list("commits/") == [] and store.list("versions/") == []
+
+
+_SERVER_MASK = """
+import signal, sys, threading, time
+from multiprocessing import forkserver
+from shardlake.executors.tasks import mp_context
+# A thread that does not block SIGINT, as pack's lease and pools are: were the disposition
+# SIG_IGN while the server starts, a Ctrl-C this thread took would be lost.
+threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+handler = signal.getsignal(signal.SIGINT)
+mp_context(None, ["shardlake.pack"])
+status = open(f"/proc/{forkserver._forkserver._forkserver_pid}/status").read()
+blocked = int(status.split("SigBlk:")[1].split()[0], 16)
+print(bool(blocked & (1 << (signal.SIGINT - 1))), signal.getsignal(signal.SIGINT) is handler)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_the_fork_server_starts_with_sigint_blocked_not_ignored_here() -> None:
+    """The fork server inherits a blocked SIGINT (multiprocessing's resource tracker unblocks it
+    in the calling thread: started first), and this process never ignores SIGINT meanwhile: a
+    Ctrl-C then was lost when another thread took it, and pack ran on to publish (exit 0)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SERVER_MASK], capture_output=True, text=True, timeout=120
+    )
+    assert out.stdout.split() == ["True", "True"], out.stderr

@@ -66,24 +66,25 @@ def mp_context(name: str | None, preload: Sequence[str] = ()) -> Any:
 
 
 def _start_forkserver_deaf_to_ctrl_c() -> None:
-    """Start the fork server with SIGINT ignored (an ignore survives its exec).
+    """Start the fork server with SIGINT blocked (a signal mask survives fork and exec).
 
     Ctrl-C reaches the whole process group: a fork server still importing its preload modules
     would die with a traceback, and the pool would fail with EOFError instead of the clean
-    interrupt. Its workers inherit the ignore; the parent stops them on Ctrl-C (run_tasks).
-    SIGINT is blocked in this thread meanwhile, so a Ctrl-C in those milliseconds is delivered
-    afterwards (unless a native thread, which does not block it, takes it)."""
+    interrupt. The server starts with SIGINT blocked, then ignores it (multiprocessing does so
+    once its preload is imported); its workers inherit the blocked mask and the parent stops them
+    on Ctrl-C (run_tasks). The disposition here is never SIG_IGN: that is process-wide, so a
+    Ctrl-C taken meanwhile by another thread (the lease's, a pool's) would be lost and the pack
+    would run on to publish. Blocked in this thread only, it reaches this process's handler."""
     if threading.current_thread() is not threading.main_thread():
-        return  # signal.signal works in the main thread only; the server starts on first use
-    from multiprocessing import forkserver
+        return  # the mask must be the main thread's; the server starts on first use
+    from multiprocessing import forkserver, resource_tracker
 
+    # The resource tracker's start unblocks SIGINT in this thread when it is done: start it
+    # first, so that the server below inherits the block.
+    resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            forkserver.ensure_running()
-        finally:
-            signal.signal(signal.SIGINT, handler)
+        forkserver.ensure_running()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
