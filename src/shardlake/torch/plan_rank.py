@@ -29,7 +29,6 @@ the earlier legs' every slot to know what they consumed (``O(N)``, once per such
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +37,15 @@ from typing import Any
 import numpy as np
 
 from .permute import Permutation
-from .plan_steps import _balanced_cuts, _check_padding, _in_shard_order, _slot_order, _slot_sizes
+from .plan_steps import (
+    _balanced_cuts,
+    _check_padding,
+    _generator,
+    _in_shard_order,
+    _seed_text,
+    _slot_order,
+    _slot_sizes,
+)
 from .plan_types import MIN_RUN_SAMPLES, IntArray, Layout, Leg, LegPlan, PlanParams, Rows
 
 __all__ = ["Groups", "plan_epoch3", "plan_leg3", "shard_groups", "without_rows"]
@@ -93,26 +100,7 @@ def without_rows(groups: Groups, exclude: IntArray, n_all: int) -> Groups:
 
 
 def _seed(params: PlanParams, epoch: int, layout: Layout, leg: int, purpose: str) -> str:
-    return "|".join(
-        str(x)
-        for x in (
-            "shardlake.plan/3",
-            params.version_hash,
-            params.selection_digest,
-            params.seed,
-            epoch,
-            layout.world_size,
-            layout.slots_per_rank,
-            layout.batch_size,
-            leg,
-            purpose,
-        )
-    )
-
-
-def _rng(text: str) -> np.random.Generator:
-    digest = hashlib.sha256(text.encode()).digest()
-    return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+    return _seed_text("shardlake.plan/3", params, epoch, layout, leg, purpose)
 
 
 def _replay_runs(
@@ -179,7 +167,7 @@ def plan_leg3(
     count = layout.world_size * layout.slots_per_rank
     if params.min_slot_runs and n:
         size = min(size, max(MIN_RUN_SAMPLES, math.ceil(n / (count * params.min_slot_runs))))
-    rng = _rng(_seed(params, epoch, layout, leg, "runs"))
+    rng = _generator(_seed(params, epoch, layout, leg, "runs"))
     counts = np.diff(np.r_[groups.starts, n]).astype(np.int64)
     run_at = _balanced_cuts(groups.starts, counts, size, rng) if n else EMPTY
     replay_at, replay_cuts = (EMPTY, EMPTY)
@@ -226,7 +214,7 @@ def plan_leg3(
         seg = [rows[x:y] for x, y in zip(bounds[:-1], bounds[1:], strict=True)]
         segments[s] = seg
         emit, read, pos, chunk = _slot_order(
-            seg, params, _rng(_seed(params, epoch, layout, leg, f"slot {s}"))
+            seg, params, _generator(_seed(params, epoch, layout, leg, f"slot {s}"))
         )
         slot_rows[s], slot_read[s], slot_pos[s], slot_chunk[s] = emit, read, pos, chunk
     return LegPlan(

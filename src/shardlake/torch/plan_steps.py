@@ -19,22 +19,26 @@ from .plan_types import SHUFFLE_RAMP, IntArray, Layout, PlanParams, Rows
 __all__ = [
     "_balanced_cuts",
     "_check_padding",
+    "_generator",
     "_in_shard_order",
     "_lane_starts",
     "_rng",
+    "_seed_text",
     "_slot_order",
     "_slot_sizes",
     "_stable_argsort",
 ]
 
 
-def _rng(
-    params: PlanParams, epoch: int, layout: Layout, leg: int, purpose: str
-) -> np.random.Generator:
-    text = "|".join(
+def _seed_text(
+    shape: str, params: PlanParams, epoch: int, layout: Layout, leg: int, purpose: str
+) -> str:
+    """What seeds one draw of a plan: the plan shape's tag (``"shardlake.plan/1"``, ...), the
+    version, selection, seed, epoch, layout, leg and what the draw is for."""
+    return "|".join(
         str(x)
         for x in (
-            "shardlake.plan/1",
+            shape,
             params.version_hash,
             params.selection_digest,
             params.seed,
@@ -46,8 +50,18 @@ def _rng(
             purpose,
         )
     )
+
+
+def _generator(text: str) -> np.random.Generator:
     digest = hashlib.sha256(text.encode()).digest()
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest[:16], "little")))
+
+
+def _rng(
+    params: PlanParams, epoch: int, layout: Layout, leg: int, purpose: str
+) -> np.random.Generator:
+    """A draw of plan shapes 1 and 2."""
+    return _generator(_seed_text("shardlake.plan/1", params, epoch, layout, leg, purpose))
 
 
 def _in_shard_order(rows: Rows, ids: IntArray) -> IntArray:
