@@ -5,41 +5,17 @@ from __future__ import annotations
 
 import io
 import tarfile
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from support.pack import make_source, small_frame
+from support.pack import KeyLog, make_source, small_frame
 
 import shardlake
 from shardlake.cli.main import main
 from shardlake.errors import ConflictError, UsageError
-from shardlake.store import Request
-
-
-class KeyLog:
-    """A store layer counting (operation, key) of every request."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[tuple[str, str]] = Counter()
-
-    def __call__(self, request: Request, send: Callable[[], Any]) -> Any:
-        self.calls[(request.op, request.key)] += 1
-        return send()
-
-    def state_reads(self) -> dict[str, int]:
-        """Root marker reads, commit-log listings, commit record reads."""
-        calls = self.calls
-        return {
-            "marker": calls[("read", "shardlake.json")],
-            "list_commits": calls[("list", "commits/")],
-            "read_commits": sum(
-                n for (op, k), n in calls.items() if op == "read" and "commits/" in k
-            ),
-        }
 
 
 def _tar(path: Path) -> Path:

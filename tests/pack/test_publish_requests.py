@@ -2,32 +2,18 @@
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support.pack import make_source, small_frame
+from support.pack import KeyLog, make_source, small_frame
 
 import shardlake
 from shardlake.errors import ConflictError
 from shardlake.meta.commits import read_state
 from shardlake.meta.publish import VersionBody, publish_version
 from shardlake.meta.state import RootState
-from shardlake.store import Request, open_store
-
-
-class KeyLog:
-    """A store layer recording (operation, key) of every request."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[tuple[str, str]] = Counter()
-
-    def __call__(self, request: Request, send: Callable[[], Any]) -> Any:
-        self.calls[(request.op, request.key)] += 1
-        return send()
+from shardlake.store import open_store
 
 
 def _partitions(src: Path, names: list[str]) -> None:

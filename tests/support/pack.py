@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from shardlake.format.tar import iter_members
 from shardlake.meta.commits import read_state
 from shardlake.meta.versions import StoredVersion, load_version, load_version_by_hash
 from shardlake.read.manifests import read_manifest
+from shardlake.store import Request
 from shardlake.testing import write_npz
 
 
@@ -78,3 +81,25 @@ def assert_consistent(store: Store) -> None:
                 data = store.read(shard.key)
                 assert len(data) == shard.size
                 assert len(list(iter_members(data))) == shard.members
+
+
+class KeyLog:
+    """A store layer counting (operation, key) of every request (the publish tests)."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[tuple[str, str]] = Counter()
+
+    def __call__(self, request: Request, send: Callable[[], Any]) -> Any:
+        self.calls[(request.op, request.key)] += 1
+        return send()
+
+    def state_reads(self) -> dict[str, int]:
+        """Root marker reads, commit-log listings, commit record reads."""
+        calls = self.calls
+        return {
+            "marker": calls[("read", "shardlake.json")],
+            "list_commits": calls[("list", "commits/")],
+            "read_commits": sum(
+                n for (op, k), n in calls.items() if op == "read" and "commits/" in k
+            ),
+        }
