@@ -217,10 +217,10 @@ def test_verify_offsets_reports_a_catalog_that_disagrees_with_a_manifest(
     assert shardlake.open(store).verify_offsets("v1").ok
     real = catalog_mod._fresh_rows
 
-    def shifted(*args: Any) -> list[pa.Table]:
-        tables = real(*args)
-        offsets = pa.compute.add(tables[0].column("offset"), 1)
-        return [tables[0].set_column(tables[0].schema.get_field_index("offset"), "offset", offsets)]
+    def shifted(*args: Any) -> Any:
+        for entry, table in real(*args):
+            offsets = pa.compute.add(table.column("offset"), 1)
+            yield entry, table.set_column(table.schema.get_field_index("offset"), "offset", offsets)
 
     monkeypatch.setattr(catalog_mod, "_fresh_rows", shifted)
     _pack_logs(src, store, "v2", ["c"], "v1")
@@ -319,3 +319,71 @@ def test_rows_of_several_segments_are_a_stable_sort_by_partition(parts: int) -> 
     whole = pa.concat_tables(tables)
     want = whole.take(pa.compute.sort_indices(whole.column("partition")))
     assert got.to_pydict() == want.to_pydict()
+
+
+class OpRecorder:
+    """A store layer recording (operation, key) of every request, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def __call__(self, request: Request, send: Callable[[], Any]) -> Any:
+        self.calls.append((request.op, request.key))
+        return send()
+
+
+def test_a_large_version_is_written_as_segments_of_bounded_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows beyond a segment's bound go into further segments of whole partitions, each
+    written before the next partitions' manifests are read again (memory holds one part)."""
+    import shardlake.meta.publish as publish_mod
+
+    monkeypatch.setattr(catalog_mod, "SEGMENT_MAX_ROWS", 4)
+    monkeypatch.setattr(publish_mod, "FRESH_ROWS_KEPT", 2)  # one manifest kept, four re-read
+    src, root = tmp_path / "src", tmp_path / "root"
+    recorder = OpRecorder()
+    store = open_store(str(root)).with_layers(recorder)
+    _pack_logs(src, store, "v1", ["a", "b", "c", "d", "e"], None)
+    calls = list(recorder.calls)  # the pack's requests
+    version = load_version(store, "v1")
+    ref = version.header.catalog
+    assert ref is not None
+    assert sorted(s.rows for s in ref.segments) == [2, 4, 4]
+    segment_of = {e.id: e.segment for e in version.entries}
+    by_id = sorted(version.entries, key=lambda e: e.id)
+    assert [segment_of[e.id] for e in by_id[::2]] == [segment_of[e.id] for e in by_id[1::2]] + [
+        segment_of[by_id[-1].id]
+    ]  # id-ordered pairs share a segment
+    got = catalog_rows(store, version)
+    assert got.equals(_manifest_rows(store, "v1").select(got.column_names))
+    # Streaming: the first segment is written before the last partitions' manifests are read
+    # for the catalog (each new manifest is read once for its digest, later ones again here).
+    segments = [i for i, (op, k) in enumerate(calls) if op == "create" and "segments/" in k]
+    last = by_id[-1].manifest
+    rereads = [i for i, (op, k) in enumerate(calls) if op == "read" and k == last]
+    assert len(segments) == 3 and len(rereads) == 2 and segments[0] < rereads[-1]
+    loader = ShardDataset(store, "v1", batch_size=2, num_workers=0, include_key=True).loader()
+    keys = [k for batch in loader for k in batch["__key__"]]
+    assert sorted(keys) == sorted(got.column("key").to_pylist())
+
+
+def test_merges_take_the_small_segments_and_never_rewrite_full_ones(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog_mod, "SEGMENT_MAX_ROWS", 4)
+    monkeypatch.setattr(catalog_mod, "MAX_LIVE_SEGMENTS", 3)
+    src, store = tmp_path / "src", open_store(str(tmp_path / "root"))
+    _pack_logs(src, store, "v1", ["a", "b", "c", "d"], None)  # two full segments of 4 rows
+    first = load_version(store, "v1").header.catalog
+    assert first is not None and [s.rows for s in first.segments] == [4, 4]
+    counts = []
+    for i, log in enumerate(["e", "f", "g"]):
+        _pack_logs(src, store, f"v{i + 2}", [log], f"v{i + 1}")
+        ref = load_version(store, f"v{i + 2}").header.catalog
+        assert ref is not None and set(first.segments) <= set(ref.segments)  # full: never merged
+        counts.append([s.rows for s in ref.segments])
+    # v3: e's small segment merged with f's rows; v4: nothing small left to merge, g alone.
+    assert [sorted(c) for c in counts] == [[2, 4, 4], [4, 4, 4], [2, 4, 4, 4]]
+    got = catalog_rows(store, load_version(store, "v4"))
+    assert got.equals(_manifest_rows(store, "v4").select(got.column_names))

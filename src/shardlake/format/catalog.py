@@ -31,6 +31,7 @@ from ..progress.bar import plural
 __all__ = [
     "MAX_LIVE_SEGMENTS",
     "PARALLEL_ROW_GROUPS",
+    "SEGMENT_MAX_ROWS",
     "SEGMENT_ROW_GROUP",
     "CatalogRef",
     "ObjectRef",
@@ -51,6 +52,10 @@ CATALOG_DIR = "catalog"
 # Rows per row group of a segment: small enough that one partition's query prunes most of a
 # large segment, large enough that a full scan is a few column chunks.
 SEGMENT_ROW_GROUP = 65_536
+# A publish writes its rows as segments of at most this many rows (whole partitions; one larger
+# partition is a segment of its own), so the rows it holds in memory at once stay bounded: a
+# 100M-sample version is ~12 segments, each encoded and written before the next is read.
+SEGMENT_MAX_ROWS = 128 * SEGMENT_ROW_GROUP
 # An incremental publish merges segments when a version would reference more than this many.
 MAX_LIVE_SEGMENTS = 32
 # A segment of at least this many row groups is decoded on up to DECODE_THREADS threads.
@@ -211,11 +216,13 @@ def decode_partitions(data: bytes, where: str) -> list[dict[str, Any]]:
     return entries
 
 
-def encode_segment(table: pa.Table) -> bytes:
-    """A segment: manifest rows sorted by partition (stable), in row groups of SEGMENT_ROW_GROUP."""
+def encode_segment(table: pa.Table, *, ordered: bool = False) -> bytes:
+    """A segment: manifest rows sorted by partition (stable), in row groups of SEGMENT_ROW_GROUP.
+    ``ordered``: the caller built ``table`` in that order already (no sort, no copy)."""
     table = table.replace_schema_metadata(None)
-    order = pc.sort_indices(table.column("partition"))
-    return _parquet_bytes(table.take(order), SEGMENT_ROW_GROUP)
+    if not ordered:
+        table = table.take(pc.sort_indices(table.column("partition")))
+    return _parquet_bytes(table, SEGMENT_ROW_GROUP)
 
 
 def row_groups_for(meta: pq.FileMetaData, pids: Sequence[str] | None) -> list[int]:

@@ -13,10 +13,11 @@ use (one read per partition, once per process).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -29,6 +30,7 @@ import pyarrow.parquet as pq
 from ..errors import AlreadyExistsError, FormatError, IntegrityError, KeyNotFoundError
 from ..format.catalog import (
     MAX_LIVE_SEGMENTS,
+    SEGMENT_MAX_ROWS,
     CatalogRef,
     ObjectRef,
     attached_catalog_key,
@@ -146,7 +148,9 @@ class Catalog:
         # put in one order by it (partition, then manifest order), whatever columns are wanted.
         read = None if columns is None else list(dict.fromkeys([*columns, "partition"]))
         tables = []
-        for digest, seg_pids in sorted(by_segment.items()):
+        # Segments in the order of their first partition: rows of a version written in parts
+        # (id ranges) then concatenate in order, with no sort.
+        for digest, seg_pids in sorted(by_segment.items(), key=lambda kv: kv[1][0]):
             ref = self.ref.segment(digest, self.label)
             every_row = sum(samples[p] for p in seg_pids) == ref.rows
             source = _open_segment(self.store, ref, read, [] if every_row else seg_pids)
@@ -200,8 +204,9 @@ _built: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
 _built_lock = threading.Lock()
 
 
-def _manifest_rows(store: Store, entries: Sequence[PartitionEntry], label: str) -> pa.Table:
-    """Every entry's manifest rows, read concurrently and checked against the entry."""
+def _manifest_tables(store: Store, entries: Sequence[PartitionEntry], label: str) -> list[pa.Table]:
+    """Each entry's manifest rows (in ``entries``' order), read concurrently and checked
+    against the entry."""
 
     def one(entry: PartitionEntry) -> pa.Table:
         table, meta = read_entry_manifest(store, entry)
@@ -211,7 +216,12 @@ def _manifest_rows(store: Store, entries: Sequence[PartitionEntry], label: str) 
         return table.replace_schema_metadata(None)
 
     with ThreadPoolExecutor(max_workers=_MANIFEST_READERS) as pool:
-        tables = list(pool.map(one, sorted(entries, key=lambda e: e.id)))
+        return list(pool.map(one, entries))
+
+
+def _manifest_rows(store: Store, entries: Sequence[PartitionEntry], label: str) -> pa.Table:
+    """Every entry's manifest rows, in partition order."""
+    tables = _manifest_tables(store, sorted(entries, key=lambda e: e.id), label)
     return _ordered(tables, None) if len(tables) != 1 else tables[0]
 
 
@@ -301,16 +311,21 @@ def publish_catalog(
     fresh: Mapping[str, pa.Table],
     *,
     avoid: Collection[str] = (),
+    segment_rows: int | None = None,
 ) -> tuple[CatalogRef, list[PartitionEntry]]:
     """Write the catalog of a version of ``entries`` (manifest digests set); return its
     reference and the entries with ``segment`` set.
 
     Rows of partitions the ``base`` catalog holds at the same manifest are reused; the others
     come from ``fresh`` (manifest tables publish already read) or their manifests, and go into
-    one new segment. Above :data:`MAX_LIVE_SEGMENTS` every segment but the largest is merged.
-    Segments whose sha256 is in ``avoid`` are not reused (forget: they hold forgotten rows);
-    the rows of unchanged partitions there are copied into the new segment.
+    new segments of at most ``segment_rows`` rows each (default :data:`SEGMENT_MAX_ROWS`; whole
+    partitions, in id order), each written before the next one's rows are read. Above
+    :data:`MAX_LIVE_SEGMENTS`, the live segments with the fewest live rows, among those at most
+    half full, are merged into the new ones. Segments whose sha256 is in ``avoid`` are not
+    reused (forget: they hold forgotten rows); the rows of unchanged partitions there are
+    copied into the new segments.
     """
+    segment_rows = SEGMENT_MAX_ROWS if segment_rows is None else segment_rows
     base_by_id = {e.id: e for e in base.entries} if base is not None and base.ref else {}
     segment_of: dict[str, str | None] = {}  # partition id -> segment holding its rows
     new = []
@@ -325,39 +340,123 @@ def publish_catalog(
             new.append(entry)
         else:
             segment_of[entry.id] = None  # no manifest, no rows
-    tables = _fresh_rows(store, new, fresh)
-    if moved and base is not None:
-        tables.append(base.rows(None, [e.id for e in moved]))
-        new.extend(moved)
     live: dict[str, ObjectRef] = {}
     if base is not None and base.ref is not None:
         used = {s for s in segment_of.values() if s}
         live = {r.sha256: r for r in base.ref.segments if r.sha256 in used}
-    if len(live) + bool(tables) > MAX_LIVE_SEGMENTS and base is not None:
-        largest = max(live.values(), key=lambda r: r.rows)
-        merged = [e for e in entries if segment_of.get(e.id) not in (None, largest.sha256)]
-        tables.append(base.rows(None, [e.id for e in merged]))
-        new.extend(merged)
-        live = {largest.sha256: largest}
-    if tables:
-        rows = _ordered(tables, None)
-        ref = write_object(store, segment_key, encode_segment(rows), rows.num_rows)
+    new.sort(key=lambda e: e.id)
+    # Copied rows are read one base segment at a time: grouped by it, then in id order.
+    base_segment = {e.id: e.segment or "" for e in base_by_id.values()}
+    moved.sort(key=lambda e: (base_segment.get(e.id, ""), e.id))
+    # Above the bound, merge the segments with the fewest live rows, among those at most half
+    # full: a full segment is never rewritten, so a merge costs at most the small ones.
+    live_rows: Counter[str] = Counter()
+    for entry in entries:
+        digest = segment_of.get(entry.id)
+        if digest:
+            live_rows[digest] += entry.samples
+    small = sorted((n, d) for d, n in live_rows.items() if 2 * n <= segment_rows and d in live)
+    while small and len(live) + _parts([*new, *moved], segment_rows) > MAX_LIVE_SEGMENTS:
+        gone = small.pop(0)[1]
+        del live[gone]
+        moved.extend(e for e in entries if segment_of.get(e.id) == gone)
+        moved.sort(key=lambda e: (base_segment.get(e.id, ""), e.id))
+    writer = _SegmentWriter(store, segment_rows)
+    for entry, table in _fresh_rows(store, new, fresh, segment_rows):
+        writer.add(entry.id, table)
+    if moved and base is not None:
+        for pid, table in _base_rows(base, moved, base_segment):
+            writer.add(pid, table)
+    for ref, pids in writer.close():
         live[ref.sha256] = ref
-        segment_of.update((e.id, ref.sha256) for e in new)
+        segment_of.update((pid, ref.sha256) for pid in pids)
     out = [replace(e, segment=segment_of.get(e.id)) for e in entries]
     table = encode_partitions([e.to_json() for e in out])
     parts = write_object(store, partitions_key, table, len(out))
     return CatalogRef(parts, tuple(sorted(live.values(), key=lambda r: r.sha256))), out
 
 
+def _parts(entries: Sequence[PartitionEntry], segment_rows: int) -> int:
+    """How many segments :class:`_SegmentWriter` makes of ``entries``' rows, in this order."""
+    count, rows = 0, 0
+    for entry in entries:
+        if count and rows + entry.samples <= segment_rows:
+            rows += entry.samples
+        else:
+            count, rows = count + 1, entry.samples
+    return count
+
+
+class _SegmentWriter:
+    """Rows of whole partitions, gathered into segments of at most ``segment_rows`` rows (a
+    larger partition alone): each written as soon as the next partition would not fit."""
+
+    def __init__(self, store: Store, segment_rows: int) -> None:
+        self.store = store
+        self.segment_rows = segment_rows
+        self.tables: list[pa.Table] = []
+        self.pids: list[str] = []
+        self.rows = 0
+        self.written: list[tuple[ObjectRef, list[str]]] = []
+
+    def add(self, pid: str, table: pa.Table) -> None:
+        if self.pids and self.rows + table.num_rows > self.segment_rows:
+            self._flush()
+        self.tables.append(table)
+        self.pids.append(pid)
+        self.rows += table.num_rows
+
+    def _flush(self) -> None:
+        rows = _ordered(self.tables, None) if len(self.tables) != 1 else self.tables[0]
+        ordered = self.pids == sorted(self.pids)  # pieces already in partition order: no sort
+        data = encode_segment(rows, ordered=ordered)
+        self.written.append((write_object(self.store, segment_key, data, rows.num_rows), self.pids))
+        self.tables, self.pids, self.rows = [], [], 0
+
+    def close(self) -> list[tuple[ObjectRef, list[str]]]:
+        if self.pids:
+            self._flush()
+        return self.written
+
+
 def _fresh_rows(
-    store: Store, entries: Sequence[PartitionEntry], fresh: Mapping[str, pa.Table]
-) -> list[pa.Table]:
-    tables = [fresh[e.id].replace_schema_metadata(None) for e in entries if e.id in fresh]
-    unread = [e for e in entries if e.id not in fresh]
-    if unread:
-        tables.append(_manifest_rows(store, unread, "publish"))
-    return tables
+    store: Store,
+    entries: Sequence[PartitionEntry],
+    fresh: Mapping[str, pa.Table],
+    segment_rows: int,
+) -> Iterator[tuple[PartitionEntry, pa.Table]]:
+    """Each entry's rows, in order: from ``fresh`` or its manifest (read concurrently, about a
+    segment's worth at a time, so memory holds at most that many unwritten rows)."""
+    start = 0
+    while start < len(entries):
+        stop, rows = start, 0
+        while stop < len(entries) and (
+            stop == start or rows + entries[stop].samples <= segment_rows
+        ):
+            rows += entries[stop].samples
+            stop += 1
+        batch = entries[start:stop]
+        unread = [e for e in batch if e.id not in fresh]
+        read = dict(
+            zip((e.id for e in unread), _manifest_tables(store, unread, "publish"), strict=True)
+        )
+        for entry in batch:
+            table = fresh[entry.id] if entry.id in fresh else read.pop(entry.id)
+            yield entry, table.replace_schema_metadata(None)
+        start = stop
+
+
+def _base_rows(
+    base: Catalog, entries: Sequence[PartitionEntry], base_segment: Mapping[str, str]
+) -> Iterator[tuple[str, pa.Table]]:
+    """The base catalog's rows of ``entries`` (grouped by ``base_segment``, the base segment
+    holding each), read one base segment at a time."""
+    for _digest, group in itertools.groupby(entries, key=lambda e: base_segment.get(e.id, "")):
+        pids = [e.id for e in group]
+        table = base.rows(None, pids)
+        parts = rows_by_partition(table)
+        for pid in pids:
+            yield pid, parts.get(pid, table.slice(0, 0))
 
 
 @dataclass(frozen=True)

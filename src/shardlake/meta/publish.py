@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import AlreadyExistsError, ConflictError, FormatError, ObjectsGoneError
-from ..format.catalog import CatalogRef
+from ..format.catalog import SEGMENT_MAX_ROWS, CatalogRef
 from ..format.documents import VERSION_SCHEMA, PartitionEntry
 from ..format.layout import DATA_DIR, RECORD_FORMAT_VERSION, commit_key, version_key
 from ..format.manifest import entry_mismatches, parse_manifest
@@ -48,6 +48,9 @@ __all__ = [
     "store_version_doc",
 ]
 
+
+# Manifest rows publish keeps from its digest reads for the catalog (more are read again there).
+FRESH_ROWS_KEPT = SEGMENT_MAX_ROWS // 2
 
 # Fields of a stored record that publish computes (never copied into a successor's body).
 _COMPUTED_FIELDS = frozenset(
@@ -230,13 +233,16 @@ def _with_manifest_digests(
     its entry, and hashed, so every later read can verify it. The bytes hashed must be the
     stored ones: a read whose digest is the entry's own (the build's, of the bytes it wrote) is
     proof; otherwise two reads must agree (a copied entry's stale digest is never trusted).
-    Cost: one read per new manifest the build wrote, two for any other.
+    Cost: one read per new manifest the build wrote, two for any other. The tables read are
+    kept for the catalog up to :data:`FRESH_ROWS_KEPT` rows (the catalog re-reads the others,
+    checked against the digests set here), so a large version's rows are never all in memory.
     """
     known = {
         e.manifest: (e.manifest_sha256, e.manifest_size) for e in base_parts if e.manifest_sha256
     }
     out = []
     fresh: dict[str, pa.Table] = {}
+    kept = 0
     for entry in partitions:
         entry = replace(entry, segment=None)  # publish decides where this version's rows live
         key = entry.manifest
@@ -254,7 +260,9 @@ def _with_manifest_digests(
                 if problems:
                     raise FormatError(f"{store.key_url(key)}: " + "; ".join(problems))
                 digest, size = hashlib.sha256(data).hexdigest(), len(data)
-                fresh[entry.id] = table
+                if kept + table.num_rows <= FRESH_ROWS_KEPT:
+                    fresh[entry.id] = table
+                    kept += table.num_rows
             entry = replace(entry, manifest_sha256=digest, manifest_size=size)
         out.append(entry)
     return out, fresh
