@@ -7,18 +7,21 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 import shardlake
 import shardlake.meta.catalog as catalog_mod
 from shardlake import open_store
 from shardlake.errors import UsageError
-from shardlake.read.catalog_cache import LAYOUT, CatalogCache, catalog_cache
+from shardlake.read.catalog_cache import ARRAYS_SUFFIX, LAYOUT, CatalogCache, catalog_cache
 from shardlake.store.layers import RequestCounter, read_request_log
 from shardlake.torch import ShardDataset
 
@@ -254,10 +257,6 @@ def _resident_kb(path: Path) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="reads Linux's smaps")
 def test_checking_mapped_arrays_leaves_their_pages_unmapped(tmp_path: Path) -> None:
-    import numpy as np
-
-    from shardlake.read.catalog_cache import ARRAYS_SUFFIX
-
     cache = CatalogCache(tmp_path)
     unread = np.arange(2_000_000, dtype=np.int32)  # 8 MB this process never reads
     cache.put_arrays("columns/1", {"n": 1}, {"unread": unread, "small": np.arange(4)})
@@ -269,3 +268,142 @@ def test_checking_mapped_arrays_leaves_their_pages_unmapped(tmp_path: Path) -> N
     assert _resident_kb(path) < 1024
     assert np.array_equal(found[1]["unread"], unread)
     assert _resident_kb(path) >= 7 * 1024
+
+
+# --- derived arrays checked once per node ------------------------------------------------------
+
+
+def _count_hashes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Calls to the arrays files' data hash from now on (their sizes in bytes)."""
+    import shardlake.read.catalog_cache as cache_mod
+
+    calls: list[int] = []
+    real = cache_mod._file_sha256
+
+    def counted(fh: Any, start: int) -> str:
+        calls.append(os.fstat(fh.fileno()).st_size - start)
+        return real(fh, start)
+
+    monkeypatch.setattr(cache_mod, "_file_sha256", counted)
+    return calls
+
+
+def _arrays_entry(cache: CatalogCache, what: str, n: int = 1000) -> tuple[Path, Path]:
+    cache.put_arrays(what, {"n": n}, {"a": np.arange(n, dtype=np.int64)})
+    (path,) = [p for p in cache.root.glob(f"*{ARRAYS_SUFFIX}") if what.encode() in p.read_bytes()]
+    return path, path.with_name(path.name + ".checked")
+
+
+def _read(cache_dir: Path, what: str) -> Any:
+    found = CatalogCache(cache_dir).get_arrays(what)  # another rank: its own cache object
+    return None if found is None else found[1]["a"].tolist()
+
+
+def test_ranks_map_checked_arrays_without_hashing_them(
+    root: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm rank maps the node's derived files (row-table columns, plan) without hashing
+    their data again: the node's first rank wrote them, stamped as checked."""
+    calls = _count_hashes(monkeypatch)
+    first = ShardDataset(root, "v1", batch_size=1)
+    made = len(calls)
+    again = [ShardDataset(root, "v1", batch_size=1) for _ in range(2)]
+    assert len(calls) == made, calls  # neither later rank hashed
+    assert all(_keys(ds) == _keys(first) for ds in again)
+    stamps = list((cache_dir / LAYOUT).glob("*.arrays.checked"))
+    assert len(stamps) == len(list((cache_dir / LAYOUT).glob("*.arrays"))) >= 2
+
+
+def test_an_unstamped_file_is_hashed_once_per_node(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path, stamp = _arrays_entry(CatalogCache(tmp_path), "columns/1")
+    stamp.unlink()  # e.g. a file of an older release, or a cache the maker could not stamp
+    calls = _count_hashes(monkeypatch)
+    before = path.stat()
+    assert [_read(tmp_path, "columns/1") for _ in range(3)] == [list(range(1000))] * 3
+    assert len(calls) == 1 and stamp.exists()
+    # A hit refreshes the stamp for the eviction order, never the file (its ctime is checked).
+    after = path.stat()
+    assert (after.st_mtime_ns, after.st_ctime_ns) == (before.st_mtime_ns, before.st_ctime_ns)
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate", "replace"])
+def test_a_changed_file_is_hashed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """An edit in place with the mtime put back (the ctime still moves), a truncation, a copy
+    with its times put under the same name: the stamp no longer matches."""
+    cache = CatalogCache(tmp_path)
+    path, stamp = _arrays_entry(cache, "columns/1")
+    st = path.stat()
+    calls = _count_hashes(monkeypatch)
+    if how == "flip":
+        with open(path, "r+b") as fh:
+            fh.seek(-8, os.SEEK_END)
+            byte = fh.read(1)
+            fh.seek(-8, os.SEEK_END)
+            fh.write(bytes([byte[0] ^ 0x01]))
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif how == "truncate":
+        os.truncate(path, st.st_size - 64)
+    else:
+        twin = tmp_path / "twin"
+        shutil.copy2(path, twin)  # the same bytes and mtime, another inode
+        os.replace(twin, path)
+    got = CatalogCache(tmp_path)
+    found = got.get_arrays("columns/1")
+    if how == "replace":
+        assert found is not None and len(calls) == 1  # hashed, good, stamped again
+        assert _read(tmp_path, "columns/1") == list(range(1000)) and len(calls) == 1
+        return
+    assert found is None and got.discarded == 1
+    assert len(calls) == (how == "flip")  # a truncation fails the size check first
+    assert not path.exists() and not stamp.exists()  # deleted with its stamp
+    remade = got.fetch_arrays("columns/1", lambda: ({"n": 1}, {"a": np.ones(3)}))
+    assert remade[0] == {"n": 1} and stamp.exists()
+
+
+@pytest.mark.parametrize("how", ["other", "torn", "forged", "racy", "garbage"])
+def test_a_stamp_not_of_this_file_is_ignored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    cache = CatalogCache(tmp_path)
+    path, stamp = _arrays_entry(cache, "columns/1")
+    other, other_stamp = _arrays_entry(cache, "columns/2", 10)
+    doc = json.loads(stamp.read_text())
+    if how == "other":
+        shutil.copy(other_stamp, stamp)
+    elif how == "torn":
+        stamp.write_bytes(stamp.read_bytes()[:40])
+    elif how == "forged":  # another data digest (as for another file's content)
+        stamp.write_text(json.dumps({**doc, "data_sha256": "0" * 64}))
+    elif how == "racy":  # written within the file's ctime tick: a later edit could keep it
+        ctime = path.stat().st_ctime_ns
+        os.utime(stamp, ns=(ctime, ctime))
+    else:
+        stamp.write_bytes(b"\0" * 100)
+    calls = _count_hashes(monkeypatch)
+    assert _read(tmp_path, "columns/1") == list(range(1000))
+    assert len(calls) == 1  # hashed: the stamp vouched for nothing
+    assert json.loads(stamp.read_text()) == doc  # stamped again, by the reader that hashed
+    assert _read(tmp_path, "columns/1") == list(range(1000)) and len(calls) == 1
+
+
+def test_stamps_count_and_go_with_their_file(tmp_path: Path) -> None:
+    cache = CatalogCache(tmp_path)
+    path, stamp = _arrays_entry(cache, "columns/1|v=aaaa")
+    listed = {p: size for p, size, _m in cache.entries()}
+    assert listed == {path: path.stat().st_size + stamp.stat().st_size}  # never an entry itself
+    assert cache.drop([], ["aaaa"]) == 1  # a forget: the file and its stamp
+    assert not path.exists() and not stamp.exists()
+    # Eviction: the older file goes with its stamp; a stamp whose file is gone goes too.
+    path, stamp = _arrays_entry(cache, "columns/1")
+    orphan = tmp_path / LAYOUT / ("ab" * 32 + ".arrays.checked")
+    orphan.write_text("{}")
+    for p in (path, stamp, orphan):
+        os.utime(p, (1, 1))
+    cache.max_bytes = path.stat().st_size  # room for the newer file alone
+    newer, newer_stamp = _arrays_entry(cache, "columns/2")
+    assert not path.exists() and not stamp.exists() and not orphan.exists()
+    assert newer.exists() and newer_stamp.exists()

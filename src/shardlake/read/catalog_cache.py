@@ -12,7 +12,7 @@ keeps one file per object, ``<dir>/shardlake-catalog-1/<sha256>``, whatever stor
 * **read once per node**: a miss takes an exclusive ``flock`` on the object's lock file before
   reading the store, so of 8 ranks starting together one reads and the other 7 find its file;
 * **bounded**: after a publish, files beyond ``max_bytes`` (default 4 GiB) are evicted least
-  recently used first (a hit refreshes the file's mtime).
+  recently used first (a hit refreshes the file's mtime, or an arrays file's stamp's).
 
 Beside the objects it keeps small *derived* values that are a pure function of a version's
 content (the loader's selection digest of a whole version, keyed by the version hash and row
@@ -21,8 +21,16 @@ and a checksum of both; one that does not check out is deleted and the value com
 Larger derived values, arrays (the loader's row-table columns of a whole version), are one
 memory-mappable file each (``<name>.arrays``): a header naming what it is of, the arrays' dtypes,
 shapes and offsets, the data's size and sha256, then the data, 64-byte aligned. A reader maps it
-(the ranks of a node then share its pages) after checking its size, its header and the data's
-sha256; a file that does not check out (torn, truncated, edited) is deleted and built again.
+(the ranks of a node then share its pages) after checking its size and its header, and the
+data's sha256 once per node: the process that hashed the data (or wrote the file) publishes a
+stamp beside it (``<name>.arrays.checked``: the file's name, device, inode, size, mtime and
+ctime, and the header's data sha256), and a later reader whose file still has that
+stat skips the hash (gigabytes at 10^8 samples, paid by every rank at every start). A stamp
+that is torn, of another file, or no longer matches (the file replaced, truncated, written to
+or touched since), or written within the tick of the file's ctime (which a later edit in that
+tick would keep), is ignored: the data is hashed again. So an edit is found out; a corruption
+that changes no metadata (the medium's) is not, after the node's first check. A file that
+does not check out (torn, truncated, edited) is deleted, with its stamp, and built again.
 
 Where: ``$SHARDLAKE_CATALOG_CACHE`` when set (empty or ``off`` disables the cache), else
 ``$XDG_CACHE_HOME/shardlake/catalog``, else ``~/.cache/shardlake/catalog``. The budget is
@@ -41,6 +49,7 @@ import mmap
 import os
 import secrets
 import struct
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,6 +81,9 @@ ARRAYS_SUFFIX = ".arrays"
 ARRAYS_MAGIC = b"SLKARR01"
 ALIGN = 64
 SUFFIXES = (DERIVED_SUFFIX, ARRAYS_SUFFIX)
+STAMP = "shardlake.catalog-cache.checked/1"
+STAMP_SUFFIX = ".checked"  # beside an arrays file: its data was checked (see the docstring)
+STAMP_STAT = ("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
 
 # What an arrays entry holds: a small JSON-able document and named 1-d arrays.
 DerivedArrays = tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]
@@ -123,20 +135,24 @@ class CatalogCache:
             raise UsageError(f"catalog cache: bytes are not object {sha256[:12]}...")
         self._publish(sha256, data)
 
-    def _publish(self, name: str, data: bytes | list[Any]) -> None:
-        """Write ``data`` (bytes, or buffers written one after another) as entry ``name``."""
+    def _publish(self, name: str, data: bytes | list[Any]) -> os.stat_result | None:
+        """Write ``data`` (bytes, or buffers written one after another) as entry ``name``;
+        the published file's stat (``None``: not published, or replaced since)."""
         path = self.root / name
         temp = path.with_name(f"{name}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
         try:
             with open(temp, "wb") as fh:
                 for part in [data] if isinstance(data, bytes) else data:
                     fh.write(part)
+                written = os.fstat(fh.fileno()).st_ino
             os.replace(temp, path)
+            st = os.stat(path)  # after the rename, which may change the ctime
         except OSError:
             with contextlib.suppress(OSError):
                 temp.unlink()
-            return
+            return None
         self._evict(keep=path)
+        return st if st.st_ino == written else None
 
     def fetch(self, sha256: str, size: int, read: Callable[[], bytes]) -> bytes:
         """The object from the cache, else from ``read()`` (which checks it), published; one
@@ -234,16 +250,25 @@ class CatalogCache:
         except OSError:
             self._discard(path)
             return None
+        hashed: list[str] = []
         with fh:
             try:
-                if os.fstat(fh.fileno()).st_size == 0:
+                st = os.fstat(fh.fileno())  # before the hash: a later edit changes it
+                if st.st_size == 0:
                     raise ValueError("empty")
                 view = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
             except (OSError, ValueError):
                 self._discard(path)
                 return None
+
+            def check(data_sha256: str, start: int) -> bool:
+                if not verify or _stamped(path, st, data_sha256):
+                    return True
+                hashed.append(data_sha256)
+                return _file_sha256(fh, start) == data_sha256
+
             try:
-                found = _decode_arrays(view, what, fh if verify else None)
+                found = _decode_arrays(view, what, check)
             except (OSError, ValueError, KeyError, TypeError, struct.error):
                 found = None
         if found is None:
@@ -251,21 +276,29 @@ class CatalogCache:
                 view.close()
             self._discard(path)
             return None
-        with contextlib.suppress(OSError):
-            os.utime(path)
+        if hashed:  # checked here: the node's later readers need not hash it again
+            _write_stamp(path, st, hashed[0])
+        elif verify:
+            with contextlib.suppress(OSError):  # the stamp, not the file: its ctime is checked
+                os.utime(_stamp_path(path))
         self.hits += 1
         return found
 
     def _discard(self, path: Path) -> None:
         self.discarded += 1
         with contextlib.suppress(OSError):
-            path.unlink()
+            _remove(path)
 
     def put_arrays(self, what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any]) -> None:
-        """Publish derived arrays (atomically; errors leave no entry)."""
+        """Publish derived arrays (atomically; errors leave no entry), stamped as checked:
+        this process computed the data it wrote."""
         with contextlib.suppress(OSError):
             self.root.mkdir(parents=True, exist_ok=True)
-        self._publish(_arrays_name(what), _encode_arrays(what, doc, arrays))
+        parts, data_sha256 = _encode_arrays(what, doc, arrays)
+        path = self.root / _arrays_name(what)
+        st = self._publish(path.name, parts)
+        if st is not None:
+            _write_stamp(path, st, data_sha256)
 
     def fetch_arrays(self, what: str, make: Callable[[], DerivedArrays]) -> DerivedArrays:
         """The arrays of ``what`` mapped from the cache, else ``make()``d and published; one
@@ -297,11 +330,9 @@ class CatalogCache:
         marks = [m for m in mentioning if m]
         gone = 0
         for sha in objects:
-            path = self.root / sha
             with contextlib.suppress(OSError):
-                path.unlink()
+                _remove(self.root / sha)
                 gone += 1
-            (path.with_name(path.name + LOCK_SUFFIX)).unlink(missing_ok=True)
         for path, _size, _mtime in list(self.entries()):
             if not path.name.endswith(SUFFIXES):
                 continue
@@ -312,24 +343,29 @@ class CatalogCache:
                 continue
             if any(m.encode() in head for m in marks):
                 with contextlib.suppress(OSError):
-                    path.unlink()
+                    _remove(path)
                     gone += 1
         return gone
 
     def entries(self) -> Iterator[tuple[Path, int, float]]:
-        """``(path, size, mtime)`` of every published object."""
+        """``(path, size, mtime)`` of every published object. A stamp counts with its file
+        (its bytes; its mtime, which a hit refreshes); one whose file is gone, on its own."""
         try:
-            names = os.listdir(self.root)
+            names = set(os.listdir(self.root))
         except OSError:
             return
         for name in names:
-            if len(name) != 64 and not any(
-                len(name) == 64 + len(suffix) and name.endswith(suffix) for suffix in SUFFIXES
-            ):  # temporary and lock files
-                continue
+            entry = name.removesuffix(STAMP_SUFFIX)
+            if not _entry_name(entry) or (entry != name and entry in names):
+                continue  # temporary and lock files; a stamp counted with its file
             with contextlib.suppress(OSError):
                 st = os.stat(self.root / name)
-                yield self.root / name, st.st_size, st.st_mtime
+                size, mtime = st.st_size, st.st_mtime
+                if name + STAMP_SUFFIX in names:
+                    with contextlib.suppress(OSError):
+                        stamp = os.stat(self.root / (name + STAMP_SUFFIX))
+                        size, mtime = size + stamp.st_size, max(mtime, stamp.st_mtime)
+                yield self.root / name, size, mtime
 
     def _evict(self, keep: Path) -> None:
         found = sorted(self.entries(), key=lambda e: e[2])
@@ -340,9 +376,67 @@ class CatalogCache:
             if path == keep:
                 continue
             with contextlib.suppress(OSError):
-                path.unlink()
-                (path.with_name(path.name + LOCK_SUFFIX)).unlink(missing_ok=True)
+                _remove(path)
             total -= size
+
+
+def _entry_name(name: str) -> bool:
+    """An object's or a derived file's name (not a temporary, lock or stamp file's)."""
+    return len(name) == 64 or any(
+        len(name) == 64 + len(suffix) and name.endswith(suffix) for suffix in SUFFIXES
+    )
+
+
+def _remove(path: Path) -> None:
+    """Delete an entry (raises where it cannot), then its lock file and stamp."""
+    path.unlink()
+    for extra in (path.name + LOCK_SUFFIX, path.name + STAMP_SUFFIX):
+        with contextlib.suppress(OSError):
+            path.with_name(extra).unlink()
+
+
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + STAMP_SUFFIX)
+
+
+def _stamp_doc(path: Path, st: os.stat_result, data_sha256: str) -> dict[str, Any]:
+    """A stamp's content. A reader trusts only a stamp equal to the one it would write for
+    the file as it finds it, so a torn or forged one is no stamp (it needs no checksum)."""
+    doc: dict[str, Any] = {"format": STAMP, "of": path.name, "data_sha256": data_sha256}
+    doc.update((field, getattr(st, field)) for field in STAMP_STAT)
+    return doc
+
+
+def _stamped(path: Path, st: os.stat_result, data_sha256: str) -> bool:
+    """Whether ``path`` (of stat ``st``, header data sha256 ``data_sha256``) has a stamp of
+    that very file as it is now, written after the tick of its ctime."""
+    try:
+        with open(_stamp_path(path), "rb") as fh:
+            raw = fh.read(4096)
+            written = os.fstat(fh.fileno()).st_mtime_ns
+        doc = json.loads(raw)
+    except (OSError, ValueError):
+        return False
+    return doc == _stamp_doc(path, st, data_sha256) and written > st.st_ctime_ns
+
+
+def _write_stamp(path: Path, st: os.stat_result, data_sha256: str) -> None:
+    """Publish ``path``'s stamp (temporary file, then rename; errors leave none). Its mtime
+    must pass the file's ctime: an edit within the ctime's tick (timestamps are a clock tick
+    coarse) would keep the ctime the stamp records; it waits a tick or two for that."""
+    stamp = _stamp_path(path)
+    temp = stamp.with_name(f"{stamp.name}{TEMP_MARK}{os.getpid()}.{secrets.token_hex(4)}")
+    try:
+        temp.write_text(json.dumps(_stamp_doc(path, st, data_sha256), sort_keys=True))
+        for _ in range(25):
+            if os.stat(temp).st_mtime_ns > st.st_ctime_ns:
+                break
+            time.sleep(0.002)
+            os.utime(temp)
+        os.replace(temp, stamp)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temp.unlink()
 
 
 def _derived_name(what: str) -> str:
@@ -361,10 +455,12 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def _encode_arrays(what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any]) -> list[Any]:
+def _encode_arrays(
+    what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any]
+) -> tuple[list[Any], str]:
     """magic, header length (u64), header JSON, then each array's bytes at a 64-byte offset,
-    as buffers to write one after another (no joined copy). The header holds the data's size
-    and sha256, so a torn or edited file is found out."""
+    as buffers to write one after another (no joined copy), and the data's sha256. The header
+    holds the data's size and sha256, so a torn or edited file is found out."""
     specs, parts, pos = [], [], 0
     digest = hashlib.sha256()
     for name, value in arrays.items():
@@ -390,7 +486,7 @@ def _encode_arrays(what: str, doc: Mapping[str, Any], arrays: Mapping[str, Any])
         sort_keys=True,
     ).encode()
     head = ARRAYS_MAGIC + struct.pack("<Q", len(header)) + header
-    return [head + b"\0" * (_aligned(len(head)) - len(head)), *parts]
+    return [head + b"\0" * (_aligned(len(head)) - len(head)), *parts], digest.hexdigest()
 
 
 def _file_sha256(fh: io.BufferedReader, start: int) -> str:
@@ -407,11 +503,11 @@ def _file_sha256(fh: io.BufferedReader, start: int) -> str:
 
 
 def _decode_arrays(
-    view: mmap.mmap, what: str, verify: io.BufferedReader | None = None
+    view: mmap.mmap, what: str, check: Callable[[str, int], bool]
 ) -> DerivedArrays | None:
     """The document and arrays of a mapped arrays file (views into ``view``), or ``None``
-    when the file is not whole or not of ``what``. ``verify``: the file, open, whose data
-    must match the header's sha256 (None: not checked)."""
+    when the file is not whole or not of ``what``, or ``check(data_sha256, data_start)``
+    (the header's sha256 of the data, and where the data starts) is false."""
     if view[: len(ARRAYS_MAGIC)] != ARRAYS_MAGIC:
         return None
     (length,) = struct.unpack_from("<Q", view, len(ARRAYS_MAGIC))
@@ -427,7 +523,7 @@ def _decode_arrays(
         or len(view) != base + int(header["data_bytes"])
     ):
         return None
-    if verify is not None and _file_sha256(verify, base) != header["data_sha256"]:
+    if not check(str(header["data_sha256"]), base):
         return None
     data_bytes = len(view) - base
     arrays: dict[str, np.ndarray[Any, Any]] = {}
