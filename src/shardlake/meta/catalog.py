@@ -76,16 +76,21 @@ _BUILT_CACHE = 4  # in-memory catalogs of format-1 versions kept per process
 
 
 def _open_segment(
-    store: Store, ref: ObjectRef, columns: Sequence[str] | None, pids: Sequence[str]
+    store: Store,
+    ref: ObjectRef,
+    columns: Sequence[str] | None,
+    pids: Sequence[str],
+    **options: Any,
 ) -> Callable[[], pq.ParquetFile]:
     """What opens the segment as a parquet file, its bytes read into memory once: whole
     (digest-checked) or, when a projection or pruning leaves less than half of a large one,
     only its footer and wanted column chunks (parquet page checksums guard those). Empty
     ``pids``: every row group is wanted. With the catalog cache on, always whole: one
-    node-wide read serves every later projection from disk."""
+    node-wide read serves every later projection from disk. ``options``: parquet reader
+    options (e.g. ``read_dictionary``)."""
     where = store.key_url(ref.key)
     if ref.size <= WHOLE_READ_BYTES or _cache() is not None:
-        return _opener(read_object(store, ref, "segment"))
+        return _opener(read_object(store, ref, "segment"), **options)
     tail = min(ref.size, 2**16)
     buf = bytearray(ref.size)  # sparse: only the ranges read are filled
     buf[ref.size - tail :] = store.read_range(ref.key, ref.size - tail, ref.size)
@@ -96,14 +101,14 @@ def _open_segment(
     groups = row_groups_for(meta, pids or None)
     ranges = coalesce(column_ranges(meta, groups, columns), RANGE_GAP_BYTES)
     if sum(e - s for s, e in ranges) > RANGED_MAX_FRACTION * ref.size:
-        return _opener(read_object(store, ref, "segment"))
+        return _opener(read_object(store, ref, "segment"), **options)
     for (start, end), data in zip(
         ranges, store.read_ranges([(ref.key, s, e) for s, e in ranges]), strict=True
     ):
         if len(data) != end - start:
             raise IntegrityError(f"{where}: short read of bytes {start}-{end}")
         buf[start:end] = data
-    return _opener(pa.py_buffer(buf), metadata=meta, page_checksum_verification=True)
+    return _opener(pa.py_buffer(buf), metadata=meta, page_checksum_verification=True, **options)
 
 
 def _opener(data: bytes | pa.Buffer, **options: Any) -> Callable[[], pq.ParquetFile]:
@@ -124,10 +129,16 @@ class Catalog:
     built: pa.Table | None = field(default=None, repr=False)
 
     def rows(
-        self, columns: Sequence[str] | None = None, pids: Sequence[str] | None = None
+        self,
+        columns: Sequence[str] | None = None,
+        pids: Sequence[str] | None = None,
+        *,
+        partition_codes: bool = False,
     ) -> pa.Table:
         """Rows of ``pids`` (all partitions when ``None``) in partition-id order, then manifest
-        order; only ``columns`` (those the catalog has; all when ``None``)."""
+        order; only ``columns`` (those the catalog has; all when ``None``). ``partition_codes``:
+        segments' ``partition`` column comes dictionary-encoded (as parquet stores it: no
+        string a row; a table built from manifests keeps plain strings)."""
         wanted = sorted(set(pids if pids is not None else (e.id for e in self.entries)))
         if self.built is not None:
             table = self.built
@@ -147,22 +158,28 @@ class Catalog:
         # The partition column is read even when not asked for: rows of several segments are
         # put in one order by it (partition, then manifest order), whatever columns are wanted.
         read = None if columns is None else list(dict.fromkeys([*columns, "partition"]))
+        options = {"read_dictionary": ["partition"]} if partition_codes else {}
         tables = []
-        # Segments in the order of their first partition: rows of a version written in parts
-        # (id ranges) then concatenate in order, with no sort.
-        for digest, seg_pids in sorted(by_segment.items(), key=lambda kv: kv[1][0]):
+        # Segments in the order of their first partition (each one's rows are sorted by
+        # partition): when their partitions do not interleave, as a publish in parts writes
+        # them, the concatenation is already in order and no row is moved.
+        groups = sorted(by_segment.items(), key=lambda item: item[1][0])
+        for digest, seg_pids in groups:
             ref = self.ref.segment(digest, self.label)
             every_row = sum(samples[p] for p in seg_pids) == ref.rows
-            source = _open_segment(self.store, ref, read, [] if every_row else seg_pids)
+            source = _open_segment(self.store, ref, read, [] if every_row else seg_pids, **options)
             url = self.store.key_url(ref.key)
             tables.append(decode_segment(source, url, read, seg_pids, every_row))
-        table = _ordered(tables, read)
+        apart = all(a[1][-1] < b[1][0] for a, b in zip(groups, groups[1:], strict=False))
+        table = _ordered(tables, read, sort=not apart)
         if columns is None:
             return table
         return table.select([c for c in columns if c in table.column_names])
 
 
-def _ordered(tables: list[pa.Table], columns: Sequence[str] | None) -> pa.Table:
+def _ordered(
+    tables: list[pa.Table], columns: Sequence[str] | None, *, sort: bool = True
+) -> pa.Table:
     if not tables:
         schema = (
             CORE_SCHEMA
@@ -174,7 +191,7 @@ def _ordered(tables: list[pa.Table], columns: Sequence[str] | None) -> pa.Table:
         table = pa.concat_tables(tables, promote_options="permissive")
     except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
         raise FormatError(f"catalog segments have conflicting column types ({exc})") from exc
-    if len(tables) > 1 and "partition" in table.column_names:
+    if sort and len(tables) > 1 and "partition" in table.column_names:
         table = _by_partition(table)
     return table
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..errors import IntegrityError, SelectionError, UsageError
+from ..meta.catalog import load_catalog
 from ..meta.catalog_objects import node_catalog_cache
 from ..query.dataset import Dataset
 from ..query.selection import in_listed_order
@@ -157,30 +158,19 @@ class SourceColumns:
     def from_table(cls, table: pa.Table) -> SourceColumns:
         """From the selected manifest rows: vectorised, narrow dtypes end to end (no int64
         copy of a column is made unless its values need it)."""
-        pids = table.column("partition")
-        codes = pids.dictionary_encode().combine_chunks() if len(pids) else None
-        if codes is None:
-            part = np.zeros(0, dtype=np.int64)
-            names: list[str] = []
-        else:
-            part = codes.indices.to_numpy()
-            names = codes.dictionary.to_pylist()
+        part, names = _partition_codes(table.column("partition"))
         shard, pairs = _shard_index(part, names, _narrow(table.column("shard")))
-        # Partitions numbered in sorted order, from the one dictionary encoding above.
-        by_name = sorted(range(len(names)), key=names.__getitem__)
-        rank = np.empty(len(names), dtype=index_dtype(len(names)))
-        rank[by_name] = np.arange(len(names))
         offset, size = table.column("offset"), table.column("size")
         ends = pc.max(pc.add(offset, size)).as_py() if len(offset) else 0
         return cls(
-            shard=shard.astype(np.int32 if len(pairs) <= INT32_MAX else np.int64),
+            shard=shard.astype(np.int32 if len(pairs) <= INT32_MAX else np.int64, copy=False),
             offset=_narrow(offset, ends or 0),
             size=_narrow(size),
             raw_size=_narrow(table.column("raw_size")),
             crc32=_narrow_crc(table.column("crc32")),
-            partition=rank[part],
+            partition=part,
             pairs=pairs,
-            partition_names=[names[i] for i in by_name],
+            partition_names=names,
             offset_end=int(ends or 0),
         )
 
@@ -202,6 +192,37 @@ class SourceColumns:
             partition_names=[str(n) for n in doc["partition_names"]],
             offset_end=int(doc["offset_end"]),
         )
+
+
+def _partition_codes(column: pa.ChunkedArray) -> tuple[np.ndarray[Any, Any], list[str]]:
+    """Per row its partition's index into the sorted names of the partitions that have rows,
+    and those names. Chunk by chunk from dictionary codes (as the catalog reads them; a plain
+    string chunk is encoded first): no combined copy, no string compared a row."""
+    chunks = [
+        c if pa.types.is_dictionary(c.type) else pc.dictionary_encode(c)
+        for c in column.chunks
+        if len(c)
+    ]
+    if any(c.null_count for c in chunks):
+        raise IntegrityError("a manifest row has no partition")
+    codes = [c.indices.to_numpy() for c in chunks]
+    values = [c.dictionary.to_pylist() for c in chunks]  # a few per chunk: its partitions
+    used: set[Any] = set()
+    for index, named in zip(codes, values, strict=True):
+        # Rows of a partition come in runs: the codes at the runs' starts name them all.
+        starts = np.concatenate([[0], np.flatnonzero(index[1:] != index[:-1]) + 1])
+        used.update(named[i] for i in np.unique(index[starts]).tolist())
+    if None in used:
+        raise IntegrityError("a manifest row has no partition")
+    names = sorted(used)
+    position = {name: i for i, name in enumerate(names)}
+    out = np.empty(len(column), dtype=index_dtype(len(names)))
+    at = 0
+    for index, named in zip(codes, values, strict=True):
+        number = np.array([position.get(v, 0) for v in named], dtype=out.dtype)
+        out[at : at + len(index)] = number[index]
+        at += len(index)
+    return out, names
 
 
 def _narrow(column: pa.ChunkedArray, upper: int = 0) -> np.ndarray[Any, Any]:
@@ -336,7 +357,8 @@ def _read_rows(
     if everything:
         # Everything: only the loader's columns are decoded (a catalog segment's other columns,
         # e.g. 64-character source digests, are most of its bytes), and nothing is filtered.
-        table = ds.manifests(wanted)
+        # The partition column as parquet's dictionary codes: no string a row.
+        table = load_catalog(ds.store, ds.version).rows(wanted, partition_codes=True)
         columns = table.column_names
         if len(columns) < len(wanted) or table.num_rows == 0:
             table = None  # the messages below (an unknown column, an empty version)
@@ -440,16 +462,20 @@ def _shard_index(
     Vectorised: no per-row Python objects."""
     if len(part) == 0:
         return np.zeros(0, dtype=np.int64), []
-    pair = part.astype(np.int64) * (int(shards.max()) + 1) + shards
-    changes = np.flatnonzero(pair[1:] != pair[:-1]) + 1
+    moved = part[1:] != part[:-1]
+    moved |= shards[1:] != shards[:-1]
+    changes = np.flatnonzero(moved) + 1
     starts = np.concatenate([[0], changes])
-    if len(np.unique(pair[starts])) == len(starts):
+    width = int(shards.max()) + 1
+    if len(np.unique(part[starts].astype(np.int64) * width + shards[starts])) == len(starts):
         # Each pair in one run (catalog rows come grouped by partition, then by shard): the
         # runs are the pairs in first-appearance order, numbered without a sort of every row.
-        run = np.zeros(len(pair), dtype=np.int64)
+        run = np.zeros(len(part), dtype=np.int8)
         run[changes] = 1
         firsts = zip(part[starts].tolist(), shards[starts].tolist(), strict=True)
-        return np.cumsum(run), [(names[p], s) for p, s in firsts]
+        total = np.int32 if len(part) <= INT32_MAX else np.int64
+        return np.cumsum(run, dtype=total), [(names[p], s) for p, s in firsts]
+    pair = part.astype(np.int64) * width + shards
     _u, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))

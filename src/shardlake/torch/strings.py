@@ -154,54 +154,75 @@ def key_digest(keys: pa.Array | pa.ChunkedArray, breaks: IntArray | None = None)
 
     Catalog rows come as sorted runs (one per partition, whose keys share its path), so the
     sorted order is usually those runs ordered by their first key: checked by one vectorised
-    comparison of neighbours, then the runs are hashed in that order where they lie (no sorted
-    copy of the keys); a full string sort only when the runs overlap. ``breaks`` (e.g. each
-    partition's first row) are where a run may begin although the keys ascend across it: two
-    partitions in a row whose keys happen to ascend are then two runs, not one overlapping the
-    others. They only cut runs, so any ``breaks`` give the same digest.
+    comparison of neighbours, then the runs are hashed in that order where they lie, chunk by
+    chunk (no combined or sorted copy of the keys); a full string sort only when the runs
+    overlap. ``breaks`` (e.g. each partition's first row) are where a run may begin although
+    the keys ascend across it: two partitions in a row whose keys happen to ascend are then two
+    runs, not one overlapping the others. They only cut runs, so any ``breaks`` give the same
+    digest.
     """
-    if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
-    if keys.type not in (pa.string(), pa.large_string()):  # views, dictionaries: plain bytes
-        keys = keys.cast(pa.large_string())
-    if keys.null_count:
-        raise ValueError("a key column for the digest must not hold nulls")
-    segments = _sorted_segments(keys, breaks)
+    chunks = _key_chunks(keys)
+    segments = _sorted_segments(chunks, breaks)
     if segments is None:
-        keys = pc.take(keys, pc.sort_indices(keys))
-        segments = [(0, len(keys))]
-    data, offsets = _string_buffers(keys)
+        whole = pa.chunked_array(chunks, chunks[0].type).combine_chunks()
+        chunks = [pc.take(whole, pc.sort_indices(whole))]
+        segments = [(0, len(whole))]
     h = hashlib.sha256()
-    pieces: list[U8Array] = []
-    lengths: list[np.ndarray[Any, Any]] = []
-    pending = 0
-    for start, end in segments:  # gathered into blocks: a partition's run is a few hundred keys
-        for begin in range(start, end, DIGEST_BLOCK):
-            bounds = offsets[begin : min(begin + DIGEST_BLOCK, end) + 1].astype(np.int64)
-            pieces.append(data[int(bounds[0]) : int(bounds[-1])])
-            lengths.append(np.diff(bounds))
-            pending += len(bounds) - 1
-            if pending >= DIGEST_BLOCK:
-                h.update(_framed(np.concatenate(pieces), np.concatenate(lengths)))
-                pieces, lengths, pending = [], [], 0
-    if pending:
-        h.update(_framed(np.concatenate(pieces), np.concatenate(lengths)))
+    block = _FramedBlock(h)
+    bounds = np.cumsum([0, *(len(c) for c in chunks)])
+    buffers = [_string_buffers(c) for c in chunks]
+    for start, end in segments:  # a partition's run is a few hundred keys: gathered in blocks
+        first = int(np.searchsorted(bounds, start, side="right")) - 1
+        for i in range(first, len(chunks)):
+            lo, hi = max(start, int(bounds[i])), min(end, int(bounds[i + 1]))
+            if lo >= hi:
+                break
+            data, offsets = buffers[i]
+            base = int(bounds[i])
+            for begin in range(lo, hi, DIGEST_BLOCK):
+                stop = min(begin + DIGEST_BLOCK, hi)
+                block.add(data, offsets[begin - base : stop - base + 1].astype(np.int64))
+    block.flush()
     return h.hexdigest()[:32]
 
 
-def _sorted_segments(keys: pa.Array, breaks: IntArray | None) -> list[tuple[int, int]] | None:
-    """Row ranges of ``keys`` whose concatenation is the keys in sorted order (the same bytes
-    as ``take(sort_indices)``, equal keys being equal), or None when a full sort is needed.
+def _key_chunks(keys: pa.Array | pa.ChunkedArray) -> list[pa.Array]:
+    """The non-empty chunks of a key column, as plain (large) strings, refused with nulls."""
+    column = keys if isinstance(keys, pa.ChunkedArray) else pa.chunked_array([keys])
+    if column.type not in (pa.string(), pa.large_string()):  # views, dictionaries: plain bytes
+        column = column.cast(pa.large_string())
+    if column.null_count:
+        raise ValueError("a key column for the digest must not hold nulls")
+    chunks = [c for c in column.chunks if len(c)]
+    return chunks or [pa.array([], column.type)]
 
-    One vectorised comparison of neighbours finds the ascending runs; when there are few, they
-    are ordered by their first key and the order checked at the runs' joins only (each run is
-    ascending by construction), so the keys are compared once, not sorted.
+
+def _sorted_segments(
+    chunks: list[pa.Array], breaks: IntArray | None
+) -> list[tuple[int, int]] | None:
+    """Row ranges of the keys (``chunks`` of one column) whose concatenation is the keys in
+    sorted order (the same bytes as ``take(sort_indices)``, equal keys being equal), or None
+    when a full sort is needed.
+
+    One vectorised comparison of neighbours (in each chunk, and across the chunks' joins)
+    finds the ascending runs; when there are few, they are ordered by their first key and the
+    order checked at the runs' joins only (each run is ascending by construction), so the keys
+    are compared once, not sorted.
     """
-    n = len(keys)
+    n = sum(len(c) for c in chunks)
     if n < 2:
         return [(0, n)]
-    descents = pc.greater(keys.slice(0, n - 1), keys.slice(1))
-    cuts = np.flatnonzero(descents.to_numpy(zero_copy_only=False)) + 1
+    found: list[np.ndarray[Any, Any]] = []
+    at = 0
+    for i, chunk in enumerate(chunks):
+        m = len(chunk)
+        if i and chunks[i - 1][-1].as_py() > chunk[0].as_py():
+            found.append(np.array([at], dtype=np.int64))
+        if m > 1:
+            descents = pc.greater(chunk.slice(0, m - 1), chunk.slice(1))
+            found.append(np.flatnonzero(descents.to_numpy(zero_copy_only=False)) + 1 + at)
+        at += m
+    cuts = np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)
     if breaks is not None and len(breaks):
         inside = breaks[(breaks > 0) & (breaks < n)].astype(np.int64)
         cuts = np.union1d(cuts, inside)
@@ -211,9 +232,9 @@ def _sorted_segments(keys: pa.Array, breaks: IntArray | None) -> list[tuple[int,
         return None
     starts = np.concatenate([[0], cuts]).astype(np.int64)
     ends = np.append(cuts, n).astype(np.int64)
-    firsts = pc.take(keys, pa.array(starts))
+    firsts = _take_rows(chunks, starts)
     run_order = pc.sort_indices(firsts).to_numpy()
-    lasts = pc.take(keys, pa.array(ends - 1))
+    lasts = _take_rows(chunks, ends - 1)
     joins_ok = pc.all(
         pc.less_equal(
             pc.take(lasts, pa.array(run_order[:-1])), pc.take(firsts, pa.array(run_order[1:]))
@@ -229,6 +250,19 @@ def _sorted_segments(keys: pa.Array, breaks: IntArray | None) -> list[tuple[int,
         else:
             segments.append((start, end))
     return segments
+
+
+def _take_rows(chunks: list[pa.Array], rows: np.ndarray[Any, Any]) -> pa.Array:
+    """The keys at ascending ``rows`` of the column ``chunks`` make up, taken chunk by chunk
+    (a take from a chunked column would first copy all of it into one array)."""
+    bounds = np.cumsum([0, *(len(c) for c in chunks)])
+    cut = np.searchsorted(rows, bounds)
+    parts = [
+        pc.take(chunk, pa.array(rows[cut[i] : cut[i + 1]] - bounds[i]))
+        for i, chunk in enumerate(chunks)
+        if cut[i + 1] > cut[i]
+    ]
+    return pa.concat_arrays(parts) if parts else pa.array([], chunks[0].type)
 
 
 def _string_buffers(keys: pa.Array) -> tuple[U8Array, np.ndarray[Any, Any]]:
@@ -247,15 +281,58 @@ def _string_buffers(keys: pa.Array) -> tuple[U8Array, np.ndarray[Any, Any]]:
     return data, offsets
 
 
-def _framed(chunk: U8Array, lengths: np.ndarray[Any, Any]) -> bytes:
-    """Keys (``chunk``: their UTF-8 bytes back to back) as the digest frames them: each its
-    8-byte little-endian length, then its bytes."""
+class _FramedBlock:
+    """Keys framed as the digest frames them (each its 8-byte little-endian length, then its
+    UTF-8 bytes), gathered into blocks of about DIGEST_BLOCK keys and hashed block by block."""
+
+    def __init__(self, h: Any) -> None:
+        self.h = h
+        self.pieces: list[tuple[U8Array, np.ndarray[Any, Any]]] = []  # (data, int64 bounds)
+        self.keys = 0
+
+    def add(self, data: U8Array, bounds: np.ndarray[Any, Any]) -> None:
+        """The keys whose bytes are ``data[bounds[i]:bounds[i + 1]]``."""
+        self.pieces.append((data, bounds))
+        self.keys += len(bounds) - 1
+        if self.keys >= DIGEST_BLOCK:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.pieces:
+            return
+        size = sum(int(b[-1] - b[0]) + 8 * (len(b) - 1) for _d, b in self.pieces)
+        out = np.empty(size, dtype=np.uint8)
+        at = 0
+        for data, bounds in self.pieces:
+            at = _frame_into(out, at, data, bounds)
+        self.h.update(out)
+        self.pieces, self.keys = [], 0
+
+
+def _frame_into(out: U8Array, at: int, data: U8Array, bounds: np.ndarray[Any, Any]) -> int:
+    """Frame the keys ``data[bounds[i]:bounds[i + 1]]`` into ``out`` from ``at``; the end.
+    Keys come in runs of one length (a partition's keys share its path and a counter's
+    width): each run is written as a 2-D block, a length column beside the keys' bytes."""
+    lengths = np.diff(bounds)
     n = len(lengths)
-    starts = np.arange(n, dtype=np.int64) * 8 + (np.cumsum(lengths) - lengths)
-    out = np.empty(len(chunk) + 8 * n, dtype=np.uint8)
-    is_data = np.ones(out.shape[0], dtype=bool)
-    slots = (starts[:, None] + np.arange(8)).ravel()
-    is_data[slots] = False
-    out[slots] = lengths.astype("<i8").view(np.uint8)
-    out[is_data] = chunk
-    return out.tobytes()
+    chunk = data[int(bounds[0]) : int(bounds[-1])]
+    end = at + len(chunk) + 8 * n
+    changes = np.flatnonzero(lengths[1:] != lengths[:-1]) + 1
+    if len(changes) * 16 > n:  # lengths vary key to key: placed one byte position at a time
+        starts = np.arange(n, dtype=np.int64) * 8 + (np.cumsum(lengths) - lengths)
+        region = out[at:end]
+        is_data = np.ones(region.shape[0], dtype=bool)
+        slots = (starts[:, None] + np.arange(8)).ravel()
+        is_data[slots] = False
+        region[slots] = lengths.astype("<i8").view(np.uint8)
+        region[is_data] = chunk
+        return end
+    edges = np.concatenate([[0], changes, [n]]).tolist()
+    rel = bounds - bounds[0]
+    for a, b in zip(edges[:-1], edges[1:], strict=False):
+        width = int(lengths[a])
+        lo = at + int(rel[a]) + 8 * a
+        rows = out[lo : lo + (b - a) * (8 + width)].reshape(b - a, 8 + width)
+        rows[:, :8] = np.array([width], dtype="<i8").view(np.uint8)
+        rows[:, 8:] = chunk[int(rel[a]) : int(rel[b])].reshape(b - a, width)
+    return end
