@@ -24,11 +24,16 @@ which writes the catalog), and prints per store and N:
 ``startup_s`` / ``startup_requests`` are a node's first rank (empty node-local catalog cache),
 ``warm_startup_s`` / ``warm_requests`` its other ranks (the cache filled); ``--samples-per-partition
 500`` is the 5M-sample row (issue #22), and 2000 / 5000 / 10000 the 20M / 50M / 100M rows (issue
-#47). A local root takes about 1.1 KB of disk a sample (100M: ~110 GB); a row whose root would
-not fit in 90% of the free disk is refused before anything is written::
+#47). A local root takes about 1.1 KB of disk a sample (100M: ~110 GB); ``--lean`` roots (what
+the start-up reads: manifests and catalog) ~18 B. A row whose root would not fit in 90% of the
+free disk is refused before anything is written. Build the rows once (``--build-only`` prints
+each build's time, disk and peak memory), then measure them::
 
+    .venv/bin/python benchmarks/scale.py --partitions 10000 --samples-per-partition 2000 5000 \
+        10000 --lean --work /tmp/scale47 --build-only
     SCALE_STARTUP_ONLY=1 .venv/bin/python benchmarks/scale.py --partitions 10000 \
-        --samples-per-partition 2000 5000 10000 --ranks 1 2 4 --work /big/disk/scale
+        --samples-per-partition 2000 5000 10000 --ranks 1 2 4 --lean --keyset-share 0.1 \
+        --work /tmp/scale47
 """
 
 from __future__ import annotations
@@ -236,6 +241,23 @@ def reuse_or_build(
     if options is None:
         check_disk(url, partitions, per_partition, lean)
     return build_root(url, partitions, per_partition, options, lean)
+
+
+def build_row(url: str, n: int, per_partition: int) -> dict[str, Any]:
+    """Build (or find) one root; its build time, disk bytes and this process's peak RSS."""
+    import resource
+
+    started = time.perf_counter()
+    reuse_or_build(url, n, per_partition)
+    disk = sum(f.stat().st_size for f in Path(url).rglob("*") if f.is_file())
+    return {
+        "N": n,
+        "samples": n * per_partition,
+        "build_s": round(time.perf_counter() - started, 1),
+        "disk_bytes": disk,
+        "disk_b_per_sample": round(disk / (n * per_partition), 1),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+    }
 
 
 # --- start-up in a fresh interpreter -----------------------------------------------------------
@@ -587,6 +609,12 @@ def main(argv: list[str] | None = None) -> int:
         help="issue #47: also create a keyset of this share of the samples (e.g. 0.1) and "
         "open it in the loader (first batch, cold and warm)",
     )
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="issue #47: only build (or find, with --work) the roots and print their build "
+        "time, disk and the build's peak memory, one row each",
+    )
     parser.add_argument("--child", nargs=2, metavar=("URL", "OPTIONS"), help=argparse.SUPPRESS)
     parser.add_argument("--rank-doc", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -595,8 +623,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child_startup(url, json.loads(opts) or None, args.rank_doc)))
         return 0
     print("command: python benchmarks/scale.py " + " ".join(argv or sys.argv[1:]))
-    print(f"goals at 10k partitions / 1M samples: {GOALS}, PSS growth <= 100 B/sample")
-    print(" | ".join(COLUMNS))
     sizes = [(n, per) for per in args.samples_per_partition for n in args.partitions]
     kinds = ([] if args.no_local else ["local"]) + (["s3"] if args.s3 else [])
     if args.work:
@@ -605,6 +631,14 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["SCALE_LEAN"] = "1"
     if args.keyset_share:
         os.environ["SCALE_KEYSET_SHARE"] = str(args.keyset_share)
+    if args.build_only:
+        if not args.work:
+            parser.error("--build-only needs --work (a root is built to be kept)")
+        for n, per in sizes:
+            print(json.dumps(build_row(str(Path(args.work) / "local" / f"n{n}x{per}"), n, per)))
+        return 0
+    print(f"goals at 10k partitions / 1M samples: {GOALS}, PSS growth <= 100 B/sample")
+    print(" | ".join(COLUMNS))
     with tempfile.TemporaryDirectory() as tmp:
         for kind in kinds:
             run_store(kind, sizes, Path(args.work or tmp) / kind, (args.ranks, args.engines))
