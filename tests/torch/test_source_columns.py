@@ -113,6 +113,28 @@ def _rows(
     return pa.table({c: pa.array(v, schema.get(c)) for c, v in cols.items()})
 
 
+def _with_offsets_near_2_31(table: pa.Table, rows: range, past: bool = True) -> pa.Table:
+    """Some rows' offsets just under 2**31 (they fit int32, offset + size does not); with
+    ``past``, one row's past it (its row group stays int64)."""
+    offsets = table.column("offset").to_pylist()
+    for i in rows:
+        offsets[i] = 2**31 - 10
+    if past:
+        offsets[rows.stop] = 2**31 + 5
+    i = table.schema.get_field_index("offset")
+    return table.set_column(i, "offset", pa.array(offsets, pa.int64()))
+
+
+def _narrowed_chunks(table: pa.Table) -> pa.Table:
+    """``table`` with each chunk's integer columns int32/uint32 where that chunk's values fit
+    (as a catalog read with ``narrow`` gives them)."""
+    pieces = [
+        format_catalog._narrowed(pa.Table.from_batches([b]), sources.NARROW_COLUMNS)
+        for b in table.to_batches()
+    ]
+    return pa.concat_tables(pieces, promote_options="permissive") if pieces else table
+
+
 def _chunked(table: pa.Table, seed: int) -> pa.Table:
     """``table`` cut into chunks at random places (empty chunks included)."""
     rng = random.Random(seed)
@@ -143,6 +165,8 @@ def _as_codes(table: pa.Table) -> pa.Table:
         _rows(30, 3),
         _rows(200, 4, shards=1, equal_lengths=False),
         _rows(50, 5, big=True),  # offsets past int32: int64 columns
+        _with_offsets_near_2_31(_rows(30, 8), range(3, 9)),  # mixed int32 and int64 chunks
+        _with_offsets_near_2_31(_rows(30, 9), range(3, 9), past=False),  # offset + size past
     ],
 )
 def test_columns_equal_the_former_computation(table: pa.Table) -> None:
@@ -151,6 +175,7 @@ def test_columns_equal_the_former_computation(table: pa.Table) -> None:
         cut = _chunked(table, seed)
         _assert_same(SourceColumns.from_table(cut), want)
         _assert_same(SourceColumns.from_table(_as_codes(cut)), want)
+        _assert_same(SourceColumns.from_table(_narrowed_chunks(_as_codes(cut))), want)
 
 
 def test_columns_of_rows_out_of_partition_order() -> None:
@@ -235,17 +260,20 @@ def _entry(pid: str, samples: int, segment: str | None) -> PartitionEntry:
     )
 
 
+@pytest.mark.parametrize("big", [None, False, True])
 @pytest.mark.parametrize("layout", ["in id order", "interleaved", "one"])
 def test_a_catalog_of_many_segments_reads_as_one(
-    layout: str, monkeypatch: pytest.MonkeyPatch
+    layout: str, big: bool | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A version's rows over several segments (as a publish in parts writes them, in id order,
     or interleaved as incremental publishes leave them; one holding a replaced partition's
-    stale rows): in partition order, equal with and without partition codes, and the loader
-    columns and key digest equal those of the rows in one table."""
+    stale rows): in partition order, equal with and without partition codes and narrowed
+    integers, and the loader columns and key digest equal those of the rows in one table."""
     monkeypatch.setattr(format_catalog, "SEGMENT_ROW_GROUP", 16)  # many row groups
     monkeypatch.setattr(format_catalog.os, "cpu_count", lambda: 4)  # decoded on threads
     table = _rows(60, 21)
+    if big is not None:  # offsets near 2**31 (past it too: some row groups stay int64)
+        table = _with_offsets_near_2_31(table, range(40, 45), past=big)
     store = open_store(f"memory://coldpath-{layout.replace(' ', '-')}")
     pids = sorted(set(table.column("partition").to_pylist()))
     counts = {p: 0 for p in pids}
@@ -274,16 +302,20 @@ def test_a_catalog_of_many_segments_reads_as_one(
     if layout == "in id order":  # partitions do not interleave: no row is moved
         monkeypatch.setattr(catalog_mod, "_by_partition", _no_sort)
     plain = catalog.rows(sources.READER_COLUMNS)
-    codes = catalog.rows(sources.READER_COLUMNS, partition_codes=True)
+    codes = catalog.rows(
+        sources.READER_COLUMNS, partition_codes=True, narrow=sources.NARROW_COLUMNS
+    )
     assert pa.types.is_dictionary(codes.schema.field("partition").type)
     assert plain.to_pydict() == table.to_pydict()
     assert codes.cast(plain.schema).to_pydict() == table.to_pydict()
+    narrowed = {c.type for c in codes.column("size").chunks}
+    assert narrowed == {pa.int32()}  # read a row group at a time, each narrowed
     _assert_same(SourceColumns.from_table(codes), _old_from_table(table))
     assert key_digest(codes.column("key"), _breaks(codes)) == selection_digest(
         table.column("key").to_pylist()
     )
     some = [pids[1], pids[-2]]
-    picked = catalog.rows(["key"], some, partition_codes=True)
+    picked = catalog.rows(["key"], some, partition_codes=True, narrow=sources.NARROW_COLUMNS)
     want = table.filter(pc.is_in(table.column("partition"), value_set=pa.array(some)))
     assert picked.column("key").to_pylist() == want.column("key").to_pylist()
 

@@ -250,12 +250,16 @@ def decode_segment(
     columns: Sequence[str] | None,
     pids: Sequence[str],
     every_row: bool = False,
+    narrow: Sequence[str] = (),
 ) -> pa.Table:
     """The rows of ``pids`` in a segment, with ``columns`` (all when ``None``) present in it.
 
     ``open_file`` opens the segment (a reader over bytes in memory); it is called once per
     decoding thread. ``every_row``: the caller knows the segment holds only rows of ``pids``
     (their sample counts add up to its rows), so no row group is skipped and no row filtered.
+    ``narrow``: integer columns given as int32 (or uint32) in each row group whose values fit,
+    so a large segment's int64 columns are never all in memory at once (the values are the
+    same; a row group whose values do not fit keeps int64, and the chunks then differ).
     """
     try:
         source = open_file()
@@ -263,7 +267,7 @@ def decode_segment(
         wanted = None if columns is None else [c for c in columns if c in names]
         read = None if wanted is None else list(dict.fromkeys([*wanted, "partition"]))
         groups = row_groups_for(source.metadata, None if every_row else pids)
-        table = _read_row_groups(open_file, source, groups, read)
+        table = _read_row_groups(open_file, source, groups, read, narrow)
     except (pa.ArrowInvalid, OSError) as exc:
         raise FormatError(f"{where}: catalog segment is not readable parquet ({exc})") from exc
     if not every_row:
@@ -277,26 +281,67 @@ def _read_row_groups(
     first: pq.ParquetFile,
     groups: list[int],
     columns: list[str] | None,
+    narrow: Sequence[str] = (),
 ) -> pa.Table:
     """``groups`` of a segment in order, a large one split into contiguous runs decoded on
     threads of this call, each with its own reader: as fast as Arrow's CPU pool (at 5M rows
     0.25 s instead of 0.5-1.4 s on one thread), but the threads end with the call, so what
-    they allocated goes back with the table (the pool's idle threads kept ~20 MB of it)."""
+    they allocated goes back with the table (the pool's idle threads kept ~20 MB of it).
+    ``narrow``: see :func:`decode_segment` (then read one row group at a time)."""
+
+    def read(reader: pq.ParquetFile, run: list[int]) -> pa.Table:
+        if not narrow:
+            return reader.read_row_groups(run, columns=columns, use_threads=False)
+        return _concat(
+            [
+                _narrowed(reader.read_row_group(g, columns=columns, use_threads=False), narrow)
+                for g in run
+            ],
+            reader.schema_arrow,
+            columns,
+        )
+
     workers = min(DECODE_THREADS, os.cpu_count() or 1, len(groups) // (PARALLEL_ROW_GROUPS // 2))
     if len(groups) < PARALLEL_ROW_GROUPS or workers < 2:
-        return first.read_row_groups(groups, columns=columns, use_threads=False)
+        return read(first, groups)
     size = -(-len(groups) // workers)
     runs = [groups[i : i + size] for i in range(0, len(groups), size)]
     readers = [first, *(open_file() for _ in runs[1:])]
     with ThreadPoolExecutor(len(runs), thread_name_prefix="shardlake-segment") as pool:
-        tables = list(
-            pool.map(
-                lambda reader, run: reader.read_row_groups(run, columns=columns, use_threads=False),
-                readers,
-                runs,
-            )
+        tables = list(pool.map(read, readers, runs))
+    return _concat(tables, first.schema_arrow, columns)
+
+
+def _concat(tables: list[pa.Table], schema: pa.Schema, columns: list[str] | None) -> pa.Table:
+    """Row groups' tables as one (a column narrowed in some of them is int64 in all)."""
+    if not tables:
+        names = schema.names if columns is None else columns
+        return pa.schema([schema.field(n) for n in names]).empty_table()
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _narrowed(table: pa.Table, names: Sequence[str]) -> pa.Table:
+    """``table`` with its int64 columns among ``names`` as int32, else uint32, where every
+    value fits (the values are unchanged)."""
+    for name in names:
+        i = table.schema.get_field_index(name)
+        if i < 0 or table.schema.field(i).type != pa.int64() or table.num_rows == 0:
+            continue
+        column = table.column(i)
+        if column.null_count:
+            continue
+        bounds = pc.min_max(column).as_py()
+        low, top = bounds["min"], bounds["max"]
+        kind = (
+            pa.int32()
+            if low >= -(2**31) and top < 2**31
+            else pa.uint32()
+            if low >= 0 and top < 2**32
+            else None
         )
-    return pa.concat_tables(tables)
+        if kind is not None:
+            table = table.set_column(i, name, column.cast(kind))
+    return table
 
 
 def _leaves(kind: pa.DataType) -> int:

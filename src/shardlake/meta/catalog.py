@@ -134,11 +134,14 @@ class Catalog:
         pids: Sequence[str] | None = None,
         *,
         partition_codes: bool = False,
+        narrow: Sequence[str] = (),
     ) -> pa.Table:
         """Rows of ``pids`` (all partitions when ``None``) in partition-id order, then manifest
         order; only ``columns`` (those the catalog has; all when ``None``). ``partition_codes``:
         segments' ``partition`` column comes dictionary-encoded (as parquet stores it: no
-        string a row; a table built from manifests keeps plain strings)."""
+        string a row; a table built from manifests keeps plain strings). ``narrow``: these
+        integer columns as int32 or uint32 in each row group whose values fit (same values:
+        see :func:`~shardlake.format.catalog.decode_segment`)."""
         wanted = sorted(set(pids if pids is not None else (e.id for e in self.entries)))
         if self.built is not None:
             table = self.built
@@ -169,7 +172,7 @@ class Catalog:
             every_row = sum(samples[p] for p in seg_pids) == ref.rows
             source = _open_segment(self.store, ref, read, [] if every_row else seg_pids, **options)
             url = self.store.key_url(ref.key)
-            tables.append(decode_segment(source, url, read, seg_pids, every_row))
+            tables.append(decode_segment(source, url, read, seg_pids, every_row, narrow))
         apart = all(a[1][-1] < b[1][0] for a, b in zip(groups, groups[1:], strict=False))
         table = _ordered(tables, read, sort=not apart)
         if columns is None:

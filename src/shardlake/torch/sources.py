@@ -50,6 +50,8 @@ __all__ = [
 
 # The manifest columns the loader reads (a subset of format.manifest.CORE_COLUMNS).
 READER_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
+NARROW_COLUMNS = ("offset", "size", "raw_size", "crc32")
+SUM_BLOCK = 1 << 20  # rows summed at a time: bounds the scratch of max(offset + size)
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 INT32_MAX = 2**31 - 1
 
@@ -160,18 +162,20 @@ class SourceColumns:
         copy of a column is made unless its values need it)."""
         part, names = _partition_codes(table.column("partition"))
         shard, pairs = _shard_index(part, names, _narrow(table.column("shard")))
-        offset, size = table.column("offset"), table.column("size")
-        ends = pc.max(pc.add(offset, size)).as_py() if len(offset) else 0
+        offset, size = _narrow(table.column("offset")), _narrow(table.column("size"))
+        ends = _max_end(offset, size)
+        if ends > INT32_MAX:  # derived reads' offsets must fit the offsets' dtype too
+            offset = offset.astype(np.int64)
         return cls(
             shard=shard.astype(np.int32 if len(pairs) <= INT32_MAX else np.int64, copy=False),
-            offset=_narrow(offset, ends or 0),
-            size=_narrow(size),
+            offset=offset,
+            size=size,
             raw_size=_narrow(table.column("raw_size")),
             crc32=_narrow_crc(table.column("crc32")),
             partition=part,
             pairs=pairs,
             partition_names=names,
-            offset_end=int(ends or 0),
+            offset_end=ends,
         )
 
     def to_cache(self) -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
@@ -223,6 +227,15 @@ def _partition_codes(column: pa.ChunkedArray) -> tuple[np.ndarray[Any, Any], lis
         out[at : at + len(index)] = number[index]
         at += len(index)
     return out, names
+
+
+def _max_end(offset: np.ndarray[Any, Any], size: np.ndarray[Any, Any]) -> int:
+    """``max(offset + size)`` (0 for no rows), summed in int64 a block at a time."""
+    ends = [
+        int(np.add(offset[i : i + SUM_BLOCK], size[i : i + SUM_BLOCK], dtype=np.int64).max())
+        for i in range(0, len(offset), SUM_BLOCK)
+    ]
+    return max(ends) if ends else 0
 
 
 def _narrow(column: pa.ChunkedArray, upper: int = 0) -> np.ndarray[Any, Any]:
@@ -357,8 +370,11 @@ def _read_rows(
     if everything:
         # Everything: only the loader's columns are decoded (a catalog segment's other columns,
         # e.g. 64-character source digests, are most of its bytes), and nothing is filtered.
-        # The partition column as parquet's dictionary codes: no string a row.
-        table = load_catalog(ds.store, ds.version).rows(wanted, partition_codes=True)
+        # The partition column as parquet's dictionary codes (no string a row), integer
+        # columns narrowed row group by row group (no int64 copy of the whole column).
+        table = load_catalog(ds.store, ds.version).rows(
+            wanted, partition_codes=True, narrow=NARROW_COLUMNS
+        )
         columns = table.column_names
         if len(columns) < len(wanted) or table.num_rows == 0:
             table = None  # the messages below (an unknown column, an empty version)
