@@ -22,9 +22,9 @@ from shardlake.format.documents import PartitionEntry
 from shardlake.meta.catalog import Catalog
 from shardlake.meta.catalog_objects import write_object
 from shardlake.store import open_store
-from shardlake.torch import sources
+from shardlake.torch import columns, sources
+from shardlake.torch.columns import INT32_MAX, SourceColumns, index_dtype
 from shardlake.torch.plan_types import selection_digest
-from shardlake.torch.sources import INT32_MAX, SourceColumns, index_dtype
 from shardlake.torch.strings import key_digest
 
 
@@ -59,7 +59,7 @@ def _old_from_table(table: pa.Table) -> SourceColumns:
     else:
         part = codes.indices.to_numpy()
         names = codes.dictionary.to_pylist()
-    shard, pairs = _old_shard_index(part, names, sources._narrow(table.column("shard")))
+    shard, pairs = _old_shard_index(part, names, columns._narrow(table.column("shard")))
     by_name = sorted(range(len(names)), key=names.__getitem__)
     rank = np.empty(len(names), dtype=index_dtype(len(names)))
     rank[by_name] = np.arange(len(names))
@@ -67,10 +67,10 @@ def _old_from_table(table: pa.Table) -> SourceColumns:
     ends = pc.max(pc.add(offset, size)).as_py() if len(offset) else 0
     return SourceColumns(
         shard=shard.astype(np.int32 if len(pairs) <= INT32_MAX else np.int64),
-        offset=sources._narrow(offset, ends or 0),
-        size=sources._narrow(size),
-        raw_size=sources._narrow(table.column("raw_size")),
-        crc32=sources._narrow_crc(table.column("crc32")),
+        offset=columns._narrow(offset, ends or 0),
+        size=columns._narrow(size),
+        raw_size=columns._narrow(table.column("raw_size")),
+        crc32=columns._narrow_crc(table.column("crc32")),
         partition=rank[part],
         pairs=pairs,
         partition_names=[names[i] for i in by_name],
