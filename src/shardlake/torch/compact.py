@@ -16,6 +16,7 @@ from ..read.catalog_cache import DerivedArrays, catalog_cache
 from .plan_rank import Groups, plan_epoch3, shard_groups
 from .plan_types import Cursor, Layout, ReadPlan, Rows, resolve
 from .reader import ChunkList, RowTable
+from .slot_units import chunk_ends
 
 if TYPE_CHECKING:
     from .dataset import ShardDataset
@@ -69,6 +70,10 @@ def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
         return done[id(a), to]
 
     chunks = [ChunkList(c if i in kept else []) for i, c in enumerate(plan.slot_chunks)]
+    ends = [
+        chunk_ends(plan.slot_emit_chunk[i], len(c)) if i in kept else none
+        for i, c in enumerate(chunks)
+    ]
     return replace(
         plan,
         slot_rows=[small(i, a) for i, a in enumerate(plan.slot_rows)],
@@ -78,10 +83,12 @@ def compact_plan(plan: ReadPlan, keep: range | None = None) -> ReadPlan:
         slot_valid=[a if i in kept else np.zeros(0, bool) for i, a in enumerate(plan.slot_valid)],
         # A sequence of arrays, as the readers use it (ReadPlan's annotation says list).
         slot_chunks=cast(list[list[IntArrayT]], chunks),
+        slot_chunk_ends=ends,
     )
 
 
 PLAN_ENTRY = "loader-plan/1"
+PLAN_PARTS = 2  # in the key: entries with each slot's chunk ends (older ones are not mapped)
 
 
 def plan_arrays(plan: ReadPlan) -> DerivedArrays:
@@ -95,6 +102,7 @@ def plan_arrays(plan: ReadPlan) -> DerivedArrays:
         arrays[f"valid{i}"] = whole.slot_valid[i]
         arrays[f"flat{i}"] = chunks.flat
         arrays[f"bounds{i}"] = chunks.bounds
+        arrays[f"ends{i}"] = cast(list[IntArrayT], whole.slot_chunk_ends)[i]
     doc = {
         "steps": whole.steps,
         "samples": whole.samples,
@@ -135,6 +143,7 @@ def plan_from_arrays(
         slot_emit_chunk=[slot("emit", i, emit_dtype) for i in range(slots)],
         slot_valid=[arrays[f"valid{i}"] if i in keep else np.zeros(0, bool) for i in range(slots)],
         slot_ids=[none] * slots,
+        slot_chunk_ends=[slot("ends", i, arrays[f"ends{i}"].dtype) for i in range(slots)],
     )
 
 
@@ -147,7 +156,7 @@ def rank_plan(
     cache = catalog_cache()
     if cache is None:
         return compact_plan(whole(), keep=mine)
-    what = json.dumps({"entry": PLAN_ENTRY, **key}, sort_keys=True)
+    what = json.dumps({"entry": PLAN_ENTRY, "parts": PLAN_PARTS, **key}, sort_keys=True)
     made = cache.fetch_arrays(what, lambda: plan_arrays(whole()))
     return plan_from_arrays(layout, *made, keep=mine)
 

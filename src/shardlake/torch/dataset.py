@@ -464,6 +464,8 @@ class ShardDataset(IterableDataset[dict[str, Any]]):
             self.read_options,
             cache=self._epoch_cache(),
             lookahead=layout.batch_size,
+            ends=None if plan.slot_chunk_ends is None else plan.slot_chunk_ends[slot],
+            begin=begin,
         )
         trim_heap()  # the set-up's temporaries would stay in this worker's private pages
         return emit, plan.slot_valid[slot][begin:], reader

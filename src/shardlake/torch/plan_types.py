@@ -229,6 +229,9 @@ class ReadPlan:
     # per slot, True where the emitted sample counts (False: padding of an exact pass)
     slot_valid: list[np.ndarray[Any, np.dtype[np.bool_]]] = field(repr=False)
     slot_ids: list[IntArray] = field(repr=False)  # plan ids (epoch positions) of the emits
+    # per slot, one past each chunk's last emit (``slot_units.chunk_ends``; None: not computed,
+    # as before :func:`~.compact.compact_plan`): a reader sets up each unit as it reaches it
+    slot_chunk_ends: list[IntArray] | None = field(default=None, repr=False)
 
     def slot(self, rank: int, worker: int) -> int:
         return rank * self.layout.slots_per_rank + worker

@@ -41,6 +41,7 @@ from ..read.options import DEFAULT_REQUEST_BYTES, ReadOptions
 from ..read.receipts import superseded_error
 from ..store import Store
 from .plan_types import DEFAULT_CHUNK_SIZE, PLAN_SHAPE
+from .slot_units import Reach, SlotUnits, chunk_ends
 
 __all__ = [
     "ChunkList",
@@ -198,103 +199,6 @@ class ChunkList(Sequence[np.ndarray[Any, Any]]):
         return self.flat[self.bounds[i] : self.bounds[i + 1]]
 
 
-class _UnitOfChunk:
-    """Chunk id -> unit index, by binary search in the sorted chunk ids (a dict of ints would
-    cost a worker ~100 bytes a chunk)."""
-
-    def __init__(self, order: np.ndarray[Any, Any]) -> None:
-        self.order = order
-
-    def __getitem__(self, chunk: int) -> int:
-        unit = int(np.searchsorted(self.order, chunk))
-        if unit >= len(self.order) or int(self.order[unit]) != chunk:
-            raise KeyError(chunk)
-        return unit
-
-
-class _Units(Sequence[list[int]]):
-    """Per unit (a chunk with rows still to emit, in chunk order), its rows to fetch in chunk
-    order: the chunk's rows that are still emitted. Whole chunks are the plan's own arrays;
-    only partial ones (the first after a resume, or repeats) get arrays of their own."""
-
-    def __init__(
-        self,
-        chunks: Sequence[np.ndarray[Any, Any]],
-        order: np.ndarray[Any, Any],
-        emit_rows: np.ndarray[Any, Any],
-        emit_chunk: np.ndarray[Any, Any],
-        counts: np.ndarray[Any, Any],
-    ) -> None:
-        self._chunks = chunks if isinstance(chunks, ChunkList) else ChunkList(chunks)
-        bounds = self._chunks.bounds
-        self._order = order
-        self._partial: dict[int, np.ndarray[Any, Any]] = {}
-        # A unit is its whole chunk when it emits as many rows, summing to the same (emits of a
-        # chunk are some of its rows); any other is filtered the way a set would.
-        whole = (bounds[1:] - bounds[:-1])[order]
-        unit_of = np.searchsorted(order, emit_chunk)
-        emitted = np.bincount(unit_of, weights=emit_rows, minlength=len(order))
-        del unit_of
-        running = np.concatenate([[0.0], np.cumsum(self._chunks.flat, dtype=np.float64)])
-        chunk_sum = (running[bounds[1:]] - running[bounds[:-1]])[order]
-        self.suspect = np.flatnonzero((whole != counts) | (emitted != chunk_sum))
-        if len(self.suspect):
-            by_chunk = np.argsort(emit_chunk, kind="stable")
-            starts = np.concatenate([[0], np.cumsum(counts)])
-            for u in self.suspect.tolist():
-                rows = self._chunks[int(self._order[u])]
-                wanted = emit_rows[by_chunk[starts[u] : starts[u + 1]]]
-                self._partial[u] = rows[np.isin(rows, wanted)]
-
-    def unit_bytes(self, sizes: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        """Payload bytes of each unit (``sizes``: the table's size column)."""
-        flat, bounds, order = self._chunks.flat, self._chunks.bounds, self._order
-        running = np.concatenate([[0], np.cumsum(sizes[flat], dtype=np.int64)])
-        out = (running[bounds[1:]] - running[bounds[:-1]])[order] if len(order) else running[:0]
-        for u, rows in self._partial.items():
-            out[u] = int(sizes[rows].sum(dtype=np.int64))
-        return out
-
-    def rows(self, unit: int) -> np.ndarray[Any, Any]:
-        found = self._partial.get(unit)
-        return self._chunks[int(self._order[unit])] if found is None else found
-
-    def __len__(self) -> int:
-        return len(self._order)
-
-    @overload
-    def __getitem__(self, unit: int) -> list[int]: ...
-
-    @overload
-    def __getitem__(self, unit: slice) -> list[list[int]]: ...
-
-    def __getitem__(self, unit: int | slice) -> list[int] | list[list[int]]:
-        if isinstance(unit, slice):
-            return [self[u] for u in range(*unit.indices(len(self)))]
-        rows: list[int] = self.rows(unit).tolist()
-        return rows
-
-
-class _FirstNeeds:
-    """Where in the emit order each unit is first needed, to ask for every unit the next
-    rows need at once (a slot's first batch draws from several runs)."""
-
-    def __init__(self, first: np.ndarray[Any, Any]) -> None:
-        """``first``: per unit, the emit position of its first row."""
-        units = len(first)
-        by_first = np.argsort(first, kind="stable")
-        self._first: list[int] = first[by_first].tolist()
-        self._reach: list[int] = (np.maximum.accumulate(by_first) if units else by_first).tolist()
-        self._seen = 0  # units whose first row is at or before the last position asked about
-
-    def needed_by(self, position: int) -> int:
-        """The highest unit whose first row is emitted at or before ``position`` (-1: none);
-        positions are asked about in emit order (never decreasing), one step per unit."""
-        while self._seen < len(self._first) and self._first[self._seen] <= position:
-            self._seen += 1
-        return self._reach[self._seen - 1] if self._seen else -1
-
-
 class SlotReader:
     """Fetches the payloads of one slot's samples in emit order (see the module docstring).
 
@@ -314,7 +218,12 @@ class SlotReader:
         *,
         cache: EpochCache | None = None,
         lookahead: int = DEFAULT_LOOKAHEAD,
+        ends: np.ndarray[Any, Any] | None = None,
+        begin: int = 0,
     ) -> None:
+        """``ends``: the slot's :func:`.slot_units.chunk_ends` (the plan keeps them; without
+        them they are computed here, ``O(emits)``), and ``begin``: the slot's emits before
+        ``emit_rows[0]`` (a resume), which ``ends`` count."""
         self.store = store
         self.lookahead = lookahead
         self.table = table
@@ -322,16 +231,13 @@ class SlotReader:
         self.cache = cache
         self.emit_rows = np.asarray(emit_rows)  # int32 or int64: a view of the plan's rows
         self.emit_chunk = np.asarray(emit_chunk)
-        # Only the rows still to be emitted are fetched (after a resume, a chunk may be
-        # partial). Computed with NumPy: per-row Python sets and lists cost a worker ~70 bytes
-        # a sample at 1M samples; units are turned into row lists only when fetched.
-        # Every unit has an emit: ``first`` is each one's first emit position.
-        order, first, counts = np.unique(self.emit_chunk, return_index=True, return_counts=True)
-        self._first_emits = first
-        self._unit_of_chunk = _UnitOfChunk(order)
-        self._remaining = counts.astype(np.int64)
-        self._units = _Units(chunks, order, self.emit_rows, self.emit_chunk, counts)
-        self._unit_bytes = self._units.unit_bytes(table.size)
+        self.chunks = chunks
+        # Units are set up as the reads reach them (:class:`.slot_units.SlotUnits`): nothing
+        # here is O(slot), so a worker's first batch (and a resume) costs its first units.
+        if ends is None:
+            ends, begin = chunk_ends(self.emit_chunk, len(chunks)), 0
+        self.ends, self.begin = ends, begin
+        self.units: SlotUnits | None = None  # the current pass's (for its `scanned`)
         self.bytes_fetched = 0
         self.requests = 0
 
@@ -440,47 +346,54 @@ class SlotReader:
     def __iter__(self) -> Iterator[tuple[int, Payload]]:
         """``(row, payload)`` in emit order."""
         opts = self.options
+        units = self.units = SlotUnits(
+            self.chunks, self.emit_rows, self.emit_chunk, self.table.size, self.ends, self.begin
+        )
+        reach = Reach(self.emit_chunk)
         pool = ThreadPoolExecutor(max_workers=opts.max_inflight)
+        # Keyed by chunk number: units are fetched in chunk order.
         futures: dict[int, Future[dict[int, Payload]]] = {}
         held: dict[int, dict[int, Payload]] = {}
+        left: dict[int, int] = {}  # emits still to come, per unit asked for or open
+        unit_bytes: dict[int, int] = {}  # per unit asked for and not opened yet
         # Bytes read ahead: units submitted whose first sample is not emitted yet. Units being
         # emitted (the plan's open runs) do not count, so read-ahead refills steadily, one
         # unit as each one opens, instead of waiting for a whole set of runs to end.
         ahead_bytes = 0
-        next_unit = 0
-        firsts = _FirstNeeds(self._first_emits)
+        next_unit = units.next_unit(0)
 
         def submit(unit: int) -> None:
             nonlocal next_unit, ahead_bytes
-            futures[unit] = pool.submit(self._fetch_rows, self._units[unit])
-            ahead_bytes += int(self._unit_bytes[unit])
-            next_unit = unit + 1
+            rows, count, size = units.unit(unit)
+            futures[unit] = pool.submit(self._fetch_rows, rows.tolist())
+            left[unit], unit_bytes[unit] = count, size
+            ahead_bytes += size
+            next_unit = units.next_unit(unit + 1)
 
         def submit_more(need: int) -> None:
-            while next_unit < len(self._units) and next_unit <= need:
+            while next_unit is not None and next_unit <= need:
                 submit(next_unit)
             if any(u <= need and not f.done() for u, f in futures.items()):
                 return  # read-ahead waits while a unit the next batch needs is on its way
             while (
-                next_unit < len(self._units)
+                next_unit is not None
                 and len(futures) < opts.max_inflight
                 and ahead_bytes < opts.max_buffer_bytes
             ):
                 submit(next_unit)
 
         try:
-            for position, (row, chunk) in enumerate(self._emits()):
-                unit = self._unit_of_chunk[chunk]
-                need = max(unit, firsts.needed_by(position + self.lookahead))
+            for position, (row, unit) in enumerate(self._emits()):
+                need = max(unit, reach.needed_by(position + self.lookahead))
                 submit_more(need)
                 if unit not in held:
                     held[unit] = futures.pop(unit).result()
-                    ahead_bytes -= int(self._unit_bytes[unit])
+                    ahead_bytes -= unit_bytes.pop(unit)
                     submit_more(need)  # the same tiers: read-ahead still waits for `need`
                 payload = held[unit][row]
-                self._remaining[unit] -= 1
-                if self._remaining[unit] == 0:
-                    del held[unit]
+                left[unit] -= 1
+                if left[unit] == 0:
+                    del held[unit], left[unit]
                 yield row, payload
         finally:
             for fut in futures.values():
