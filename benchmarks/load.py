@@ -266,6 +266,7 @@ def _fetch_slot(worker: int) -> tuple[int, int, float]:
         plan.slot_rows[slot],
         plan.slot_emit_chunk[slot],
         ds.read_options,
+        ends=None if plan.slot_chunk_ends is None else plan.slot_chunk_ends[slot],
     )
     for _ in reader:
         pass
