@@ -45,6 +45,7 @@ from .versions import StoredVersion
 
 __all__ = [
     "Keyset",
+    "KeysetObject",
     "content_digest",
     "decode_keyset",
     "delete_keyset",
@@ -53,6 +54,7 @@ __all__ = [
     "list_keysets",
     "load_keyset",
     "load_keyset_bytes",
+    "load_keyset_object",
     "publish_keyset",
     "read_key_list",
     "redact_keyset",
@@ -314,9 +316,84 @@ def load_keyset(store: Store, name: str) -> Keyset:
             return keyset
     except FileNotFoundError:
         pass
+    raise _not_found(store, name) from None
+
+
+@dataclass(frozen=True)
+class KeysetObject:
+    """A live keyset's object as read: its bytes, their sha256 (the object's identity: a name
+    bound again, or a keyset rewritten by forget, is another object) and its binding read from
+    the parquet footer alone (``head``: no keys). The keys (millions of strings, with their
+    content digest) are decoded only when :meth:`keyset` is called."""
+
+    head: Keyset
+    data: bytes = field(repr=False)
+    sha256: str
+    where: str
+
+    def keyset(self, store: Store) -> Keyset:
+        """The whole keyset, checked against its content digest. Bytes that fail are read
+        again as :func:`load_keyset_bytes` does; refused if the object changed meanwhile."""
+        try:
+            return decode_keyset(self.data, self.head.name, self.where)
+        except FormatError:
+            keyset, data = load_keyset_bytes(store, self.head.name)
+        if hashlib.sha256(data).hexdigest() != self.sha256:
+            raise ConflictError(f"{self.where}: keyset changed while it was read; try again")
+        return keyset
+
+
+def load_keyset_object(store: Store, name: str) -> KeysetObject:
+    """Keyset ``name``'s object with only its footer decoded (:class:`NotFoundError` if there
+    is none, as :func:`load_keyset`): what a reader needs that may not need its keys."""
+    check_name("keyset", name)
+    key = keyset_key(name)
+    where = store.key_url(key)
+    indexed = indexed_keyset(store, name)
+
+    def check(data: bytes) -> Keyset:
+        check_indexed(indexed, data, where)
+        return _decode_head(data, name, where)
+
+    try:
+        head, data = read_verified(store, key, check)
+        if not is_retired(store, head):
+            return KeysetObject(head, data, hashlib.sha256(data).hexdigest(), where)
+    except FileNotFoundError:
+        pass
+    raise _not_found(store, name) from None
+
+
+def _decode_head(data: bytes, name: str, where: str) -> Keyset:
+    """A keyset's binding from its parquet footer (``keys`` left empty)."""
+    try:
+        metadata = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.metadata or {}
+        kv = {
+            k.decode()[len(_PREFIX) :]: v.decode()
+            for k, v in metadata.items()
+            if k.startswith(_PREFIX.encode())
+        }
+        if kv.get("format") != KEYSET_SCHEMA:
+            raise FormatError(f"{where}: not a shardlake keyset (format {kv.get('format')!r})")
+        return Keyset(
+            name=kv.get("name", name),
+            version_tag=kv["version_tag"],
+            version_hash=kv["version_hash"],
+            keys=[],
+            dataset_id=kv.get("dataset_id", ""),
+            created_at=kv.get("created_at", ""),
+            rebased_from=kv.get("rebased_from", ""),
+        )
+    except FormatError:
+        raise
+    except (pa.ArrowException, OSError, KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{where}: keyset is unreadable ({exc})") from exc
+
+
+def _not_found(store: Store, name: str) -> NotFoundError:
     available = [k.name for k in list_keysets(store)]
     hint = f"; keysets here: {', '.join(available[:20])}" if available else "; there are none"
-    raise NotFoundError(f"{store.url}: no keyset {name!r}{hint}") from None
+    return NotFoundError(f"{store.url}: no keyset {name!r}{hint}")
 
 
 def load_keyset_bytes(store: Store, name: str) -> tuple[Keyset, bytes]:

@@ -30,11 +30,13 @@ from ..store import Store
 from . import sql
 
 if TYPE_CHECKING:
+    from ..meta.keysets import Keyset
     from ..torch import ShardDataset
     from .selection import Selection
 
 __all__ = [
     "Dataset",
+    "keyset_version",
     "resolve_version",
 ]
 
@@ -369,7 +371,12 @@ def resolve_version(store: Store, version: str | None, keyset: str | None = None
         return load_version(store, version or "latest")
     from ..meta.keysets import load_keyset
 
-    bound = load_keyset(store, keyset)
+    return keyset_version(store, version, load_keyset(store, keyset))
+
+
+def keyset_version(store: Store, version: str | None, bound: Keyset) -> StoredVersion:
+    """``version`` (None: the version keyset ``bound`` is bound to), refused unless ``bound``
+    is bound to it."""
     if version is None:
         return load_version_by_hash(store, bound.version_tag, bound.version_hash)
     chosen = load_version(store, version)

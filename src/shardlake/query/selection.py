@@ -7,7 +7,7 @@ the torch loader's sources and the train/valid split all resolve their choice th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -20,12 +20,14 @@ from ..progress.bar import plural
 from . import sql
 
 if TYPE_CHECKING:
+    from ..meta.keysets import KeysetObject
     from ..torch import ShardDataset
     from .dataset import Dataset
 
 __all__ = [
     "Selection",
     "in_listed_order",
+    "keyset_selection",
     "require_disjoint",
 ]
 
@@ -53,6 +55,11 @@ class Selection:
     keys: tuple[str, ...] | None = None
     keyset: str | None = None
     _wanted: list[str] | None = field(default=None, init=False, repr=False, compare=False)
+    _wanted_array: pa.Array | None = field(default=None, init=False, repr=False, compare=False)
+    # The keyset's keys, where its object was read already (keyset_selection).
+    _listing: Callable[[], Sequence[str]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.where, self.keys, self.keyset)) > 1:
@@ -83,6 +90,8 @@ class Selection:
     def _listed(self) -> Sequence[str]:
         if self.keyset is None:
             return self.keys or ()
+        if self._listing is not None:
+            return self._listing()
         from ..meta.keysets import load_keyset
 
         keyset = load_keyset(self.dataset.store, self.keyset)
@@ -93,11 +102,19 @@ class Selection:
         """The rows of a manifest ``table`` (of this version) that the selection takes."""
         if self.where is not None:
             return sql.select_mask(table, self.where)
-        wanted = self.wanted_keys()
-        if wanted is None:
+        value_set = self._listed_array()
+        if value_set is None:
             return pa.repeat(pa.scalar(True), table.num_rows)
-        value_set = pa.array(wanted, pa.string())
         return pc.fill_null(pc.is_in(table.column("key"), value_set=value_set), False)
+
+    def _listed_array(self) -> pa.Array | None:
+        """:meth:`wanted_keys` as an Arrow array (made once)."""
+        if self._wanted_array is None:
+            wanted = self.wanted_keys()
+            if wanted is None:
+                return None
+            object.__setattr__(self, "_wanted_array", pa.array(wanted, pa.string()))
+        return self._wanted_array
 
     def rows(
         self, columns: Sequence[str] | None = None, *, allow_missing: int | None = 0
@@ -107,7 +124,21 @@ class Selection:
         ``allow_missing``: how many listed keys may be absent from the version (exactly; None
         accepts any number). An empty result is refused with :class:`SelectionError`.
         """
-        selected = self._selected()
+        # Keys or a keyset: only the columns asked for (and the keys) are decoded.
+        pushed = columns is not None and self.where is None
+        table = self.dataset.manifests([*columns, "key"] if pushed and columns else None)
+        return self.rows_in(table, columns, allow_missing=allow_missing)
+
+    def rows_in(
+        self,
+        table: pa.Table,
+        columns: Sequence[str] | None = None,
+        *,
+        allow_missing: int | None = 0,
+    ) -> pa.Table:
+        """:meth:`rows` of ``table``: this version's manifest rows, read already (with the
+        columns the selection reads: ``key``, or those of its ``where``)."""
+        selected = table.filter(self.mask(table))
         if allow_missing is not None:
             self._check_missing(selected, allow_missing)
         if selected.num_rows == 0:
@@ -118,13 +149,15 @@ class Selection:
 
     def missing(self, selected: pa.Table | None = None) -> list[str]:
         """Listed keys the version lacks (always empty for ``where`` or everything)."""
-        wanted = self.wanted_keys()
-        if not wanted:
+        listed = self._listed_array()
+        if listed is None or len(listed) == 0:
             return []
         if selected is None:
             selected = self._selected()
-        present = set(selected.column("key").to_pylist())
-        return [k for k in wanted if k not in present]
+        keys = selected.column("key")
+        present = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
+        found = pc.is_in(listed, value_set=present.cast(listed.type))
+        return [str(k) for k in listed.filter(pc.invert(found)).to_pylist()]
 
     def _selected(self) -> pa.Table:
         table = self.dataset.manifests()
@@ -173,15 +206,26 @@ class Selection:
 def in_listed_order(table: pa.Table, listed: Sequence[str] | None) -> pa.Table:
     """The rows of ``table`` (with a ``key`` column) in the order of ``listed`` (a key list's
     or a keyset's order, first occurrences) instead of the manifest's; unchanged when
-    ``listed`` is None. Keys ``listed`` lacks go last, in their order."""
+    ``listed`` is None. Keys ``listed`` lacks go last, in their order. ``listed`` holds each
+    key once (:meth:`Selection.wanted_keys`)."""
     if not listed or table.num_rows < 2:
         return table
-    place = {key: i for i, key in enumerate(listed)}
-    keys = table.column("key").to_pylist()
-    ranks = np.fromiter((place.get(k, len(place)) for k in keys), dtype=np.int64, count=len(keys))
+    value_set = pa.array(listed, pa.string())
+    keys = table.column("key")
+    places = pc.index_in(keys, value_set=value_set.cast(keys.type))
+    ranks = pc.fill_null(places, len(value_set)).to_numpy().astype(np.int64, copy=False)
     if bool(np.all(ranks[1:] > ranks[:-1])):
         return table
     return table.take(pa.array(np.argsort(ranks, kind="stable")))
+
+
+def keyset_selection(dataset: Dataset, held: KeysetObject) -> Selection:
+    """The selection of keyset object ``held`` (read already, refused unless bound to
+    ``dataset``'s version); its keys are decoded only when the selection needs them."""
+    held.head.check_version(dataset.version)
+    selection = Selection(dataset, keyset=held.head.name)
+    object.__setattr__(selection, "_listing", lambda: held.keyset(dataset.store).keys)
+    return selection
 
 
 def require_disjoint(a: Selection, b: Selection, what: str = "the two selections") -> None:

@@ -21,19 +21,20 @@ from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from ..errors import IntegrityError, SelectionError, UsageError
-from ..meta.catalog import load_catalog
+from ..errors import SelectionError, UsageError
 from ..meta.catalog_objects import node_catalog_cache
-from ..query.dataset import Dataset
-from ..query.selection import in_listed_order
+from ..meta.keysets import load_keyset_object
+from ..query.dataset import Dataset, keyset_version
+from ..query.selection import keyset_selection
 from ..read.catalog_cache import catalog_cache
 from ..root.door import HoldsStore, StoreLike, as_store, store_like
 from ..store import Store
 from .columns import SourceColumns, _compact_crc, compact_int, index_dtype
 from .heap import trim_heap
 from .reader import RowTable
+from .source_rows import checked_keys, keyset_keys, read_rows
+from .source_stores import SourceStores
 from .strings import LazyStrings, StringColumn, key_digest
 
 __all__ = [
@@ -51,7 +52,6 @@ __all__ = [
 
 # The manifest columns the loader reads (a subset of format.manifest.CORE_COLUMNS).
 READER_COLUMNS = ["key", "partition", "shard", "offset", "size", "raw_size", "crc32"]
-NARROW_COLUMNS = ("offset", "size", "raw_size", "crc32")
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 
 
@@ -119,6 +119,9 @@ class SourceRows:
     table: pa.Table | None
     shard_key: Any  # (partition, shard) -> shard key in its store
     read_keys: Any = None  # () -> the key column, where ``table`` is None
+    # What the selection is in the node-local cache's names ("all", "keyset/<sha256>"); None:
+    # a where or keys (not cached).
+    cached_as: str | None = None
 
     @property
     def rows(self) -> int:
@@ -148,27 +151,37 @@ def select_rows(
 
 def _select_rows(source: MixMember, meta_columns: Sequence[str], cached: bool) -> SourceRows:
     store = as_store(source.url, source.storage_options, name="MixMember(url)")
-    ds = Dataset.open(store, source.version, source.keyset)
+    # A keyset's object is read once; its keys are decoded only where its rows are selected.
+    held = None if source.keyset is None else load_keyset_object(store, source.keyset)
+    if held is None:
+        ds = Dataset.open(store, source.version)
+        selected = ds.select(where=source.where, keys=source.keys)
+    else:
+        ds = Dataset(store, keyset_version(store, source.version, held.head))
+        selected = keyset_selection(ds, held)
     wanted = list(dict.fromkeys([*READER_COLUMNS, *meta_columns]))
-    selected = ds.select(where=source.where, keyset=source.keyset, keys=source.keys)
     everything = source.where is None and source.keyset is None and source.keys is None
-    cache = catalog_cache() if cached and everything and not meta_columns else None
+    # A whole version's columns are a function of the version; a keyset's, of the version and
+    # the keyset object's bytes (a name bound again is another object, never a stale entry).
+    cached_as = "all" if everything else None if held is None else f"keyset/{held.sha256}"
+    cache = catalog_cache() if cached and cached_as and not meta_columns else None
     read: list[pa.Table] = []
 
     def rows() -> pa.Table:
         if not read:
-            read.append(_read_rows(ds, selected, source, wanted, meta_columns, everything))
+            read.append(read_rows(ds, selected, source.where, wanted, meta_columns, everything))
         return read[0]
 
     def make() -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
         return SourceColumns.from_table(rows()).to_cache()
 
     if cache is not None:
-        what = f"{COLUMNS_ENTRY}|{ds.version.hash}|all|{','.join(READER_COLUMNS)}"
+        what = f"{COLUMNS_ENTRY}|{ds.version.hash}|{cached_as}|{','.join(READER_COLUMNS)}"
         columns = SourceColumns.from_cache(*cache.fetch_arrays(what, make))
     else:
         columns = SourceColumns.from_table(rows())
     table = read[0] if read else None
+    keys = checked_keys if held is None else functools.partial(keyset_keys, held)
     return SourceRows(
         source,
         ds.store,
@@ -178,57 +191,9 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str], cached: bool) -
         columns,
         table,
         ds.shard_key,
-        read_keys=functools.partial(_checked_keys, ds, columns),
+        read_keys=functools.partial(keys, ds, columns),
+        cached_as=cached_as,
     )
-
-
-def _checked_keys(ds: Dataset, columns: SourceColumns) -> pa.ChunkedArray:
-    """The version's keys, read apart from its row columns (those came from the node-local
-    cache): refused unless they come in the rows' order, partition by partition, so a key
-    never labels another sample's arrays."""
-    table = ds.manifests(["key", "partition"])
-    names = pa.array(columns.partition_names, pa.string())
-    part = pc.index_in(table.column("partition"), value_set=names)
-    got = part.to_numpy(zero_copy_only=False) if len(table) else np.zeros(0, np.int64)
-    if len(got) != len(columns) or not np.array_equal(got, columns.partition):
-        raise IntegrityError(
-            f"{ds.store.url}: version {ds.version.tag!r}: its keys do not come in the order of "
-            "its cached row columns; remove the node-local catalog cache "
-            "($SHARDLAKE_CATALOG_CACHE) and report this"
-        )
-    return table.column("key")
-
-
-def _read_rows(
-    ds: Dataset,
-    selected: Any,
-    source: MixMember,
-    wanted: list[str],
-    meta_columns: Sequence[str],
-    everything: bool,
-) -> pa.Table:
-    table: pa.Table | None = None
-    if everything:
-        # Everything: only the loader's columns are decoded (a catalog segment's other columns,
-        # e.g. 64-character source digests, are most of its bytes), and nothing is filtered.
-        # The partition column as parquet's dictionary codes (no string a row), integer
-        # columns narrowed row group by row group (no int64 copy of the whole column).
-        table = load_catalog(ds.store, ds.version).rows(
-            wanted, partition_codes=True, narrow=NARROW_COLUMNS
-        )
-        columns = table.column_names
-        if len(columns) < len(wanted) or table.num_rows == 0:
-            table = None  # the messages below (an unknown column, an empty version)
-    if table is None:
-        columns = ds.manifests().column_names
-        missing = [c for c in meta_columns if c not in columns]
-        if missing:
-            raise SelectionError(
-                f"unknown meta_columns {', '.join(missing)}; manifest columns: {', '.join(columns)}"
-            )
-        table = selected.rows(None if source.where else [c for c in wanted if c in columns])
-        table = in_listed_order(table, selected.wanted_keys())
-    return table
 
 
 def load_keys(sources: Sequence[MixMember]) -> StringColumn:
@@ -243,8 +208,9 @@ def selection_key_digest(rows: SourceRows) -> str:
     """:func:`~shardlake.torch.strings.key_digest` of the source's selected keys. A whole
     version's is a function of the version alone, so it is kept in the node-local catalog cache
     (keyed by the version hash and row count): the other ranks of a node skip the sort and
-    hashing of every key. Other selections are computed each time."""
-    cache = catalog_cache() if rows.selection == {"all": True} else None
+    hashing of every key. So is a keyset's, of the version and the keyset object (its sha256).
+    Other selections are computed each time."""
+    cache = catalog_cache() if rows.cached_as else None
 
     def digest() -> str:
         partition = rows.columns.partition  # rows of one partition are one sorted run
@@ -253,49 +219,8 @@ def selection_key_digest(rows: SourceRows) -> str:
 
     if cache is None:
         return digest()
-    what = f"selection-digest|{rows.version_hash}|all|{rows.rows}"
+    what = f"selection-digest|{rows.version_hash}|{rows.cached_as}|{rows.rows}"
     return cache.fetch_derived(what, digest)
-
-
-class SourceStores:
-    """The stores of a mix behind the two calls a slot reader makes.
-
-    Shard keys of the combined table are ``"<source index>:<key>"``; each read is routed to its
-    source's store (ranges keep their order).
-    """
-
-    def __init__(self, stores: Sequence[Store]) -> None:
-        self.stores = list(stores)
-
-    @property
-    def url(self) -> str:
-        return " + ".join(s.url for s in self.stores)
-
-    def store_of(self, key: str) -> tuple[Store, str]:
-        """The store a prefixed key is in, and its key there."""
-        return self._split(key)
-
-    def _split(self, key: str) -> tuple[Store, str]:
-        index, _, inner = key.partition(":")
-        return self.stores[int(index)], inner
-
-    def key_url(self, key: str) -> str:
-        store, inner = self._split(key)
-        return store.key_url(inner)
-
-    def read_ranges(
-        self, ranges: Sequence[tuple[str, int, int]], *, views: bool = False
-    ) -> list[bytes | memoryview]:
-        by_store: dict[int, list[int]] = {}
-        for i, (key, _s, _e) in enumerate(ranges):
-            by_store.setdefault(int(key.partition(":")[0]), []).append(i)
-        out: list[bytes | memoryview] = [b""] * len(ranges)
-        for index, members in by_store.items():
-            parts = [(ranges[i][0].partition(":")[2], ranges[i][1], ranges[i][2]) for i in members]
-            got = self.stores[index].read_ranges(parts, views=views)
-            for i, data in zip(members, got, strict=True):
-                out[i] = data
-        return out
 
 
 @dataclass
