@@ -156,8 +156,12 @@ def _encode(
     dataset_id: str,
     recipe: dict[str, Any],
     rebased_from: str = "",
-) -> bytes:
+) -> tuple[bytes, Keyset]:
+    """The keyset object's bytes, and the keyset they decode to (made from the same lists,
+    not decoded again: at 2M keys that is a second ~1 s)."""
     rows = rows.select(["key", "partition"])  # in the caller's order (a key list's is kept)
+    keys: list[str] = rows.column("key").to_pylist()
+    partitions: list[str] = rows.column("partition").to_pylist()
     meta = {
         "format": KEYSET_SCHEMA,
         "name": name,
@@ -170,15 +174,22 @@ def _encode(
     }
     if rebased_from:
         meta["rebased_from"] = rebased_from
-    meta[CONTENT_DIGEST] = content_digest(
-        {k: str(v) for k, v in meta.items()},
-        rows.column("key").to_pylist(),
-        rows.column("partition").to_pylist(),
-    )
+    meta[CONTENT_DIGEST] = content_digest({k: str(v) for k, v in meta.items()}, keys, partitions)
     kv = {(_PREFIX + k).encode(): str(v).encode() for k, v in meta.items()}
     sink = io.BytesIO()
     pq.write_table(rows.replace_schema_metadata(kv), sink, compression="zstd")
-    return sink.getvalue()
+    keyset = Keyset(
+        name=name,
+        version_tag=version.tag,
+        version_hash=version.hash,
+        keys=keys,
+        partitions=partitions,
+        dataset_id=dataset_id,
+        recipe=json.loads(meta["recipe"]),
+        created_at=meta["created_at"],
+        rebased_from=rebased_from,
+    )
+    return sink.getvalue(), keyset
 
 
 def publish_keyset(
@@ -192,7 +203,7 @@ def publish_keyset(
 ) -> Keyset:
     key = keyset_key(name)
     marker = ensure_root(store)
-    data = _encode(name, rows, version, str(marker["dataset_id"]), recipe, rebased_from)
+    data, keyset = _encode(name, rows, version, str(marker["dataset_id"]), recipe, rebased_from)
     tomb = tombstone_key(name)
     if store.exists(tomb) and not store.exists(key):
         # The name was retired and its keyset is gone: the new one must not read as retired.
@@ -204,7 +215,7 @@ def publish_keyset(
             f"{store.key_url(key)}: keyset {name!r} was created by another writer meanwhile"
         ) from exc
     refresh_index(store)
-    return decode_keyset(data, name, store.key_url(key))
+    return keyset
 
 
 def redact_keyset(
@@ -224,11 +235,12 @@ def redact_keyset(
     )
     origin = f"{keyset.name}@{keyset.version_hash}"
     recipe = {**keyset.recipe, "redacted_from": origin}
-    data = _encode(keyset.name, rows, version, keyset.dataset_id, recipe, keyset.rebased_from)
-    key = keyset_key(keyset.name)
-    store.write(key, data)
+    data, redacted = _encode(
+        keyset.name, rows, version, keyset.dataset_id, recipe, keyset.rebased_from
+    )
+    store.write(keyset_key(keyset.name), data)
     reindex_keysets(store)
-    return decode_keyset(data, keyset.name, store.key_url(key))
+    return redacted
 
 
 def reindex_keysets(store: Store) -> None:

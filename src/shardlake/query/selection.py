@@ -124,10 +124,27 @@ class Selection:
         ``allow_missing``: how many listed keys may be absent from the version (exactly; None
         accepts any number). An empty result is refused with :class:`SelectionError`.
         """
-        # Keys or a keyset: only the columns asked for (and the keys) are decoded.
-        pushed = columns is not None and self.where is None
-        table = self.dataset.manifests([*columns, "key"] if pushed and columns else None)
-        return self.rows_in(table, columns, allow_missing=allow_missing)
+        # Only the columns asked for and those the selection reads are decoded (a catalog's
+        # other columns, e.g. 64-character source digests, are most of its bytes).
+        needed = self._reads(columns)
+        if needed is not None:
+            table = self.dataset.manifests(needed)
+            try:
+                mask = self.mask(table)
+            except SelectionError:
+                mask = None  # a name it reads was missed: every column gives rows or the message
+            if mask is not None:
+                return self._taken(table.filter(mask), columns, allow_missing)
+        return self.rows_in(self.dataset.manifests(), columns, allow_missing=allow_missing)
+
+    def _reads(self, columns: Sequence[str] | None) -> list[str] | None:
+        """The columns :meth:`rows` of ``columns`` decodes; None: every column."""
+        if not columns:
+            return None
+        if self.where is None:
+            return [*columns, "key"]
+        names = sql.referenced_names(self.where)
+        return None if names is None else [*columns, *names]
 
     def rows_in(
         self,
@@ -138,7 +155,11 @@ class Selection:
     ) -> pa.Table:
         """:meth:`rows` of ``table``: this version's manifest rows, read already (with the
         columns the selection reads: ``key``, or those of its ``where``)."""
-        selected = table.filter(self.mask(table))
+        return self._taken(table.filter(self.mask(table)), columns, allow_missing)
+
+    def _taken(
+        self, selected: pa.Table, columns: Sequence[str] | None, allow_missing: int | None
+    ) -> pa.Table:
         if allow_missing is not None:
             self._check_missing(selected, allow_missing)
         if selected.num_rows == 0:
@@ -154,6 +175,8 @@ class Selection:
             return []
         if selected is None:
             selected = self._selected()
+        if selected.num_rows == len(listed):
+            return []  # each listed key selected (keys are unique within a version)
         keys = selected.column("key")
         present = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
         found = pc.is_in(listed, value_set=present.cast(listed.type))

@@ -32,6 +32,7 @@ from ..progress.bar import plural
 
 __all__ = [
     "check_where",
+    "referenced_names",
     "select",
     "select_mask",
 ]
@@ -86,6 +87,29 @@ def check_expression_syntax(where: str) -> str:
     if depth != 0:
         raise SelectionError(f"selection {where!r}: unbalanced '('")
     return expr
+
+
+def referenced_names(where: str) -> list[str] | None:
+    """The names ``where`` may read as columns (each as written and lower-cased: DuckDB matches
+    names without case), or None when it may read others than it names (``*``, ``COLUMNS``,
+    the row ``manifest`` itself): what a caller must decode to evaluate it. A name missed
+    (e.g. another case) fails to bind, never selects other rows."""
+    expr = check_expression_syntax(where)
+    tokens = duckdb.tokenize(expr)
+    names: list[str] = []
+    words = (duckdb.token_type.identifier, duckdb.token_type.keyword)
+    for i, (pos, kind) in enumerate(tokens):
+        text = expr[pos : tokens[i + 1][0] if i + 1 < len(tokens) else len(expr)].strip()
+        if kind == duckdb.token_type.operator and "*" in text:
+            return None
+        if kind not in words:
+            continue
+        if len(text) > 1 and text[0] == text[-1] == '"':
+            text = text[1:-1].replace('""', '"')
+        if text.lower() in (VIEW, "columns"):
+            return None
+        names += [text, text.lower()]
+    return list(dict.fromkeys(names))
 
 
 def _connect(threads: int) -> duckdb.DuckDBPyConnection:
