@@ -4,7 +4,7 @@ the node-local catalog cache (:mod:`shardlake.torch.sources`)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -12,9 +12,11 @@ import pyarrow.compute as pc
 
 from ..errors import IntegrityError, SelectionError
 from ..meta.catalog import load_catalog
-from ..meta.keysets import KeysetObject
-from ..query.dataset import Dataset
 from ..query.selection import in_listed_order
+
+if TYPE_CHECKING:
+    from ..meta.keysets import KeysetObject
+    from ..query.dataset import Dataset
 
 __all__ = ["checked_keys", "keyset_keys", "read_rows"]
 
