@@ -33,6 +33,7 @@ from ..store import Store
 from .columns import SourceColumns, _compact_crc, compact_int, index_dtype
 from .heap import trim_heap
 from .reader import RowTable
+from .source_rows import NARROW_COLUMNS as NARROW_COLUMNS  # where the catalog read is
 from .source_rows import checked_keys, keyset_keys, read_rows
 from .source_stores import SourceStores
 from .strings import LazyStrings, StringColumn, key_digest
