@@ -214,7 +214,7 @@ def plan_leg3(
         seg = [rows[x:y] for x, y in zip(bounds[:-1], bounds[1:], strict=True)]
         segments[s] = seg
         emit, read, pos, chunk = _slot_order(
-            seg, params, _generator(_seed(params, epoch, layout, leg, f"slot {s}"))
+            seg, params, _generator(_seed(params, epoch, layout, leg, f"slot {s}")), rows
         )
         slot_rows[s], slot_read[s], slot_pos[s], slot_chunk[s] = emit, read, pos, chunk
     return LegPlan(

@@ -123,40 +123,63 @@ def _balanced_cuts(
 
 
 def _slot_order(
-    segment: list[IntArray], params: PlanParams, rng: np.random.Generator | None
+    segment: list[IntArray],
+    params: PlanParams,
+    rng: np.random.Generator | None,
+    ids: IntArray | None = None,
 ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
-    """(emit order, read order, read position and chunk of each emitted sample) for one slot."""
+    """(emit order, read order, read position and chunk of each emitted sample) for one slot.
+    ``ids``: the segment's chunks concatenated, where the caller has them (not built again)."""
     if not segment:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, empty
-    ids = np.concatenate(segment)
+    if ids is None:
+        ids = np.concatenate(segment)
+    n = len(ids)
     lengths = np.fromiter((len(c) for c in segment), dtype=np.int64, count=len(segment))
-    chunk_no = np.repeat(np.arange(len(segment)), lengths)
     if rng is None:  # no shuffle: read order is emit order
-        return ids, ids, np.arange(len(ids)), chunk_no
-    in_chunk = np.arange(len(ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        chunk_no = np.repeat(np.arange(len(segment)), lengths)
+        return ids, ids, np.arange(n), chunk_no
+    # Temporaries in int32 where a slot's positions fit (they do below 2**31 samples).
+    small = np.int32 if n < 2**31 - 1 else np.int64
+    chunk_of = np.repeat(np.arange(len(segment), dtype=small), lengths)
+    first = np.cumsum(lengths) - lengths
     if params.shape >= 2:
         # Lanes: `interleave` runs are open at once and their samples alternate; when a run
         # ends, the next chunk opens in its lane (the least-filled one), so runs start and end
         # one at a time (a steady refill) instead of `interleave` together.
         lane_start = _lane_starts(lengths, params.interleave, staggered=True)
-        tick = np.repeat(lane_start, lengths) + in_chunk
-        read_order = np.lexsort((chunk_no, tick))
+        tick = np.repeat((lane_start - first).astype(small), lengths)
+        tick += np.arange(n, dtype=small)
+        # By tick, ties by chunk: as lexsort((chunk, tick)), since positions are in chunk
+        # order; a stable sort of the (mostly ascending) ticks is several times faster.
+        read_order = np.argsort(tick, kind="stable")
+        del tick
     else:
         # Shape 1: chunks are taken `interleave` at a time and their samples alternate.
-        group = chunk_no // params.interleave
-        read_order = np.lexsort((chunk_no, in_chunk, group))
-    read = ids[read_order]
+        chunk_no = chunk_of.astype(np.int64)
+        in_chunk = np.arange(n) - np.repeat(first, lengths)
+        read_order = np.lexsort((chunk_no, in_chunk, chunk_no // params.interleave))
+        del chunk_no, in_chunk
+    read_order = read_order.astype(np.int64, copy=False)
     # Bounded shuffle: emit by (read position + uniform jitter); a sample moves < buffer places,
     # so the reader never holds more than `shuffle_buffer` samples it read but has not emitted.
-    reach: float | IntArray = params.shuffle_buffer
+    key = rng.random(n)
     if params.shape >= 2:
         # The reach widens from SHUFFLE_RAMP over the slot's first samples: the first batches
         # come from the first lanes' runs (see the module docstring).
-        reach = np.minimum(params.shuffle_buffer, SHUFFLE_RAMP + np.arange(len(read)))
-    key = np.arange(len(read)) + rng.random(len(read)) * reach
+        ramp = max(0, min(n, params.shuffle_buffer - SHUFFLE_RAMP))
+        key[:ramp] *= SHUFFLE_RAMP + np.arange(ramp)
+        key[ramp:] *= params.shuffle_buffer
+    else:
+        key *= params.shuffle_buffer
+    key += np.arange(n)  # the same sums as arange + jitter * reach
     emit_pos = _stable_argsort(key)
-    return read[emit_pos], read, emit_pos, chunk_no[read_order][emit_pos]
+    del key
+    emit_read = read_order[emit_pos]
+    chunk = chunk_of[emit_read].astype(np.int64)
+    del chunk_of
+    return ids[emit_read], ids[read_order], emit_pos, chunk
 
 
 def _stable_argsort(key: np.ndarray[Any, Any]) -> IntArray:

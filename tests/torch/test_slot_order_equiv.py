@@ -1,0 +1,139 @@
+"""Issue #47: the faster slot order (stable sort of int32 ticks instead of ``lexsort``, fewer
+and smaller temporaries) gives every plan array bit for bit as the form it replaced
+(tests/support/plan_reference.py): saved states resume these plans, so no order may move."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from tests.support.plan_reference import slot_order as reference_slot_order
+
+import shardlake.torch.plan as plan_module
+import shardlake.torch.plan_rank as plan_rank_module
+from shardlake.torch.plan import plan_epoch
+from shardlake.torch.plan_steps import _slot_order
+from shardlake.torch.plan_types import Layout, Leg, LegPlan, PlanParams, Rows
+
+PARAMS = PlanParams(version_hash="v" * 32, selection_digest="s" * 32, max_pad_fraction=99)
+
+
+def same(a: np.ndarray[Any, Any], b: np.ndarray[Any, Any]) -> None:
+    assert a.dtype == b.dtype and a.shape == b.shape
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("shape", [1, 2, 3])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_slot_order_equals_the_reference(shape: int, shuffle: bool) -> None:
+    draw = np.random.default_rng(shape)
+    for case in range(120):
+        chunks = int(draw.integers(0, 60))
+        lengths = draw.integers(0 if case % 7 == 0 else 1, draw.integers(2, 90), chunks)
+        ids = draw.permutation(int(lengths.sum()) + 5)[: int(lengths.sum())].astype(np.int64)
+        segment = np.split(ids, np.cumsum(lengths)[:-1]) if chunks else []
+        params = replace(
+            PARAMS,
+            shape=shape,
+            interleave=int(draw.integers(1, 40)),
+            shuffle_buffer=int(draw.choice([1, 7, 64, 65, 100, 512, 3000])),
+        )
+        seed = int(draw.integers(0, 2**32))
+        rngs = [np.random.default_rng(seed) if shuffle else None for _ in range(3)]
+        want = reference_slot_order(segment, params, rngs[0])
+        for got, rng in (
+            (_slot_order(segment, params, rngs[1]), rngs[1]),
+            (_slot_order(segment, params, rngs[2], ids if chunks else None), rngs[2]),
+        ):
+            for a, b in zip(got, want, strict=True):
+                same(a, b)
+            if rng is not None:  # the same draws: the generators are left in one state
+                assert rng.random() == np.random.default_rng(seed).random(len(ids) + 1)[-1]
+
+
+def make_rows(draw: np.random.Generator, n: int) -> Rows:
+    shard = np.sort(draw.integers(0, max(1, n // 40), n))
+    offset = draw.integers(0, 10**6, n)
+    if draw.random() < 0.5:  # rows out of (shard, offset) order too
+        shuffle = draw.permutation(n)
+        shard, offset = shard[shuffle], offset[shuffle]
+    return Rows(shard.astype(np.int64), offset.astype(np.int64))
+
+
+def plans(
+    monkeypatch: pytest.MonkeyPatch,
+    rows: Rows,
+    params: PlanParams,
+    epoch: int,
+    layout: Layout,
+    legs: tuple[Leg, ...],
+) -> tuple[LegPlan, LegPlan]:
+    got = plan_epoch(rows, params, epoch, layout, legs)
+    with monkeypatch.context() as m:
+
+        def old(seg: list[Any], p: PlanParams, rng: Any, ids: Any = None) -> Any:
+            return reference_slot_order(seg, p, rng)
+
+        m.setattr(plan_module, "_slot_order", old)
+        m.setattr(plan_rank_module, "_slot_order", old)
+        want = plan_epoch(rows, params, epoch, layout, legs)
+    return got, want
+
+
+def assert_same_plan(got: LegPlan, want: LegPlan) -> None:
+    assert (got.layout, got.steps, got.samples, got.replays, got.pad_base) == (
+        want.layout,
+        want.steps,
+        want.samples,
+        want.replays,
+        want.pad_base,
+    )
+    if want.pad_rows is None:
+        assert got.pad_rows is None
+    else:
+        assert got.pad_rows is not None
+        same(got.pad_rows, want.pad_rows)
+    for field in ("slot_rows", "slot_read", "slot_read_pos", "slot_emit_chunk"):
+        a, b = getattr(got, field), getattr(want, field)
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            same(x, y)
+    assert len(got.slot_chunks) == len(want.slot_chunks)
+    for x, y in zip(got.slot_chunks, want.slot_chunks, strict=True):
+        assert len(x) == len(y)
+        for c, d in zip(x, y, strict=True):
+            same(c, d)
+
+
+@pytest.mark.filterwarnings("ignore:.*replaying samples")
+@pytest.mark.parametrize("shape", [1, 2, 3])
+def test_plans_equal_the_reference(monkeypatch: pytest.MonkeyPatch, shape: int) -> None:
+    """Every array of whole plans, shuffled or not, exact, drop_last, world sizes 1-16,
+    workers 0-4, and resumed legs with another layout."""
+    draw = np.random.default_rng(100 + shape)
+    for case in range(40):
+        n = int(draw.choice([1, 5, 37, 300, 1000, 2500]))
+        rows = make_rows(draw, n)
+        params = replace(
+            PARAMS,
+            shape=shape,
+            seed=int(draw.integers(0, 1000)),
+            shuffle=case % 5 != 4,
+            exact=bool(draw.random() < 0.3),
+            drop_last=bool(draw.random() < 0.3),
+            chunk_size=int(draw.choice([4, 16, 24, 512])),
+            interleave=int(draw.choice([1, 3, 32])),
+            shuffle_buffer=int(draw.choice([8, 64, 512])),
+        )
+        layout = Layout(
+            int(draw.integers(1, 17)), int(draw.integers(0, 5)), int(draw.integers(1, 9))
+        )
+        legs: tuple[Leg, ...] = ()
+        if case % 3 == 0:  # resumed after a leg with another layout
+            first = Layout(int(draw.integers(1, 5)), int(draw.integers(0, 3)), 4)
+            steps = plan_epoch(rows, params, 2, first).steps
+            legs = (Leg(first, steps // 2),)
+        got, want = plans(monkeypatch, rows, params, 2, layout, legs)
+        assert_same_plan(got, want)
