@@ -14,6 +14,7 @@ from tests.support.plan_reference import slot_order as reference_slot_order
 import shardlake.torch.plan as plan_module
 import shardlake.torch.plan_rank as plan_rank_module
 from shardlake.torch.plan import plan_epoch
+from shardlake.torch.plan_rank import plan_epoch3, shard_groups
 from shardlake.torch.plan_steps import _slot_order
 from shardlake.torch.plan_types import Layout, Leg, LegPlan, PlanParams, Rows
 
@@ -41,8 +42,12 @@ def test_slot_order_equals_the_reference(shape: int, shuffle: bool) -> None:
             shuffle_buffer=int(draw.choice([1, 7, 64, 65, 100, 512, 3000])),
         )
         seed = int(draw.integers(0, 2**32))
-        rngs = [np.random.default_rng(seed) if shuffle else None for _ in range(3)]
+        rngs = [np.random.default_rng(seed) if shuffle else None for _ in range(4)]
         want = reference_slot_order(segment, params, rngs[0])
+        lean = _slot_order(segment, params, rngs[3], reads=False)
+        same(lean[0], want[0])
+        same(lean[3], want[3])
+        assert len(lean[1]) == len(lean[2]) == 0
         for got, rng in (
             (_slot_order(segment, params, rngs[1]), rngs[1]),
             (_slot_order(segment, params, rngs[2], ids if chunks else None), rngs[2]),
@@ -73,7 +78,7 @@ def plans(
     got = plan_epoch(rows, params, epoch, layout, legs)
     with monkeypatch.context() as m:
 
-        def old(seg: list[Any], p: PlanParams, rng: Any, ids: Any = None) -> Any:
+        def old(seg: list[Any], p: PlanParams, rng: Any, ids: Any = None, **_: Any) -> Any:
             return reference_slot_order(seg, p, rng)
 
         m.setattr(plan_module, "_slot_order", old)
@@ -137,3 +142,45 @@ def test_plans_equal_the_reference(monkeypatch: pytest.MonkeyPatch, shape: int) 
             legs = (Leg(first, steps // 2),)
         got, want = plans(monkeypatch, rows, params, 2, layout, legs)
         assert_same_plan(got, want)
+
+
+@pytest.mark.filterwarnings("ignore:.*replaying samples")
+def test_rank_plans_without_reads_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A loader's plan of its own slots (``reads=False``, resumed legs too): the same rows,
+    chunks and emit chunks as the old form's."""
+    draw = np.random.default_rng(7)
+    for case in range(30):
+        rows = make_rows(draw, int(draw.choice([3, 300, 2500])))
+        params = replace(
+            PARAMS,
+            seed=case,
+            exact=bool(draw.random() < 0.3),
+            drop_last=bool(draw.random() < 0.3),
+            chunk_size=int(draw.choice([4, 24, 512])),
+        )
+        layout = Layout(
+            int(draw.integers(1, 17)), int(draw.integers(0, 5)), int(draw.integers(1, 9))
+        )
+        legs: tuple[Leg, ...] = ()
+        if case % 2:
+            first = Layout(int(draw.integers(1, 5)), int(draw.integers(0, 3)), 4)
+            legs = (Leg(first, plan_epoch(rows, params, 1, first).steps // 3),)
+        per = layout.slots_per_rank
+        rank = int(draw.integers(0, layout.world_size))
+        mine = range(rank * per, (rank + 1) * per)
+        groups = shard_groups(rows)
+        got = plan_epoch3(groups, params, 1, layout, legs, n_all=len(rows), slots=mine, reads=False)
+        _, want = plans(monkeypatch, rows, params, 1, layout, legs)
+        assert (got.steps, got.samples, got.replays, got.pad_base) == (
+            want.steps,
+            want.samples,
+            want.replays,
+            want.pad_base,
+        )
+        for s in mine:
+            same(got.slot_rows[s], want.slot_rows[s])
+            same(got.slot_emit_chunk[s], want.slot_emit_chunk[s])
+            assert len(got.slot_read[s]) == len(got.slot_read_pos[s]) == 0
+            assert len(got.slot_chunks[s]) == len(want.slot_chunks[s])
+            for c, d in zip(got.slot_chunks[s], want.slot_chunks[s], strict=True):
+                same(c, d)

@@ -196,7 +196,10 @@ def rank_plan3(ds: ShardDataset, layout: Layout, cursor: Cursor, mine: range) ->
     whole = mapping is None and ds.source_records[0]["selection"] == {"all": True}
     groups = table_groups(ds.table, mapping, ds.version_hash if whole else None)
     n_all = len(ds.table) if mapping is None else len(mapping)
-    leg = plan_epoch3(groups, ds.params, cursor.epoch, layout, cursor.legs, n_all=n_all, slots=mine)
+    # Without the read order and positions: a ReadPlan keeps neither.
+    leg = plan_epoch3(
+        groups, ds.params, cursor.epoch, layout, cursor.legs, n_all=n_all, slots=mine, reads=False
+    )
     return resolve(leg, mapping)
 
 

@@ -153,10 +153,12 @@ def plan_leg3(
     slots: range | None = None,
     leg: int = 0,
     epoch_samples: int | None = None,
+    reads: bool = True,
 ) -> LegPlan:
     """The leg over ``groups`` (rows of ``0 .. n_all - 1``); only the slots ``slots`` (default
     all) are planned, the others are empty. Shuffled only (unshuffled legs keep the rows' own
-    order: :func:`.plan_batches._ordered_leg`)."""
+    order: :func:`.plan_batches._ordered_leg`). ``reads=False``: ``slot_read`` and
+    ``slot_read_pos`` stay empty (see :func:`.plan_steps._slot_order`)."""
     n, per_step = groups.n, layout.global_batch
     total = n // per_step * per_step if params.drop_last else n
     steps = math.ceil(total / per_step) if total else 0
@@ -214,7 +216,11 @@ def plan_leg3(
         seg = [rows[x:y] for x, y in zip(bounds[:-1], bounds[1:], strict=True)]
         segments[s] = seg
         emit, read, pos, chunk = _slot_order(
-            seg, params, _generator(_seed(params, epoch, layout, leg, f"slot {s}")), rows
+            seg,
+            params,
+            _generator(_seed(params, epoch, layout, leg, f"slot {s}")),
+            rows,
+            reads=reads,
         )
         slot_rows[s], slot_read[s], slot_pos[s], slot_chunk[s] = emit, read, pos, chunk
     return LegPlan(
@@ -241,13 +247,17 @@ def plan_epoch3(
     *,
     n_all: int,
     slots: range | None = None,
+    reads: bool = True,
 ) -> LegPlan:
-    """The current leg of ``epoch`` after the finished ``legs`` (resume), its ``slots`` only."""
+    """The current leg of ``epoch`` after the finished ``legs`` (resume), its ``slots`` only
+    (``reads``: as :func:`plan_leg3`'s; earlier legs are planned without them)."""
     used: list[IntArray] = []
     for i, done in enumerate(legs):
         rest = without_rows(groups, np.concatenate(used), n_all) if used else groups
-        prev = plan_leg3(rest, params, epoch, done.layout, n_all=n_all, leg=i)
+        prev = plan_leg3(rest, params, epoch, done.layout, n_all=n_all, leg=i, reads=False)
         got = prev.consumed(done.steps)
         used.append(got[got < prev.pad_base] if prev.pad_base is not None else got)
     rest = without_rows(groups, np.concatenate(used), n_all) if used else groups
-    return plan_leg3(rest, params, epoch, layout, n_all=n_all, slots=slots, leg=len(legs))
+    return plan_leg3(
+        rest, params, epoch, layout, n_all=n_all, slots=slots, leg=len(legs), reads=reads
+    )

@@ -29,6 +29,8 @@ __all__ = [
     "_stable_argsort",
 ]
 
+EMPTY: IntArray = np.zeros(0, dtype=np.int64)
+
 
 def _seed_text(
     shape: str, params: PlanParams, epoch: int, layout: Layout, leg: int, purpose: str
@@ -127,19 +129,22 @@ def _slot_order(
     params: PlanParams,
     rng: np.random.Generator | None,
     ids: IntArray | None = None,
+    *,
+    reads: bool = True,
 ) -> tuple[IntArray, IntArray, IntArray, IntArray]:
     """(emit order, read order, read position and chunk of each emitted sample) for one slot.
-    ``ids``: the segment's chunks concatenated, where the caller has them (not built again)."""
+    ``ids``: the segment's chunks concatenated, where the caller has them (not built again).
+    ``reads=False``: the read order and positions come back empty (a loader's plan never uses
+    them: two of a slot's four int64 arrays neither built nor held)."""
     if not segment:
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, empty, empty
+        return EMPTY, EMPTY, EMPTY, EMPTY
     if ids is None:
         ids = np.concatenate(segment)
     n = len(ids)
     lengths = np.fromiter((len(c) for c in segment), dtype=np.int64, count=len(segment))
     if rng is None:  # no shuffle: read order is emit order
         chunk_no = np.repeat(np.arange(len(segment)), lengths)
-        return ids, ids, np.arange(n), chunk_no
+        return ids, ids if reads else EMPTY, np.arange(n) if reads else EMPTY, chunk_no
     # Temporaries in int32 where a slot's positions fit (they do below 2**31 samples).
     small = np.int32 if n < 2**31 - 1 else np.int64
     chunk_of = np.repeat(np.arange(len(segment), dtype=small), lengths)
@@ -177,8 +182,12 @@ def _slot_order(
     emit_pos = _stable_argsort(key)
     del key
     emit_read = read_order[emit_pos]
+    if not reads:
+        del read_order, emit_pos
     chunk = chunk_of[emit_read].astype(np.int64)
     del chunk_of
+    if not reads:
+        return ids[emit_read], EMPTY, EMPTY, chunk
     return ids[emit_read], ids[read_order], emit_pos, chunk
 
 

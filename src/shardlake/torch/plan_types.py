@@ -166,7 +166,8 @@ class LegPlan:
     replays: int  # padding samples (rows emitted a second time)
     # slot (rank * slots_per_rank + worker) -> rows in emit order (len = batches * batch_size)
     slot_rows: list[IntArray] = field(repr=False)
-    # slot -> rows in read order (the order chunks are fetched; same multiset as slot_rows)
+    # slot -> rows in read order (the order chunks are fetched; same multiset as slot_rows);
+    # this and slot_read_pos are empty in a plan made with reads=False (a loader's: unused)
     slot_read: list[IntArray] = field(repr=False)
     # slot -> for each emitted sample, its position in slot_read (to bound read-ahead)
     slot_read_pos: list[IntArray] = field(repr=False)
