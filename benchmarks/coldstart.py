@@ -45,7 +45,7 @@ def measure(url: str, version: str) -> dict[str, Any]:
     from shardlake.meta.catalog_objects import node_catalog_cache
     from shardlake.query.dataset import Dataset
     from shardlake.store import open_store
-    from shardlake.torch import sources
+    from shardlake.torch import source_rows, sources
     from shardlake.torch.strings import key_digest
 
     out: dict[str, Any] = {}
@@ -59,9 +59,8 @@ def measure(url: str, version: str) -> dict[str, Any]:
     with node_catalog_cache():
         ds = Dataset.open(open_store(url), version, None)
         mark("open_s")
-        member = sources.MixMember(url)
         wanted = list(sources.READER_COLUMNS)
-        rows = sources._read_rows(ds, ds.select(), member, wanted, (), True)
+        rows = source_rows.read_rows(ds, ds.select(), None, wanted, (), True)
         mark("catalog_rows_s")
         columns = sources.SourceColumns.from_table(rows)
         mark("columns_s")

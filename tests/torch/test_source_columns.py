@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import random
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+import shardlake
 import shardlake.format.catalog as format_catalog
 import shardlake.meta.catalog as catalog_mod
 from shardlake.errors import IntegrityError
@@ -22,7 +24,7 @@ from shardlake.format.documents import PartitionEntry
 from shardlake.meta.catalog import Catalog
 from shardlake.meta.catalog_objects import write_object
 from shardlake.store import open_store
-from shardlake.torch import columns, sources
+from shardlake.torch import ShardDataset, columns, sources
 from shardlake.torch.columns import INT32_MAX, SourceColumns, index_dtype
 from shardlake.torch.plan_types import selection_digest
 from shardlake.torch.strings import key_digest
@@ -228,6 +230,8 @@ def test_digest_over_chunks_equals_the_saved_states_digest(
         assert key_digest(cut.column("key"), _breaks(cut)) == want
         assert key_digest(cut.column("key")) == want
         assert key_digest(cut.column("key").cast(pa.large_string())) == want
+        breaks = columns.partition_breaks(_as_codes(cut).column("partition"))
+        assert key_digest(cut.column("key"), breaks) == want
 
 
 @pytest.mark.parametrize(
@@ -333,3 +337,40 @@ def test_parquet_dictionary_codes_read_back_as_strings() -> None:
     codes = reader.read()
     assert codes.column("partition").num_chunks > 1
     assert codes.cast(table.schema).equals(table)
+
+
+def _scale_module() -> Any:
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "scale.py"
+    spec = importlib.util.spec_from_file_location("scale_bench", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_first_rank_hashes_its_keys_while_it_builds_its_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's first rank starts the selection digest on a thread as soon as it has read
+    the catalog rows; the digest is the saved states' one, and the next rank reads it from
+    the node-local cache (no thread, no key read)."""
+    monkeypatch.setenv("SHARDLAKE_CATALOG_CACHE", str(tmp_path / "cache"))
+    url = str(tmp_path / "root")
+    _scale_module().build_root(url, 7, 9)
+    keys = shardlake.open(url).dataset("v1").manifests(["key"]).column("key").to_pylist()
+    first = sources.select_rows(sources.MixMember(url, "v1"), cached=True)
+    assert first.digest_ahead is not None
+    assert sources.selection_key_digest(first) == selection_digest(keys)
+    second = sources.select_rows(sources.MixMember(url, "v1"), cached=True)
+    assert second.digest_ahead is None and second.table is None
+    assert sources.selection_key_digest(second) == selection_digest(keys)
+    ds = ShardDataset(url, "v1", batch_size=4, num_workers=0)
+    assert ds.selection_digest == selection_digest(keys)
+
+
+def test_a_digest_computed_ahead_hands_its_error_to_the_caller() -> None:
+    table = pa.table({"key": pa.array(["a", None]), "partition": pa.array(["p", "p"])})
+    with pytest.raises(ValueError, match="nulls"):
+        sources._digest_ahead(table).result(timeout=60)

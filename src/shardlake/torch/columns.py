@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from ..errors import IntegrityError
 
-__all__ = ["INT32_MAX", "SourceColumns", "compact_int", "index_dtype"]
+__all__ = ["INT32_MAX", "SourceColumns", "compact_int", "index_dtype", "partition_breaks"]
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 INT32_MAX = 2**31 - 1
@@ -209,3 +209,18 @@ def _shard_index(
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
     order = np.sort(first)
     return rank[inverse.reshape(-1)], [(names[int(part[i])], int(shards[i])) for i in order]
+
+
+def partition_breaks(column: pa.ChunkedArray) -> IntArray:
+    """Rows where a partition may begin: each chunk's first row and where its codes change.
+    A superset of the partitions' first rows (a chunk may begin inside one), which is all that
+    :func:`~shardlake.torch.strings.key_digest` asks of its ``breaks``."""
+    found: list[np.ndarray[Any, Any]] = []
+    at = 0
+    for chunk in column.chunks:
+        if len(chunk):
+            coded = chunk if pa.types.is_dictionary(chunk.type) else pc.dictionary_encode(chunk)
+            codes = coded.indices.to_numpy(zero_copy_only=False)
+            found += [np.array([at]), np.flatnonzero(codes[1:] != codes[:-1]) + 1 + at]
+            at += len(chunk)
+    return np.concatenate(found).astype(np.int64) if found else np.zeros(0, np.int64)

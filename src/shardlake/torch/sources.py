@@ -15,7 +15,9 @@ import functools
 import gc
 import hashlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -30,7 +32,7 @@ from ..query.selection import keyset_selection
 from ..read.catalog_cache import catalog_cache
 from ..root.door import HoldsStore, StoreLike, as_store, store_like
 from ..store import Store
-from .columns import SourceColumns, _compact_crc, compact_int, index_dtype
+from .columns import SourceColumns, _compact_crc, compact_int, index_dtype, partition_breaks
 from .heap import trim_heap
 from .reader import RowTable
 from .source_rows import NARROW_COLUMNS as NARROW_COLUMNS  # where the catalog read is
@@ -123,6 +125,7 @@ class SourceRows:
     # What the selection is in the node-local cache's names ("all", "keyset/<sha256>"); None:
     # a where or keys (not cached).
     cached_as: str | None = None
+    digest_ahead: Future[str] | None = None  # the selection digest, being computed
 
     @property
     def rows(self) -> int:
@@ -167,10 +170,13 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str], cached: bool) -
     cached_as = "all" if everything else None if held is None else f"keyset/{held.sha256}"
     cache = catalog_cache() if cached and cached_as and not meta_columns else None
     read: list[pa.Table] = []
+    ahead: list[Future[str]] = []
 
     def rows() -> pa.Table:
         if not read:
             read.append(read_rows(ds, selected, source.where, wanted, meta_columns, everything))
+            if cache is not None:  # a node's first rank: its digest is not cached either
+                ahead.append(_digest_ahead(read[0]))
         return read[0]
 
     def make() -> tuple[dict[str, Any], dict[str, np.ndarray[Any, Any]]]:
@@ -194,7 +200,25 @@ def _select_rows(source: MixMember, meta_columns: Sequence[str], cached: bool) -
         ds.shard_key,
         read_keys=functools.partial(keys, ds, columns),
         cached_as=cached_as,
+        digest_ahead=ahead[0] if ahead else None,
     )
+
+
+def _digest_ahead(table: pa.Table) -> Future[str]:
+    """The selection digest of ``table``'s keys, computed on a thread of its own while the
+    loader columns are built and written (sha256, the key comparisons and the framing copies
+    release the GIL): a cold first rank's two largest set-up costs overlap."""
+    future: Future[str] = Future()
+
+    def run() -> None:
+        try:
+            breaks = partition_breaks(table.column("partition"))
+            future.set_result(key_digest(table.column("key"), breaks))
+        except BaseException as exc:  # handed to whoever asks for the digest
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="shardlake-digest", daemon=True).start()
+    return future
 
 
 def load_keys(sources: Sequence[MixMember]) -> StringColumn:
@@ -214,6 +238,8 @@ def selection_key_digest(rows: SourceRows) -> str:
     cache = catalog_cache() if rows.cached_as else None
 
     def digest() -> str:
+        if rows.digest_ahead is not None:
+            return rows.digest_ahead.result()
         partition = rows.columns.partition  # rows of one partition are one sorted run
         breaks = np.flatnonzero(partition[1:] != partition[:-1]) + 1
         return key_digest(rows.key_column(), breaks)
@@ -221,7 +247,10 @@ def selection_key_digest(rows: SourceRows) -> str:
     if cache is None:
         return digest()
     what = f"selection-digest|{rows.version_hash}|{rows.cached_as}|{rows.rows}"
-    return cache.fetch_derived(what, digest)
+    found = cache.fetch_derived(what, digest)
+    if rows.digest_ahead is not None:  # cached after all: no thread outlives the set-up
+        rows.digest_ahead.exception()  # (DataLoader workers may be forked next)
+    return found
 
 
 @dataclass
