@@ -76,3 +76,18 @@ def lane_starts(lengths: IntArray, lanes: int, *, staggered: bool = False) -> In
         out[c] = start
         heapq.heapreplace(heap, (start + length, lane))
     return out
+
+
+def shard_groups(rows: Any) -> tuple[int, IntArray, Any]:
+    """``shardlake.torch.plan_rank.shard_groups`` before its blockwise in-order check, as
+    (n, starts, order)."""
+    from shardlake.torch.plan_steps import _in_shard_order
+
+    n = len(rows)
+    if n == 0:
+        return 0, np.zeros(0, dtype=np.int64), None
+    ids = np.arange(n, dtype=np.int64)
+    ordered = _in_shard_order(rows, ids)
+    order = None if ordered is ids else ordered
+    shard = rows.shard if order is None else rows.shard[order]
+    return n, np.flatnonzero(np.r_[True, shard[1:] != shard[:-1]]), order

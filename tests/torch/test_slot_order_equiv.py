@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tests.support.plan_reference import shard_groups as reference_shard_groups
 from tests.support.plan_reference import slot_order as reference_slot_order
 
 import shardlake.torch.plan as plan_module
@@ -184,3 +185,34 @@ def test_rank_plans_without_reads_equal_the_reference(monkeypatch: pytest.Monkey
             assert len(got.slot_chunks[s]) == len(want.slot_chunks[s])
             for c, d in zip(got.slot_chunks[s], want.slot_chunks[s], strict=True):
                 same(c, d)
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 64, 1 << 20])
+def test_shard_groups_equal_the_reference(monkeypatch: pytest.MonkeyPatch, block: int) -> None:
+    """The blockwise in-order check finds the same groups, over block boundaries too."""
+    monkeypatch.setattr(plan_rank_module, "_BLOCK", block)
+    draw = np.random.default_rng(block)
+    for case in range(60):
+        n = int(draw.integers(0, 300))
+        shard = np.sort(draw.integers(0, max(1, n // int(draw.integers(1, 20))), n))
+        offset = np.zeros(n, dtype=np.int64)
+        for s in np.unique(shard):  # ascending offsets within each shard
+            at = shard == s
+            offset[at] = np.sort(draw.integers(0, 10**6, int(at.sum())))
+        if case % 3 == 1 and n > 1:  # one pair out of order
+            i = int(draw.integers(1, n))
+            offset[i], shard[i] = offset[i - 1] - 1, shard[i - 1]
+        if case % 3 == 2:
+            shuffle = draw.permutation(n)
+            shard, offset = shard[shuffle], offset[shuffle]
+        dtype = np.int32 if case % 2 else np.int64
+        rows = Rows(shard.astype(dtype), offset.astype(dtype))
+        got = shard_groups(rows)
+        n_want, starts, order = reference_shard_groups(rows)
+        assert got.n == n_want
+        same(got.starts, starts)
+        if order is None:
+            assert got.order is None
+        else:
+            assert got.order is not None
+            same(got.order, order)
