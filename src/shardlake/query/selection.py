@@ -57,7 +57,7 @@ class Selection:
     _wanted: list[str] | None = field(default=None, init=False, repr=False, compare=False)
     _wanted_array: pa.Array | None = field(default=None, init=False, repr=False, compare=False)
     # The keyset's keys, where its object was read already (keyset_selection).
-    _listing: Callable[[], Sequence[str]] | None = field(
+    _listing: Callable[[], pa.Array] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
@@ -91,7 +91,7 @@ class Selection:
         if self.keyset is None:
             return self.keys or ()
         if self._listing is not None:
-            return self._listing()
+            return [str(k) for k in self.wanted_key_array().to_pylist()]  # type: ignore[union-attr]
         from ..meta.keysets import load_keyset
 
         keyset = load_keyset(self.dataset.store, self.keyset)
@@ -107,8 +107,14 @@ class Selection:
             return pa.repeat(pa.scalar(True), table.num_rows)
         return pc.fill_null(pc.is_in(table.column("key"), value_set=value_set), False)
 
+    def wanted_key_array(self) -> pa.Array | None:
+        """:meth:`wanted_keys` as an Arrow string array (made once; a keyset read already
+        gives it without a Python string a key)."""
+        return self._listed_array()
+
     def _listed_array(self) -> pa.Array | None:
-        """:meth:`wanted_keys` as an Arrow array (made once)."""
+        if self._wanted_array is None and self._listing is not None:
+            object.__setattr__(self, "_wanted_array", self._listing())
         if self._wanted_array is None:
             wanted = self.wanted_keys()
             if wanted is None:
@@ -226,14 +232,14 @@ class Selection:
         return f"version {version.tag!r} of {self.dataset.store.url}"
 
 
-def in_listed_order(table: pa.Table, listed: Sequence[str] | None) -> pa.Table:
+def in_listed_order(table: pa.Table, listed: Sequence[str] | pa.Array | None) -> pa.Table:
     """The rows of ``table`` (with a ``key`` column) in the order of ``listed`` (a key list's
     or a keyset's order, first occurrences) instead of the manifest's; unchanged when
     ``listed`` is None. Keys ``listed`` lacks go last, in their order. ``listed`` holds each
     key once (:meth:`Selection.wanted_keys`)."""
-    if not listed or table.num_rows < 2:
+    if listed is None or len(listed) == 0 or table.num_rows < 2:
         return table
-    value_set = pa.array(listed, pa.string())
+    value_set = listed if isinstance(listed, pa.Array) else pa.array(listed, pa.string())
     keys = table.column("key")
     places = pc.index_in(keys, value_set=value_set.cast(keys.type))
     ranks = pc.fill_null(places, len(value_set)).to_numpy().astype(np.int64, copy=False)
@@ -247,7 +253,7 @@ def keyset_selection(dataset: Dataset, held: KeysetObject) -> Selection:
     ``dataset``'s version); its keys are decoded only when the selection needs them."""
     held.head.check_version(dataset.version)
     selection = Selection(dataset, keyset=held.head.name)
-    object.__setattr__(selection, "_listing", lambda: held.keyset(dataset.store).keys)
+    object.__setattr__(selection, "_listing", lambda: held.key_array(dataset.store))
     return selection
 
 

@@ -36,7 +36,7 @@ class RowColumns(Protocol):
 def keyset_keys(held: KeysetObject, ds: Dataset, columns: RowColumns) -> pa.ChunkedArray:
     """A keyset selection's keys, its rows came from the node-local cache: the keyset's own,
     first occurrences in its order (the rows' order: each selected once, in listed order)."""
-    keys = pa.array(list(dict.fromkeys(held.keyset(ds.store).keys)), pa.string())
+    keys = held.key_array(ds.store)
     if len(keys) != len(columns):
         raise IntegrityError(
             f"{held.where}: keyset {held.head.name!r} has {len(keys)} keys, its cached row "
@@ -91,4 +91,4 @@ def read_rows(
     if everything and table.num_rows:
         return table  # nothing is filtered
     table = selected.rows_in(table, None if where else [c for c in wanted if c in columns])
-    return in_listed_order(table, selected.wanted_keys())
+    return in_listed_order(table, selected.wanted_key_array())
