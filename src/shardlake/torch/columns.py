@@ -17,7 +17,14 @@ import pyarrow.compute as pc
 
 from ..errors import IntegrityError
 
-__all__ = ["INT32_MAX", "SourceColumns", "compact_int", "index_dtype", "partition_breaks"]
+__all__ = [
+    "INT32_MAX",
+    "SourceColumns",
+    "compact_crc",
+    "compact_int",
+    "index_dtype",
+    "partition_breaks",
+]
 
 IntArray = np.ndarray[Any, np.dtype[np.int64]]
 INT32_MAX = 2**31 - 1
@@ -38,7 +45,7 @@ def compact_int(values: np.ndarray[Any, Any], upper: int | None = None) -> np.nd
     return values.astype(dtype, copy=False)
 
 
-def _compact_crc(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+def compact_crc(values: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """CRC-32s as uint32 (a value outside it, never a valid CRC, keeps int64 and mismatches)."""
     if len(values) and (int(values.min()) < 0 or int(values.max()) > 0xFFFFFFFF):
         return values

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "compact_plan",
+    "plan_arrays",
+    "plan_from_arrays",
     "rank_plan",
     "rank_plan3",
     "sampled_mean",

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from ..meta.keysets import KeysetObject
     from ..query.dataset import Dataset
 
-__all__ = ["checked_keys", "keyset_keys", "read_rows"]
+__all__ = ["NARROW_COLUMNS", "checked_keys", "keyset_keys", "read_rows"]
 
 # Integer columns the catalog narrows as it decodes them (int32 where their values fit).
 NARROW_COLUMNS = ("offset", "size", "raw_size", "crc32")

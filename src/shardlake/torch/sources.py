@@ -32,7 +32,7 @@ from ..query.selection import keyset_selection
 from ..read.catalog_cache import catalog_cache
 from ..root.door import HoldsStore, StoreLike, as_store, store_like
 from ..store import Store
-from .columns import SourceColumns, _compact_crc, compact_int, index_dtype, partition_breaks
+from .columns import SourceColumns, compact_crc, compact_int, index_dtype, partition_breaks
 from .heap import trim_heap
 from .reader import RowTable
 from .source_rows import NARROW_COLUMNS as NARROW_COLUMNS  # where the catalog read is
@@ -320,7 +320,7 @@ def combine(
         offset=compact_int(merged.pop("offset"), max(r.columns.offset_end for r in resolved)),
         size=compact_int(merged.pop("size")),
         raw_size=compact_int(merged.pop("raw_size")),
-        crc32=crc if crc.dtype == np.uint32 else _compact_crc(crc.astype(np.int64)),
+        crc32=crc if crc.dtype == np.uint32 else compact_crc(crc.astype(np.int64)),
         keys=keys,
         shard_keys=shard_keys,
     )
