@@ -247,8 +247,11 @@ def test_sigkill_on_s3(tmp_path: Path, store_location: StoreLocation) -> None:
     assert proc.wait(timeout=60) == 0, proc.communicate()
     duration = time.monotonic() - started
     rng = random.Random(99)
-    codes = []
-    for trial in range(6):
+    codes: list[int] = []
+    # An incremental pack is quicker than the timed one, by how much depends on the machine's
+    # load: a pack that finished before its kill halves the next wait, so kills land.
+    trial = 0
+    while trial < 6 or (-signal.SIGKILL not in codes and trial < 12):
         make_source(src, {f"log{trial % 2}/s1": {"x": np.full(2, trial, np.int64)}})
         args = [
             "pack",
@@ -267,4 +270,7 @@ def test_sigkill_on_s3(tmp_path: Path, store_location: StoreLocation) -> None:
         proc.communicate()
         assert_consistent(store)
         read_all(store, load_version(store, "latest"))
+        if codes[-1] == 0:
+            duration /= 2
+        trial += 1
     assert -signal.SIGKILL in codes
