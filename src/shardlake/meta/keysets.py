@@ -307,23 +307,12 @@ def decode_keyset(data: bytes, name: str, where: str) -> Keyset:
         # A C++ buffer, not a Python file object: pq.read_table(BytesIO) let an Arrow pool thread
         # drop the last reference to the Python file at interpreter exit -> SIGABRT (issue #10).
         table = pq.ParquetFile(pa.BufferReader(data)).read(use_threads=False)
-        kv = {
-            k.decode()[len(_PREFIX) :]: v.decode()
-            for k, v in (table.schema.metadata or {}).items()
-            if k.startswith(_PREFIX.encode())
-        }
-        if kv.get("format") != KEYSET_SCHEMA:
-            raise FormatError(f"{where}: not a shardlake keyset (format {kv.get('format')!r})")
-        keyset = Keyset(
-            name=kv.get("name", name),
-            version_tag=kv["version_tag"],
-            version_hash=kv["version_hash"],
+        kv = _footer(table.schema.metadata, where)
+        keyset = _bound(
+            kv,
+            name,
             keys=table.column("key").to_pylist(),
             partitions=table.column("partition").to_pylist(),
-            dataset_id=kv.get("dataset_id", ""),
-            recipe=json.loads(kv.get("recipe", "{}")),
-            created_at=kv.get("created_at", ""),
-            rebased_from=kv.get("rebased_from", ""),
         )
     except FormatError:
         raise
@@ -427,27 +416,39 @@ def load_keyset_object(store: Store, name: str) -> KeysetObject:
 def _decode_head(data: bytes, name: str, where: str) -> Keyset:
     """A keyset's binding from its parquet footer (``keys`` left empty)."""
     try:
-        metadata = pq.ParquetFile(pa.BufferReader(data)).schema_arrow.metadata or {}
-        kv = {
-            k.decode()[len(_PREFIX) :]: v.decode()
-            for k, v in metadata.items()
-            if k.startswith(_PREFIX.encode())
-        }
-        if kv.get("format") != KEYSET_SCHEMA:
-            raise FormatError(f"{where}: not a shardlake keyset (format {kv.get('format')!r})")
-        return Keyset(
-            name=kv.get("name", name),
-            version_tag=kv["version_tag"],
-            version_hash=kv["version_hash"],
-            keys=[],
-            dataset_id=kv.get("dataset_id", ""),
-            created_at=kv.get("created_at", ""),
-            rebased_from=kv.get("rebased_from", ""),
-        )
+        kv = _footer(pq.ParquetFile(pa.BufferReader(data)).schema_arrow.metadata, where)
+        return _bound(kv, name, keys=[], partitions=[])
     except FormatError:
         raise
     except (pa.ArrowException, OSError, KeyError, ValueError, UnicodeDecodeError) as exc:
         raise FormatError(f"{where}: keyset is unreadable ({exc})") from exc
+
+
+def _footer(metadata: Mapping[bytes, bytes] | None, where: str) -> dict[str, str]:
+    """A keyset object's own key-value metadata, refused unless it names the keyset schema."""
+    kv = {
+        k.decode()[len(_PREFIX) :]: v.decode()
+        for k, v in (metadata or {}).items()
+        if k.startswith(_PREFIX.encode())
+    }
+    if kv.get("format") != KEYSET_SCHEMA:
+        raise FormatError(f"{where}: not a shardlake keyset (format {kv.get('format')!r})")
+    return kv
+
+
+def _bound(kv: Mapping[str, str], name: str, keys: list[str], partitions: list[str]) -> Keyset:
+    """The keyset a footer's metadata describes, with ``keys`` and their ``partitions``."""
+    return Keyset(
+        name=kv.get("name", name),
+        version_tag=kv["version_tag"],
+        version_hash=kv["version_hash"],
+        keys=keys,
+        partitions=partitions,
+        dataset_id=kv.get("dataset_id", ""),
+        recipe=json.loads(kv.get("recipe", "{}")),
+        created_at=kv.get("created_at", ""),
+        rebased_from=kv.get("rebased_from", ""),
+    )
 
 
 def _not_found(store: Store, name: str) -> NotFoundError:
