@@ -203,6 +203,8 @@ def run_tasks(
         with _sigint_sets(stop):
             try:
                 _wait(tasks, executor, pending, results, failures, progress, poll_s, stop)
+                if stop.is_set():  # a Ctrl-C while the last task finished: still a Ctrl-C
+                    raise KeyboardInterrupt
             except Exception:
                 if stop.is_set():  # a pool broken by the same Ctrl-C is that Ctrl-C
                     raise KeyboardInterrupt from None
