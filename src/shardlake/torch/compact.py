@@ -41,8 +41,19 @@ def _plan_dtypes(
     """The dtypes of a compact plan's integer arrays, and of its emits' chunk numbers: int32
     where every value fits (else int64). Emits name a chunk of their own slot: under 65,536
     chunks a slot (1M samples of driving frames: ~22,000 a slot) they are uint16."""
-    chunk_bounds = [(int(a.min()), int(a.max())) for a in emits if len(a)]
-    bounds = [(int(a.min()), int(a.max())) for a in ints if len(a)] + chunk_bounds
+    return _dtypes_of([_bounds(a) for a in ints], [_bounds(a) for a in emits])
+
+
+def _bounds(a: np.ndarray[Any, Any]) -> tuple[int, int] | None:
+    return (int(a.min()), int(a.max())) if len(a) else None
+
+
+def _dtypes_of(
+    ints: list[tuple[int, int] | None], emits: list[tuple[int, int] | None]
+) -> tuple[Any, Any]:
+    """:func:`_plan_dtypes` from the arrays' (min, max) (None: empty)."""
+    chunk_bounds = [b for b in emits if b is not None]
+    bounds = [b for b in ints if b is not None] + chunk_bounds
     low = min((lo for lo, _ in bounds), default=0)
     top = max((hi for _, hi in bounds), default=0)
     dtype = np.int32 if low >= 0 and top < 2**31 else np.int64
@@ -110,6 +121,12 @@ def plan_arrays(plan: ReadPlan) -> DerivedArrays:
         "samples": whole.samples,
         "replays": whole.replays,
         "slots": len(whole.slot_rows),
+        # Each slot's (min, max) of rows and emits: a rank picks its dtypes from these instead
+        # of scanning (which paged the whole of its slots' arrays into it at every start).
+        "slot_bounds": [
+            [_bounds(arrays[f"rows{i}"]), _bounds(arrays[f"emit{i}"])]
+            for i in range(len(whole.slot_rows))
+        ],
     }
     return doc, arrays
 
@@ -121,9 +138,15 @@ def plan_from_arrays(
     arrays in the dtype :func:`compact_plan` would give them (views where it is the same)."""
     slots = int(doc["slots"])
     kept = [i for i in range(slots) if i in keep]
-    dtype, emit_dtype = _plan_dtypes(
-        [arrays[f"rows{i}"] for i in kept], [arrays[f"emit{i}"] for i in kept]
-    )
+    if "slot_bounds" in doc:
+        bounds = [
+            [tuple(b) if b is not None else None for b in doc["slot_bounds"][i]] for i in kept
+        ]
+        dtype, emit_dtype = _dtypes_of([b[0] for b in bounds], [b[1] for b in bounds])
+    else:
+        dtype, emit_dtype = _plan_dtypes(
+            [arrays[f"rows{i}"] for i in kept], [arrays[f"emit{i}"] for i in kept]
+        )
     none: np.ndarray[Any, Any] = np.zeros(0, dtype=dtype)
 
     def slot(name: str, i: int, to: Any = dtype) -> np.ndarray[Any, Any]:
