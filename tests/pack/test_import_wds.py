@@ -241,7 +241,14 @@ def test_ctrl_c_during_an_import_publishes_nothing(tmp_path: Path) -> None:
     with wds.TarWriter(str(tars / "big.tar")) as sink:
         for i in range(400):
             sink.write({"__key__": f"{i:05d}", "x.npy": rng.random(32768)})
-    code = "import sys; from shardlake.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    # A shell starts the command with Ctrl-C delivered and handled; a test worker may pass on
+    # an ignored or blocked SIGINT (inherited through fork and exec), so the child starts clean.
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT}); "
+        "from shardlake.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    )
+    inherited = (signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []))
     # Under load this process may wake too late, after the import ended (it then published a
     # whole version): try again on a fresh root; at least one Ctrl-C must land mid-import.
     for attempt in range(3):
@@ -264,7 +271,7 @@ def test_ctrl_c_during_an_import_publishes_nothing(tmp_path: Path) -> None:
         assert shardlake.open(root_dir).versions() == [] and list(spill.iterdir()) == []
         break
     else:
-        pytest.fail("the import ended before its Ctrl-C three times")
+        pytest.fail(f"the import ended before its Ctrl-C three times (SIGINT here: {inherited})")
 
 
 # --- damaged, plain, image and caption tars (issue #44) ------------------------------------
