@@ -376,94 +376,61 @@ def publish_catalog(
         if digest:
             live_rows[digest] += entry.samples
     small = sorted((n, d) for d, n in live_rows.items() if 2 * n <= segment_rows and d in live)
-    while small and len(live) + _parts([*new, *moved], segment_rows) > MAX_LIVE_SEGMENTS:
+    while small and len(live) + len(_packs([*new, *moved], segment_rows)) > MAX_LIVE_SEGMENTS:
         gone = small.pop(0)[1]
         del live[gone]
         moved.extend(e for e in entries if segment_of.get(e.id) == gone)
         moved.sort(key=lambda e: (base_segment.get(e.id, ""), e.id))
-    writer = _SegmentWriter(store, segment_rows)
-    for entry, table in _fresh_rows(store, new, fresh, segment_rows):
-        writer.add(entry.id, table)
-    if moved and base is not None:
-        for pid, table in _base_rows(base, moved, base_segment):
-            writer.add(pid, table)
-    for ref, pids in writer.close():
+    # One segment per pack, written before the next pack's rows are read. New partitions come
+    # first, so a pack holds new rows (from fresh or manifests), then copied ones.
+    copied = _base_rows(base, moved, base_segment) if moved and base is not None else iter(())
+    new_ids = {e.id for e in new}
+    for pack in _packs([*new, *moved], segment_rows):
+        tables = [t for _e, t in _fresh_rows(store, [e for e in pack if e.id in new_ids], fresh)]
+        tables += [t for _pid, t in itertools.islice(copied, len(pack) - len(tables))]
+        ref = _write_segment(store, [e.id for e in pack], tables)
         live[ref.sha256] = ref
-        segment_of.update((pid, ref.sha256) for pid in pids)
+        segment_of.update((e.id, ref.sha256) for e in pack)
     out = [replace(e, segment=segment_of.get(e.id)) for e in entries]
     table = encode_partitions([e.to_json() for e in out])
     parts = write_object(store, partitions_key, table, len(out))
     return CatalogRef(parts, tuple(sorted(live.values(), key=lambda r: r.sha256))), out
 
 
-def _parts(entries: Sequence[PartitionEntry], segment_rows: int) -> int:
-    """How many segments :class:`_SegmentWriter` makes of ``entries``' rows, in this order."""
-    count, rows = 0, 0
+def _packs(entries: Sequence[PartitionEntry], segment_rows: int) -> list[list[PartitionEntry]]:
+    """``entries``, in order, gathered into segments of at most ``segment_rows`` rows (whole
+    partitions; a larger partition alone)."""
+    packs: list[list[PartitionEntry]] = []
+    rows = 0
     for entry in entries:
-        if count and rows + entry.samples <= segment_rows:
+        if packs and rows + entry.samples <= segment_rows:
+            packs[-1].append(entry)
             rows += entry.samples
         else:
-            count, rows = count + 1, entry.samples
-    return count
+            packs.append([entry])
+            rows = entry.samples
+    return packs
 
 
-class _SegmentWriter:
-    """Rows of whole partitions, gathered into segments of at most ``segment_rows`` rows (a
-    larger partition alone): each written as soon as the next partition would not fit."""
-
-    def __init__(self, store: Store, segment_rows: int) -> None:
-        self.store = store
-        self.segment_rows = segment_rows
-        self.tables: list[pa.Table] = []
-        self.pids: list[str] = []
-        self.rows = 0
-        self.written: list[tuple[ObjectRef, list[str]]] = []
-
-    def add(self, pid: str, table: pa.Table) -> None:
-        if self.pids and self.rows + table.num_rows > self.segment_rows:
-            self._flush()
-        self.tables.append(table)
-        self.pids.append(pid)
-        self.rows += table.num_rows
-
-    def _flush(self) -> None:
-        rows = _ordered(self.tables, None) if len(self.tables) != 1 else self.tables[0]
-        ordered = self.pids == sorted(self.pids)  # pieces already in partition order: no sort
-        data = encode_segment(rows, ordered=ordered)
-        self.written.append((write_object(self.store, segment_key, data, rows.num_rows), self.pids))
-        self.tables, self.pids, self.rows = [], [], 0
-
-    def close(self) -> list[tuple[ObjectRef, list[str]]]:
-        if self.pids:
-            self._flush()
-        return self.written
+def _write_segment(store: Store, pids: list[str], tables: list[pa.Table]) -> ObjectRef:
+    """One segment of the rows ``tables`` (those of ``pids``, in that order)."""
+    rows = _ordered(tables, None) if len(tables) != 1 else tables[0]
+    ordered = pids == sorted(pids)  # pieces already in partition order: no sort
+    return write_object(store, segment_key, encode_segment(rows, ordered=ordered), rows.num_rows)
 
 
 def _fresh_rows(
-    store: Store,
-    entries: Sequence[PartitionEntry],
-    fresh: Mapping[str, pa.Table],
-    segment_rows: int,
+    store: Store, entries: Sequence[PartitionEntry], fresh: Mapping[str, pa.Table]
 ) -> Iterator[tuple[PartitionEntry, pa.Table]]:
-    """Each entry's rows, in order: from ``fresh`` or its manifest (read concurrently, about a
-    segment's worth at a time, so memory holds at most that many unwritten rows)."""
-    start = 0
-    while start < len(entries):
-        stop, rows = start, 0
-        while stop < len(entries) and (
-            stop == start or rows + entries[stop].samples <= segment_rows
-        ):
-            rows += entries[stop].samples
-            stop += 1
-        batch = entries[start:stop]
-        unread = [e for e in batch if e.id not in fresh]
-        read = dict(
-            zip((e.id for e in unread), _manifest_tables(store, unread, "publish"), strict=True)
-        )
-        for entry in batch:
-            table = fresh[entry.id] if entry.id in fresh else read.pop(entry.id)
-            yield entry, table.replace_schema_metadata(None)
-        start = stop
+    """Each entry's rows, in order: from ``fresh`` or its manifest (the unread ones read
+    concurrently; a caller passes a segment's worth)."""
+    unread = [e for e in entries if e.id not in fresh]
+    read = dict(
+        zip((e.id for e in unread), _manifest_tables(store, unread, "publish"), strict=True)
+    )
+    for entry in entries:
+        table = fresh[entry.id] if entry.id in fresh else read.pop(entry.id)
+        yield entry, table.replace_schema_metadata(None)
 
 
 def _base_rows(
